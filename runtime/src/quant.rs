@@ -1,0 +1,1 @@
+//! ggml quant blocks (in progress).
