@@ -75,32 +75,8 @@ macro_rules! op_table {
     };
 }
 
-op_table! {
-    Embed           => "embed",            arity: Some(2), elementwise: false, fused: false, oracle: true;
-    RmsNorm         => "rms_norm",         arity: Some(2), elementwise: false, fused: false, oracle: true;
-    MatMul          => "mat_mul",          arity: Some(2), elementwise: false, fused: false, oracle: true;
-    HeadMatMul      => "head_mat_mul",     arity: Some(2), elementwise: false, fused: false, oracle: true;
-    Slice           => "slice",            arity: Some(1), elementwise: false, fused: false, oracle: true;
-    Concat          => "concat",           arity: Some(2), elementwise: false, fused: false, oracle: true;
-    Reshape         => "reshape",          arity: Some(1), elementwise: false, fused: false, oracle: true;
-    RopeYarn        => "rope_yarn",        arity: Some(2), elementwise: false, fused: false, oracle: true;
-    AttnTemperature => "attn_temperature", arity: Some(2), elementwise: false, fused: false, oracle: true;
-    Scale           => "scale",            arity: Some(1), elementwise: true,  fused: false, oracle: true;
-    Add             => "add",              arity: Some(2), elementwise: true,  fused: false, oracle: true;
-    Mul             => "mul",              arity: Some(2), elementwise: true,  fused: false, oracle: true;
-    Silu            => "silu",             arity: Some(1), elementwise: true,  fused: false, oracle: true;
-    Softmax         => "softmax",          arity: Some(1), elementwise: false, fused: false, oracle: true;
-    CacheWrite      => "cache_write",      arity: Some(2), elementwise: false, fused: false, oracle: true;
-    ScoresQk        => "scores_qk",        arity: Some(2), elementwise: false, fused: false, oracle: true;
-    CausalMask      => "causal_mask",      arity: Some(2), elementwise: false, fused: false, oracle: true;
-    WeightedSum     => "weighted_sum",     arity: Some(2), elementwise: false, fused: false, oracle: true;
-    TopK            => "top_k",            arity: Some(1), elementwise: false, fused: false, oracle: true;
-    GatherRenorm    => "gather_renorm",    arity: Some(2), elementwise: false, fused: false, oracle: true;
-    MoeFfn          => "moe_ffn",          arity: None,    elementwise: false, fused: false, oracle: true;
-    Phase           => "phase",            arity: None,    elementwise: false, fused: true,  oracle: false;
-    Wkb             => "wkb",              arity: None,    elementwise: false, fused: true,  oracle: false;
-    Kqkv            => "kqkv",             arity: None,    elementwise: false, fused: true,  oracle: false;
-}
+// The rows live in `op_table.in` so that `aubier-dsl` reads the very same table (STYLE.md §1).
+include!("op_table.in");
 
 #[cfg(test)]
 mod tests {

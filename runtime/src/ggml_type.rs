@@ -90,7 +90,7 @@ impl GgmlType {
     /// Bytes of one row of `n` elements, or `None` when `n` is not a multiple of the block size
     /// or the size overflows `usize` (ggml `ggml_row_size`).
     pub fn row_size(self, n: usize) -> Option<usize> {
-        if n % self.block_size() != 0 {
+        if !n.is_multiple_of(self.block_size()) {
             return None;
         }
         (n / self.block_size()).checked_mul(self.type_size())

@@ -3,4 +3,14 @@
 
 pub mod ggml_type;
 pub mod gguf;
+pub mod model;
 pub mod quant;
+pub mod sampler;
+pub mod store;
+pub mod tokenizer;
+pub mod chat;
+pub mod engine;
+pub mod executor;
+pub mod kv_cache;
+pub mod session;
+pub mod generate;

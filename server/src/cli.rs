@@ -13,10 +13,24 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Subcommand, Debug)]
-pub enum Command {}
+pub enum Command {
+    /// Show a GGUF file's metadata, tensor bytes and validation; optionally dequantize a tensor.
+    Inspect(crate::inspect::InspectArgs),
+    /// Serve the model over OpenAI-compatible HTTP (chat, completions, models, SSE).
+    Serve(crate::serve::ServeArgs),
+    /// Replay a routing trace through the expert-placement policies; print served fractions.
+    Replay(crate::replay::ReplayArgs),
+    /// Compile a GGUF model; print the graph after a pipeline stage, or the plan as JSON.
+    Gen(crate::gen::GenArgs),
+}
 
 /// Parses the command line and runs the chosen subcommand.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Inspect(args) => crate::inspect::run(args),
+        Command::Serve(args) => crate::serve::run(args),
+        Command::Replay(args) => crate::replay::run(args),
+        Command::Gen(args) => crate::gen::run(args),
+    }
 }

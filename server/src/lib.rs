@@ -2,3 +2,7 @@
 //! It holds no numerics.
 
 pub mod cli;
+pub mod inspect;
+pub mod serve;
+pub mod replay;
+pub mod gen;

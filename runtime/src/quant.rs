@@ -1,1 +1,0 @@
-//! ggml quant blocks (in progress).

@@ -1,0 +1,359 @@
+//! `Session`: one conversation's state on a shared [`Model`] — the latent KV cache, the position,
+//! the executor's buffers — and the only way to run the model (`open` / `step` / `reset`,
+//! ARCHITECTURE.md § runtime). `aubier run` and the server drive it through the same decode loop
+//! (`crate::generate`).
+//!
+//! A step of `T` tokens runs the plan at positions `position .. position + T` over
+//! `S = position + T` cached keys and returns one row of logits per token. Positions restart at 0
+//! after [`Session::reset`]; cache rows of earlier requests are zeroed, and a step never reads a
+//! row it did not write in the current request (rows `0..S` were all written since the reset).
+
+use crate::engine::{EngineError, Model};
+use crate::executor::{Bound, Executor};
+use crate::kv_cache::LatentKvCache;
+use aubier_compiler::config::Mistral4Config;
+use aubier_compiler::plan::ValueId;
+use std::sync::Arc;
+
+/// Logits of one step: `[T × n_vocab]` f32, row-major, one row per input token.
+pub type Logits = Vec<f32>;
+
+/// Options of [`Session::open`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionOptions {
+    /// KV capacity in tokens: prompt plus generated tokens of one request.
+    pub kv_max: usize,
+}
+
+impl SessionOptions {
+    /// The default for a model: `min(context_length, 4096)` tokens.
+    pub fn for_config(cfg: &Mistral4Config) -> Self {
+        Self {
+            kv_max: cfg.n_ctx_train.min(4096),
+        }
+    }
+}
+
+/// A conversation on a [`Model`].
+#[derive(Debug)]
+pub struct Session {
+    model: Arc<Model>,
+    exec: Executor,
+    cache: LatentKvCache,
+    kv_max: usize,
+    position: usize,
+    steps: u64,
+    logits: ValueId,
+    /// `router_ids.{l}` output of each layer.
+    router_outputs: Vec<ValueId>,
+    router_ids: Vec<Vec<i32>>,
+}
+
+impl Session {
+    /// Opens a session with an empty latent cache of `opts.kv_max` tokens
+    /// (`n_layer · kv_max · (kv_lora_rank + qk_rope_head_dim) · 4` bytes).
+    ///
+    /// Errors: [`EngineError::BadKvMax`] for 0, more than the model's `context_length`, or more
+    /// than `i32::MAX`; [`EngineError::MissingOutput`] when the plan lacks `logits` or a
+    /// `router_ids.{l}`; [`EngineError::KvCache`]; [`EngineError::Exec`] for a malformed plan.
+    pub fn open(model: Arc<Model>, opts: SessionOptions) -> Result<Session, EngineError> {
+        let cfg = &model.config;
+        let kv_max = opts.kv_max;
+        let bad = |reason: String| EngineError::BadKvMax { kv_max, reason };
+        if kv_max == 0 {
+            return Err(bad("the KV cache needs at least one token".into()));
+        }
+        if kv_max > cfg.n_ctx_train {
+            return Err(bad(format!(
+                "the model's context_length is {}",
+                cfg.n_ctx_train
+            )));
+        }
+        if i32::try_from(kv_max).is_err() {
+            return Err(bad("positions are i32".into()));
+        }
+        let output = |name: &str| {
+            model
+                .plan
+                .outputs
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|&(_, id)| id)
+                .ok_or_else(|| EngineError::MissingOutput(name.to_string()))
+        };
+        let logits = output("logits")?;
+        let router_outputs = (0..cfg.n_layer)
+            .map(|l| output(&format!("router_ids.{l}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let cache = LatentKvCache::new(cfg.n_layer, kv_max, cfg.kv_cache_width())?;
+        let exec = Executor::new(&model.plan, model.program())?;
+        Ok(Session {
+            exec,
+            cache,
+            kv_max,
+            position: 0,
+            steps: 0,
+            logits,
+            router_ids: vec![Vec::new(); router_outputs.len()],
+            router_outputs,
+            model,
+        })
+    }
+
+    /// Runs `tokens` at the current position and appends them to the cache; returns
+    /// `[T × n_vocab]` logits (row `i` predicts the token after `tokens[i]`).
+    ///
+    /// Errors (the session is unchanged by the first three): [`EngineError::EmptyStep`];
+    /// [`EngineError::TokenOutOfRange`] for an id ≥ n_vocab; [`EngineError::ContextFull`] when
+    /// `position + T > kv_max`; [`EngineError::Exec`] when execution fails (e.g. the router
+    /// selected no valid expert: NaN activations) — the position does not advance.
+    pub fn step(&mut self, tokens: &[u32]) -> Result<Logits, EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyStep);
+        }
+        let n_vocab = self.model.config.n_vocab;
+        if let Some((index, &id)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= n_vocab)
+        {
+            return Err(EngineError::TokenOutOfRange { index, id, n_vocab });
+        }
+        let t = tokens.len();
+        let end = self
+            .position
+            .checked_add(t)
+            .filter(|&e| e <= self.kv_max)
+            .ok_or(EngineError::ContextFull {
+                tokens: t,
+                position: self.position,
+                kv_max: self.kv_max,
+            })?;
+        // Ids < n_vocab and positions ≤ kv_max ≤ i32::MAX (checked at open) fit i32.
+        let ids: Vec<i32> = tokens.iter().map(|&id| id as i32).collect();
+        let pos: Vec<i32> = (self.position..end).map(|p| p as i32).collect();
+        let model = Arc::clone(&self.model);
+        let weights = model.weight_views();
+        let bound = Bound {
+            plan: &model.plan,
+            program: model.program(),
+            weights: &weights,
+        };
+        self.exec.run(
+            bound,
+            &mut self.cache,
+            &[("tokens", &ids), ("pos", &pos)],
+            t,
+            end,
+        )?;
+        let logits = self.exec.f32_value(&model.plan, self.logits)?.to_vec();
+        if logits.len() != t * n_vocab {
+            return Err(EngineError::MissingOutput(format!(
+                "logits of {t} × {n_vocab} (the plan's has {} values)",
+                logits.len()
+            )));
+        }
+        for (dst, &id) in self.router_ids.iter_mut().zip(&self.router_outputs) {
+            *dst = self.exec.i32_value(&model.plan, id)?;
+        }
+        self.position = end;
+        self.steps += 1;
+        Ok(logits)
+    }
+
+    /// Tokens in the cache: the position the next step starts at.
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    /// KV capacity in tokens.
+    pub fn kv_max(&self) -> usize {
+        self.kv_max
+    }
+
+    /// The model this session runs.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Starts a new request: position 0, latent cache rows zeroed, router trace cleared.
+    pub fn reset(&mut self) {
+        self.position = 0;
+        self.cache.reset();
+        for r in &mut self.router_ids {
+            r.clear();
+        }
+    }
+
+    /// Steps run successfully since the session opened (never reset; the server proves that a
+    /// cancelled request stopped stepping with it).
+    pub fn steps_taken(&self) -> u64 {
+        self.steps
+    }
+
+    /// The last step's routed expert ids: `[n_layer][T × n_expert_used]`, row-major per layer,
+    /// each token's ids in descending router probability (empty before the first step and after a
+    /// reset).
+    pub fn router_ids(&self) -> &[Vec<i32>] {
+        &self.router_ids
+    }
+
+    /// The latent KV cache (for traces and tests).
+    pub fn kv_cache(&self) -> &LatentKvCache {
+        &self.cache
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn data(rel: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/data/models")
+            .join(rel)
+    }
+
+    /// The first 200 ids of `prompt-shared.json` (mistral-common's tokenization).
+    fn prompt() -> Vec<u32> {
+        let text = std::fs::read_to_string(data("prompt-shared.json")).expect("prompt fixture");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("prompt json");
+        v["ids"]
+            .as_array()
+            .expect("ids")
+            .iter()
+            .map(|x| x.as_u64().expect("id") as u32)
+            .collect()
+    }
+
+    /// The bundled 2-bit model of the repository.
+    fn bundled(file: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../models")
+            .join(file)
+    }
+
+    fn open_path(path: &std::path::Path, kv_max: usize) -> Session {
+        let model = Model::load(path).expect("model loads");
+        Session::open(model, SessionOptions { kv_max }).expect("session opens")
+    }
+
+    fn open(file: &str, kv_max: usize) -> Session {
+        open_path(&data(file), kv_max)
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn decoding_token_by_token_gives_the_prefill_bits() {
+        let ids = prompt();
+        let mut s = open("ms4-tiny-f32.gguf", 64);
+        let prefill = s.step(&ids[..24]).expect("prefill");
+        let n_vocab = s.model().config.n_vocab;
+        s.reset();
+        let mut rows = s.step(&ids[..10]).expect("first chunk");
+        for &id in &ids[10..24] {
+            rows.extend(s.step(&[id]).expect("decode"));
+        }
+        assert_eq!(s.position(), 24);
+        assert_eq!(rows.len(), 24 * n_vocab);
+        assert_eq!(bits(&rows), bits(&prefill));
+    }
+
+    #[test]
+    fn reset_forgets_the_previous_request() {
+        let ids = prompt();
+        let mut fresh = open("ms4-tiny-f32.gguf", 64);
+        let want = fresh.step(&ids[100..108]).expect("fresh");
+        let mut s = open("ms4-tiny-f32.gguf", 64);
+        s.step(&ids[..40]).expect("long request");
+        s.reset();
+        assert_eq!(s.position(), 0);
+        assert!(s.router_ids().iter().all(Vec::is_empty));
+        assert!(s
+            .kv_cache()
+            .layer(0)
+            .expect("layer")
+            .iter()
+            .all(|&v| v == 0.0));
+        let got = s.step(&ids[100..108]).expect("second request");
+        assert_eq!(bits(&got), bits(&want));
+        assert_eq!(s.steps_taken(), 2);
+    }
+
+    #[test]
+    fn thread_count_does_not_change_the_logits() {
+        let ids = prompt();
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("pool");
+            pool.install(|| {
+                let mut s = open_path(&bundled("ms4-tiny256-q2k.gguf"), 32);
+                let mut l = s.step(&ids[..12]).expect("prefill");
+                l.extend(s.step(&ids[12..13]).expect("decode"));
+                (bits(&l), s.router_ids().to_vec())
+            })
+        };
+        assert_eq!(run(1), run(2));
+    }
+
+    #[test]
+    fn router_ids_match_transformers() {
+        // transformers' top-4 experts per layer and position, sorted by weight (the trace
+        // fixture); the smallest top-4 / top-5 router-logit gap is 5.4e-4, far above f32 noise.
+        let ids = prompt();
+        let mut s = open("ms4-tiny-f32.gguf", 256);
+        s.step(&ids[..200]).expect("prefill");
+        let raw = std::fs::read(data("ms4-tiny.transformers.router_ids.i32")).expect("fixture");
+        let want: Vec<i32> = raw
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let k = s.model().config.n_expert_used;
+        assert_eq!(s.router_ids().len(), 3);
+        for (l, got) in s.router_ids().iter().enumerate() {
+            assert_eq!(got.len(), 200 * k);
+            assert_eq!(got[..], want[l * 200 * k..(l + 1) * 200 * k], "layer {l}");
+        }
+    }
+
+    #[test]
+    fn bad_steps_are_errors_that_leave_the_session_unchanged() {
+        let mut s = open("ms4-tiny-f32.gguf", 8);
+        assert!(matches!(s.step(&[]), Err(EngineError::EmptyStep)));
+        assert!(matches!(
+            s.step(&[1, 8192]),
+            Err(EngineError::TokenOutOfRange {
+                index: 1,
+                id: 8192,
+                n_vocab: 8192
+            })
+        ));
+        s.step(&[1, 2, 3, 4, 5, 6]).expect("fits");
+        assert!(matches!(
+            s.step(&[1, 2, 3]),
+            Err(EngineError::ContextFull {
+                tokens: 3,
+                position: 6,
+                kv_max: 8
+            })
+        ));
+        assert_eq!((s.position(), s.steps_taken()), (6, 1));
+        s.step(&[7, 8]).expect("exactly full");
+        assert_eq!(s.position(), 8);
+
+        let model = Arc::clone(s.model());
+        for kv_max in [0, 257] {
+            assert!(matches!(
+                Session::open(Arc::clone(&model), SessionOptions { kv_max }),
+                Err(EngineError::BadKvMax { .. })
+            ));
+        }
+        assert_eq!(SessionOptions::for_config(&model.config).kv_max, 256);
+    }
+}

@@ -1,0 +1,164 @@
+//! `aubier replay`: a routing trace (recorded, or synthetic) through the expert-placement policies,
+//! printing each policy's served fraction — the offline half of the expert store
+//! (`aubier_runtime::store`). With `--sweep` it repeats the replay for several slot counts.
+
+use anyhow::{bail, Context};
+use aubier_runtime::store::hotset::HotSet;
+use aubier_runtime::store::policy::{PolicyKind, TwoQParams};
+use aubier_runtime::store::replay::{replay, ReplayOptions};
+use aubier_runtime::store::synthetic::{synthetic_trace, SyntheticSpec};
+use aubier_runtime::store::trace::Trace;
+use clap::Args;
+use serde_json::{json, Map, Value};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `aubier replay`.
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// Routing trace, JSON lines `{"seq", "pos", "n_experts", "top_k", "layers": [[e, …], …]}`.
+    #[arg(required_unless_present = "synthetic", conflicts_with = "synthetic")]
+    pub trace: Option<PathBuf>,
+    /// Replay a generated trace instead: `key=value,…` over experts, top_k, layers, tokens,
+    /// seq_len, zipf, hot, drift, seed ("" = all defaults: 128 experts, top-4, 36 layers, 4096
+    /// tokens).
+    #[arg(long)]
+    pub synthetic: Option<SyntheticSpec>,
+    /// Also write the synthetic trace to this JSONL file.
+    #[arg(long, requires = "synthetic")]
+    pub write_trace: Option<PathBuf>,
+    /// Fast-store slots per layer.
+    #[arg(long, required_unless_present = "sweep", conflicts_with = "sweep")]
+    pub slots: Option<usize>,
+    /// Replay once per slot count of this comma-separated list, e.g. 8,16,32,48,64.
+    #[arg(long, value_delimiter = ',')]
+    pub sweep: Option<Vec<usize>>,
+    /// Policies to replay, comma-separated, from 2q, lru, lfu, static, min.
+    #[arg(long, value_delimiter = ',', default_value = "2q,lru,lfu,static,min")]
+    pub policies: Vec<PolicyKind>,
+    /// Print JSON: `{"slots": N, "policies": {"2q": f, …}}`, or a list of those with --sweep.
+    #[arg(long)]
+    pub json: bool,
+    /// 2Q: `A1in` (first-seen ids, Kin) as a fraction of the slots.
+    #[arg(long, default_value_t = TwoQParams::PAPER_A1IN)]
+    pub a1in: f64,
+    /// 2Q: ghost queue `A1out` (Kout) as a fraction of the slots.
+    #[arg(long, default_value_t = TwoQParams::PAPER_A1OUT)]
+    pub a1out: f64,
+    /// 2Q: at most this many promotions into the fast store per token per layer (default: no cap).
+    #[arg(long)]
+    pub max_promotions: Option<usize>,
+    /// Seed membership `{"layers": [[e, …], …]}` (hottest first; the first N of each list seed N
+    /// slots) for 2q, lru, lfu and min; default: the identity set 0..N. `static` uses its own set.
+    #[arg(long)]
+    pub resident_set: Option<PathBuf>,
+}
+
+/// Runs `aubier replay`; exit status 1 with a message on stderr when it fails.
+pub fn run(args: ReplayArgs) -> ExitCode {
+    match replay_command(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("aubier replay: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
+    let (trace, source) = match (&args.trace, &args.synthetic) {
+        (Some(path), _) => (
+            Trace::read(path).with_context(|| format!("reading {}", path.display()))?,
+            path.display().to_string(),
+        ),
+        (None, Some(spec)) => (synthetic_trace(spec)?, format!("synthetic {spec}")),
+        (None, None) => bail!("give a trace file or --synthetic"),
+    };
+    if let Some(path) = &args.write_trace {
+        let file =
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        trace
+            .write_to(std::io::BufWriter::new(file))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let resident_set = match &args.resident_set {
+        Some(path) => {
+            Some(HotSet::read(path).with_context(|| format!("reading {}", path.display()))?)
+        }
+        None => None,
+    };
+    let slot_counts = match (&args.sweep, args.slots) {
+        (Some(list), _) if list.is_empty() => bail!("--sweep needs at least one slot count"),
+        (Some(list), _) => list.clone(),
+        (None, Some(n)) => vec![n],
+        (None, None) => bail!("give --slots or --sweep"),
+    };
+    for (i, p) in args.policies.iter().enumerate() {
+        if args.policies[..i].contains(p) {
+            bail!("--policies lists {p} twice");
+        }
+    }
+    if args.policies.is_empty() {
+        bail!("--policies is empty");
+    }
+
+    let mut rows = Vec::with_capacity(slot_counts.len());
+    for &slots in &slot_counts {
+        let opts = ReplayOptions {
+            slots,
+            a1in: args.a1in,
+            a1out: args.a1out,
+            max_promotions: args.max_promotions,
+            resident_set: resident_set.as_ref(),
+        };
+        let mut served = Vec::with_capacity(args.policies.len());
+        for &kind in &args.policies {
+            served.push((kind, replay(&trace, kind, &opts)?.fraction()));
+        }
+        rows.push((slots, served));
+    }
+
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let objects: Vec<Value> = rows
+            .iter()
+            .map(|(slots, served)| {
+                let policies: Map<String, Value> = served
+                    .iter()
+                    .map(|(k, f)| (k.name().to_string(), json!(f)))
+                    .collect();
+                json!({"slots": slots, "policies": policies})
+            })
+            .collect();
+        let value = match (args.sweep.is_some(), objects.as_slice()) {
+            (false, [one]) => one.clone(),
+            _ => Value::Array(objects),
+        };
+        writeln!(out, "{value}")?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "trace: {source}\n{} tokens, {} layers, {} experts, top-{}; served fraction = routed slots \
+         served from the fast store / all {} routed slots",
+        trace.tokens(),
+        trace.n_layers(),
+        trace.n_experts(),
+        trace.top_k(),
+        trace.routed_slots()
+    )?;
+    write!(out, "{:>6}", "slots")?;
+    for kind in &args.policies {
+        write!(out, " {:>7}", kind.name())?;
+    }
+    writeln!(out)?;
+    for (slots, served) in &rows {
+        write!(out, "{slots:>6}")?;
+        for (_, f) in served {
+            write!(out, " {f:>7.4}")?;
+        }
+        writeln!(out)?;
+    }
+    Ok(())
+}

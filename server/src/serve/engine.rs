@@ -1,0 +1,323 @@
+//! The single-flight engine: one dedicated OS thread owns the model and runs one request at a
+//! time, so the tokio runtime is never blocked by a forward pass.
+//!
+//! Algorithm: a request first waits (async, up to `--queue-wait-ms`) for the one permit of a
+//! semaphore; a request that does not get it in time is answered 503 with `Retry-After` before any
+//! work is done. The holder sends a [`Job`] to the engine thread together with its permit and an
+//! unbounded event channel, and the HTTP side reads [`Event`]s from that channel. The engine thread
+//! calls [`Engine::generate`] (for the real engine: `aubier_runtime::generate::generate`, the one
+//! decode loop shared with `aubier run`) with a callback that turns each token into text through the
+//! shared [`TextPipeline`] (whole characters, reasoning split, stop strings held back) and sends the
+//! released text. The callback returns `Break` when a stop string matched or when the receiving side
+//! has gone (the client disconnected: axum dropped the response body, and with it the receiver), so
+//! generation stops before the next engine step. The permit is released only after the engine has
+//! returned, so the next request never overlaps the current one.
+
+use super::error::ApiError;
+use super::metrics::Metrics;
+use super::text::{Delta, TextMode, TextModel, TextPipeline};
+use aubier_runtime::generate::{FinishReason, GenerateError, GenerateOutput, GenerateParams};
+use std::ops::ControlFlow;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tokio::sync::{mpsc as tmpsc, OwnedSemaphorePermit, Semaphore};
+
+/// A model the server can run: the real `Session`-backed engine or the scripted fake.
+///
+/// Both are driven the same way: [`Engine::generate`] prefills `prompt`, then produces tokens and
+/// calls `on_token` with each; `on_token` returning `Break` stops generation before the next step.
+pub trait Engine: Send + 'static {
+    /// KV cache capacity, in tokens (prompt + generated tokens a request can hold).
+    fn kv_max(&self) -> usize;
+
+    /// Runs one request (semantics of `aubier_runtime::generate::generate`).
+    ///
+    /// Errors: [`EngineFailure`]; the engine stays usable for the next request.
+    fn generate(
+        &mut self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<GenerateOutput, EngineFailure>;
+
+    /// Engine steps (prefill or decode forward passes) taken since the engine was created.
+    fn steps_taken(&self) -> u64;
+}
+
+/// Why a generation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineFailure {
+    /// The shared decode loop (or the session under it) failed.
+    #[error(transparent)]
+    Generate(#[from] GenerateError),
+    /// The fake engine's script asked for a failure at this step.
+    #[error("fake engine: scripted failure at engine step {step}")]
+    Scripted {
+        /// The 1-based engine step that failed.
+        step: u64,
+    },
+}
+
+/// What a request asks the engine thread to do.
+#[derive(Debug)]
+pub struct JobSpec {
+    /// Prompt token ids (already rendered / tokenized, already checked to fit the KV cache).
+    pub prompt: Vec<u32>,
+    /// Generation settings (`max_tokens` already clamped to the KV capacity).
+    pub params: GenerateParams,
+    /// How produced tokens become text.
+    pub mode: TextMode,
+}
+
+/// Why a generation ended, as the OpenAI API names it (plus `cancelled`, never sent to a client
+/// because there is none left to send it to).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// EOS was produced, or a stop string matched.
+    Stop,
+    /// `max_tokens` or the KV capacity was reached.
+    Length,
+    /// The client went away.
+    Cancelled,
+}
+
+impl Finish {
+    /// The OpenAI `finish_reason` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+            Finish::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// The end of a successful generation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    /// Why it ended.
+    pub finish: Finish,
+    /// Every generated id (EOS excluded), including those after which a stop string matched.
+    pub ids: Vec<u32>,
+    /// Prompt length, tokens.
+    pub prompt_tokens: usize,
+    /// Prefill rate, tok/s.
+    pub prefill_tok_s: f64,
+    /// Decode rate, tok/s.
+    pub decode_tok_s: f64,
+}
+
+/// What the engine thread sends back for a job, in order: any number of `Delta`s, then exactly one
+/// `Done` or `Failed`.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// Newly released text (whole characters; never part of a stop string).
+    Delta(Delta),
+    /// Generation finished.
+    Done(Summary),
+    /// Generation failed after it started.
+    Failed(ApiError),
+}
+
+struct Job {
+    spec: JobSpec,
+    events: tmpsc::UnboundedSender<Event>,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// The HTTP side's handle on the engine thread.
+#[derive(Debug)]
+pub struct EngineHandle {
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    gate: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
+    kv_max: usize,
+}
+
+/// Decrements the queue-depth gauge when a waiting request stops waiting (also when cancelled).
+struct Waiting<'a>(&'a Metrics);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.queue_depth.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl EngineHandle {
+    /// Starts the engine thread, which owns `engine` and decodes text with `text`.
+    ///
+    /// Errors: the OS refused to create the thread.
+    pub fn spawn(
+        engine: Box<dyn Engine>,
+        text: Arc<TextModel>,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<EngineHandle> {
+        let kv_max = engine.kv_max();
+        let (tx, rx) = mpsc::channel::<Job>();
+        let m = metrics.clone();
+        let thread = std::thread::Builder::new()
+            .name("aubier-engine".to_owned())
+            .spawn(move || engine_thread(engine, &text, &m, rx))?;
+        Ok(EngineHandle {
+            jobs: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+            gate: Arc::new(Semaphore::new(1)),
+            metrics,
+            kv_max,
+        })
+    }
+
+    /// KV cache capacity of the engine, tokens.
+    pub fn kv_max(&self) -> usize {
+        self.kv_max
+    }
+
+    /// Waits up to `queue_wait` for the engine, then starts `spec` on it and returns the channel
+    /// its [`Event`]s arrive on. Dropping the receiver cancels the generation within one step.
+    ///
+    /// Errors: 503 with `Retry-After` when the engine stayed busy for `queue_wait`; 503 when the
+    /// engine has shut down.
+    pub async fn submit(
+        &self,
+        spec: JobSpec,
+        queue_wait: Duration,
+    ) -> Result<tmpsc::UnboundedReceiver<Event>, ApiError> {
+        self.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+        let waiting = Waiting(&self.metrics);
+        let permit = tokio::time::timeout(queue_wait, self.gate.clone().acquire_owned()).await;
+        drop(waiting);
+        let retry_after_s = queue_wait.as_secs().max(1);
+        let permit = match permit {
+            Ok(Ok(p)) => p,
+            Ok(Err(_)) => return Err(ApiError::busy("The engine has shut down.", retry_after_s)),
+            Err(_) => {
+                return Err(ApiError::busy(
+                    format!(
+                        "The engine is busy with another request; waited {} ms (--queue-wait-ms).",
+                        queue_wait.as_millis()
+                    ),
+                    retry_after_s,
+                ))
+            }
+        };
+        let (tx, rx) = tmpsc::unbounded_channel();
+        let job = Job {
+            spec,
+            events: tx,
+            _permit: permit,
+        };
+        let sent = match self.jobs.lock() {
+            Ok(guard) => guard.as_ref().map(|jobs| jobs.send(job).is_ok()),
+            Err(_) => None,
+        };
+        match sent {
+            Some(true) => Ok(rx),
+            _ => Err(ApiError::busy("The engine has shut down.", retry_after_s)),
+        }
+    }
+
+    /// Stops accepting jobs, lets the running one finish and joins the engine thread.
+    pub fn shutdown(&self) {
+        if let Ok(mut jobs) = self.jobs.lock() {
+            jobs.take();
+        }
+        self.gate.close();
+        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}
+
+fn engine_thread(
+    mut engine: Box<dyn Engine>,
+    text: &TextModel,
+    metrics: &Metrics,
+    rx: mpsc::Receiver<Job>,
+) {
+    while let Ok(job) = rx.recv() {
+        metrics.running.store(1, Ordering::Relaxed);
+        let events = job.events.clone();
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            run_job(engine.as_mut(), text, &job.spec, &job.events, metrics)
+        }));
+        if outcome.is_err() {
+            tracing::error!("the engine panicked; the request failed");
+            let _ = events.send(Event::Failed(ApiError::internal(
+                "The engine panicked while running this request.",
+            )));
+        }
+        metrics
+            .engine_steps
+            .store(engine.steps_taken(), Ordering::Relaxed);
+        metrics.running.store(0, Ordering::Relaxed);
+        drop(job);
+    }
+}
+
+fn run_job(
+    engine: &mut dyn Engine,
+    text: &TextModel,
+    spec: &JobSpec,
+    events: &tmpsc::UnboundedSender<Event>,
+    metrics: &Metrics,
+) {
+    let mut pipe = TextPipeline::new(text, &spec.mode);
+    let result = engine.generate(&spec.prompt, &spec.params, &mut |id| {
+        if events.is_closed() {
+            return ControlFlow::Break(());
+        }
+        let (delta, stopped) = pipe.push(id);
+        if !delta.is_empty() && events.send(Event::Delta(delta)).is_err() {
+            return ControlFlow::Break(());
+        }
+        if stopped {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    });
+    match result {
+        Ok(out) => {
+            let tail = pipe.finish();
+            if !tail.is_empty() {
+                let _ = events.send(Event::Delta(tail));
+            }
+            let finish = match out.finish {
+                _ if pipe.stopped() => Finish::Stop,
+                FinishReason::Stop => Finish::Stop,
+                FinishReason::Length => Finish::Length,
+                FinishReason::Cancelled => Finish::Cancelled,
+            };
+            metrics
+                .prompt_tokens
+                .fetch_add(spec.prompt.len() as u64, Ordering::Relaxed);
+            metrics
+                .completion_tokens
+                .fetch_add(out.ids.len() as u64, Ordering::Relaxed);
+            metrics
+                .prefill_tok_s
+                .store(out.prefill_tok_s.to_bits(), Ordering::Relaxed);
+            metrics
+                .decode_tok_s
+                .store(out.decode_tok_s.to_bits(), Ordering::Relaxed);
+            let _ = events.send(Event::Done(Summary {
+                finish,
+                ids: out.ids,
+                prompt_tokens: spec.prompt.len(),
+                prefill_tok_s: out.prefill_tok_s,
+                decode_tok_s: out.decode_tok_s,
+            }));
+        }
+        Err(e) => {
+            tracing::warn!("generation failed: {e}");
+            let _ = events.send(Event::Failed(ApiError::internal(format!(
+                "Generation failed: {e}"
+            ))));
+        }
+    }
+}

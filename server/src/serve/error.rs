@@ -1,0 +1,173 @@
+//! OpenAI-shaped errors: every failure the server reports is an HTTP status plus the body
+//! `{"error": {"message", "type", "param", "code"}}` that the OpenAI API returns (openai-openapi
+//! `ErrorResponse`), so OpenAI clients raise their usual exception with our message in it.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+/// One API error: the HTTP status, the OpenAI `type` / `param` / `code` fields and a message that
+/// names what was wrong. `retry_after_s` adds a `Retry-After` header (seconds) to 503 answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status of the answer.
+    pub status: StatusCode,
+    /// Human-readable message naming the parameter, model or limit at fault.
+    pub message: String,
+    /// OpenAI error type: `invalid_request_error`, `not_found_error` or `server_error`.
+    pub kind: &'static str,
+    /// The request parameter at fault, when there is one.
+    pub param: Option<String>,
+    /// Machine-readable code (`unsupported_parameter`, `model_not_found`, ...).
+    pub code: Option<&'static str>,
+    /// Seconds for the `Retry-After` header.
+    pub retry_after_s: Option<u64>,
+}
+
+impl ApiError {
+    /// 400 `invalid_request_error` about `param` (or about the request as a whole when `None`).
+    pub fn invalid(
+        param: Option<&str>,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_owned),
+            code: Some(code),
+            retry_after_s: None,
+        }
+    }
+
+    /// 400 for a parameter we recognise but do not implement, sent with a non-default value.
+    pub fn unsupported(param: &str, why: &str) -> ApiError {
+        ApiError::invalid(
+            Some(param),
+            "unsupported_parameter",
+            format!(
+                "Unsupported parameter: '{param}' {why}; aubier accepts it only at its default."
+            ),
+        )
+    }
+
+    /// 400 for a parameter with a value of the wrong type or out of range.
+    pub fn bad_value(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError::invalid(Some(param), "invalid_value", message)
+    }
+
+    /// 404 for a model id other than the one served.
+    pub fn model_not_found(asked: &str, served: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!(
+                "The model '{asked}' does not exist; this server serves only '{served}'."
+            ),
+            kind: "invalid_request_error",
+            param: Some("model".to_owned()),
+            code: Some("model_not_found"),
+            retry_after_s: None,
+        }
+    }
+
+    /// 404 for a path that is not a route.
+    pub fn no_route(method: &str, path: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("No route for {method} {path}."),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("unknown_url"),
+            retry_after_s: None,
+        }
+    }
+
+    /// 405 for a known path with the wrong method.
+    pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            message: format!("Method {method} is not allowed on {path}."),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("method_not_allowed"),
+            retry_after_s: None,
+        }
+    }
+
+    /// 413 for a body over `--body-limit` bytes.
+    pub fn too_large(limit: usize) -> ApiError {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!(
+                "The request body is larger than the limit of {limit} bytes (--body-limit)."
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_too_large"),
+            retry_after_s: None,
+        }
+    }
+
+    /// 503 with `Retry-After` when the server cannot take the request now.
+    pub fn busy(message: impl Into<String>, retry_after_s: u64) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: Some("server_busy"),
+            retry_after_s: Some(retry_after_s),
+        }
+    }
+
+    /// 500 for a failure inside the engine or the tokenizer.
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: Some("engine_error"),
+            retry_after_s: None,
+        }
+    }
+
+    /// The body `{"error": {"message", "type", "param", "code"}}`.
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.message, self.status)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (
+            self.status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            self.to_value().to_string(),
+        )
+            .into_response();
+        if let Some(s) = self.retry_after_s {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        resp
+    }
+}

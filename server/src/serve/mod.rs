@@ -1,0 +1,356 @@
+//! `aubier serve`: the OpenAI-compatible HTTP server (ARCHITECTURE.md § server).
+//!
+//! Boot, in order: take the exclusive lock file (exit 69 after `--lock-wait-ms`), find the model
+//! (`--model`, else the bundled `models/ms4-tiny256-q2k.gguf`), load the engine (`--engine real`,
+//! the default, or the scripted `fake`) on its own thread, bind `--host:--port`, print the address,
+//! and serve until SIGINT or SIGTERM. Shutdown stops accepting connections, lets the running
+//! request (and any open stream) finish, joins the engine thread, then releases the lock.
+//!
+//! Modules: [`params`] (request validation, refused parameters), [`error`] (OpenAI-shaped errors),
+//! [`app`] (routes, SSE, connection admission), [`engine`] (the single-flight engine thread),
+//! [`text`] and [`stop`] (detokenizing, reasoning split, stop strings), [`fake`] and [`real`]
+//! (the two engines), [`lock`], [`metrics`].
+#![warn(missing_docs)]
+
+pub mod app;
+pub mod engine;
+pub mod error;
+pub mod fake;
+pub mod lock;
+pub mod metrics;
+pub mod params;
+pub mod real;
+pub mod stop;
+pub mod text;
+
+use app::{router, Admission, AdmissionListener, AppState, ServerLimits};
+use aubier_runtime::engine::Model;
+use aubier_runtime::gguf::GgufFile;
+use clap::{Args, ValueEnum};
+use engine::{Engine, EngineHandle};
+use fake::{FakeEngine, FakeScript, FakeScriptFile};
+use lock::{LockError, LockFile, EXIT_LOCKED};
+use metrics::Metrics;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use text::TextModel;
+use tokio::net::TcpListener;
+
+/// File name of the bundled demo model (random weights, real architecture and tokenizer).
+pub const BUNDLED_MODEL: &str = "ms4-tiny256-q2k.gguf";
+
+/// KV capacity used when `--kv-max` is not given: `min(context_length, 4096)` tokens for the
+/// real engine (as `aubier run`), 4096 for the fake one.
+pub const DEFAULT_KV_MAX: usize = 4096;
+
+/// Which engine answers requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum EngineKind {
+    /// The model itself (`Session` + the shared decode loop).
+    Real,
+    /// Scripted tokens, CPU only, for protocol tests (the tokenizer and template are the file's).
+    Fake,
+}
+
+/// Arguments of `aubier serve`.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// GGUF file to serve (default: the bundled models/ms4-tiny256-q2k.gguf, looked up via
+    /// $AUBIER_MODEL, the binary's workspace, then ./models).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to bind (0 = any free port; the chosen address is printed).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// KV cache capacity in tokens: prompt + completion of one request (default: min(context
+    /// length, 4096)).
+    #[arg(long)]
+    pub kv_max: Option<usize>,
+    /// Most concurrent connections; requests on connections beyond it get 503 (Retry-After).
+    #[arg(long, default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_conns: usize,
+    /// Longest wait for the single-flight engine before a 503 (Retry-After), ms.
+    #[arg(long, default_value_t = 30_000)]
+    pub queue_wait_ms: u64,
+    /// Largest request body, bytes (413 beyond).
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    pub body_limit: usize,
+    /// Exclusive lock file taken at boot (default: $TMPDIR/aubier.lock).
+    #[arg(long)]
+    pub lock_file: Option<PathBuf>,
+    /// How long to wait for the lock file before exiting with status 69, ms.
+    #[arg(long, default_value_t = 2_000)]
+    pub lock_wait_ms: u64,
+    /// Engine: the real model, or scripted tokens for protocol tests.
+    #[arg(long, value_enum, default_value_t = EngineKind::Real)]
+    pub engine: EngineKind,
+    /// Model id clients must send (default: the GGUF file stem).
+    #[arg(long)]
+    pub model_id: Option<String>,
+    /// With --engine fake: a JSON script {"text": ".."} or {"ids": [..]}, optional "step_ms",
+    /// "fail_at_step".
+    #[arg(long)]
+    pub fake_script: Option<PathBuf>,
+}
+
+/// Errors of `aubier serve` before or after serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The lock file is held or unusable.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// No model file was given and the bundled one was not found.
+    #[error("no --model given and the bundled model {BUNDLED_MODEL} was not found; looked in: {}", .0.join(", "))]
+    NoModel(Vec<String>),
+    /// `$AUBIER_MODEL` names a missing file.
+    #[error("$AUBIER_MODEL is {0}, which does not exist")]
+    EnvModel(String),
+    /// The model file could not be opened or loaded.
+    #[error("loading {path}: {message}")]
+    Load {
+        /// The file.
+        path: String,
+        /// What failed.
+        message: String,
+    },
+    /// `--fake-script` with the real engine.
+    #[error("--fake-script needs --engine fake")]
+    ScriptWithoutFake,
+    /// The fake script is unusable.
+    #[error(transparent)]
+    Script(#[from] fake::FakeScriptError),
+    /// Binding, the runtime or the engine thread failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServeError {
+    let context = context.into();
+    move |source| ServeError::Io { context, source }
+}
+
+/// Finds the model to serve: `explicit` if given; else `$AUBIER_MODEL`; else the bundled file in
+/// `models/` of the workspace the binary was built in (found from the executable's path, then from
+/// this crate's build-time location); else `./models/`.
+///
+/// Errors: [`ServeError::EnvModel`] when `$AUBIER_MODEL` names a missing file,
+/// [`ServeError::NoModel`] listing every place looked in.
+pub fn resolve_model(explicit: Option<&Path>) -> Result<PathBuf, ServeError> {
+    if let Some(p) = explicit {
+        return Ok(p.to_owned());
+    }
+    if let Some(env) = std::env::var_os("AUBIER_MODEL") {
+        let p = PathBuf::from(&env);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(ServeError::EnvModel(p.display().to_string()))
+        };
+    }
+    let mut candidates = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        candidates.extend(
+            exe.ancestors()
+                .skip(1)
+                .map(|d| d.join("models").join(BUNDLED_MODEL)),
+        );
+    }
+    candidates.push(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join("models")
+            .join(BUNDLED_MODEL),
+    );
+    candidates.push(PathBuf::from("models").join(BUNDLED_MODEL));
+    match candidates.iter().find(|p| p.is_file()) {
+        Some(p) => Ok(p.clone()),
+        None => Err(ServeError::NoModel(
+            std::iter::once("$AUBIER_MODEL (unset)".to_owned())
+                .chain(candidates.iter().map(|p| p.display().to_string()))
+                .collect(),
+        )),
+    }
+}
+
+/// The default model id: the file stem (`ms4-tiny256-q2k`).
+pub fn model_id_of(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// The fake engine's script when no `--fake-script` is given.
+pub const DEFAULT_FAKE_TEXT: &str = "This is aubier's fake engine: scripted tokens, no model.";
+
+/// Loads the text side and the chosen engine from `path`.
+fn load_engine(
+    path: &Path,
+    args: &ServeArgs,
+) -> Result<(Arc<TextModel>, Box<dyn Engine>), ServeError> {
+    let load_err = |message: String| ServeError::Load {
+        path: path.display().to_string(),
+        message,
+    };
+    match args.engine {
+        EngineKind::Real => {
+            if args.fake_script.is_some() {
+                return Err(ServeError::ScriptWithoutFake);
+            }
+            let model = Model::load(path).map_err(|e| load_err(e.to_string()))?;
+            let text = TextModel::from_gguf(&model.file).map_err(|e| load_err(e.to_string()))?;
+            let kv_max = args
+                .kv_max
+                .unwrap_or_else(|| model.config.n_ctx_train.min(DEFAULT_KV_MAX));
+            let engine =
+                real::RealEngine::open(model, kv_max).map_err(|e| load_err(e.to_string()))?;
+            Ok((Arc::new(text), Box::new(engine)))
+        }
+        EngineKind::Fake => {
+            let file = GgufFile::open(path).map_err(|e| load_err(e.to_string()))?;
+            let text = TextModel::from_gguf(&file).map_err(|e| load_err(e.to_string()))?;
+            let script_file = match &args.fake_script {
+                Some(p) => FakeScriptFile::read(p)?,
+                None => FakeScriptFile {
+                    text: Some(DEFAULT_FAKE_TEXT.to_owned()),
+                    ..FakeScriptFile::default()
+                },
+            };
+            let ids = match (&script_file.ids, &script_file.text) {
+                (Some(ids), _) => ids.clone(),
+                (None, Some(t)) => text
+                    .tokenizer()
+                    .encode(t)
+                    .map_err(|e| load_err(format!("encoding the fake script: {e}")))?,
+                (None, None) => Vec::new(),
+            };
+            let script = FakeScript {
+                ids,
+                step_delay: Duration::from_millis(script_file.step_ms),
+                fail_at_step: script_file.fail_at_step,
+            };
+            let engine = FakeEngine::new(script, args.kv_max.unwrap_or(DEFAULT_KV_MAX));
+            Ok((Arc::new(text), Box::new(engine)))
+        }
+    }
+}
+
+/// Serves `state` on `listener` until `shutdown` resolves, then drains: open requests and streams
+/// finish, the engine thread is joined.
+///
+/// Errors: I/O errors of the listener.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = AdmissionListener::new(listener, state.limits.max_conns, state.metrics.clone());
+    let app = router(state.clone()).into_make_service_with_connect_info::<Admission>();
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await;
+    let engine_state = state.clone();
+    tokio::task::spawn_blocking(move || engine_state.engine.shutdown())
+        .await
+        .map_err(std::io::Error::other)?;
+    served
+}
+
+/// Resolves on the first SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+    eprintln!("aubier serve: shutting down (draining the running request)");
+}
+
+fn serve_blocking(args: ServeArgs) -> Result<(), ServeError> {
+    let lock_path = args
+        .lock_file
+        .clone()
+        .unwrap_or_else(lock::default_lock_path);
+    let lock = LockFile::acquire(&lock_path, Duration::from_millis(args.lock_wait_ms))?;
+    let path = resolve_model(args.model.as_deref())?;
+    let model_id = args.model_id.clone().unwrap_or_else(|| model_id_of(&path));
+    let (text, engine) = load_engine(&path, &args)?;
+    let metrics = Arc::new(Metrics::default());
+    let engine = EngineHandle::spawn(engine, text.clone(), metrics.clone())
+        .map_err(io_err("starting the engine thread"))?;
+    let kv_max = engine.kv_max();
+    let limits = ServerLimits {
+        model_id: model_id.clone(),
+        queue_wait: Duration::from_millis(args.queue_wait_ms),
+        max_conns: args.max_conns,
+        body_limit: args.body_limit,
+    };
+    let state = Arc::new(AppState::new(limits, text, engine, metrics));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(io_err("starting the tokio runtime"))?;
+    runtime.block_on(async {
+        let listener = TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .map_err(io_err(format!("binding {}:{}", args.host, args.port)))?;
+        let addr = listener
+            .local_addr()
+            .map_err(io_err("reading the bound address"))?;
+        eprintln!(
+            "aubier serve: listening on http://{addr} (model id {model_id}, {}, engine {:?}, kv_max {kv_max}, lock {})",
+            path.display(),
+            args.engine,
+            lock.path().display()
+        );
+        serve(listener, state, shutdown_signal())
+            .await
+            .map_err(io_err("serving"))
+    })?;
+    drop(lock);
+    eprintln!("aubier serve: stopped");
+    Ok(())
+}
+
+/// Runs `aubier serve`; exit status 0 after a clean shutdown, 69 when the lock file is held,
+/// 1 on any other error (printed to stderr).
+pub fn run(args: ServeArgs) -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    match serve_blocking(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ ServeError::Lock(LockError::Busy { .. })) => {
+            eprintln!("aubier serve: {e}");
+            ExitCode::from(EXIT_LOCKED)
+        }
+        Err(e) => {
+            eprintln!("aubier serve: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

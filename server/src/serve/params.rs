@@ -1,0 +1,792 @@
+//! Request parameters: parse and validate the JSON bodies of `/v1/chat/completions`,
+//! `/v1/completions` and `/debug/tokens`.
+//!
+//! Algorithm: the body is read as one JSON object; each accepted parameter is taken out of it and
+//! type- and range-checked; each recognised but unimplemented parameter is taken out and refused
+//! **by name** unless it carries its default value (a silently ignored parameter would give an answer
+//! that looks like the one the client asked for); any key left over is refused by name as
+//! unrecognised, as the OpenAI API itself does. The parameter names and defaults follow the OpenAI
+//! API reference (Chat Completions and legacy Completions) and, for `top_k` / `repetition_penalty` /
+//! `min_p` / `ignore_eos` / `continue_final_message`, vLLM's OpenAI server.
+
+use super::error::ApiError;
+use serde_json::{Map, Value};
+
+/// Most stop strings one request may carry (the OpenAI limit).
+pub const MAX_STOPS: usize = 4;
+
+/// Sampling settings of one request (OpenAI names; `top_k` is the vLLM extension).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampling {
+    /// Softmax temperature in [0, 2]; 0 is greedy. Default 1 (OpenAI), 0 on `/debug/tokens`.
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1]; default 1 (off).
+    pub top_p: f32,
+    /// Keep the k most likely tokens; 0 (default) is off.
+    pub top_k: usize,
+    /// Seed of the sampler; `None` = a fresh random seed per request (OpenAI semantics).
+    pub seed: Option<u64>,
+}
+
+/// A validated `POST /v1/chat/completions` body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatParams {
+    /// The `model` field.
+    pub model: String,
+    /// `messages`, `reasoning_effort` and `continue_final_message`, as a JSON object for
+    /// `aubier_runtime::chat::ChatRequest`'s deserializer.
+    pub chat: Value,
+    /// `max_completion_tokens` (or its older name `max_tokens`); `None` = up to the KV capacity.
+    pub max_tokens: Option<usize>,
+    /// Sampling settings.
+    pub sampling: Sampling,
+    /// Stop strings (≤ [`MAX_STOPS`], each non-empty).
+    pub stop: Vec<String>,
+    /// `stream`: answer with server-sent events.
+    pub stream: bool,
+    /// `stream_options.include_usage`: send a last chunk with the token counts.
+    pub include_usage: bool,
+}
+
+/// A validated `POST /v1/completions` body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompletionParams {
+    /// The `model` field.
+    pub model: String,
+    /// The prompt text (a single string).
+    pub prompt: String,
+    /// `max_tokens`; default 16 (the OpenAI default of this endpoint).
+    pub max_tokens: usize,
+    /// Sampling settings.
+    pub sampling: Sampling,
+    /// Stop strings (≤ [`MAX_STOPS`], each non-empty).
+    pub stop: Vec<String>,
+    /// `stream`: answer with server-sent events.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+}
+
+/// A validated `POST /debug/tokens` body: token ids in, token ids out, no tokenizer involved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DebugTokensParams {
+    /// Optional `model`; when present it must be the served id.
+    pub model: Option<String>,
+    /// Prompt token ids, used as given (no BOS added).
+    pub ids: Vec<u32>,
+    /// Tokens to generate (required).
+    pub max_tokens: usize,
+    /// Sampling settings; greedy unless `temperature` is given (as `aubier run`).
+    pub sampling: Sampling,
+    /// Keep generating past EOS (as `aubier run --ignore-eos`).
+    pub ignore_eos: bool,
+}
+
+/// How a refused parameter's default is recognised.
+#[derive(Clone, Copy, Debug)]
+enum DefaultValue {
+    /// Only `null` (absent).
+    Null,
+    /// `null` or this number.
+    Number(f64),
+    /// `null` or `false`.
+    False,
+    /// `null` or `true`.
+    True,
+    /// `null`, `""`, `[]` or `{}`.
+    Empty,
+    /// `null` or one of these strings.
+    OneOf(&'static [&'static str]),
+    /// `null` or `{"type": "text"}`.
+    TextFormat,
+    /// `null` or `["text"]`.
+    TextModality,
+}
+
+impl DefaultValue {
+    fn holds(self, v: &Value) -> bool {
+        match (self, v) {
+            (_, Value::Null) => true,
+            (DefaultValue::Number(x), Value::Number(n)) => n.as_f64() == Some(x),
+            (DefaultValue::False, Value::Bool(b)) => !b,
+            (DefaultValue::True, Value::Bool(b)) => *b,
+            (DefaultValue::Empty, Value::String(s)) => s.is_empty(),
+            (DefaultValue::Empty, Value::Array(a)) => a.is_empty(),
+            (DefaultValue::Empty, Value::Object(o)) => o.is_empty(),
+            (DefaultValue::OneOf(names), Value::String(s)) => names.contains(&s.as_str()),
+            (DefaultValue::TextFormat, Value::Object(o)) => {
+                o.len() == 1 && o.get("type").and_then(Value::as_str) == Some("text")
+            }
+            (DefaultValue::TextModality, Value::Array(a)) => {
+                a.len() == 1 && a[0].as_str() == Some("text")
+            }
+            _ => false,
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            DefaultValue::Null => "null".to_owned(),
+            DefaultValue::Number(x) => format!("{x}"),
+            DefaultValue::False => "false".to_owned(),
+            DefaultValue::True => "true".to_owned(),
+            DefaultValue::Empty => "empty".to_owned(),
+            DefaultValue::OneOf(names) => names.join(" or "),
+            DefaultValue::TextFormat => "{\"type\": \"text\"}".to_owned(),
+            DefaultValue::TextModality => "[\"text\"]".to_owned(),
+        }
+    }
+}
+
+/// Parameters of `/v1/chat/completions` that are recognised but not implemented, with their default.
+const REFUSED_CHAT: &[(&str, DefaultValue)] = &[
+    ("n", DefaultValue::Number(1.0)),
+    ("tools", DefaultValue::Empty),
+    ("tool_choice", DefaultValue::OneOf(&["none", "auto"])),
+    ("parallel_tool_calls", DefaultValue::True),
+    ("functions", DefaultValue::Empty),
+    ("function_call", DefaultValue::OneOf(&["none", "auto"])),
+    ("logprobs", DefaultValue::False),
+    ("top_logprobs", DefaultValue::Number(0.0)),
+    ("logit_bias", DefaultValue::Empty),
+    ("response_format", DefaultValue::TextFormat),
+    ("presence_penalty", DefaultValue::Number(0.0)),
+    ("frequency_penalty", DefaultValue::Number(0.0)),
+    ("repetition_penalty", DefaultValue::Number(1.0)),
+    ("min_p", DefaultValue::Number(0.0)),
+    ("ignore_eos", DefaultValue::False),
+    ("audio", DefaultValue::Null),
+    ("modalities", DefaultValue::TextModality),
+    ("prediction", DefaultValue::Null),
+    ("web_search_options", DefaultValue::Null),
+    ("store", DefaultValue::False),
+    ("metadata", DefaultValue::Empty),
+    ("service_tier", DefaultValue::OneOf(&["auto", "default"])),
+    ("verbosity", DefaultValue::OneOf(&["medium"])),
+];
+
+/// Parameters of `/v1/completions` that are recognised but not implemented, with their default.
+const REFUSED_COMPLETIONS: &[(&str, DefaultValue)] = &[
+    ("n", DefaultValue::Number(1.0)),
+    ("best_of", DefaultValue::Number(1.0)),
+    ("echo", DefaultValue::False),
+    ("suffix", DefaultValue::Empty),
+    ("logprobs", DefaultValue::Null),
+    ("logit_bias", DefaultValue::Empty),
+    ("presence_penalty", DefaultValue::Number(0.0)),
+    ("frequency_penalty", DefaultValue::Number(0.0)),
+    ("repetition_penalty", DefaultValue::Number(1.0)),
+    ("min_p", DefaultValue::Number(0.0)),
+    ("ignore_eos", DefaultValue::False),
+];
+
+/// Identifier-only parameters: accepted and ignored, because they never change the answer
+/// (`user`, `safety_identifier` and `prompt_cache_key` label the caller for the provider).
+const IDENTIFIERS: &[&str] = &["user", "safety_identifier", "prompt_cache_key"];
+
+/// The names refused on `/v1/chat/completions` when not at their default, in table order.
+pub fn refused_chat_parameters() -> impl Iterator<Item = &'static str> {
+    REFUSED_CHAT.iter().map(|(n, _)| *n)
+}
+
+/// The names refused on `/v1/completions` when not at their default, in table order.
+pub fn refused_completion_parameters() -> impl Iterator<Item = &'static str> {
+    REFUSED_COMPLETIONS.iter().map(|(n, _)| *n)
+}
+
+/// The request body as a JSON object whose keys are taken out as they are validated.
+struct Body {
+    map: Map<String, Value>,
+}
+
+impl Body {
+    /// Parses `bytes`. Errors: 400 `invalid_json` naming serde's position, or when the body is not an
+    /// object.
+    fn parse(bytes: &[u8]) -> Result<Body, ApiError> {
+        let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+            ApiError::invalid(
+                None,
+                "invalid_json",
+                format!("The request body is not valid JSON: {e}."),
+            )
+        })?;
+        match value {
+            Value::Object(map) => Ok(Body { map }),
+            other => Err(ApiError::invalid(
+                None,
+                "invalid_json",
+                format!(
+                    "The request body must be a JSON object, got {}.",
+                    json_kind(&other)
+                ),
+            )),
+        }
+    }
+
+    /// Removes `name`; an explicit `null` counts as absent.
+    fn take(&mut self, name: &str) -> Option<Value> {
+        self.map.remove(name).filter(|v| !v.is_null())
+    }
+
+    fn string(&mut self, name: &str) -> Result<Option<String>, ApiError> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(other) => Err(wrong_type(name, "a string", &other)),
+        }
+    }
+
+    fn bool(&mut self, name: &str) -> Result<Option<bool>, ApiError> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(b)),
+            Some(other) => Err(wrong_type(name, "a boolean", &other)),
+        }
+    }
+
+    fn number(&mut self, name: &str) -> Result<Option<f64>, ApiError> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(Value::Number(n)) => match n.as_f64() {
+                Some(x) => Ok(Some(x)),
+                None => Err(ApiError::bad_value(
+                    name,
+                    format!("'{name}' is not a finite number."),
+                )),
+            },
+            Some(other) => Err(wrong_type(name, "a number", &other)),
+        }
+    }
+
+    fn uint(&mut self, name: &str) -> Result<Option<u64>, ApiError> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(Value::Number(n)) => n.as_u64().map(Some).ok_or_else(|| {
+                ApiError::bad_value(name, format!("'{name}' must be an integer >= 0, got {n}."))
+            }),
+            Some(other) => Err(wrong_type(name, "an integer", &other)),
+        }
+    }
+
+    /// Refuses each parameter of `table` present with a non-default value.
+    fn refuse(&mut self, table: &[(&str, DefaultValue)]) -> Result<(), ApiError> {
+        for (name, default) in table {
+            if let Some(v) = self.map.remove(*name) {
+                if !default.holds(&v) {
+                    return Err(ApiError::unsupported(
+                        name,
+                        &format!("is not implemented (default {})", default.describe()),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes identifier-only parameters after checking they are strings.
+    fn identifiers(&mut self) -> Result<(), ApiError> {
+        for name in IDENTIFIERS {
+            self.string(name)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses the first key nobody took.
+    fn finish(self) -> Result<(), ApiError> {
+        match self.map.keys().next() {
+            None => Ok(()),
+            Some(k) => Err(ApiError::invalid(
+                Some(k),
+                "unknown_parameter",
+                format!("Unrecognized request argument supplied: '{k}'."),
+            )),
+        }
+    }
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn wrong_type(name: &str, want: &str, got: &Value) -> ApiError {
+    ApiError::bad_value(
+        name,
+        format!("'{name}' must be {want}, got {}.", json_kind(got)),
+    )
+}
+
+fn required_model(body: &mut Body) -> Result<String, ApiError> {
+    body.string("model")?.ok_or_else(|| {
+        ApiError::invalid(
+            Some("model"),
+            "missing_required_parameter",
+            "Missing required parameter: 'model'.",
+        )
+    })
+}
+
+/// `temperature` / `top_p` / `top_k` / `seed` with the given temperature default.
+fn sampling(body: &mut Body, default_temperature: f32) -> Result<Sampling, ApiError> {
+    let temperature = match body.number("temperature")? {
+        None => default_temperature,
+        Some(t) if (0.0..=2.0).contains(&t) => t as f32,
+        Some(t) => {
+            return Err(ApiError::bad_value(
+                "temperature",
+                format!("'temperature' must be in [0, 2], got {t}."),
+            ))
+        }
+    };
+    let top_p = match body.number("top_p")? {
+        None => 1.0,
+        Some(p) if p > 0.0 && p <= 1.0 => p as f32,
+        Some(p) => {
+            return Err(ApiError::bad_value(
+                "top_p",
+                format!("'top_p' must be in (0, 1], got {p}."),
+            ))
+        }
+    };
+    let top_k = match body.uint("top_k")? {
+        None => 0,
+        Some(k) => usize::try_from(k)
+            .map_err(|_| ApiError::bad_value("top_k", format!("'top_k' {k} is too large.")))?,
+    };
+    let seed = body.uint("seed")?;
+    Ok(Sampling {
+        temperature,
+        top_p,
+        top_k,
+        seed,
+    })
+}
+
+/// `stop`: a string or an array of up to [`MAX_STOPS`] non-empty strings.
+fn stop(body: &mut Body) -> Result<Vec<String>, ApiError> {
+    let stops = match body.take("stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s],
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .map(|v| match v {
+                Value::String(s) => Ok(s),
+                other => Err(wrong_type(
+                    "stop",
+                    "a string or an array of strings",
+                    &other,
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(other) => {
+            return Err(wrong_type(
+                "stop",
+                "a string or an array of strings",
+                &other,
+            ))
+        }
+    };
+    if stops.len() > MAX_STOPS {
+        return Err(ApiError::bad_value(
+            "stop",
+            format!(
+                "'stop' holds {} strings; at most {MAX_STOPS} are allowed.",
+                stops.len()
+            ),
+        ));
+    }
+    if stops.iter().any(String::is_empty) {
+        return Err(ApiError::bad_value(
+            "stop",
+            "'stop' strings must not be empty.",
+        ));
+    }
+    Ok(stops)
+}
+
+/// `stream` and `stream_options` (`include_usage`; `include_obfuscation` is accepted and has no
+/// effect, since aubier never pads its chunks). `stream_options` without `stream` is refused, as
+/// the OpenAI API does.
+fn stream(body: &mut Body) -> Result<(bool, bool), ApiError> {
+    let stream = body.bool("stream")?.unwrap_or(false);
+    let mut include_usage = false;
+    match body.take("stream_options") {
+        None => {}
+        Some(Value::Object(opts)) => {
+            if !stream {
+                return Err(ApiError::bad_value(
+                    "stream_options",
+                    "'stream_options' is only allowed when 'stream' is true.",
+                ));
+            }
+            for (k, v) in opts {
+                match (k.as_str(), v) {
+                    (_, Value::Null) => {}
+                    ("include_usage", Value::Bool(b)) => include_usage = b,
+                    ("include_obfuscation", Value::Bool(_)) => {}
+                    ("include_usage" | "include_obfuscation", other) => {
+                        return Err(wrong_type(
+                            &format!("stream_options.{k}"),
+                            "a boolean",
+                            &other,
+                        ))
+                    }
+                    (other, _) => {
+                        return Err(ApiError::invalid(
+                            Some(&format!("stream_options.{other}")),
+                            "unknown_parameter",
+                            format!(
+                                "Unrecognized request argument supplied: 'stream_options.{other}'."
+                            ),
+                        ))
+                    }
+                }
+            }
+        }
+        Some(other) => return Err(wrong_type("stream_options", "an object", &other)),
+    }
+    Ok((stream, include_usage))
+}
+
+fn positive(name: &str, v: Option<u64>) -> Result<Option<usize>, ApiError> {
+    match v {
+        None => Ok(None),
+        Some(0) => Err(ApiError::bad_value(
+            name,
+            format!("'{name}' must be at least 1, got 0."),
+        )),
+        Some(n) => usize::try_from(n)
+            .map(Some)
+            .map_err(|_| ApiError::bad_value(name, format!("'{name}' {n} is too large."))),
+    }
+}
+
+/// Parses and validates a chat completion request body.
+///
+/// Errors: 400 for malformed JSON, a missing `model` or `messages`, a value of the wrong type or out
+/// of range, more than [`MAX_STOPS`] stops, a refused parameter at a non-default value (named in
+/// `param`), or an unrecognised parameter.
+pub fn parse_chat(bytes: &[u8]) -> Result<ChatParams, ApiError> {
+    let mut body = Body::parse(bytes)?;
+    let model = required_model(&mut body)?;
+    let messages = match body.take("messages") {
+        Some(Value::Array(m)) => Value::Array(m),
+        Some(other) => return Err(wrong_type("messages", "an array", &other)),
+        None => {
+            return Err(ApiError::invalid(
+                Some("messages"),
+                "missing_required_parameter",
+                "Missing required parameter: 'messages'.",
+            ))
+        }
+    };
+    let mut chat = Map::new();
+    chat.insert("messages".to_owned(), messages);
+    if let Some(effort) = body.string("reasoning_effort")? {
+        chat.insert("reasoning_effort".to_owned(), Value::String(effort));
+    }
+    if let Some(cont) = body.bool("continue_final_message")? {
+        chat.insert("continue_final_message".to_owned(), Value::Bool(cont));
+    }
+    let max_new = positive("max_completion_tokens", body.uint("max_completion_tokens")?)?;
+    let max_old = positive("max_tokens", body.uint("max_tokens")?)?;
+    let max_tokens = match (max_new, max_old) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(ApiError::bad_value(
+                "max_tokens",
+                format!("'max_tokens' ({b}) and 'max_completion_tokens' ({a}) disagree; send one."),
+            ))
+        }
+        (a, b) => a.or(b),
+    };
+    let sampling = sampling(&mut body, 1.0)?;
+    let stop = stop(&mut body)?;
+    let (stream, include_usage) = stream(&mut body)?;
+    body.refuse(REFUSED_CHAT)?;
+    body.identifiers()?;
+    body.finish()?;
+    Ok(ChatParams {
+        model,
+        chat: Value::Object(chat),
+        max_tokens,
+        sampling,
+        stop,
+        stream,
+        include_usage,
+    })
+}
+
+/// Parses and validates a (legacy) completion request body. `prompt` must be one string.
+///
+/// Errors: as [`parse_chat`], with `prompt` in place of `messages`.
+pub fn parse_completion(bytes: &[u8]) -> Result<CompletionParams, ApiError> {
+    let mut body = Body::parse(bytes)?;
+    let model = required_model(&mut body)?;
+    let prompt = match body.take("prompt") {
+        Some(Value::String(s)) => s,
+        Some(Value::Array(_)) => {
+            return Err(ApiError::unsupported(
+                "prompt",
+                "as an array (of strings or token ids) is not implemented; send one string",
+            ))
+        }
+        Some(other) => return Err(wrong_type("prompt", "a string", &other)),
+        None => {
+            return Err(ApiError::invalid(
+                Some("prompt"),
+                "missing_required_parameter",
+                "Missing required parameter: 'prompt'.",
+            ))
+        }
+    };
+    let max_tokens = positive("max_tokens", body.uint("max_tokens")?)?.unwrap_or(16);
+    let sampling = sampling(&mut body, 1.0)?;
+    let stop = stop(&mut body)?;
+    let (stream, include_usage) = stream(&mut body)?;
+    body.refuse(REFUSED_COMPLETIONS)?;
+    body.identifiers()?;
+    body.finish()?;
+    Ok(CompletionParams {
+        model,
+        prompt,
+        max_tokens,
+        sampling,
+        stop,
+        stream,
+        include_usage,
+    })
+}
+
+/// Parses and validates a `/debug/tokens` body: `{"ids": [u32], "max_tokens": n}` plus optional
+/// `model`, `temperature` (default 0), `top_p`, `top_k`, `seed` (default 0) and `ignore_eos`.
+///
+/// Errors: 400 for malformed JSON, missing `ids` / `max_tokens`, an id that is not a u32, bad
+/// sampling values, or an unrecognised parameter.
+pub fn parse_debug_tokens(bytes: &[u8]) -> Result<DebugTokensParams, ApiError> {
+    let mut body = Body::parse(bytes)?;
+    let model = body.string("model")?;
+    let ids = match body.take("ids") {
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_u64()
+                    .and_then(|x| u32::try_from(x).ok())
+                    .ok_or_else(|| {
+                        ApiError::bad_value(
+                            "ids",
+                            format!("'ids[{i}]' is not a token id (u32): {v}."),
+                        )
+                    })
+            })
+            .collect::<Result<Vec<u32>, _>>()?,
+        Some(other) => return Err(wrong_type("ids", "an array of token ids", &other)),
+        None => {
+            return Err(ApiError::invalid(
+                Some("ids"),
+                "missing_required_parameter",
+                "Missing required parameter: 'ids'.",
+            ))
+        }
+    };
+    let max_tokens = match body.uint("max_tokens")? {
+        Some(n) => usize::try_from(n).map_err(|_| {
+            ApiError::bad_value("max_tokens", format!("'max_tokens' {n} is too large."))
+        })?,
+        None => {
+            return Err(ApiError::invalid(
+                Some("max_tokens"),
+                "missing_required_parameter",
+                "Missing required parameter: 'max_tokens'.",
+            ))
+        }
+    };
+    let mut sampling = sampling(&mut body, 0.0)?;
+    sampling.seed = Some(sampling.seed.unwrap_or(0));
+    let ignore_eos = body.bool("ignore_eos")?.unwrap_or(false);
+    body.finish()?;
+    Ok(DebugTokensParams {
+        model,
+        ids,
+        max_tokens,
+        sampling,
+        ignore_eos,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(extra: &str) -> Result<ChatParams, ApiError> {
+        let body =
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}]{extra}}}"#);
+        parse_chat(body.as_bytes())
+    }
+
+    #[test]
+    fn defaults_follow_openai() {
+        let p = chat("").unwrap();
+        assert_eq!(p.sampling.temperature, 1.0);
+        assert_eq!(p.sampling.top_p, 1.0);
+        assert_eq!(p.max_tokens, None);
+        assert!(!p.stream);
+        let c = parse_completion(br#"{"model":"m","prompt":"x"}"#).unwrap();
+        assert_eq!(c.max_tokens, 16);
+    }
+
+    #[test]
+    fn every_refused_chat_parameter_is_named_when_not_default() {
+        let non_default: &[(&str, &str)] = &[
+            ("n", "2"),
+            ("tools", r#"[{"type":"function","function":{"name":"f"}}]"#),
+            ("tool_choice", r#""required""#),
+            ("parallel_tool_calls", "false"),
+            ("functions", r#"[{"name":"f"}]"#),
+            ("function_call", r#"{"name":"f"}"#),
+            ("logprobs", "true"),
+            ("top_logprobs", "3"),
+            ("logit_bias", r#"{"5":10}"#),
+            ("response_format", r#"{"type":"json_object"}"#),
+            ("presence_penalty", "0.5"),
+            ("frequency_penalty", "0.5"),
+            ("repetition_penalty", "1.1"),
+            ("min_p", "0.1"),
+            ("ignore_eos", "true"),
+            ("audio", r#"{"voice":"alloy","format":"wav"}"#),
+            ("modalities", r#"["text","audio"]"#),
+            ("prediction", r#"{"type":"content","content":"x"}"#),
+            ("web_search_options", "{}"),
+            ("store", "true"),
+            ("metadata", r#"{"a":"b"}"#),
+            ("service_tier", r#""flex""#),
+            ("verbosity", r#""low""#),
+        ];
+        let names: Vec<&str> = refused_chat_parameters().collect();
+        assert_eq!(
+            names,
+            non_default.iter().map(|(n, _)| *n).collect::<Vec<_>>()
+        );
+        for (name, value) in non_default {
+            let e = chat(&format!(r#","{name}":{value}"#)).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(*name), "{name}");
+            assert_eq!(e.code, Some("unsupported_parameter"), "{name}");
+            assert!(e.message.contains(name), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn refused_parameters_are_accepted_at_their_defaults() {
+        let defaults = r#","n":1,"tools":[],"tool_choice":"none","parallel_tool_calls":true,
+            "functions":null,"function_call":"auto","logprobs":false,"top_logprobs":0,"logit_bias":{},
+            "response_format":{"type":"text"},"presence_penalty":0,"frequency_penalty":0.0,
+            "repetition_penalty":1,"min_p":0,"ignore_eos":false,"audio":null,"modalities":["text"],
+            "prediction":null,"store":false,"metadata":{},"service_tier":"auto","verbosity":"medium",
+            "user":"u1""#;
+        chat(defaults).unwrap();
+        let c = br#"{"model":"m","prompt":"x","n":1,"best_of":1,"echo":false,"suffix":null,
+            "logprobs":null,"logit_bias":{},"presence_penalty":0,"frequency_penalty":0}"#;
+        parse_completion(c).unwrap();
+    }
+
+    #[test]
+    fn every_refused_completion_parameter_is_named() {
+        let non_default: &[(&str, &str)] = &[
+            ("n", "3"),
+            ("best_of", "2"),
+            ("echo", "true"),
+            ("suffix", r#""end""#),
+            ("logprobs", "0"),
+            ("logit_bias", r#"{"1":1}"#),
+            ("presence_penalty", "1"),
+            ("frequency_penalty", "-1"),
+            ("repetition_penalty", "1.2"),
+            ("min_p", "0.05"),
+            ("ignore_eos", "true"),
+        ];
+        let names: Vec<&str> = refused_completion_parameters().collect();
+        assert_eq!(
+            names,
+            non_default.iter().map(|(n, _)| *n).collect::<Vec<_>>()
+        );
+        for (name, value) in non_default {
+            let body = format!(r#"{{"model":"m","prompt":"x","{name}":{value}}}"#);
+            let e = parse_completion(body.as_bytes()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(*name));
+            assert_eq!(e.code, Some("unsupported_parameter"));
+        }
+    }
+
+    #[test]
+    fn unknown_parameters_and_bad_values_are_refused_by_name() {
+        let e = chat(r#","frobnicate":1"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("frobnicate"));
+        assert_eq!(e.code, Some("unknown_parameter"));
+        for (extra, param) in [
+            (r#","temperature":2.5"#, "temperature"),
+            (r#","temperature":"hot""#, "temperature"),
+            (r#","top_p":0"#, "top_p"),
+            (r#","top_k":-1"#, "top_k"),
+            (r#","seed":-3"#, "seed"),
+            (r#","max_tokens":0"#, "max_tokens"),
+            (r#","max_tokens":5,"max_completion_tokens":6"#, "max_tokens"),
+            (r#","stop":["a","b","c","d","e"]"#, "stop"),
+            (r#","stop":[""]"#, "stop"),
+            (r#","stop":7"#, "stop"),
+            (
+                r#","stream_options":{"include_usage":true}"#,
+                "stream_options",
+            ),
+            (
+                r#","stream":true,"stream_options":{"x":1}"#,
+                "stream_options.x",
+            ),
+        ] {
+            let e = chat(extra).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{extra}: {}", e.message);
+            assert_eq!(e.status, 400);
+        }
+    }
+
+    #[test]
+    fn four_stops_and_usage_option_are_accepted() {
+        let p = chat(
+            r#","stop":["a","b","c","d"],"stream":true,"stream_options":{"include_usage":true}"#,
+        )
+        .unwrap();
+        assert_eq!(p.stop.len(), 4);
+        assert!(p.stream && p.include_usage);
+        assert_eq!(chat(r#","stop":"x""#).unwrap().stop, vec!["x".to_owned()]);
+    }
+
+    #[test]
+    fn malformed_json_and_missing_fields_are_400() {
+        for body in [&b"{"[..], b"[1]", b"\"x\""] {
+            let e = parse_chat(body).unwrap_err();
+            assert_eq!(e.code, Some("invalid_json"));
+            assert_eq!(e.status, 400);
+        }
+        let e = parse_chat(br#"{"model":"m"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        let e = parse_completion(br#"{"model":"m","prompt":["a"]}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+    }
+
+    #[test]
+    fn debug_tokens_is_greedy_by_default() {
+        let p = parse_debug_tokens(br#"{"ids":[1,2,3],"max_tokens":4}"#).unwrap();
+        assert_eq!(p.ids, vec![1, 2, 3]);
+        assert_eq!(p.sampling.temperature, 0.0);
+        assert_eq!(p.sampling.seed, Some(0));
+        let e = parse_debug_tokens(br#"{"ids":[1,-2],"max_tokens":4}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("ids"));
+        let e = parse_debug_tokens(br#"{"ids":[1]}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+    }
+}

@@ -1,0 +1,260 @@
+//! The text side of serving, shared by the real and the fake engine: prompts in (chat template or
+//! plain text → token ids), text out (token ids → whole characters → reasoning / content → stop
+//! strings).
+//!
+//! Algorithm of [`TextPipeline`], per generated id:
+//! 1. detokenize with the tokenizer's `StreamDecoder`, which returns whole UTF-8 characters only
+//!    (a character whose bytes span several tokens is held back until complete). `[THINK]` and
+//!    `[/THINK]` are decoded as their text; every other control token is dropped, as OpenAI-style
+//!    servers skip special tokens;
+//! 2. chat only: route the text through `aubier_runtime::chat::ReasoningSplitter`, so text inside
+//!    `[THINK]…[/THINK]` becomes `reasoning_content` and the rest `content`;
+//! 3. match stop strings on the content with [`StopMatcher`] (the reasoning is never cut by a
+//!    stop string), which holds back any suffix that could still become a stop.
+//!
+//! At the end, everything held back at each stage is flushed through the later stages.
+
+use super::error::ApiError;
+use super::stop::StopMatcher;
+use aubier_runtime::chat::{ChatError, ChatRequest, ChatTemplate, ReasoningSplitter};
+use aubier_runtime::gguf::GgufFile;
+use aubier_runtime::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
+
+/// The GGUF's tokenizer and chat template, plus what the server needs to know about them.
+#[derive(Debug)]
+pub struct TextModel {
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    add_bos: bool,
+    think: Option<(u32, u32)>,
+}
+
+/// Errors of [`TextModel::from_gguf`].
+#[derive(Debug, thiserror::Error)]
+pub enum TextModelError {
+    /// The tokenizer metadata is unusable.
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] TokenizerError),
+    /// The chat template is unusable.
+    #[error("chat template: {0}")]
+    Chat(#[from] ChatError),
+    /// `tokenizer.ggml.add_bos_token` is present but not a boolean.
+    #[error("GGUF metadata key `tokenizer.ggml.add_bos_token` must be a bool, found {0}")]
+    AddBos(&'static str),
+}
+
+/// Which stages a request's output goes through.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TextMode {
+    /// `/v1/chat/completions`: reasoning split, then stop strings on the content.
+    Chat {
+        /// Stop strings.
+        stops: Vec<String>,
+    },
+    /// `/v1/completions`: stop strings on the text.
+    Completion {
+        /// Stop strings.
+        stops: Vec<String>,
+    },
+    /// `/debug/tokens`: no text at all.
+    Ids,
+}
+
+/// Text released for one step: `reasoning_content` and `content` deltas (whole characters).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Delta {
+    /// New reasoning text (chat only).
+    pub reasoning: String,
+    /// New answer text.
+    pub content: String,
+}
+
+impl Delta {
+    /// Both parts are empty.
+    pub fn is_empty(&self) -> bool {
+        self.reasoning.is_empty() && self.content.is_empty()
+    }
+
+    fn append(&mut self, other: Delta) {
+        self.reasoning.push_str(&other.reasoning);
+        self.content.push_str(&other.content);
+    }
+}
+
+impl TextModel {
+    /// Reads the tokenizer and chat template of `file` (a file without a template gets the
+    /// built-in v15 renderer, see `aubier_runtime::chat`).
+    ///
+    /// Errors: [`TextModelError`] naming the key at fault.
+    pub fn from_gguf(file: &GgufFile) -> Result<TextModel, TextModelError> {
+        let tokenizer = Tokenizer::from_gguf(file)?;
+        let template = ChatTemplate::from_gguf(file)?;
+        let add_bos = match file.get("tokenizer.ggml.add_bos_token") {
+            None => true,
+            Some(v) => v.as_bool().ok_or(TextModelError::AddBos(v.type_name()))?,
+        };
+        let think = tokenizer
+            .special_id("[THINK]")
+            .zip(tokenizer.special_id("[/THINK]"));
+        Ok(TextModel {
+            tokenizer,
+            template,
+            add_bos,
+            think,
+        })
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Token ids of a chat request (`chat` holds `messages`, `reasoning_effort`,
+    /// `continue_final_message`), rendered with the file's chat template; starts with BOS.
+    ///
+    /// Errors: 400 naming `messages` (or `reasoning_effort`) when the conversation is malformed or
+    /// the template refuses it; 500 when the template itself fails to compile or names an unknown
+    /// control token.
+    pub fn chat_prompt(&self, chat: serde_json::Value) -> Result<Vec<u32>, ApiError> {
+        let request: ChatRequest = serde_json::from_value(chat).map_err(|e| {
+            ApiError::bad_value("messages", format!("'messages' is malformed: {e}."))
+        })?;
+        self.template
+            .render_ids(&request, &self.tokenizer)
+            .map_err(|e| match e {
+                ChatError::ReasoningEffort(_) => {
+                    ApiError::bad_value("reasoning_effort", e.to_string())
+                }
+                ChatError::Compile(_) | ChatError::Gguf { .. } | ChatError::UnknownControl(_) => {
+                    ApiError::internal(e.to_string())
+                }
+                _ => ApiError::bad_value("messages", e.to_string()),
+            })
+    }
+
+    /// Token ids of a completion prompt: BOS (when `tokenizer.ggml.add_bos_token` is true or
+    /// absent — every Mistral prompt starts with `<s>`), then the plain-text encoding of `text`
+    /// (control-token lookalikes stay text).
+    ///
+    /// Errors: 400 naming `prompt` when the tokenizer gives up on the text.
+    pub fn completion_prompt(&self, text: &str) -> Result<Vec<u32>, ApiError> {
+        let mut ids = Vec::new();
+        if self.add_bos {
+            ids.push(self.tokenizer.bos_id());
+        }
+        ids.extend(self.tokenizer.encode(text).map_err(|e| {
+            ApiError::bad_value("prompt", format!("'prompt' cannot be tokenized: {e}."))
+        })?);
+        Ok(ids)
+    }
+
+    /// Ids that end generation (`tokenizer.ggml.eos_token_id`).
+    pub fn eos_ids(&self) -> Vec<u32> {
+        vec![self.tokenizer.eos_id()]
+    }
+}
+
+/// Per-request detokenizer + reasoning split + stop matching (see the module note).
+#[derive(Debug)]
+pub struct TextPipeline<'t> {
+    text: &'t TextModel,
+    decoder: Option<StreamDecoder<'t>>,
+    reasoning: Option<ReasoningSplitter>,
+    stops: StopMatcher,
+    stopped: bool,
+}
+
+impl<'t> TextPipeline<'t> {
+    /// A pipeline for one request in `mode`.
+    pub fn new(text: &'t TextModel, mode: &TextMode) -> TextPipeline<'t> {
+        let (decoder, reasoning, stops) = match mode {
+            TextMode::Chat { stops } => (
+                Some(text.tokenizer.stream_decoder()),
+                Some(ReasoningSplitter::new()),
+                stops.clone(),
+            ),
+            TextMode::Completion { stops } => {
+                (Some(text.tokenizer.stream_decoder()), None, stops.clone())
+            }
+            TextMode::Ids => (None, None, Vec::new()),
+        };
+        TextPipeline {
+            text,
+            decoder,
+            reasoning,
+            stops: StopMatcher::new(stops),
+            stopped: false,
+        }
+    }
+
+    /// Whether a stop string has matched (generation must end; later input is ignored).
+    pub fn stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// Feeds one generated id; returns the released text and whether a stop string matched.
+    pub fn push(&mut self, id: u32) -> (Delta, bool) {
+        if self.stopped {
+            return (Delta::default(), true);
+        }
+        let keep = self.reasoning.is_some()
+            && self
+                .text
+                .think
+                .is_some_and(|(open, close)| id == open || id == close);
+        let piece = match self.decoder.as_mut() {
+            None => return (Delta::default(), false),
+            Some(d) if keep => d.push_keep_special(id),
+            Some(d) => d.push(id),
+        };
+        let delta = self.route(&piece, false);
+        (delta, self.stopped)
+    }
+
+    /// Flushes everything held back (an incomplete character becomes U+FFFD) unless a stop
+    /// string has matched, in which case nothing more is released.
+    pub fn finish(&mut self) -> Delta {
+        if self.stopped {
+            return Delta::default();
+        }
+        let tail = self
+            .decoder
+            .as_mut()
+            .map(|d| d.finish())
+            .unwrap_or_default();
+        self.route(&tail, true)
+    }
+
+    /// Sends decoded text through the reasoning split and the stop matcher.
+    fn route(&mut self, piece: &str, last: bool) -> Delta {
+        let mut split = match self.reasoning.as_mut() {
+            Some(r) => {
+                let d = r.push(piece);
+                let mut out = Delta {
+                    reasoning: d.reasoning,
+                    content: d.content,
+                };
+                if last {
+                    let f = r.finish();
+                    out.append(Delta {
+                        reasoning: f.reasoning,
+                        content: f.content,
+                    });
+                }
+                out
+            }
+            None => Delta {
+                reasoning: String::new(),
+                content: piece.to_owned(),
+            },
+        };
+        let released = self.stops.push(&split.content);
+        split.content = released.text;
+        if released.stopped {
+            self.stopped = true;
+        } else if last {
+            split.content.push_str(&self.stops.finish());
+        }
+        split
+    }
+}

@@ -1,0 +1,232 @@
+//! `aubier replay` end to end: the built binary on small traces whose served fractions are worked
+//! out by hand below, plus its error paths.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// A scratch directory for one test, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir =
+            std::env::temp_dir().join(format!("aubier-replay-cli-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Scratch(dir)
+    }
+
+    fn file(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).expect("write scratch file");
+        path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn aubier(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_aubier"))
+        .arg("replay")
+        .args(args)
+        .output()
+        .expect("run aubier")
+}
+
+fn json_stdout(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "aubier replay failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
+}
+
+/// One layer, 4 experts, top-1, four tokens all routed to expert 2.
+const REPEAT_2: &str = concat!(
+    r#"{"seq": 0, "pos": 0, "n_experts": 4, "top_k": 1, "layers": [[2]]}"#,
+    "\n",
+    r#"{"seq": 0, "pos": 1, "n_experts": 4, "top_k": 1, "layers": [[2]]}"#,
+    "\n",
+    r#"{"seq": 0, "pos": 2, "n_experts": 4, "top_k": 1, "layers": [[2]], "extra": "ignored"}"#,
+    "\n",
+    r#"{"seq": 0, "pos": 3, "n_experts": 4, "top_k": 1, "layers": [[2]]}"#,
+    "\n",
+);
+
+#[test]
+fn served_fractions_match_hand_worked_values() {
+    let dir = Scratch::new("hand");
+    let trace = dir.file("t.jsonl", REPEAT_2);
+    let v = json_stdout(&aubier(&[
+        trace.to_str().unwrap(),
+        "--slots",
+        "1",
+        "--json",
+    ]));
+    // 1 slot, identity seed {0}; 2Q knobs round(0.25·1) = 0 (A1in) and round(0.5·1) = 1 (A1out).
+    // lru: t0 misses and admits 2 (evicting 0), t1..t3 hit: 3/4.
+    // lfu: t0 misses; 2 (count 1) beats 0 (count 0) and is admitted; then 3 hits: 3/4.
+    // static: the best single expert is 2, hit 4 times: 4/4.
+    // min: 2 is next used at t1, 0 never: admit 2 at t0, then 3 hits: 3/4.
+    // 2q: t0 2 goes through A1in (Kin 0) to A1out; t1 is a second access while remembered, so it
+    //     is promoted (a miss); t2, t3 hit: 2/4.
+    let want = serde_json::json!({
+        "slots": 1,
+        "policies": {"2q": 0.5, "lru": 0.75, "lfu": 0.75, "static": 1.0, "min": 0.75}
+    });
+    assert_eq!(v, want);
+
+    // Seeding the fast store with expert 2 makes every access of LRU and MIN a hit.
+    let hot = dir.file("hot.json", r#"{"layers": [[2, 1]]}"#);
+    let v = json_stdout(&aubier(&[
+        trace.to_str().unwrap(),
+        "--slots",
+        "1",
+        "--policies",
+        "lru,min",
+        "--resident-set",
+        hot.to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(
+        v,
+        serde_json::json!({"slots": 1, "policies": {"lru": 1.0, "min": 1.0}})
+    );
+}
+
+#[test]
+fn sweep_prints_one_object_per_slot_count_and_a_text_table() {
+    let dir = Scratch::new("sweep");
+    let trace = dir.file("t.jsonl", REPEAT_2);
+    let v = json_stdout(&aubier(&[
+        trace.to_str().unwrap(),
+        "--sweep",
+        "1,2",
+        "--policies",
+        "static",
+        "--json",
+    ]));
+    // With 2 slots static keeps {2, 0}: still 4/4.
+    assert_eq!(
+        v,
+        serde_json::json!([
+            {"slots": 1, "policies": {"static": 1.0}},
+            {"slots": 2, "policies": {"static": 1.0}}
+        ])
+    );
+    let out = aubier(&[trace.to_str().unwrap(), "--sweep", "1,2"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let header = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("slots"))
+        .expect("table header");
+    assert_eq!(
+        header.split_whitespace().collect::<Vec<_>>(),
+        ["slots", "2q", "lru", "lfu", "static", "min"]
+    );
+    let row: Vec<&str> = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("1 "))
+        .expect("row for 1 slot")
+        .split_whitespace()
+        .collect();
+    assert_eq!(row, ["1", "0.5000", "0.7500", "0.7500", "1.0000", "0.7500"]);
+}
+
+#[test]
+fn synthetic_trace_written_and_replayed_gives_the_same_numbers() {
+    let dir = Scratch::new("synthetic");
+    let written = dir.0.join("syn.jsonl");
+    let spec = "experts=16,top_k=2,layers=2,tokens=300,seq_len=100,zipf=1.1,hot=4,drift=0.1,seed=7";
+    let a = json_stdout(&aubier(&[
+        "--synthetic",
+        spec,
+        "--write-trace",
+        written.to_str().unwrap(),
+        "--slots",
+        "4",
+        "--json",
+    ]));
+    let b = json_stdout(&aubier(&[
+        written.to_str().unwrap(),
+        "--slots",
+        "4",
+        "--json",
+    ]));
+    assert_eq!(a, b);
+    let lines = std::fs::read_to_string(&written).unwrap();
+    assert_eq!(lines.lines().count(), 300);
+    let policies = a["policies"].as_object().unwrap();
+    let min = policies["min"].as_f64().unwrap();
+    for (name, f) in policies {
+        let f = f.as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&f), "{name} = {f}");
+        if name != "static" {
+            assert!(f <= min, "{name} = {f} > min = {min}");
+        }
+    }
+}
+
+fn stderr_of_failure(args: &[&str]) -> String {
+    let out = aubier(args);
+    assert!(!out.status.success(), "expected failure for {args:?}");
+    String::from_utf8(out.stderr).unwrap()
+}
+
+#[test]
+fn bad_input_fails_with_a_message_naming_it() {
+    let dir = Scratch::new("errors");
+    let bad_id = dir.file(
+        "bad_id.jsonl",
+        &format!(
+            "{}{}\n",
+            REPEAT_2, r#"{"seq": 0, "pos": 4, "n_experts": 4, "top_k": 1, "layers": [[4]]}"#
+        ),
+    );
+    let err = stderr_of_failure(&[bad_id.to_str().unwrap(), "--slots", "1"]);
+    assert!(
+        err.contains("trace line 5: layers[0][0] = 4 is not below n_experts = 4"),
+        "{err}"
+    );
+
+    let ragged = dir.file(
+        "ragged.jsonl",
+        &format!(
+            "{}{}\n",
+            REPEAT_2, r#"{"seq": 0, "pos": 4, "n_experts": 4, "top_k": 1, "layers": [[1], [2]]}"#
+        ),
+    );
+    let err = stderr_of_failure(&[ragged.to_str().unwrap(), "--slots", "1"]);
+    assert!(err.contains("trace line 5: field `layers` is 2"), "{err}");
+
+    let trace = dir.file("t.jsonl", REPEAT_2);
+    let err = stderr_of_failure(&[trace.to_str().unwrap(), "--slots", "5"]);
+    assert!(err.contains("slots = 5 must be in 1..=4"), "{err}");
+
+    let err = stderr_of_failure(&[trace.to_str().unwrap(), "--slots", "1", "--policies", "arc"]);
+    assert!(err.contains("unknown policy `arc`"), "{err}");
+
+    let hot = dir.file("hot.json", r#"{"layers": [[1], [2]]}"#);
+    let err = stderr_of_failure(&[
+        trace.to_str().unwrap(),
+        "--slots",
+        "1",
+        "--resident-set",
+        hot.to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("resident set has 2 layers, the trace has 1"),
+        "{err}"
+    );
+
+    let err = stderr_of_failure(&["/nonexistent/trace.jsonl", "--slots", "1"]);
+    assert!(err.contains("/nonexistent/trace.jsonl"), "{err}");
+
+    let err = stderr_of_failure(&["--synthetic", "experts=4,hot=9", "--slots", "1"]);
+    assert!(err.contains("hot = 9 must be in 1..experts (4)"), "{err}");
+}

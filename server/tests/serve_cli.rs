@@ -1,0 +1,249 @@
+//! `aubier serve` as a process: the lock file (exit 69), SIGTERM draining the running stream and
+//! releasing the lock, the bundled model as the default, a clear error for a missing model.
+
+mod serve_common;
+
+use serde_json::Value;
+use serve_common::{sse_payload, HttpReader, MODEL_ID};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("aubier-serve-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// A running `aubier serve` whose stderr lines arrive on a channel.
+struct Proc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    fn spawn(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Proc {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_aubier"));
+        cmd.arg("serve")
+            .args(args)
+            .current_dir(cwd)
+            .env_remove("AUBIER_MODEL")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn aubier serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Proc { child, lines }
+    }
+
+    /// Waits for the "listening on http://ADDR" line and returns ADDR.
+    fn address(&self) -> std::net::SocketAddr {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .expect("a listening line on stderr");
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                let addr = rest.split_whitespace().next().expect("address");
+                return addr.parse().expect("socket address");
+            }
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
+        // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(rc, 0, "kill failed");
+    }
+
+    fn wait(&mut self, limit: Duration) -> (Option<i32>, Vec<String>) {
+        let t0 = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                std::thread::sleep(Duration::from_millis(50));
+                let rest: Vec<String> = self.lines.try_iter().collect();
+                return (status.code(), rest);
+            }
+            if t0.elapsed() > limit {
+                let _ = self.child.kill();
+                panic!("aubier serve did not exit within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[test]
+fn a_held_lock_file_makes_serve_exit_69_after_the_wait() {
+    let dir = scratch_dir("lock");
+    let lock = dir.join("held.lock");
+    let holder = std::fs::File::create(&lock).expect("lock file");
+    holder.try_lock().expect("take the lock");
+    let t0 = Instant::now();
+    let mut p = Proc::spawn(
+        &[
+            "--engine",
+            "fake",
+            "--port",
+            "0",
+            "--lock-file",
+            lock.to_str().expect("path"),
+            "--lock-wait-ms",
+            "300",
+        ],
+        &dir,
+        &[],
+    );
+    let (code, lines) = p.wait(Duration::from_secs(30));
+    assert_eq!(code, Some(69), "{lines:?}");
+    assert!(t0.elapsed() >= Duration::from_millis(300));
+    let text = lines.join("\n");
+    assert!(
+        text.contains("held.lock") && text.contains("--lock-wait-ms"),
+        "{text}"
+    );
+    drop(holder);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn sigterm_drains_the_running_stream_then_releases_the_lock() {
+    let dir = scratch_dir("drain");
+    let lock = dir.join("serve.lock");
+    let script = dir.join("script.json");
+    let text = "draining is polite";
+    std::fs::write(&script, format!(r#"{{"text":"{text}","step_ms":40}}"#)).expect("script");
+    let mut p = Proc::spawn(
+        &[
+            "--engine",
+            "fake",
+            "--port",
+            "0",
+            "--lock-file",
+            lock.to_str().expect("path"),
+            "--fake-script",
+            script.to_str().expect("path"),
+        ],
+        &dir,
+        &[],
+    );
+    let addr = p.address();
+    // The lock is held while serving.
+    let probe = std::fs::File::open(&lock).expect("lock file exists");
+    assert!(probe.try_lock().is_err(), "lock not held while serving");
+    let body = format!(
+        r#"{{"model":"{MODEL_ID}","messages":[{{"role":"user","content":"hi"}}],"stream":true}}"#
+    );
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut conn, head.as_bytes())
+        .await
+        .expect("send");
+    let mut reader = HttpReader::new(conn);
+    assert_eq!(reader.read_head().await.0, 200);
+    let mut payloads = vec![sse_payload(&reader.read_chunk().await.expect("role chunk"))];
+    p.signal(libc::SIGTERM);
+    while let Some(frame) = reader.read_chunk().await {
+        payloads.push(sse_payload(&frame));
+    }
+    assert_eq!(payloads.last().map(String::as_str), Some("[DONE]"));
+    let mut content = String::new();
+    for pl in &payloads[..payloads.len() - 1] {
+        let v: Value = serde_json::from_str(pl).expect("chunk");
+        content.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
+    }
+    assert_eq!(content, text, "the running request was cut");
+    let (code, lines) = p.wait(Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{lines:?}");
+    // Released: we can take it now.
+    probe.try_lock().expect("lock released on shutdown");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn with_no_model_flag_the_bundled_model_is_served() {
+    let dir = scratch_dir("bundled");
+    let lock = dir.join("serve.lock");
+    let mut p = Proc::spawn(
+        &[
+            "--engine",
+            "fake",
+            "--port",
+            "0",
+            "--lock-file",
+            lock.to_str().expect("path"),
+        ],
+        &dir,
+        &[],
+    );
+    let addr = p.address();
+    let resp = serve_common::raw_request(addr, "GET", "/v1/models", b"").await;
+    assert_eq!(resp.json()["data"][0]["id"], MODEL_ID);
+    p.signal(libc::SIGINT);
+    let (code, _) = p.wait(Duration::from_secs(30));
+    assert_eq!(code, Some(0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_missing_model_is_a_clear_error() {
+    let dir = scratch_dir("missing");
+    let lock = dir.join("serve.lock");
+    let lock_arg = lock.to_str().expect("path");
+    let mut p = Proc::spawn(
+        &["--engine", "fake", "--port", "0", "--lock-file", lock_arg],
+        &dir,
+        &[("AUBIER_MODEL", "/nonexistent/model.gguf")],
+    );
+    let (code, lines) = p.wait(Duration::from_secs(30));
+    assert_eq!(code, Some(1));
+    assert!(
+        lines.join("\n").contains("/nonexistent/model.gguf"),
+        "{lines:?}"
+    );
+    let mut p = Proc::spawn(
+        &[
+            "--engine",
+            "fake",
+            "--port",
+            "0",
+            "--lock-file",
+            lock_arg,
+            "--model",
+            "nope.gguf",
+        ],
+        &dir,
+        &[],
+    );
+    let (code, lines) = p.wait(Duration::from_secs(30));
+    assert_eq!(code, Some(1));
+    assert!(lines.join("\n").contains("nope.gguf"), "{lines:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
