@@ -247,13 +247,14 @@ proptest! {
 }
 
 /// The routing transformers recorded for ms4-tiny (3 layers, 200 tokens, 16 experts, top-4),
-/// written through `TraceWriter` and read back through `Trace::read`.
-fn fixture_trace() -> Trace {
+/// written through `TraceWriter` and read back through `Trace::read` (in a scratch directory
+/// named after the test, as tests run in parallel).
+fn fixture_trace(name: &str) -> Trace {
     let path = aubier_tests::data_dir().join("models/ms4-tiny.transformers.router_ids.i32");
     let ids = aubier_tests::read_i32(&path);
     let (layers, tokens, k) = (3usize, 200usize, 4usize);
     assert_eq!(ids.len(), layers * tokens * k, "router_ids is [3, 200, 4]");
-    let dir = std::env::temp_dir().join(format!("aubier-replay-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("aubier-replay-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("ms4-tiny.trace.jsonl");
     let mut w = TraceWriter::new(std::io::BufWriter::new(
@@ -288,7 +289,7 @@ fn fixture_trace() -> Trace {
 
 #[test]
 fn fixture_trace_min_is_optimal_and_the_ceiling() {
-    let trace = fixture_trace();
+    let trace = fixture_trace("min");
     // 25 % of 16 experts: the exhaustive search is cheap enough at 4 slots.
     let slots = 4;
     let opts = ReplayOptions::new(slots);
@@ -308,7 +309,7 @@ fn fixture_trace_min_is_optimal_and_the_ceiling() {
 
 #[test]
 fn fixture_trace_static_is_the_top_frequency_set() {
-    let trace = fixture_trace();
+    let trace = fixture_trace("static");
     let ids = aubier_tests::read_i32(
         &aubier_tests::data_dir().join("models/ms4-tiny.transformers.router_ids.i32"),
     );

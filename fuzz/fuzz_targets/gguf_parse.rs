@@ -12,7 +12,12 @@ fuzz_target!(|data: &[u8]| {
     };
     for (key, value) in file.metadata() {
         assert!(file.get(key).is_some());
-        let _ = (value.as_u64(), value.as_i64(), value.as_f32(), value.type_name());
+        let _ = (
+            value.as_u64(),
+            value.as_i64(),
+            value.as_f32(),
+            value.type_name(),
+        );
         if let MetaValue::Array(a) = value {
             assert_eq!(a.iter().count(), a.len());
         }

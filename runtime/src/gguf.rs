@@ -9,7 +9,8 @@
 //!
 //! Algorithm: one forward pass with a bounds-checked cursor. Every length or count read from the
 //! file is compared against the bytes that remain *before* anything is allocated (a count of 2^60
-//! fails as "too long", it never reaches `Vec::with_capacity`). After the header, each tensor is
+//! fails as "too long", it never reaches an allocation), and pre-allocation is further capped at
+//! [`PREALLOC_MAX`] entries so memory grows only with content actually parsed. After the header, each tensor is
 //! checked in turn: dims (1..=4, nonzero, no overflow), type id, row length a multiple of the block
 //! size, offset aligned, data range inside the file; then the ranges, sorted by offset, are checked
 //! for overlap. Only a file that passes all of this becomes a [`GgufFile`], so
@@ -33,6 +34,10 @@ pub const MAX_DIMS: usize = 4;
 /// The deepest array nesting accepted (an array of arrays is depth 2). Real files use depth 1; the
 /// limit keeps a hostile file from exhausting the stack.
 pub const MAX_ARRAY_DEPTH: usize = 8;
+
+/// Most entries reserved ahead of parsing for one count read from the file; vectors grow past it
+/// only as entries are actually read.
+const PREALLOC_MAX: usize = 1 << 16;
 
 const MAGIC: &[u8; 4] = b"GGUF";
 /// Smallest possible key/value pair: empty key (8) + type (4) + one-byte value (1).
@@ -266,7 +271,6 @@ pub enum GgufError {
 }
 
 /// The bytes of a GGUF file: a read-only map of a file, or an owned buffer.
-#[derive(Debug)]
 enum Bytes {
     Mapped(Mmap),
     Owned(Vec<u8>),
@@ -282,8 +286,7 @@ impl Bytes {
 }
 
 /// A parsed, validated GGUF v2/v3 file. Tensor data stays in the file's bytes (mapped or owned)
-/// and is handed out as zero-copy slices.
-#[derive(Debug)]
+/// and is handed out as zero-copy slices. `Debug` prints a summary, not the contents.
 pub struct GgufFile {
     bytes: Bytes,
     version: u32,
@@ -293,6 +296,18 @@ pub struct GgufFile {
     key_index: HashMap<String, usize>,
     tensors: Vec<TensorInfo>,
     tensor_index: HashMap<String, usize>,
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("bytes", &self.bytes().len())
+            .field("version", &self.version)
+            .field("alignment", &self.alignment)
+            .field("metadata", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
 }
 
 impl GgufFile {
@@ -850,8 +865,8 @@ fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
     let kv_count = kv_count as usize;
     let tensor_count = tensor_count as usize;
 
-    let mut metadata = Vec::with_capacity(kv_count);
-    let mut key_index = HashMap::with_capacity(kv_count);
+    let mut metadata = Vec::with_capacity(kv_count.min(PREALLOC_MAX));
+    let mut key_index = HashMap::with_capacity(kv_count.min(PREALLOC_MAX));
     for i in 0..kv_count {
         let key = c.string(&|| format!("key #{i} name"))?;
         let type_id = c.u32(&|| format!("key {key:?} value type"))?;
@@ -887,8 +902,8 @@ fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
         }
     };
 
-    let mut raw_tensors = Vec::with_capacity(tensor_count);
-    let mut tensor_index = HashMap::with_capacity(tensor_count);
+    let mut raw_tensors = Vec::with_capacity(tensor_count.min(PREALLOC_MAX));
+    let mut tensor_index = HashMap::with_capacity(tensor_count.min(PREALLOC_MAX));
     for i in 0..tensor_count {
         let raw = read_tensor_info(&mut c, i)?;
         if tensor_index.insert(raw.name.clone(), i).is_some() {
@@ -1026,21 +1041,21 @@ fn read_array(c: &mut Cursor<'_>, key: &str, depth: usize) -> Result<MetaArray, 
         ValueType::I64 => MetaArray::I64(read_fixed(c, key, n, i64::from_le_bytes)?),
         ValueType::F64 => MetaArray::F64(read_fixed(c, key, n, f64::from_le_bytes)?),
         ValueType::Bool => {
-            let mut v = Vec::with_capacity(n);
+            let mut v = Vec::with_capacity(n.min(PREALLOC_MAX));
             for _ in 0..n {
                 v.push(read_bool(c, key)?);
             }
             MetaArray::Bool(v)
         }
         ValueType::String => {
-            let mut v = Vec::with_capacity(n);
+            let mut v = Vec::with_capacity(n.min(PREALLOC_MAX));
             for j in 0..n {
                 v.push(c.string(&|| format!("key {key:?} array element {j}"))?);
             }
             MetaArray::String(v)
         }
         ValueType::Array => {
-            let mut v = Vec::with_capacity(n);
+            let mut v = Vec::with_capacity(n.min(PREALLOC_MAX));
             for _ in 0..n {
                 v.push(read_array(c, key, depth + 1)?);
             }

@@ -22,6 +22,8 @@ pub enum Command {
     Replay(crate::replay::ReplayArgs),
     /// Compile a GGUF model; print the graph after a pipeline stage, or the plan as JSON.
     Gen(crate::gen::GenArgs),
+    /// Run one prompt through the model on the CPU oracle (prefill, then decode).
+    Run(crate::run::RunArgs),
 }
 
 /// Parses the command line and runs the chosen subcommand.
@@ -32,5 +34,12 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => crate::serve::run(args),
         Command::Replay(args) => crate::replay::run(args),
         Command::Gen(args) => crate::gen::run(args),
+        Command::Run(args) => match crate::run::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("aubier run: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }

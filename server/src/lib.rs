@@ -5,4 +5,5 @@ pub mod cli;
 pub mod inspect;
 pub mod serve;
 pub mod replay;
+pub mod run;
 pub mod gen;

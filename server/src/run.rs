@@ -65,7 +65,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 .as_ref()
                 .context("--prompt needs the file's tokenizer, and this file has none; use --prompt-ids")?;
             let mut ids = Vec::new();
-            if tok.add_bos() {
+            if add_bos(&model) {
                 ids.push(tok.bos_id());
             }
             ids.extend(tok.encode(text)?);
@@ -133,6 +133,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `tokenizer.ggml.add_bos_token`; a file without the key gets BOS, as llama.cpp does for the
+/// `tekken` pre-tokenizer (`src/llama-vocab.cpp`).
+fn add_bos(model: &Model) -> bool {
+    match model.file.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()) {
+        Some(b) => b,
+        None => {
+            tracing::info!("tokenizer.ggml.add_bos_token absent: adding BOS as llama.cpp does for tekken");
+            true
+        }
+    }
 }
 
 fn finish_name(f: FinishReason) -> &'static str {

@@ -26,10 +26,15 @@ use syn::{braced, bracketed, parenthesized, Attribute, Ident, LitStr, Token, Vis
 
 /// The whole description: one function.
 pub struct ModelDef {
+    /// Outer attributes, doc comments included; passed through.
     pub attrs: Vec<Attribute>,
+    /// Visibility of the generated function.
     pub vis: Visibility,
+    /// Its name.
     pub name: Ident,
+    /// Its parameters, in order.
     pub params: Vec<Param>,
+    /// The statements of its body.
     pub body: Vec<Stmt>,
 }
 
@@ -41,72 +46,89 @@ pub enum Param {
     Weights { name: Ident },
 }
 
+/// One statement of the body (see the grammar in the module note).
 pub enum Stmt {
+    /// `input NAME: [dims] dtype;`
     Input {
         name: Ident,
         dims: Vec<syn::Expr>,
         dtype: Ident,
     },
+    /// `let NAME = e;` or, with `tuple` set to the parentheses' span, `let (A, B, …) = e;`.
     Let {
         names: Vec<Ident>,
         tuple: Option<Span>,
         value: Expr,
     },
-    Assign {
-        name: Ident,
-        value: Expr,
-    },
+    /// `NAME = e;` (reassigns an existing binding).
+    Assign { name: Ident, value: Expr },
+    /// `for VAR in RANGE { … }`, the loop over layers.
     For {
         var: Ident,
         range: syn::Expr,
         body: Vec<Stmt>,
     },
-    Output {
-        name: LitStr,
-        value: Expr,
-    },
+    /// `output "NAME" = e;` (the name may interpolate the loop variable: `"router_ids.{l}"`).
+    Output { name: LitStr, value: Expr },
 }
 
+/// A tensor expression.
 pub enum Expr {
+    /// A bound value.
     Value(Ident),
+    /// A GGUF weight.
     Weight(WeightPath),
+    /// An op call.
     Call(Call),
+    /// `a + b` (op `add`) or `a * b` (op `mul`).
     Binary {
         op: BinOp,
         lhs: Box<Expr>,
         rhs: Box<Expr>,
     },
+    /// `match scrutinee { pattern => e, … }`: the scrutinee and patterns are Rust, the arms DSL.
     Match {
         kw: Token![match],
         scrutinee: Box<syn::Expr>,
         arms: Vec<(syn::Pat, Expr)>,
     },
+    /// `( e )`.
     Paren(Box<Expr>),
 }
 
 /// `w.NAME` or `w.blk[l].NAME`.
 pub struct WeightPath {
+    /// The identifier before the first dot (must be the `weights` parameter).
     pub root: Ident,
+    /// `blk` and the layer index expression, for a per-layer weight.
     pub block: Option<(Ident, syn::Expr)>,
+    /// The GGUF base name (`attn_q_a`).
     pub name: Ident,
 }
 
 /// `op(operands; attributes)`.
 pub struct Call {
+    /// The op name (or `split`).
     pub op: Ident,
+    /// Tensor operands, before the `;`.
     pub operands: Vec<Expr>,
+    /// Rust attribute expressions, after the `;`.
     pub attrs: Vec<syn::Expr>,
     /// The op name and its parenthesised arguments, so errors cover the whole call.
     pub tokens: TokenStream,
 }
 
+/// A binary operator with the span of its token.
 #[derive(Clone, Copy)]
 pub enum BinOp {
+    /// `+`.
     Add(Span),
+    /// `*`.
     Mul(Span),
 }
 
 impl BinOp {
+    /// The op it stands for.
     pub fn op_name(self) -> &'static str {
         match self {
             BinOp::Add(_) => "add",
@@ -114,6 +136,7 @@ impl BinOp {
         }
     }
 
+    /// The operator token's span.
     pub fn span(self) -> Span {
         match self {
             BinOp::Add(s) | BinOp::Mul(s) => s,

@@ -256,7 +256,7 @@ impl<'c, 'p> St<'c, 'p> {
     }
 
     /// Rows per token of `x` whose first axis is the tokens axis of `pos` (`[T]`).
-    fn per_token(&self, x: &Value, pos: &Value, row: Extent) -> R<usize> {
+    fn per_token(&self, x: &Value, pos: &Value, row_len: usize) -> R<usize> {
         if pos.shape.0.len() != 1 || x.shape.0.first() != pos.shape.0.first() {
             return Err(self.err(format!(
                 "`{}` {} and positions `{}` {} must share their first (token) axis",
@@ -264,8 +264,8 @@ impl<'c, 'p> St<'c, 'p> {
             )));
         }
         let per = Extent::of_dims(&x.shape.0[1..])
-            .and_then(|e| e.div_fixed(row.fixed))
-            .filter(|e| e.tokens == 0 && e.keys == 0 && row.tokens == 0 && row.keys == 0)
+            .and_then(|e| e.div_fixed(row_len))
+            .filter(|e| e.tokens == 0 && e.keys == 0)
             .ok_or_else(|| {
                 self.err(format!(
                     "`{}` {}: the axes after the first must be fixed",
@@ -698,7 +698,7 @@ fn rope<'p>(st: &St<'_, 'p>, out: &Value) -> R<StepSpec<'p>> {
     let x = st.val(0, DType::F32)?;
     let pos = st.val(1, DType::I32)?;
     let (rows, d) = st.rows_fixed(x)?;
-    let per_tok = st.per_token(x, pos, Extent::fixed(d))?;
+    let per_tok = st.per_token(x, pos, d)?;
     let Attrs::Rope(p) = &st.step.attrs else {
         return Err(st.err("attributes must be Rope"));
     };
@@ -755,7 +755,7 @@ fn temperature<'p>(st: &St<'_, 'p>, out: &Value) -> R<StepSpec<'p>> {
     st.arity(2)?;
     let x = st.val(0, DType::F32)?;
     let pos = st.val(1, DType::I32)?;
-    let per_tok = st.per_token(x, pos, Extent::fixed(1))?;
+    let per_tok = st.per_token(x, pos, 1)?;
     let Attrs::Temperature(q) = &st.step.attrs else {
         return Err(st.err("attributes must be Temperature"));
     };
