@@ -119,7 +119,11 @@ pub enum Attrs {
     /// `gather_renorm`: renormalise the kept probabilities, then multiply by `scale`.
     GatherRenorm { renorm: bool, scale: f32 },
     /// `moe_ffn`: expert width and gate/up layout; `layer` names the store's expert slices.
-    Moe { layer: usize, n_ff: usize, layout: ExpertLayout },
+    Moe {
+        layer: usize,
+        n_ff: usize,
+        layout: ExpertLayout,
+    },
 }
 
 impl Attrs {

@@ -125,7 +125,11 @@ pub fn generate(
     let decoded = ids.len().saturating_sub(1);
     Ok(GenerateOutput {
         prefill_tok_s: rate(prompt.len(), prefill_s),
-        decode_tok_s: if decoded > 0 { rate(decoded, decode_s) } else { 0.0 },
+        decode_tok_s: if decoded > 0 {
+            rate(decoded, decode_s)
+        } else {
+            0.0
+        },
         ids,
         finish,
         prompt_logits,

@@ -1,16 +1,16 @@
 //! `aubier-runtime`: GGUF files, quant blocks, model binding, the executor and `Session`, sampling,
 //! the tokenizer and the chat template. It knows nothing of HTTP (ARCHITECTURE.md § runtime).
 
-pub mod ggml_type;
-pub mod gguf;
-pub mod model;
-pub mod quant;
-pub mod sampler;
-pub mod store;
-pub mod tokenizer;
 pub mod chat;
 pub mod engine;
 pub mod executor;
-pub mod kv_cache;
-pub mod session;
 pub mod generate;
+pub mod ggml_type;
+pub mod gguf;
+pub mod kv_cache;
+pub mod model;
+pub mod quant;
+pub mod sampler;
+pub mod session;
+pub mod store;
+pub mod tokenizer;

@@ -2,8 +2,8 @@
 //! It holds no numerics.
 
 pub mod cli;
+pub mod gen;
 pub mod inspect;
-pub mod serve;
 pub mod replay;
 pub mod run;
-pub mod gen;
+pub mod serve;

@@ -1,12 +1,12 @@
 //! `aubier run`: one prompt through the model on the CPU oracle, from the command line. It drives the
 //! same `Session` and decode loop (`aubier_runtime::generate`) as the server.
 
+use anyhow::{bail, Context};
 use aubier_runtime::engine::Model;
 use aubier_runtime::generate::{generate, FinishReason, GenerateParams};
 use aubier_runtime::sampler::SamplingParams;
 use aubier_runtime::session::{Session, SessionOptions};
 use aubier_runtime::tokenizer::Tokenizer;
-use anyhow::{bail, Context};
 use clap::Args;
 use std::io::Write;
 use std::ops::ControlFlow;
@@ -55,15 +55,15 @@ pub struct RunArgs {
 
 /// Runs `aubier run`.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let model = Model::load(&args.model)
-        .with_context(|| format!("loading {}", args.model.display()))?;
+    let model =
+        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
     let tokenizer = Tokenizer::from_gguf(&model.file).ok();
     let prompt: Vec<u32> = match (&args.prompt_ids, &args.prompt) {
         (Some(ids), _) => ids.clone(),
         (None, Some(text)) => {
-            let tok = tokenizer
-                .as_ref()
-                .context("--prompt needs the file's tokenizer, and this file has none; use --prompt-ids")?;
+            let tok = tokenizer.as_ref().context(
+                "--prompt needs the file's tokenizer, and this file has none; use --prompt-ids",
+            )?;
             let mut ids = Vec::new();
             if add_bos(&model) {
                 ids.push(tok.bos_id());
@@ -86,7 +86,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             seed: args.seed,
         },
         ignore_eos: args.ignore_eos,
-        eos_ids: tokenizer.as_ref().map(|t| vec![t.eos_id()]).unwrap_or_default(),
+        eos_ids: tokenizer
+            .as_ref()
+            .map(|t| vec![t.eos_id()])
+            .unwrap_or_default(),
         keep_prompt_logits: args.logits_out.is_some(),
     };
     let stream_text = !args.json && tokenizer.is_some();
@@ -138,10 +141,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 /// `tokenizer.ggml.add_bos_token`; a file without the key gets BOS, as llama.cpp does for the
 /// `tekken` pre-tokenizer (`src/llama-vocab.cpp`).
 fn add_bos(model: &Model) -> bool {
-    match model.file.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()) {
+    match model
+        .file
+        .get("tokenizer.ggml.add_bos_token")
+        .and_then(|v| v.as_bool())
+    {
         Some(b) => b,
         None => {
-            tracing::info!("tokenizer.ggml.add_bos_token absent: adding BOS as llama.cpp does for tekken");
+            tracing::info!(
+                "tokenizer.ggml.add_bos_token absent: adding BOS as llama.cpp does for tekken"
+            );
             true
         }
     }

@@ -37,7 +37,14 @@ fn logits_out_writes_every_prompt_row_and_max_tokens_zero_runs_the_prompt_only()
     let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
         .args(["run", "--model"])
         .arg(root().join("models/ms4-tiny256-q2k.gguf"))
-        .args(["--prompt-ids", &csv(prompt), "--max-tokens", "0", "--json", "--logits-out"])
+        .args([
+            "--prompt-ids",
+            &csv(prompt),
+            "--max-tokens",
+            "0",
+            "--json",
+            "--logits-out",
+        ])
         .arg(&out)
         .output()
         .expect("runs");
@@ -54,7 +61,11 @@ fn logits_out_writes_every_prompt_row_and_max_tokens_zero_runs_the_prompt_only()
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
     let n_vocab = 8192;
-    assert_eq!(ours.len(), prompt.len() * n_vocab, "[n_prompt × n_vocab] f32");
+    assert_eq!(
+        ours.len(),
+        prompt.len() * n_vocab,
+        "[n_prompt × n_vocab] f32"
+    );
     let reference_bytes = std::fs::read(
         root().join("tests/data/models/ms4-tiny256-q2k.transformers-dequant.logits.f32"),
     )

@@ -237,7 +237,7 @@ impl<'c, 'p> St<'c, 'p> {
         Ok((rows, n))
     }
 
-    /// `(rows, S)` of a value whose last axis is `S`.
+    /// Rows of a value whose last axis is `S` (its element count over `S`).
     fn rows_keys(&self, v: &Value) -> R<Extent> {
         if v.shape.0.last() != Some(&Dim::Keys) {
             return Err(self.err(format!("`{}` {}: the last axis must be S", v.name, v.shape)));
