@@ -47,6 +47,18 @@ pub struct Session {
     /// `router_ids.{l}` output of each layer.
     router_outputs: Vec<ValueId>,
     router_ids: Vec<Vec<i32>>,
+    /// Per-token routing since the last [`Session::take_routing`], when recording.
+    routing_log: Option<Vec<TokenRouting>>,
+}
+
+/// The routing of one token: its position and, per layer, the routed expert ids in descending
+/// router probability (`[n_layer][n_expert_used]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenRouting {
+    /// Position of the token in its request (0-based).
+    pub pos: usize,
+    /// `[n_layer][n_expert_used]` expert ids.
+    pub layers: Vec<Vec<u32>>,
 }
 
 impl Session {
@@ -96,6 +108,7 @@ impl Session {
             logits,
             router_ids: vec![Vec::new(); router_outputs.len()],
             router_outputs,
+            routing_log: None,
             model,
         })
     }
@@ -156,6 +169,23 @@ impl Session {
         for (dst, &id) in self.router_ids.iter_mut().zip(&self.router_outputs) {
             *dst = self.exec.i32_value(&model.plan, id)?;
         }
+        if let Some(log) = &mut self.routing_log {
+            let k = self.model.config.n_expert_used;
+            for (i, pos) in (self.position..end).enumerate() {
+                let layers = self
+                    .router_ids
+                    .iter()
+                    .map(|ids| {
+                        ids.get(i * k..(i + 1) * k)
+                            .unwrap_or_default()
+                            .iter()
+                            .map(|&e| e as u32)
+                            .collect()
+                    })
+                    .collect();
+                log.push(TokenRouting { pos, layers });
+            }
+        }
         self.position = end;
         self.steps += 1;
         Ok(logits)
@@ -189,6 +219,20 @@ impl Session {
     /// cancelled request stopped stepping with it).
     pub fn steps_taken(&self) -> u64 {
         self.steps
+    }
+
+    /// Starts (`true`) or stops recording every token's routing for [`Session::take_routing`].
+    pub fn record_routing(&mut self, on: bool) {
+        self.routing_log = on.then(Vec::new);
+    }
+
+    /// The routing recorded since recording started or since the last call, in step order (across
+    /// resets); empty when not recording.
+    pub fn take_routing(&mut self) -> Vec<TokenRouting> {
+        self.routing_log
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// The last step's routed expert ids: `[n_layer][T × n_expert_used]`, row-major per layer,

@@ -24,6 +24,8 @@ pub enum Command {
     Gen(crate::gen::GenArgs),
     /// Run one prompt through the model on the CPU oracle (prefill, then decode).
     Run(crate::run::RunArgs),
+    /// Record the routing of every token of one generation as a JSONL trace (for `replay`).
+    Trace(crate::trace::TraceArgs),
 }
 
 /// Parses the command line and runs the chosen subcommand.
@@ -34,12 +36,18 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => crate::serve::run(args),
         Command::Replay(args) => crate::replay::run(args),
         Command::Gen(args) => crate::gen::run(args),
-        Command::Run(args) => match crate::run::run(args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("aubier run: {e:#}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::Run(args) => report("run", crate::run::run(args)),
+        Command::Trace(args) => report("trace", crate::trace::run(args)),
+    }
+}
+
+/// Exit status of a subcommand that returns `anyhow::Result`: the error chain goes to stderr.
+fn report(name: &str, r: anyhow::Result<()>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("aubier {name}: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -7,3 +7,4 @@ pub mod inspect;
 pub mod replay;
 pub mod run;
 pub mod serve;
+pub mod trace;

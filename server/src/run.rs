@@ -11,10 +11,11 @@ use clap::Args;
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
+use std::sync::Arc;
 
-/// Arguments of `aubier run`.
+/// The model and prompt of `aubier run` and `aubier trace`.
 #[derive(Args, Debug)]
-pub struct RunArgs {
+pub struct PromptArgs {
     /// GGUF file to run.
     #[arg(long)]
     pub model: PathBuf,
@@ -24,6 +25,53 @@ pub struct RunArgs {
     /// Prompt as text, tokenized with the file's tokenizer (BOS added when the file says so).
     #[arg(long)]
     pub prompt: Option<String>,
+}
+
+/// A loaded model, its tokenizer (when the file has one) and the prompt ids.
+pub struct Loaded {
+    /// The compiled model.
+    pub model: Arc<Model>,
+    /// The file's tokenizer, if it carries `tokenizer.ggml.*`.
+    pub tokenizer: Option<Tokenizer>,
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+}
+
+impl PromptArgs {
+    /// Loads the model and resolves the prompt. Errors: the file, the tokenizer, or no prompt.
+    pub fn load(&self) -> anyhow::Result<Loaded> {
+        let model = Model::load(&self.model)
+            .with_context(|| format!("loading {}", self.model.display()))?;
+        let tokenizer = Tokenizer::from_gguf(&model.file).ok();
+        let prompt: Vec<u32> = match (&self.prompt_ids, &self.prompt) {
+            (Some(ids), _) => ids.clone(),
+            (None, Some(text)) => {
+                let tok = tokenizer.as_ref().context(
+                    "--prompt needs the file's tokenizer, and this file has none; use --prompt-ids",
+                )?;
+                let mut ids = Vec::new();
+                if add_bos(&model) {
+                    ids.push(tok.bos_id());
+                }
+                ids.extend(tok.encode(text)?);
+                ids
+            }
+            (None, None) => bail!("give the prompt with --prompt-ids 1,2,3 or --prompt TEXT"),
+        };
+        Ok(Loaded {
+            model,
+            tokenizer,
+            prompt,
+        })
+    }
+}
+
+/// Arguments of `aubier run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Model and prompt.
+    #[command(flatten)]
+    pub input: PromptArgs,
     /// Tokens to generate; 0 runs the prompt only.
     #[arg(long, default_value_t = 32)]
     pub max_tokens: usize,
@@ -55,24 +103,11 @@ pub struct RunArgs {
 
 /// Runs `aubier run`.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let model =
-        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
-    let tokenizer = Tokenizer::from_gguf(&model.file).ok();
-    let prompt: Vec<u32> = match (&args.prompt_ids, &args.prompt) {
-        (Some(ids), _) => ids.clone(),
-        (None, Some(text)) => {
-            let tok = tokenizer.as_ref().context(
-                "--prompt needs the file's tokenizer, and this file has none; use --prompt-ids",
-            )?;
-            let mut ids = Vec::new();
-            if add_bos(&model) {
-                ids.push(tok.bos_id());
-            }
-            ids.extend(tok.encode(text)?);
-            ids
-        }
-        (None, None) => bail!("give the prompt with --prompt-ids 1,2,3 or --prompt TEXT"),
-    };
+    let Loaded {
+        model,
+        tokenizer,
+        prompt,
+    } = args.input.load()?;
     let kv_max = args
         .kv_max
         .unwrap_or_else(|| model.config.n_ctx_train.min(4096));
