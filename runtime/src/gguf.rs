@@ -10,10 +10,10 @@
 //! Algorithm: one forward pass with a bounds-checked cursor. Every length or count read from the
 //! file is compared against the bytes that remain *before* anything is allocated (a count of 2^60
 //! fails as "too long", it never reaches an allocation), and pre-allocation is further capped at
-//! [`PREALLOC_MAX`] entries so memory grows only with content actually parsed. After the header, each tensor is
-//! checked in turn: dims (1..=4, nonzero, no overflow), type id, row length a multiple of the block
-//! size, offset aligned, data range inside the file; then the ranges, sorted by offset, are checked
-//! for overlap. Only a file that passes all of this becomes a [`GgufFile`], so
+//! `PREALLOC_MAX` entries so memory grows only with content actually parsed. After the header,
+//! each tensor is checked in turn: dims (1..=4, nonzero, no overflow), type id, row length a
+//! multiple of the block size, offset aligned, data range inside the file; then the ranges, sorted
+//! by offset, are checked for overlap. Only a file that passes all of this becomes a [`GgufFile`], so
 //! [`GgufFile::tensor_data`] can slice without further checks.
 
 use std::collections::HashMap;
