@@ -63,6 +63,12 @@ pub enum EngineError {
         /// Why it is refused.
         reason: String,
     },
+    /// A backend other than the CPU executor failed a step (its own words in `message`).
+    #[error("backend: {message}")]
+    Backend {
+        /// What the backend said.
+        message: String,
+    },
     /// `step` was called with no tokens.
     #[error("a step needs at least one token")]
     EmptyStep,

@@ -1,5 +1,7 @@
 //! The one decode loop (ARCHITECTURE.md § rules of the house): `aubier run` and the server both
 //! drive a [`Session`] through [`generate`] with the same [`GenerateParams`]; there is no second loop.
+//! Anything that turns tokens into logits ([`Stepper`]) runs under it — the server's scripted fake
+//! engine too.
 //!
 //! Algorithm: reset the session (each request starts at position 0), prefill the whole prompt in one
 //! `step`, sample from the last row, then decode one token per `step`. After each sampled token the
@@ -12,6 +14,32 @@ use crate::sampler::{SampleError, Sampler, SamplingParams};
 use crate::session::Session;
 use std::ops::ControlFlow;
 use std::time::Instant;
+
+/// What the decode loop drives: tokens in at the next positions, one row of logits out per token.
+pub trait Stepper {
+    /// Starts a new request at position 0.
+    fn reset(&mut self);
+    /// KV capacity in tokens.
+    fn kv_max(&self) -> usize;
+    /// Runs `tokens` at the next positions; returns `[T × n_vocab]` f32 logits, row-major.
+    ///
+    /// Errors: [`crate::engine::EngineError`].
+    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>, crate::engine::EngineError>;
+}
+
+impl Stepper for Session {
+    fn reset(&mut self) {
+        Session::reset(self)
+    }
+
+    fn kv_max(&self) -> usize {
+        Session::kv_max(self)
+    }
+
+    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>, crate::engine::EngineError> {
+        Session::step(self, tokens)
+    }
+}
 
 /// What one generation is asked to do (shared by `aubier run` and the server).
 #[derive(Clone, Debug, PartialEq)]
@@ -76,7 +104,7 @@ pub enum GenerateError {
 ///
 /// Errors: [`GenerateError`]; the session is left reset-able in every case.
 pub fn generate(
-    session: &mut Session,
+    session: &mut dyn Stepper,
     prompt: &[u32],
     params: &GenerateParams,
     on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,

@@ -53,12 +53,6 @@ pub enum EngineFailure {
     /// The shared decode loop (or the session under it) failed.
     #[error(transparent)]
     Generate(#[from] GenerateError),
-    /// The fake engine's script asked for a failure at this step.
-    #[error("fake engine: scripted failure at engine step {step}")]
-    Scripted {
-        /// The 1-based engine step that failed.
-        step: u64,
-    },
 }
 
 /// What a request asks the engine thread to do.

@@ -1,16 +1,16 @@
 //! `--engine fake`: a CPU-only engine that "generates" a scripted list of token ids, for protocol
 //! tests that must not depend on the model's numerics.
 //!
-//! Algorithm: it walks the same states as `aubier_runtime::generate::generate` — one prefill step,
-//! then per token: take the next scripted id (the script running out acts as EOS), stop on an EOS
-//! id unless `ignore_eos`, report the id to `on_token` (stop on `Break`), stop at `max_tokens`,
-//! else take one decode step. Each step increments the engine's step counter and may sleep
-//! `step_delay` (to make a request slow enough to overlap others or be cancelled), and the step
-//! numbered `fail_at_step` fails instead. The text side (tokenizer, chat template, stop strings)
+//! Algorithm: it runs the one decode loop, `aubier_runtime::generate::generate`, over a scripted
+//! [`Stepper`] whose logits put all mass on the next scripted id (the script running out acts as
+//! EOS). Each step increments the engine's step counter and may sleep `step_delay` (to make a
+//! request slow enough to overlap others or be cancelled), and the step numbered `fail_at_step`
+//! fails instead. The text side (tokenizer, chat template, stop strings)
 //! is the real one, shared with the real engine.
 
 use super::engine::{Engine, EngineFailure};
-use aubier_runtime::generate::{FinishReason, GenerateError, GenerateOutput, GenerateParams};
+use aubier_runtime::engine::EngineError;
+use aubier_runtime::generate::{generate, GenerateOutput, GenerateParams, Stepper};
 use serde::Deserialize;
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -25,7 +25,7 @@ pub struct FakeScript {
     pub ids: Vec<u32>,
     /// Wall time each engine step takes.
     pub step_delay: Duration,
-    /// The 1-based engine step (1 = prefill) that fails with [`EngineFailure::Scripted`].
+    /// The 1-based engine step (1 = prefill) that fails (an `EngineError::Backend` naming the step).
     pub fail_at_step: Option<u64>,
 }
 
@@ -97,41 +97,83 @@ impl FakeScriptFile {
 /// The scripted engine (see the module note).
 #[derive(Debug)]
 pub struct FakeEngine {
+    stepper: ScriptedStepper,
+}
+
+/// The [`Stepper`] under the fake engine: each step's last row of logits is one-hot (0 at the next
+/// scripted id, −∞ elsewhere), so the shared decode loop samples exactly the script whatever the
+/// sampling parameters; past the script, the one-hot is at EOS.
+#[derive(Debug)]
+struct ScriptedStepper {
     script: FakeScript,
     kv_max: usize,
+    n_vocab: usize,
+    eos_id: u32,
+    /// Steps since the last reset: the next scripted id is `script.ids[produced - 1]`.
+    produced: usize,
     steps: Arc<AtomicU64>,
 }
 
 impl FakeEngine {
-    /// A fake engine with a KV capacity of `kv_max` tokens.
-    pub fn new(script: FakeScript, kv_max: usize) -> FakeEngine {
+    /// A fake engine with a KV capacity of `kv_max` tokens over a vocabulary of `n_vocab` ids whose
+    /// end-of-sequence id is `eos_id` (the served file's tokenizer).
+    pub fn new(script: FakeScript, kv_max: usize, n_vocab: usize, eos_id: u32) -> FakeEngine {
         FakeEngine {
-            script,
-            kv_max,
-            steps: Arc::new(AtomicU64::new(0)),
+            stepper: ScriptedStepper {
+                script,
+                kv_max,
+                n_vocab,
+                eos_id,
+                produced: 0,
+                steps: Arc::new(AtomicU64::new(0)),
+            },
         }
     }
 
     /// A shared view of the step counter, readable from any thread while the engine runs.
     pub fn step_counter(&self) -> Arc<AtomicU64> {
-        self.steps.clone()
+        self.stepper.steps.clone()
+    }
+}
+
+impl Stepper for ScriptedStepper {
+    fn reset(&mut self) {
+        self.produced = 0;
     }
 
-    fn step(&mut self) -> Result<(), EngineFailure> {
+    fn kv_max(&self) -> usize {
+        self.kv_max
+    }
+
+    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
         let n = self.steps.fetch_add(1, Ordering::SeqCst) + 1;
         if !self.script.step_delay.is_zero() {
             std::thread::sleep(self.script.step_delay);
         }
         if self.script.fail_at_step == Some(n) {
-            return Err(EngineFailure::Scripted { step: n });
+            return Err(EngineError::Backend {
+                message: format!("fake engine: scripted failure at engine step {n}"),
+            });
         }
-        Ok(())
+        let next = self
+            .script
+            .ids
+            .get(self.produced)
+            .copied()
+            .unwrap_or(self.eos_id);
+        self.produced += 1;
+        let mut logits = vec![f32::NEG_INFINITY; tokens.len() * self.n_vocab];
+        let last = (tokens.len().saturating_sub(1)) * self.n_vocab;
+        if let Some(l) = logits.get_mut(last + next as usize) {
+            *l = 0.0;
+        }
+        Ok(logits)
     }
 }
 
 impl Engine for FakeEngine {
     fn kv_max(&self) -> usize {
-        self.kv_max
+        self.stepper.kv_max
     }
 
     fn generate(
@@ -140,49 +182,10 @@ impl Engine for FakeEngine {
         params: &GenerateParams,
         on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> Result<GenerateOutput, EngineFailure> {
-        if prompt.is_empty() {
-            return Err(GenerateError::EmptyPrompt.into());
-        }
-        if prompt.len() > self.kv_max {
-            return Err(GenerateError::PromptTooLong {
-                prompt: prompt.len(),
-                kv_max: self.kv_max,
-            }
-            .into());
-        }
-        let budget = params.max_tokens.min(self.kv_max - prompt.len() + 1);
-        self.step()?;
-        let mut ids = Vec::new();
-        let mut finish = FinishReason::Length;
-        while ids.len() < budget {
-            let Some(&id) = self.script.ids.get(ids.len()) else {
-                finish = FinishReason::Stop;
-                break;
-            };
-            if !params.ignore_eos && params.eos_ids.contains(&id) {
-                finish = FinishReason::Stop;
-                break;
-            }
-            ids.push(id);
-            if on_token(id).is_break() {
-                finish = FinishReason::Cancelled;
-                break;
-            }
-            if ids.len() == budget {
-                break;
-            }
-            self.step()?;
-        }
-        Ok(GenerateOutput {
-            ids,
-            finish,
-            prefill_tok_s: 0.0,
-            decode_tok_s: 0.0,
-            prompt_logits: None,
-        })
+        Ok(generate(&mut self.stepper, prompt, params, on_token)?)
     }
 
     fn steps_taken(&self) -> u64 {
-        self.steps.load(Ordering::SeqCst)
+        self.stepper.steps.load(Ordering::SeqCst)
     }
 }

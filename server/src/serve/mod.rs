@@ -239,7 +239,12 @@ fn load_engine(
                 step_delay: Duration::from_millis(script_file.step_ms),
                 fail_at_step: script_file.fail_at_step,
             };
-            let engine = FakeEngine::new(script, args.kv_max.unwrap_or(DEFAULT_KV_MAX));
+            let engine = FakeEngine::new(
+                script,
+                args.kv_max.unwrap_or(DEFAULT_KV_MAX),
+                text.tokenizer().n_vocab(),
+                text.tokenizer().eos_id(),
+            );
             Ok((Arc::new(text), Box::new(engine)))
         }
     }

@@ -120,7 +120,13 @@ pub async fn start(
 
 /// Starts a fake-engine server.
 pub async fn start_fake(script: FakeScript, kv_max: usize, limits: ServerLimits) -> TestServer {
-    let engine = FakeEngine::new(script, kv_max);
+    let tok = text_model();
+    let engine = FakeEngine::new(
+        script,
+        kv_max,
+        tok.tokenizer().n_vocab(),
+        tok.tokenizer().eos_id(),
+    );
     let steps = engine.step_counter();
     start(Box::new(engine), Some(steps), limits).await
 }
