@@ -49,14 +49,14 @@ const MIN_TENSOR_INFO_BYTES: usize = 32;
 /// what was wrong with it; byte offsets are absolute positions in the file.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    /// The file could not be opened or mapped.
-    #[error("cannot read GGUF file {path}: {source}")]
+    /// The file could not be opened or mapped (a directory is refused here too). The OS error is
+    /// part of the message, not a separate error source, so a chained report names it once.
+    #[error("cannot read GGUF file {path}: {error}")]
     Io {
         /// The path given to [`GgufFile::open`].
         path: PathBuf,
         /// The OS error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The first four bytes are not `"GGUF"`.
     #[error("not a GGUF file: magic is {found:02x?}, expected \"GGUF\"")]
@@ -317,10 +317,16 @@ impl GgufFile {
     /// its contents are refused.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
-        let io = |source| GgufError::Io {
+        let io = |error| GgufError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         };
+        if path.is_dir() {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::IsADirectory,
+                "it is a directory, not a .gguf file",
+            )));
+        }
         let file = File::open(path).map_err(io)?;
         // SAFETY: the map is read-only and private to this process. Like every mmap-based model
         // loader (llama.cpp included) this assumes nobody truncates or rewrites the file while it

@@ -31,6 +31,9 @@ pub enum Command {
 /// Parses the command line and runs the chosen subcommand.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        restore_default_sigpipe();
+    }
     match cli.command {
         Command::Inspect(args) => crate::inspect::run(args),
         Command::Serve(args) => crate::serve::run(args),
@@ -49,5 +52,15 @@ fn report(name: &str, r: anyhow::Result<()>) -> ExitCode {
             eprintln!("aubier {name}: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Rust ignores SIGPIPE, so printing into a closed pipe (`aubier inspect FILE | head -1`) would
+/// panic; one-shot commands take the default action instead and end quietly, as Unix tools do.
+/// `serve` keeps it ignored: a client that vanishes must not kill the server.
+fn restore_default_sigpipe() {
+    // SAFETY: called once at start-up, before any thread is spawned; SIG_DFL is a valid handler.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }

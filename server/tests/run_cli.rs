@@ -109,3 +109,19 @@ fn greedy_json_matches_the_reference_chain_and_bad_input_is_an_error() {
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("999999"), "error names the bad id: {err}");
 }
+
+#[test]
+fn a_directory_as_the_model_is_named_once() {
+    let dir = std::env::temp_dir().join(format!("aubier-dir-{}.gguf", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
+        .args(["run", "--prompt-ids", "1", "--model"])
+        .arg(&dir)
+        .output()
+        .expect("runs");
+    let _ = std::fs::remove_dir(&dir);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("directory").count(), 1, "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
