@@ -108,10 +108,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         tokenizer,
         prompt,
     } = args.input.load()?;
-    let kv_max = args
-        .kv_max
-        .unwrap_or_else(|| model.config.n_ctx_train.min(4096));
-    let mut session = Session::open(model.clone(), SessionOptions { kv_max })?;
+    let opts = match args.kv_max {
+        Some(kv_max) => SessionOptions { kv_max },
+        None => SessionOptions::for_config(&model.config),
+    };
+    let mut session = Session::open(model.clone(), opts)?;
     let params = GenerateParams {
         max_tokens: args.max_tokens,
         sampling: SamplingParams {

@@ -37,8 +37,7 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         prompt,
     } = args.input.load()?;
     let cfg = model.config.clone();
-    let kv_max = cfg.n_ctx_train.min(4096);
-    let mut session = Session::open(model, SessionOptions { kv_max })?;
+    let mut session = Session::open(model, SessionOptions::for_config(&cfg))?;
     session.record_routing(true);
     let params = GenerateParams {
         max_tokens: args.max_tokens,

@@ -1,29 +1,8 @@
 //! `aubier run` end to end: the built binary on the bundled model, checked against the external
 //! transformers reference on gguf-py-dequantized weights (tests/data/models/README.md).
 
-use std::path::PathBuf;
+use aubier_tests::{data_dir, json_ids, models_dir, read_f32, read_json};
 use std::process::Command;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn fixture_json(name: &str) -> serde_json::Value {
-    let p = root().join("tests/data/models").join(name);
-    serde_json::from_str(&std::fs::read_to_string(&p).expect("fixture")).expect("json")
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    let list = match v {
-        serde_json::Value::String(s) => serde_json::from_str(s).expect("id list"),
-        other => other.clone(),
-    };
-    list.as_array()
-        .expect("list")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
 
 fn csv(ids: &[u32]) -> String {
     ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
@@ -31,12 +10,15 @@ fn csv(ids: &[u32]) -> String {
 
 #[test]
 fn logits_out_writes_every_prompt_row_and_max_tokens_zero_runs_the_prompt_only() {
-    let prompt = ids(&fixture_json("prompt-shared.json")["ids"]);
+    let prompt = json_ids(
+        &read_json(&data_dir().join("models/prompt-shared.json")),
+        "ids",
+    );
     let prompt = &prompt[..24];
     let out = std::env::temp_dir().join(format!("aubier-run-logits-{}.f32", std::process::id()));
     let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
         .args(["run", "--model"])
-        .arg(root().join("models/ms4-tiny256-q2k.gguf"))
+        .arg(models_dir().join("ms4-tiny256-q2k.gguf"))
         .args([
             "--prompt-ids",
             &csv(prompt),
@@ -50,30 +32,20 @@ fn logits_out_writes_every_prompt_row_and_max_tokens_zero_runs_the_prompt_only()
         .expect("runs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
-    assert_eq!(ids(&v["prompt_ids"]), prompt);
+    assert_eq!(json_ids(&v, "prompt_ids"), prompt);
     assert_eq!(v["generated_ids"].as_array().map(Vec::len), Some(0));
     assert!(v["prefill_tok_s"].as_f64().is_some() && v["decode_tok_s"].as_f64().is_some());
 
-    let bytes = std::fs::read(&out).expect("logits file");
+    let ours = read_f32(&out);
     let _ = std::fs::remove_file(&out);
-    let ours: Vec<f32> = bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
     let n_vocab = 8192;
     assert_eq!(
         ours.len(),
         prompt.len() * n_vocab,
         "[n_prompt × n_vocab] f32"
     );
-    let reference_bytes = std::fs::read(
-        root().join("tests/data/models/ms4-tiny256-q2k.transformers-dequant.logits.f32"),
-    )
-    .expect("reference");
-    let reference: Vec<f32> = reference_bytes[..ours.len() * 4]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    let reference =
+        read_f32(&data_dir().join("models/ms4-tiny256-q2k.transformers-dequant.logits.f32"));
     let max = ours
         .iter()
         .zip(&reference)
@@ -84,24 +56,24 @@ fn logits_out_writes_every_prompt_row_and_max_tokens_zero_runs_the_prompt_only()
 
 #[test]
 fn greedy_json_matches_the_reference_chain_and_bad_input_is_an_error() {
-    let r = fixture_json("ms4-tiny256-q2k.transformers-dequant.greedy.json");
-    let prefix = ids(&r["prefix_ids"]);
-    let expected = ids(&r["generated_ids"]);
+    let r = read_json(&data_dir().join("models/ms4-tiny256-q2k.transformers-dequant.greedy.json"));
+    let prefix = json_ids(&r, "prefix_ids");
+    let expected = json_ids(&r, "generated_ids");
     let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
         .args(["run", "--model"])
-        .arg(root().join("models/ms4-tiny256-q2k.gguf"))
+        .arg(models_dir().join("ms4-tiny256-q2k.gguf"))
         .args(["--prompt-ids", &csv(&prefix), "--ignore-eos", "--json"])
         .args(["--max-tokens", &expected.len().to_string()])
         .output()
         .expect("runs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
-    assert_eq!(ids(&v["generated_ids"]), expected);
+    assert_eq!(json_ids(&v, "generated_ids"), expected);
     assert!(v["text"].is_string());
 
     let bad = Command::new(env!("CARGO_BIN_EXE_aubier"))
         .args(["run", "--model"])
-        .arg(root().join("models/ms4-tiny256-q2k.gguf"))
+        .arg(models_dir().join("ms4-tiny256-q2k.gguf"))
         .args(["--prompt-ids", "1,999999"])
         .output()
         .expect("runs");

@@ -3,28 +3,20 @@
 //! [3 layers, 200 positions, 4] sorted by weight — tests/data/models/README.md), and the trace it
 //! writes is read back by `aubier replay`.
 
-use std::path::PathBuf;
+use aubier_tests::{data_dir, json_ids, models_dir, read_i32, read_json};
 use std::process::Command;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 #[test]
 fn recorded_routing_equals_transformers_and_replays() {
-    let prompt: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("tests/data/models/prompt-shared.json")).unwrap(),
-    )
-    .unwrap();
-    let ids: Vec<u64> = match &prompt["ids"] {
-        serde_json::Value::String(s) => serde_json::from_str(s).unwrap(),
-        v => serde_json::from_value(v.clone()).unwrap(),
-    };
-    let csv = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    let ids = json_ids(
+        &read_json(&data_dir().join("models/prompt-shared.json")),
+        "ids",
+    );
+    let csv = ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     let out = std::env::temp_dir().join(format!("aubier-trace-{}.jsonl", std::process::id()));
     let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
         .args(["trace", "--model"])
-        .arg(root().join("models/ms4-tiny256-q2k.gguf"))
+        .arg(models_dir().join("ms4-tiny256-q2k.gguf"))
         .args(["--prompt-ids", &csv, "--max-tokens", "0", "--out"])
         .arg(&out)
         .output()
@@ -37,14 +29,8 @@ fn recorded_routing_equals_transformers_and_replays() {
         .collect();
     assert_eq!(lines.len(), 200);
 
-    let bytes = std::fs::read(
-        root().join("tests/data/models/ms4-tiny256-q2k.transformers-dequant.router_ids.i32"),
-    )
-    .unwrap();
-    let reference: Vec<i32> = bytes
-        .chunks_exact(4)
-        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    let reference =
+        read_i32(&data_dir().join("models/ms4-tiny256-q2k.transformers-dequant.router_ids.i32"));
     for (p, line) in lines.iter().enumerate() {
         assert_eq!(line["seq"], 0);
         assert_eq!(line["pos"], p as u64);
