@@ -55,6 +55,9 @@ pub enum EngineError {
     /// The latent cache cannot be allocated.
     #[error(transparent)]
     KvCache(#[from] KvCacheError),
+    /// The expert store cannot be built or refused a step's routing.
+    #[error("expert store: {0}")]
+    Store(#[from] crate::store::expert_store::StoreError),
     /// Bad session options.
     #[error("kv_max = {kv_max}: {reason}")]
     BadKvMax {
@@ -197,6 +200,11 @@ impl Model {
     /// The plan lowered to native code.
     pub fn program(&self) -> &CpuProgram {
         &self.program
+    }
+
+    /// The byte view of plan weight `w` in the map (zero-copy); `None` past the plan's weights.
+    pub fn weight_view(&self, w: usize) -> Option<&[u8]> {
+        self.tensors.get(w).map(|t| self.file.tensor_data(t))
     }
 
     /// Byte views of every plan weight in the map, indexed by `WeightId` (zero-copy).

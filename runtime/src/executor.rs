@@ -15,8 +15,15 @@
 //!    split (tested with 1- and 2-thread pools).
 //!
 //! i32 values (ids, positions) live in the same 4-byte slot buffers as f32 values, as bit patterns.
+//!
+//! Expert weights (`moe_ffn`'s stacked expert tensors, [`aubier_kernels_gen::cpu::ExpertTable`])
+//! are passed as per-expert address tables, rebuilt before each such step: expert `e` is read from
+//! the fast-store copy [`ExpertSource::fast_copy`] gives, or else from its slice of the weight view
+//! (the host alias). The copy's length is checked; its bytes equal the file's (the store's
+//! contract), so the placement never changes a bit of the result.
 
 use crate::kv_cache::LatentKvCache;
+use aubier_compiler::plan::WeightId;
 use aubier_compiler::plan::{Operand, Plan, Storage, ValueId};
 use aubier_compiler::types::{DType, Dim};
 use aubier_kernels_gen::cpu::{CpuProgram, Extent, IndexBound, Kernel, StepArgs};
@@ -91,6 +98,16 @@ pub enum ExecError {
         /// The exclusive upper bound.
         bound: usize,
     },
+    /// An expert-table operand does not fit its weight (a plan/program mismatch).
+    #[error("step {step}: expert table of operand {arg}: {detail}")]
+    ExpertTable {
+        /// Step index in the plan.
+        step: usize,
+        /// Operand index.
+        arg: usize,
+        /// What is wrong.
+        detail: String,
+    },
     /// `T` and `S` are inconsistent or their buffers overflow the address space.
     #[error("a step of T = {t} tokens over S = {s} keys: {detail}")]
     Extents {
@@ -103,6 +120,14 @@ pub enum ExecError {
     },
 }
 
+/// Where the fast-store copies of experts live (the split expert store, `crate::store`).
+pub trait ExpertSource: std::fmt::Debug {
+    /// The fast-store copy of expert `expert` of the stacked weight `weight`: its
+    /// `row_bytes · ne[1]` bytes, equal to the file's; `None` when the expert is not resident
+    /// (it is then read from the host alias, the weight view).
+    fn fast_copy(&self, weight: WeightId, expert: usize) -> Option<&[u8]>;
+}
+
 /// What a run executes: the plan, the program compiled from it, and the raw GGUF bytes of every
 /// plan weight (`weights[w]` for `plan.weights[w]`).
 #[derive(Clone, Copy, Debug)]
@@ -113,6 +138,8 @@ pub struct Bound<'a> {
     pub program: &'a CpuProgram,
     /// Weight bytes, by `WeightId`.
     pub weights: &'a [&'a [u8]],
+    /// Fast-store copies of experts; `None` reads every expert from `weights`.
+    pub experts: Option<&'a dyn ExpertSource>,
 }
 
 /// Per-session execution state: the slot buffers and the scratch of the steps.
@@ -124,6 +151,8 @@ pub struct Executor {
     /// `(value, layer, width)` of every latent-cache value.
     cache_values: Vec<(ValueId, usize, usize)>,
     scratch: Vec<f32>,
+    /// Per-expert address tables of the current step, one per [`aubier_kernels_gen::cpu::ExpertTable`].
+    tables: Vec<Vec<u64>>,
     /// `(T, S)` of the last successful binding.
     extents: (usize, usize),
 }
@@ -190,6 +219,7 @@ impl Executor {
             slot_values,
             cache_values,
             scratch: Vec::new(),
+            tables: Vec::new(),
             extents: (0, 0),
         })
     }
@@ -202,7 +232,9 @@ impl Executor {
     /// Errors: [`ExecError::Input`], [`ExecError::WeightCount`] / [`ExecError::WeightSize`],
     /// [`ExecError::Cache`] when the cache's layers, width or capacity do not fit,
     /// [`ExecError::Extents`] unless `1 ≤ t ≤ s`, [`ExecError::Index`] before a step whose index
-    /// operands are out of range (steps before it have run; cache rows may have been written).
+    /// operands are out of range (steps before it have run; cache rows may have been written),
+    /// [`ExecError::ExpertTable`] when an expert operand is not a weight of `n_expert` slices or a
+    /// fast copy has the wrong length.
     pub fn run(
         &mut self,
         bound: Bound<'_>,
@@ -215,6 +247,7 @@ impl Executor {
             plan,
             program,
             weights,
+            experts,
         } = bound;
         if program.steps().len() != plan.steps.len() || self.slots.len() != plan.n_slots {
             return Err(ExecError::ProgramMismatch {
@@ -301,6 +334,45 @@ impl Executor {
                     Operand::Value(v) => self.value_ptr(plan, cache, *v, s)? as *const u8,
                     Operand::Weight(w) => weights[*w].as_ptr(),
                 };
+            }
+            if self.tables.len() < cs.expert_tables.len() {
+                self.tables.resize(cs.expert_tables.len(), Vec::new());
+            }
+            for (table, spec) in self.tables.iter_mut().zip(&cs.expert_tables) {
+                let bad = |detail: String| ExecError::ExpertTable {
+                    step: i,
+                    arg: spec.arg,
+                    detail,
+                };
+                let Some(&Operand::Weight(w)) = step.args.get(spec.arg) else {
+                    return Err(bad("the operand is not a weight".into()));
+                };
+                let host = weights[w];
+                if spec.n_expert.checked_mul(spec.expert_bytes) != Some(host.len()) {
+                    return Err(bad(format!(
+                        "{} bytes are not {} experts of {} bytes",
+                        host.len(),
+                        spec.n_expert,
+                        spec.expert_bytes
+                    )));
+                }
+                table.clear();
+                for (e, slice) in host.chunks_exact(spec.expert_bytes.max(1)).enumerate() {
+                    let src = match experts.and_then(|x| x.fast_copy(w, e)) {
+                        Some(copy) if copy.len() == spec.expert_bytes => copy,
+                        Some(copy) => {
+                            return Err(bad(format!(
+                                "the fast copy of expert {e} has {} bytes, not {}",
+                                copy.len(),
+                                spec.expert_bytes
+                            )))
+                        }
+                        None => slice,
+                    };
+                    table.push(src.as_ptr() as u64);
+                }
+                table.resize(spec.n_expert, host.as_ptr() as u64);
+                args.args[spec.arg] = table.as_ptr() as *const u8;
             }
             args.out = self.value_ptr(plan, cache, step.out, s)? as *mut u8;
             args.scratch = if scratch > 0 {
@@ -783,6 +855,7 @@ mod tests {
                         plan: &b.plan,
                         program: &prog,
                         weights: &views,
+                        experts: None,
                     },
                     &mut cache,
                     &[("tokens", &history), ("pos", &hpos)],
@@ -795,6 +868,7 @@ mod tests {
                     plan: &b.plan,
                     program: &prog,
                     weights: &views,
+                    experts: None,
                 },
                 &mut cache,
                 &[("tokens", tokens), ("pos", &pos)],
@@ -850,6 +924,7 @@ mod tests {
                 plan: &b.plan,
                 program: &prog,
                 weights: &views,
+                experts: None,
             },
             &mut cache,
             &[("tokens", &tokens), ("pos", &[0, 1, 2])],
@@ -921,6 +996,7 @@ mod tests {
                     plan: &b.plan,
                     program: &prog,
                     weights: &views,
+                    experts: None,
                 },
                 &mut cache,
                 &[("tokens", &[1])],
@@ -938,6 +1014,7 @@ mod tests {
                     plan: &b.plan,
                     program: &prog,
                     weights: &views,
+                    experts: None,
                 },
                 &mut cache,
                 &[("tokens", &[1]), ("pos", &[0])],

@@ -7,10 +7,17 @@
 //! `S = position + T` cached keys and returns one row of logits per token. Positions restart at 0
 //! after [`Session::reset`]; cache rows of earlier requests are zeroed, and a step never reads a
 //! row it did not write in the current request (rows `0..S` were all written since the reset).
+//!
+//! Every session owns a split expert store ([`ExpertStore`], `crate::store::expert_store`): the
+//! step's `moe_ffn` kernels read resident experts from its fast copies and the others from the
+//! mapped file; after each step the routed ids of every layer go to the store, which counts the
+//! served fraction and rotates its fast slots; [`Session::reset`] resets it per its
+//! [`crate::store::expert_store::ResetMode`]. The logits never depend on where an expert lives.
 
 use crate::engine::{EngineError, Model};
 use crate::executor::{Bound, Executor};
 use crate::kv_cache::LatentKvCache;
+use crate::store::expert_store::{ExpertStore, StoreOptions, StoreReport};
 use aubier_compiler::config::Mistral4Config;
 use aubier_compiler::plan::ValueId;
 use std::sync::Arc;
@@ -49,6 +56,7 @@ pub struct Session {
     router_ids: Vec<Vec<i32>>,
     /// Per-token routing since the last [`Session::take_routing`], when recording.
     routing_log: Option<Vec<TokenRouting>>,
+    store: ExpertStore,
 }
 
 /// The routing of one token: its position and, per layer, the routed expert ids in descending
@@ -69,6 +77,19 @@ impl Session {
     /// than `i32::MAX`; [`EngineError::MissingOutput`] when the plan lacks `logits` or a
     /// `router_ids.{l}`; [`EngineError::KvCache`]; [`EngineError::Exec`] for a malformed plan.
     pub fn open(model: Arc<Model>, opts: SessionOptions) -> Result<Session, EngineError> {
+        Session::open_with_store(model, opts, &StoreOptions::default())
+    }
+
+    /// [`Session::open`] with the expert store built from `store` (the default: every expert
+    /// resident when the budget allows, 2Q, exact reset).
+    ///
+    /// Errors: those of [`Session::open`], and [`EngineError::Store`] when the store cannot be
+    /// built (too many slots, a resident set that does not fit, `min`, bad 2Q fractions).
+    pub fn open_with_store(
+        model: Arc<Model>,
+        opts: SessionOptions,
+        store: &StoreOptions,
+    ) -> Result<Session, EngineError> {
         let cfg = &model.config;
         let kv_max = opts.kv_max;
         let bad = |reason: String| EngineError::BadKvMax { kv_max, reason };
@@ -99,7 +120,9 @@ impl Session {
             .collect::<Result<Vec<_>, _>>()?;
         let cache = LatentKvCache::new(cfg.n_layer, kv_max, cfg.kv_cache_width())?;
         let exec = Executor::new(&model.plan, model.program())?;
+        let store = ExpertStore::new(Arc::clone(&model), store)?;
         Ok(Session {
+            store,
             exec,
             cache,
             kv_max,
@@ -151,6 +174,7 @@ impl Session {
             plan: &model.plan,
             program: model.program(),
             weights: &weights,
+            experts: Some(&self.store),
         };
         self.exec.run(
             bound,
@@ -169,6 +193,7 @@ impl Session {
         for (dst, &id) in self.router_ids.iter_mut().zip(&self.router_outputs) {
             *dst = self.exec.i32_value(&model.plan, id)?;
         }
+        self.store.observe(&self.router_ids, t)?;
         if let Some(log) = &mut self.routing_log {
             let k = self.model.config.n_expert_used;
             for (i, pos) in (self.position..end).enumerate() {
@@ -206,13 +231,28 @@ impl Session {
         &self.model
     }
 
-    /// Starts a new request: position 0, latent cache rows zeroed, router trace cleared.
+    /// Starts a new request: position 0, latent cache rows zeroed, router trace cleared, the
+    /// expert store's request counters zeroed and, with `--reset exact`, its membership and
+    /// policies back to the boot state (the time it took is in [`Session::store_report`]).
     pub fn reset(&mut self) {
         self.position = 0;
         self.cache.reset();
         for r in &mut self.router_ids {
             r.clear();
         }
+        if let Err(e) = self.store.reset() {
+            tracing::error!("expert store reset: {e}");
+        }
+    }
+
+    /// The expert store's counters since the last [`Session::reset`] (the current request).
+    pub fn store_report(&self) -> StoreReport {
+        self.store.report()
+    }
+
+    /// The session's expert store (for tests and reports).
+    pub fn expert_store(&self) -> &ExpertStore {
+        &self.store
     }
 
     /// Steps run successfully since the session opened (never reset; the server proves that a

@@ -6,6 +6,9 @@ use aubier_runtime::engine::Model;
 use aubier_runtime::generate::{generate, FinishReason, GenerateParams};
 use aubier_runtime::sampler::SamplingParams;
 use aubier_runtime::session::{Session, SessionOptions};
+use aubier_runtime::store::expert_store::{FastBudget, ResetMode, StoreOptions};
+use aubier_runtime::store::hotset::HotSet;
+use aubier_runtime::store::policy::PolicyKind;
 use aubier_runtime::tokenizer::Tokenizer;
 use clap::Args;
 use std::io::Write;
@@ -66,6 +69,94 @@ impl PromptArgs {
     }
 }
 
+/// The split expert store's flags, shared by `aubier run`, `aubier serve` and `aubier bench`
+/// (`#[command(flatten)]`); [`StoreArgs::options`] turns them into the runtime's [`StoreOptions`].
+#[derive(Args, Debug, Clone)]
+pub struct StoreArgs {
+    /// Fast-store slots per MoE layer, 0..=n_expert (default: every expert when they fit in half
+    /// the available memory, else as many as fit there).
+    #[arg(long, conflicts_with = "fast_budget")]
+    pub n_res: Option<usize>,
+    /// Fast-store budget in bytes over all layers (suffixes K, M, G = 1024¹²³); the slots per
+    /// layer are derived from each expert's bytes.
+    #[arg(long, value_parser = parse_bytes)]
+    pub fast_budget: Option<u64>,
+    /// Seed membership, {"layers": [[e, …], …]} hottest first (default: experts 0..n_res).
+    #[arg(long)]
+    pub resident_set: Option<PathBuf>,
+    /// Placement policy: 2q, lru, lfu, or static (the seed set, never rotated).
+    #[arg(long, default_value = "2q", value_parser = parse_online_policy)]
+    pub policy: PolicyKind,
+    /// 2Q A1in size (Kin) as a fraction of the slots.
+    #[arg(long, default_value_t = 0.25)]
+    pub a1in: f64,
+    /// 2Q A1out ghost-queue size (Kout) as a fraction of the slots.
+    #[arg(long, default_value_t = 0.5)]
+    pub a1out: f64,
+    /// Most 2Q promotions per token per layer (default: no cap).
+    #[arg(long)]
+    pub max_promotions: Option<usize>,
+    /// Between requests: `exact` restores the boot membership and policy state (timed), `none`
+    /// keeps them.
+    #[arg(long, default_value = "exact")]
+    pub reset: ResetMode,
+}
+
+impl StoreArgs {
+    /// The runtime options. Errors: the resident-set file cannot be read or parsed.
+    pub fn options(&self) -> anyhow::Result<StoreOptions> {
+        let budget = match (self.n_res, self.fast_budget) {
+            (Some(n), _) => FastBudget::Slots(n),
+            (None, Some(b)) => FastBudget::Bytes(b),
+            (None, None) => FastBudget::Auto,
+        };
+        let resident_set = match &self.resident_set {
+            Some(path) => Some(
+                HotSet::read(path)
+                    .with_context(|| format!("reading --resident-set {}", path.display()))?,
+            ),
+            None => None,
+        };
+        Ok(StoreOptions {
+            budget,
+            resident_set,
+            policy: self.policy,
+            a1in: self.a1in,
+            a1out: self.a1out,
+            max_promotions: self.max_promotions,
+            reset: self.reset,
+        })
+    }
+}
+
+/// `--fast-budget`: bytes, optionally with a K, M or G suffix (powers of 1024).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.eq_ignore_ascii_case(&'k') => (&t[..i], 1u64 << 10),
+        Some((i, c)) if c.eq_ignore_ascii_case(&'m') => (&t[..i], 1 << 20),
+        Some((i, c)) if c.eq_ignore_ascii_case(&'g') => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    num.trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("`{s}` is not a byte count (e.g. 1048576, 512M, 4G)"))
+}
+
+/// `--policy`: an online policy (`min` needs the future and is refused).
+fn parse_online_policy(s: &str) -> Result<PolicyKind, String> {
+    match s.parse::<PolicyKind>() {
+        Ok(PolicyKind::Min) => Err(
+            "`min` is an offline oracle; use it with `aubier replay` (online: 2q, lru, lfu, static)"
+                .into(),
+        ),
+        Ok(k) => Ok(k),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Arguments of `aubier run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -99,6 +190,9 @@ pub struct RunArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// The split expert store.
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 /// Runs `aubier run`.
@@ -112,7 +206,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(kv_max) => SessionOptions { kv_max },
         None => SessionOptions::for_config(&model.config),
     };
-    let mut session = Session::open(model.clone(), opts)?;
+    let store = args.store.options()?;
+    let mut session = Session::open_with_store(model.clone(), opts, &store)?;
     let params = GenerateParams {
         max_tokens: args.max_tokens,
         sampling: SamplingParams {
@@ -145,6 +240,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
     }
     let text = tokenizer.as_ref().map(|t| t.decode(&out.ids));
+    let report = session.store_report();
     if args.json {
         let v = serde_json::json!({
             "prompt_ids": prompt,
@@ -153,6 +249,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             "finish_reason": finish_name(out.finish),
             "prefill_tok_s": out.prefill_tok_s,
             "decode_tok_s": out.decode_tok_s,
+            "store": report,
         });
         println!("{v}");
     } else {
@@ -169,6 +266,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             out.prefill_tok_s,
             out.decode_tok_s,
             finish_name(out.finish)
+        );
+        eprintln!(
+            "experts: served fraction {:.4} ({} of {} routed from the fast store, n_res {}, {} \
+             promotions, reset {:.3} ms)",
+            report.served_fraction,
+            report.fast_hits,
+            report.routed,
+            report.n_res,
+            report.promotions,
+            report.reset_ms
         );
     }
     Ok(())

@@ -97,3 +97,99 @@ fn a_directory_as_the_model_is_named_once() {
     assert_eq!(err.matches("directory").count(), 1, "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+fn run_json(args: &[&str]) -> serde_json::Value {
+    let prompt = json_ids(
+        &read_json(&data_dir().join("models/prompt-shared.json")),
+        "ids",
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
+        .args(["run", "--model"])
+        .arg(models_dir().join("ms4-tiny256-q2k.gguf"))
+        .args(["--prompt-ids", &csv(&prompt[..20]), "--max-tokens", "6"])
+        .args(["--ignore-eos", "--json"])
+        .args(args)
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("json")
+}
+
+#[test]
+fn json_reports_the_expert_store_and_placement_does_not_change_the_tokens() {
+    // 20 prompt tokens + 5 decode steps (the 6th token is not stepped), 3 layers × top-4.
+    let routed = (20 + 5) * 12;
+    let all = run_json(&[]);
+    let s = &all["store"];
+    assert_eq!(
+        s["n_res"], 16,
+        "the default keeps every expert of a model that fits: {s}"
+    );
+    assert_eq!(
+        (s["routed"].as_u64(), s["fast_hits"].as_u64()),
+        (Some(routed), Some(routed))
+    );
+    assert_eq!(s["served_fraction"], 1.0);
+    assert_eq!(s["promotions"], 0);
+    assert!(s["fast_bytes"].as_u64().is_some_and(|b| b > 0) && s["reset_ms"].is_f64());
+
+    let small = run_json(&["--n-res", "4", "--a1in", "0", "--policy", "2q"]);
+    let s = &small["store"];
+    assert_eq!(small["generated_ids"], all["generated_ids"]);
+    assert_eq!(s["n_res"], 4);
+    assert_eq!(
+        s["fast_bytes"].as_u64().map(|b| b * 4),
+        all["store"]["fast_bytes"].as_u64()
+    );
+    let hits = s["fast_hits"].as_u64().expect("hits");
+    assert_eq!(s["routed"].as_u64(), Some(routed));
+    assert!(0 < hits && hits < routed, "{s}");
+    let f = s["served_fraction"].as_f64().expect("fraction");
+    assert!((f - hits as f64 / routed as f64).abs() < 1e-12);
+
+    let none = run_json(&["--n-res", "0"]);
+    assert_eq!(none["generated_ids"], all["generated_ids"]);
+    assert_eq!(
+        (
+            none["store"]["fast_hits"].as_u64(),
+            none["store"]["fast_bytes"].as_u64()
+        ),
+        (Some(0), Some(0))
+    );
+
+    let budget = run_json(&[
+        "--fast-budget",
+        &s["fast_bytes"].to_string(),
+        "--reset",
+        "none",
+    ]);
+    assert_eq!(
+        budget["store"]["n_res"], 4,
+        "a budget of 4 slots' bytes gives 4 slots"
+    );
+    assert_eq!(budget["store"]["reset_ms"], 0.0);
+}
+
+#[test]
+fn bad_store_flags_are_clear_errors() {
+    let fail = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
+            .args(["run", "--model"])
+            .arg(models_dir().join("ms4-tiny256-q2k.gguf"))
+            .args(["--prompt-ids", "1,2,3", "--max-tokens", "1"])
+            .args(args)
+            .output()
+            .expect("runs");
+        assert!(!o.status.success(), "{args:?} should fail");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    assert!(fail(&["--n-res", "17"]).contains("--n-res 17 exceeds the 16 experts"));
+    assert!(fail(&["--policy", "min"]).contains("offline"));
+    assert!(fail(&["--n-res", "2", "--fast-budget", "1M"]).contains("cannot be used with"));
+    assert!(fail(&["--reset", "later"]).contains("unknown reset mode"));
+    let missing = fail(&["--resident-set", "/nonexistent/hot.json"]);
+    assert!(
+        missing.contains("--resident-set /nonexistent/hot.json"),
+        "{missing}"
+    );
+}

@@ -1,11 +1,14 @@
 //! `POST /debug/tokens` on the real engine (bundled model): the ids it produces are byte-identical
 //! to `aubier run`'s greedy ids at the same flags, on a first request and on a later one (after
 //! another request has used the session: the reset), and they follow the external reference
-//! greedy chain (transformers on the dequantized GGUF, `tests/data/models`).
+//! greedy chain (transformers on the dequantized GGUF, `tests/data/models`). The engine runs with
+//! a small rotating expert store (4 of 16 experts resident, 2Q), which must not change a token,
+//! and `/metrics` reports its served fraction and counters.
 
 mod serve_common;
 
 use aubier_runtime::engine::Model;
+use aubier_runtime::store::expert_store::{FastBudget, StoreOptions};
 use aubier_server::serve::real::RealEngine;
 use serde_json::{json, Value};
 use serve_common::*;
@@ -71,7 +74,12 @@ async fn debug_tokens_equal_aubier_run_and_the_reference_chain_first_and_after_r
 
     let model = Model::load(&bundled_model()).expect("load the bundled model");
     let kv_max = model.config.n_ctx_train.min(4096);
-    let engine = RealEngine::open(model, kv_max).expect("session");
+    let store = StoreOptions {
+        budget: FastBudget::Slots(4),
+        a1in: 0.0,
+        ..StoreOptions::default()
+    };
+    let engine = RealEngine::open(model, kv_max, &store).expect("session");
     let srv = start(Box::new(engine), None, limits()).await;
 
     let first = debug_tokens(&srv, &prefix, n).await;
@@ -79,7 +87,27 @@ async fn debug_tokens_equal_aubier_run_and_the_reference_chain_first_and_after_r
     let other: Vec<u32> = prefix.iter().rev().copied().collect();
     let _ = debug_tokens(&srv, &other, 5).await;
     let later = debug_tokens(&srv, &prefix, n).await;
+    let m = raw_request(srv.addr, "GET", "/metrics", b"").await;
     srv.stop().await;
+    let text = String::from_utf8(m.body()).expect("UTF-8");
+    let metric = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
+            .parse()
+            .expect("number")
+    };
+    // Every stepped token routes 3 layers × top-4; at least the three prompts were stepped.
+    let routed = metric("aubier_expert_routed_total");
+    assert!(
+        routed % 12.0 == 0.0 && routed >= (3 * prefix.len() * 12) as f64,
+        "{routed}"
+    );
+    let hits = metric("aubier_expert_fast_hits_total");
+    assert!(hits > 0.0 && hits < routed, "{hits} of {routed}");
+    assert!(metric("aubier_expert_promotions_total") > 0.0);
+    let f = metric("aubier_expert_served_fraction");
+    assert!(f > 0.0 && f < 1.0, "{f}");
 
     assert_eq!(
         first, later,

@@ -12,6 +12,7 @@ use async_openai::types::chat::{
 use async_openai::types::completions::CreateCompletionRequestArgs;
 use async_openai::Client;
 use aubier_runtime::engine::Model;
+use aubier_runtime::store::expert_store::StoreOptions;
 use aubier_server::serve::real::RealEngine;
 use futures::StreamExt;
 use serve_common::*;
@@ -136,7 +137,7 @@ async fn async_openai_against_the_fake_engine() {
 async fn async_openai_against_the_real_engine() {
     let model = Model::load(&bundled_model()).expect("load the bundled model");
     let kv_max = model.config.n_ctx_train.min(4096);
-    let engine = RealEngine::open(model, kv_max).expect("session");
+    let engine = RealEngine::open(model, kv_max, &StoreOptions::default()).expect("session");
     let srv = start(Box::new(engine), None, limits()).await;
     exercise(&srv, 8).await;
     srv.stop().await;

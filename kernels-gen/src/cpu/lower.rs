@@ -19,14 +19,14 @@
 use super::emit::{Extent, Kb, WeightType};
 use super::host::{HostSymbols, MATH_COS, MATH_LN, MATH_SIN};
 use super::rope::yarn_inv_freq;
-use super::{IndexBound, IndexCheck, LowerError, MAX_ARGS};
+use super::{ExpertTable, IndexBound, IndexCheck, LowerError, MAX_ARGS};
 use aubier_compiler::config::ExpertLayout;
 use aubier_compiler::ops::Op;
 use aubier_compiler::plan::{Operand, Plan, Step, Storage, Value};
 use aubier_compiler::types::{Attrs, DType, Dim, WeightRef};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F32X4, I64};
-use cranelift_codegen::ir::InstBuilder;
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData};
 
 /// A kernel's emission: fills the body of `fn(*const StepArgs)`.
 pub(crate) type Emit<'p> = Box<dyn for<'a, 'f> FnOnce(&mut Kb<'a, 'f>) + 'p>;
@@ -50,6 +50,7 @@ pub(crate) struct StepSpec<'p> {
     pub kernels: Vec<KernelSpec<'p>>,
     pub scratch: Extent,
     pub checks: Vec<IndexCheck>,
+    pub expert_tables: Vec<ExpertTable>,
 }
 
 /// Row layout of one plan weight.
@@ -321,6 +322,7 @@ fn single<'p>(kernel: KernelSpec<'p>) -> StepSpec<'p> {
         kernels: vec![kernel],
         scratch: Extent::fixed(0),
         checks: Vec::new(),
+        expert_tables: Vec::new(),
     }
 }
 
@@ -680,6 +682,7 @@ fn reshape<'p>(st: &St<'_, 'p>, out: &Value) -> R<StepSpec<'p>> {
             kernels: Vec::new(),
             scratch: Extent::fixed(0),
             checks: Vec::new(),
+            expert_tables: Vec::new(),
         });
     }
     Ok(single(kernel("reshape", numel, ELEMENT_GRAIN, move |k| {
@@ -1223,7 +1226,17 @@ fn gather_renorm<'p>(st: &St<'_, 'p>, out: &Value) -> R<StepSpec<'p>> {
 }
 
 /// `moe_ffn`: `y[t] = Σ_j w[t, j] · down_e(silu(gate_e · h[t]) ⊙ (up_e · h[t]))`, `e = ids[t, j]`,
-/// reading only the selected experts' rows of the stacked expert tensors.
+/// reading only the selected experts' rows.
+///
+/// Algorithm note. The expert tensors are not read through their base address: each of them
+/// (`ffn_gate_up_exps`, or `ffn_gate_exps` + `ffn_up_exps`, and `ffn_down_exps`) is an operand
+/// holding a table of `n_expert` addresses ([`ExpertTable`]), one per expert, so the runtime can
+/// serve an expert from a fast-store copy or from the mapped file. Row `r` of expert `e` is at
+/// `table[e] + r · row_bytes`, the same bytes the stacked tensor holds at row `e · ne1 + r`; the
+/// dot kernels and the reduction order are unchanged, so the bits do not depend on where an
+/// expert lives. Kernel 1 (`gate_up`): one work item per (token, slot, f) computes
+/// `silu(gate row f · h) · (up row f · h)` into the scratch; kernel 2 (`down`): one work item
+/// per (token, output row) sums the slots' `w · (down row · act)` in slot order.
 fn moe_ffn<'p>(st: &St<'_, 'p>, out: &Value) -> R<StepSpec<'p>> {
     let Attrs::Moe { n_ff, layout, .. } = st.step.attrs else {
         return Err(st.err("attributes must be Moe"));
@@ -1236,8 +1249,8 @@ fn moe_ffn<'p>(st: &St<'_, 'p>, out: &Value) -> R<StepSpec<'p>> {
     if rows_i != rows || st.numel(wts)? != st.numel(ids)? {
         return Err(st.err("h, ids and weights must have one row per token"));
     }
-    // (gate operand, gate row offset within an expert, up operand, up row offset, rows per expert)
-    let (gate, up, down, gate_stride) = match layout {
+    // (gate tensor, up tensor, down tensor); with fused gate/up, up is rows n_ff.. of each expert
+    let (gate, up, down) = match layout {
         ExpertLayout::FusedGateUp => {
             st.arity(5)?;
             let gu = st.wt(3)?;
@@ -1250,7 +1263,7 @@ fn moe_ffn<'p>(st: &St<'_, 'p>, out: &Value) -> R<StepSpec<'p>> {
                     2 * n_ff
                 )));
             }
-            (gu, gu, st.wt(4)?, 2 * n_ff)
+            (gu, gu, st.wt(4)?)
         }
         ExpertLayout::SplitGateUp => {
             st.arity(6)?;
@@ -1267,7 +1280,7 @@ fn moe_ffn<'p>(st: &St<'_, 'p>, out: &Value) -> R<StepSpec<'p>> {
             if g.ne != u.ne || g.ty != u.ty {
                 return Err(st.err("gate and up experts differ in shape or type"));
             }
-            (g, u, st.wt(5)?, n_ff)
+            (g, u, st.wt(5)?)
         }
     };
     let n_expert = st.wdims::<3>(gate)?[2];
@@ -1314,11 +1327,11 @@ fn moe_ffn<'p>(st: &St<'_, 'p>, out: &Value) -> R<StepSpec<'p>> {
             let ip = k.at(ib, slot, 4);
             let e = k.ld_i32(ip);
             let hp = k.at(hb, t, d * 4);
-            let erow = k.mul_c(e, gate_stride);
-            let grow = k.add(erow, f);
-            let gp = k.at(gb, grow, grb);
-            let urow = k.add_c(grow, up_off);
-            let up_p = k.at(ub, urow, urb);
+            let gbase = expert_addr(k, gb, e);
+            let gp = k.at(gbase, f, grb);
+            let ubase = expert_addr(k, ub, e);
+            let urow = k.add_c(f, up_off);
+            let up_p = k.at(ubase, urow, urb);
             let g = k.dot_row(&gty, gp, hp, dv);
             let u = k.dot_row(&uty, up_p, hp, dv);
             let sg = k.silu(g);
@@ -1343,9 +1356,8 @@ fn moe_ffn<'p>(st: &St<'_, 'p>, out: &Value) -> R<StepSpec<'p>> {
                 let e = k.ld_i32(ip);
                 let wp = k.at(wb, slot, 4);
                 let w = k.ld(wp);
-                let ed = k.mul_c(e, d);
-                let row = k.add(ed, o);
-                let rp = k.at(db, row, drb);
+                let dbase = expert_addr(k, db, e);
+                let rp = k.at(dbase, o, drb);
                 let ap = k.at(sb, slot, n_ff * 4);
                 let dot = k.dot_row(&dty, rp, ap, fv);
                 let c = k.b.ins().fmul(dot, w);
@@ -1358,6 +1370,16 @@ fn moe_ffn<'p>(st: &St<'_, 'p>, out: &Value) -> R<StepSpec<'p>> {
             k.st(yp, total);
         });
     });
+    let table = |arg: usize, w: &WeightInfo| ExpertTable {
+        arg,
+        n_expert,
+        expert_bytes: w.row_bytes * w.ne[1],
+    };
+    let mut expert_tables = vec![table(3, gate)];
+    if layout == ExpertLayout::SplitGateUp {
+        expert_tables.push(table(4, up));
+    }
+    expert_tables.push(table(down_arg, down));
     Ok(StepSpec {
         kernels: vec![gate_up, down_k],
         scratch: act,
@@ -1366,5 +1388,16 @@ fn moe_ffn<'p>(st: &St<'_, 'p>, out: &Value) -> R<StepSpec<'p>> {
             bound: IndexBound::Below(n_expert),
             what: "expert id",
         }],
+        expert_tables,
     })
+}
+
+/// The address of expert `e`'s slice: entry `e` (a `u64`) of the per-expert table at `table`.
+fn expert_addr(
+    k: &mut Kb<'_, '_>,
+    table: cranelift_codegen::ir::Value,
+    e: cranelift_codegen::ir::Value,
+) -> cranelift_codegen::ir::Value {
+    let p = k.at(table, e, 8);
+    k.b.ins().load(I64, MemFlagsData::new().with_notrap(), p, 0)
 }

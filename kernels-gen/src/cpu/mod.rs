@@ -51,7 +51,8 @@ pub const MAX_ARGS: usize = 6;
 ///
 /// Operand `i` of the step is at `args[i]`: a value's first element (f32 or i32, row-major, as laid
 /// out by its shape at this `T`, `S`), or a weight's first byte (raw GGUF tensor data, ggml `ne`
-/// order). Unused entries are null.
+/// order) — except the operands listed in [`CompiledStep::expert_tables`], which are the address
+/// of a per-expert address table (see [`ExpertTable`]). Unused entries are null.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct StepArgs {
@@ -150,6 +151,23 @@ pub struct IndexCheck {
     pub what: &'static str,
 }
 
+/// A stacked expert weight (`{ne0, ne1, n_expert}`, ggml order) that a step reads through a table
+/// of per-expert addresses instead of the tensor's base address, so each expert's bytes may live
+/// anywhere (a fast-store copy or the mapped file).
+///
+/// The operand `arg` of [`StepArgs::args`] then points to `n_expert` `u64` addresses; entry `e`
+/// is the first byte of expert `e`'s `expert_bytes` bytes (`row_bytes · ne1`), laid out exactly as
+/// bytes `e · expert_bytes .. (e + 1) · expert_bytes` of the stacked tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertTable {
+    /// Operand index in the step's args.
+    pub arg: usize,
+    /// Experts in the tensor (`ne[2]`): entries of the table.
+    pub n_expert: usize,
+    /// Bytes of one expert's slice (`row_bytes · ne[1]`).
+    pub expert_bytes: usize,
+}
+
 /// A lowered plan step.
 #[derive(Clone, Debug)]
 pub struct CompiledStep {
@@ -159,6 +177,8 @@ pub struct CompiledStep {
     pub scratch: Extent,
     /// Index operands to validate before the first kernel.
     pub checks: Vec<IndexCheck>,
+    /// Weight operands passed as per-expert address tables (`moe_ffn`'s expert tensors).
+    pub expert_tables: Vec<ExpertTable>,
 }
 
 /// Errors of [`CpuProgram::compile`].
@@ -279,6 +299,7 @@ impl CpuProgram {
                 kernels,
                 scratch,
                 checks,
+                expert_tables,
             } = spec;
             let mut step_funcs = Vec::with_capacity(kernels.len());
             for kernel in kernels {
@@ -305,7 +326,7 @@ impl CpuProgram {
                 step_funcs.push((id, kernel.meta));
                 n_funcs += 1;
             }
-            declared.push((step_funcs, scratch, checks));
+            declared.push((step_funcs, scratch, checks, expert_tables));
         }
         module
             .finalize_definitions()
@@ -313,7 +334,7 @@ impl CpuProgram {
 
         let steps = declared
             .into_iter()
-            .map(|(funcs, scratch, checks)| {
+            .map(|(funcs, scratch, checks, expert_tables)| {
                 let kernels = funcs
                     .into_iter()
                     .map(|(id, meta): (FuncId, lower::KernelMeta)| {
@@ -333,6 +354,7 @@ impl CpuProgram {
                     kernels,
                     scratch,
                     checks,
+                    expert_tables,
                 }
             })
             .collect();

@@ -265,6 +265,24 @@ fn exec(
     s: usize,
     chunks: usize,
 ) -> Bufs {
+    exec_placed(plan, weights, inputs, t, s, chunks, &|w, e, bytes| {
+        weights[w].bytes[e * bytes..].as_ptr()
+    })
+}
+
+/// Where expert `e` (second argument) of weight `w` (first) lives, given its slice length in bytes.
+type Place<'a> = dyn Fn(usize, usize, usize) -> *const u8 + 'a;
+
+/// [`exec`] with the expert tables of `moe_ffn` filled by `place`.
+fn exec_placed(
+    plan: &Plan,
+    weights: &[Tensor],
+    inputs: &[Vec<u32>],
+    t: usize,
+    s: usize,
+    chunks: usize,
+    place: &Place<'_>,
+) -> Bufs {
     let prog = CpuProgram::compile(plan, &host()).expect("lowering");
     assert_eq!(prog.weight_bytes().len(), weights.len());
     for (w, &n) in weights.iter().zip(prog.weight_bytes()) {
@@ -281,6 +299,20 @@ fn exec(
     }
     for (step, cs) in plan.steps.iter().zip(prog.steps()) {
         let mut scratch = vec![0f32; cs.scratch.eval(t, s).expect("scratch")];
+        let tables: Vec<(usize, Vec<u64>)> = cs
+            .expert_tables
+            .iter()
+            .map(|tab| {
+                let Operand::Weight(w) = step.args[tab.arg] else {
+                    panic!("an expert table operand must be a weight");
+                };
+                assert_eq!(weights[w].bytes.len(), tab.n_expert * tab.expert_bytes);
+                let addrs = (0..tab.n_expert)
+                    .map(|e| place(w, e, tab.expert_bytes) as u64)
+                    .collect();
+                (tab.arg, addrs)
+            })
+            .collect();
         for kernel in &cs.kernels {
             let work = kernel.work().eval(t, s).expect("work");
             let n = chunks.clamp(1, work.max(1));
@@ -292,14 +324,28 @@ fn exec(
                         Operand::Weight(w) => weights[*w].bytes.as_ptr(),
                     };
                 }
+                for (arg, addrs) in &tables {
+                    a.args[*arg] = addrs.as_ptr() as *const u8;
+                }
                 a.out = bufs[step.out].as_mut_ptr() as *mut u8;
                 a.scratch = scratch.as_mut_ptr();
-                // SAFETY: buffers are sized by the values' shapes at (t, s), inputs are valid ids.
+                // SAFETY: buffers are sized by the values' shapes at (t, s), inputs are valid ids,
+                // every expert table entry addresses `expert_bytes` bytes of that expert.
                 unsafe { kernel.call(&a) };
             }
         }
     }
     bufs
+}
+
+/// `(arg, n_expert)` of every expert table of the plan's first step.
+fn prog_tables(plan: &Plan) -> Vec<(usize, usize)> {
+    let prog = CpuProgram::compile(plan, &host()).expect("lowering");
+    prog.steps()[0]
+        .expert_tables
+        .iter()
+        .map(|t| (t.arg, t.n_expert))
+        .collect()
 }
 
 fn lower_err(plan: &Plan) -> LowerError {
@@ -721,7 +767,7 @@ proptest! {
     fn moe_ffn_matches_f64(d4 in 1usize..5, n_ff in odd(), n_expert in 1usize..6, k in 1usize..4, t in 1usize..4,
                            fused in any::<bool>(), quant in any::<bool>(), xs in vals(4 * 16),
                            ws in vals(3 * 16 * 70 * 5), ids_seed in prop::collection::vec(any::<u32>(), 12),
-                           rw in prop::collection::vec(0.05f32..1.0, 12)) {
+                           rw in prop::collection::vec(0.05f32..1.0, 12), copy_mask in any::<u8>()) {
         let d = 4 * d4;
         let n_ff = if quant { n_ff.div_ceil(4) * 4 } else { n_ff };
         let k = k.min(n_expert);
@@ -751,8 +797,27 @@ proptest! {
             b = b.weight(g).weight(u);
         }
         let (plan, wt) = b.weight(down.clone()).output(DType::F32, vec![Dim::Tokens, fx(d)], None);
-        let bufs = exec(&plan, &wt, &[f32s(h), i32s(&ids), f32s(wts)], t, 1, 3);
+        let inputs = [f32s(h), i32s(&ids), f32s(wts)];
+        let bufs = exec(&plan, &wt, &inputs, t, 1, 3);
         let got = as_f32(&bufs[3]);
+        // The experts picked by `copy_mask` are read from private copies of their bytes (a fast
+        // store), the others from the stacked tensor: the bits must not change.
+        let copies: Vec<Vec<Vec<u8>>> = wt
+            .iter()
+            .map(|w| w.bytes.chunks(w.bytes.len() / n_expert).map(<[u8]>::to_vec).collect())
+            .collect();
+        let placed = exec_placed(&plan, &wt, &inputs, t, 1, 2, &|w, e, bytes| {
+            if copy_mask >> e & 1 == 1 { copies[w][e].as_ptr() } else { wt[w].bytes[e * bytes..].as_ptr() }
+        });
+        prop_assert_eq!(&placed[3], &bufs[3]);
+        // Tables rotated by one expert read expert e + 1 for id e: the same as ids + 1.
+        let rot = |e: usize| (e + 1) % n_expert;
+        let rotated = exec_placed(&plan, &wt, &inputs, t, 1, 2, &|w, e, bytes| wt[w].bytes[rot(e) * bytes..].as_ptr());
+        let ids_rot: Vec<i32> = ids.iter().map(|&e| rot(e as usize) as i32).collect();
+        let shifted = exec(&plan, &wt, &[f32s(h), i32s(&ids_rot), f32s(wts)], t, 1, 2);
+        prop_assert_eq!(&rotated[3], &shifted[3]);
+        let n_tables = if fused { 2 } else { 3 };
+        prop_assert_eq!(prog_tables(&plan), (0..n_tables).map(|i| (3 + i, n_expert)).collect::<Vec<_>>());
         let (mut want, mut bound) = (vec![], vec![]);
         let gamma_f = (n_ff as f64 + 6.0) * U;
         for ti in 0..t {

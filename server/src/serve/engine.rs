@@ -17,6 +17,7 @@ use super::error::ApiError;
 use super::metrics::Metrics;
 use super::text::{Delta, TextMode, TextModel, TextPipeline};
 use aubier_runtime::generate::{FinishReason, GenerateError, GenerateOutput, GenerateParams};
+use aubier_runtime::store::expert_store::StoreReport;
 use std::ops::ControlFlow;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
@@ -45,6 +46,11 @@ pub trait Engine: Send + 'static {
 
     /// Engine steps (prefill or decode forward passes) taken since the engine was created.
     fn steps_taken(&self) -> u64;
+
+    /// The expert store's counters of the last request; `None` for an engine without a store.
+    fn store_report(&self) -> Option<StoreReport> {
+        None
+    }
 }
 
 /// Why a generation failed.
@@ -299,6 +305,19 @@ fn run_job(
             metrics
                 .decode_tok_s
                 .store(out.decode_tok_s.to_bits(), Ordering::Relaxed);
+            if let Some(r) = engine.store_report() {
+                tracing::info!(
+                    served_fraction = r.served_fraction,
+                    fast_hits = r.fast_hits,
+                    routed = r.routed,
+                    promotions = r.promotions,
+                    n_res = r.n_res,
+                    fast_bytes = r.fast_bytes,
+                    reset_ms = r.reset_ms,
+                    "expert store, request done"
+                );
+                metrics.record_store(&r);
+            }
             let _ = events.send(Event::Done(Summary {
                 finish,
                 ids: out.ids,

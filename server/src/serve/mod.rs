@@ -97,6 +97,9 @@ pub struct ServeArgs {
     /// "fail_at_step".
     #[arg(long)]
     pub fake_script: Option<PathBuf>,
+    /// The split expert store (real engine).
+    #[command(flatten)]
+    pub store: crate::run::StoreArgs,
 }
 
 /// Errors of `aubier serve` before or after serving.
@@ -212,8 +215,12 @@ fn load_engine(
             let kv_max = args
                 .kv_max
                 .unwrap_or_else(|| model.config.n_ctx_train.min(DEFAULT_KV_MAX));
-            let engine =
-                real::RealEngine::open(model, kv_max).map_err(|e| load_err(e.to_string()))?;
+            let store = args
+                .store
+                .options()
+                .map_err(|e| load_err(format!("{e:#}")))?;
+            let engine = real::RealEngine::open(model, kv_max, &store)
+                .map_err(|e| load_err(e.to_string()))?;
             Ok((Arc::new(text), Box::new(engine)))
         }
         EngineKind::Fake => {

@@ -5,6 +5,7 @@ use super::engine::{Engine, EngineFailure};
 use aubier_runtime::engine::{EngineError, Model};
 use aubier_runtime::generate::{generate, GenerateOutput, GenerateParams};
 use aubier_runtime::session::{Session, SessionOptions};
+use aubier_runtime::store::expert_store::{StoreOptions, StoreReport};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
@@ -22,12 +23,17 @@ impl std::fmt::Debug for RealEngine {
 }
 
 impl RealEngine {
-    /// Opens a session of `kv_max` tokens on `model`.
+    /// Opens a session of `kv_max` tokens on `model` with the expert store `store`.
     ///
-    /// Errors: the session's [`EngineError`] (e.g. a KV cache that cannot be allocated).
-    pub fn open(model: Arc<Model>, kv_max: usize) -> Result<RealEngine, EngineError> {
+    /// Errors: the session's [`EngineError`] (e.g. a KV cache that cannot be allocated, a store
+    /// that cannot be built).
+    pub fn open(
+        model: Arc<Model>,
+        kv_max: usize,
+        store: &StoreOptions,
+    ) -> Result<RealEngine, EngineError> {
         Ok(RealEngine {
-            session: Session::open(model, SessionOptions { kv_max })?,
+            session: Session::open_with_store(model, SessionOptions { kv_max }, store)?,
         })
     }
 }
@@ -48,5 +54,9 @@ impl Engine for RealEngine {
 
     fn steps_taken(&self) -> u64 {
         self.session.steps_taken()
+    }
+
+    fn store_report(&self) -> Option<StoreReport> {
+        Some(self.session.store_report())
     }
 }

@@ -1,0 +1,701 @@
+//! The split expert store of the CPU backend (ARCHITECTURE.md § runtime, split expert store).
+//!
+//! Algorithm. Each MoE layer's experts are partitioned between
+//! * a **fast store**: `n_res` slots per layer in one anonymous mapping the store owns, `mlock`ed
+//!   where the system permits (one warning naming the reason and the byte count where not). A slot
+//!   holds a *copy* of one expert's bytes: its slice of every stacked expert tensor of the layer
+//!   (`ffn_gate_up_exps`, or `ffn_gate_exps` + `ffn_up_exps`, then `ffn_down_exps`), each slice the
+//!   contiguous bytes `e · expert_bytes .. (e + 1) · expert_bytes` of the tensor (ggml layout
+//!   `{ne0, ne1, n_expert}`, `expert_bytes = row_bytes · ne1`), back to back;
+//! * a **host store**: the mapped GGUF file itself (zero-copy; the model's weight views).
+//!
+//! The executor reads an expert through [`ExpertSource::fast_copy`]: the slot copy when resident,
+//! the host alias otherwise. After a step ran, [`ExpertStore::observe`] counts every routed
+//! (token, layer, expert) as served from the fast store when the expert was resident while the
+//! step computed it, then feeds each token's routed ids, in token order, to the layer's
+//! [`Policy`] (2Q by default, `crate::store::policy`) and makes the slots follow the policy's
+//! resident set: experts it dropped free their slot, experts it admitted are copied in (a
+//! *promotion*). Within a multi-token prefill the placement is fixed while the step computes, so
+//! an expert admitted at token 3 serves token 5 of the same prefill from the host store; one token
+//! per step (decode) serves exactly as `aubier replay` counts.
+//!
+//! Budget: [`FastBudget`] gives slots per layer or total bytes; slots × the layers' per-expert
+//! bytes is allocated once and never grows. `n_res = 0` keeps every expert in the host store (no
+//! policy runs); `n_res = n_expert` keeps every expert resident (nothing rotates).
+//!
+//! Reset: the boot state (membership and every policy's [`Snapshot`]) is kept; with
+//! [`ResetMode::Exact`] [`ExpertStore::reset`] restores both before each request (copying back the
+//! experts that left) and reports how long it took; [`ResetMode::None`] keeps them.
+
+use super::hotset::{HotSet, HotSetError};
+use super::policy::{
+    Access, Lfu, Lru, Policy, PolicyError, PolicyKind, Snapshot, StaticSet, TwoQ, TwoQParams,
+};
+use crate::engine::Model;
+use crate::executor::ExpertSource;
+use aubier_compiler::ops::Op;
+use aubier_compiler::plan::{Operand, WeightId};
+use aubier_compiler::types::Attrs;
+use memmap2::MmapMut;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// How big the fast store is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FastBudget {
+    /// Every expert resident when their bytes fit in half the memory available at boot
+    /// (`MemAvailable` of `/proc/meminfo`; unknown = fits), else as many slots per layer as fit
+    /// there. The default: a model that fits runs from owned, locked memory as a user expects.
+    #[default]
+    Auto,
+    /// `n` slots per layer (`--n-res`), `0..=n_expert`.
+    Slots(usize),
+    /// At most this many bytes in all (`--fast-budget`): `n_res = bytes ÷ Σ_layers expert bytes`,
+    /// at most `n_expert`.
+    Bytes(u64),
+}
+
+/// What happens to the store between requests (`--reset`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ResetMode {
+    /// Restore membership and policy state to the boot state (timed and reported).
+    #[default]
+    Exact,
+    /// Keep them (the control: a request then depends on the ones before it).
+    None,
+}
+
+impl ResetMode {
+    /// The command-line name: `exact` or `none`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ResetMode::Exact => "exact",
+            ResetMode::None => "none",
+        }
+    }
+}
+
+impl fmt::Display for ResetMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ResetMode {
+    type Err = String;
+
+    /// Parses `exact` or `none`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "exact" => Ok(ResetMode::Exact),
+            "none" => Ok(ResetMode::None),
+            _ => Err(format!("unknown reset mode `{s}` (known: exact, none)")),
+        }
+    }
+}
+
+/// Settings of the expert store of a session (`aubier run` / `aubier serve` flags, `StoreArgs`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoreOptions {
+    /// Fast-store size.
+    pub budget: FastBudget,
+    /// Seed membership per layer (hottest first); `None` seeds the identity set `0..n_res`.
+    pub resident_set: Option<HotSet>,
+    /// Placement policy: `2q`, `lru`, `lfu` or `static` (`static` = the seed, never rotated);
+    /// `min` is an offline oracle and is refused.
+    pub policy: PolicyKind,
+    /// 2Q `Kin` as a fraction of the slots (the paper's 0.25).
+    pub a1in: f64,
+    /// 2Q `Kout` as a fraction of the slots (the paper's 0.5).
+    pub a1out: f64,
+    /// 2Q cap on promotions per token per layer; `None` = no cap.
+    pub max_promotions: Option<usize>,
+    /// Between requests.
+    pub reset: ResetMode,
+}
+
+impl Default for StoreOptions {
+    /// [`FastBudget::Auto`], identity seed, 2Q with the paper's fractions, no cap, exact reset.
+    fn default() -> Self {
+        StoreOptions {
+            budget: FastBudget::Auto,
+            resident_set: None,
+            policy: PolicyKind::TwoQ,
+            a1in: TwoQParams::PAPER_A1IN,
+            a1out: TwoQParams::PAPER_A1OUT,
+            max_promotions: None,
+            reset: ResetMode::Exact,
+        }
+    }
+}
+
+/// Errors of building or driving the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// `--n-res` above the experts of a layer.
+    #[error("--n-res {n_res} exceeds the {n_expert} experts of a layer")]
+    TooManySlots {
+        /// Slots asked for.
+        n_res: usize,
+        /// Experts per layer.
+        n_expert: usize,
+    },
+    /// `--policy min` (needs the future).
+    #[error(
+        "policy `min` is an offline oracle (it reads the whole trace); use it with `aubier replay`"
+    )]
+    OfflinePolicy,
+    /// The resident set does not fit the model.
+    #[error(transparent)]
+    HotSet(#[from] HotSetError),
+    /// A policy refused its knobs, seed or an access.
+    #[error("layer {layer}: {source}")]
+    Policy {
+        /// 0-based MoE layer.
+        layer: usize,
+        /// What the policy said.
+        source: PolicyError,
+    },
+    /// The plan's MoE steps are not what the store expects (layers, expert counts).
+    #[error("plan: {0}")]
+    Plan(String),
+    /// A routed id is outside the layer's experts.
+    #[error("layer {layer}: routed expert id {id} is outside 0..{n_expert}")]
+    Routed {
+        /// 0-based MoE layer.
+        layer: usize,
+        /// The id.
+        id: i64,
+        /// Experts per layer.
+        n_expert: usize,
+    },
+    /// The fast store cannot be allocated.
+    #[error("allocating the fast store ({bytes} bytes): {source}")]
+    Alloc {
+        /// Bytes asked for.
+        bytes: usize,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// What one request did with the store (`aubier run --json`'s `store`, the server's log line).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct StoreReport {
+    /// Fast-store slots per layer.
+    pub n_res: usize,
+    /// Bytes of the fast store (all layers).
+    pub fast_bytes: u64,
+    /// `fast_hits ÷ routed` (0 when nothing was routed).
+    pub served_fraction: f64,
+    /// Routed (token, layer, expert) slots served from the fast store.
+    pub fast_hits: u64,
+    /// All routed (token, layer, expert) slots.
+    pub routed: u64,
+    /// Experts copied into the fast store by the policy (not counting reset).
+    pub promotions: u64,
+    /// Time the reset before this request took (ms; 0 with `--reset none`).
+    pub reset_ms: f64,
+}
+
+/// One stacked expert tensor of a layer, as held in a slot.
+#[derive(Clone, Copy, Debug)]
+struct Part {
+    weight: WeightId,
+    expert_bytes: usize,
+    /// Offset of this tensor's slice within a slot.
+    offset: usize,
+}
+
+/// The store of one MoE layer.
+struct Layer {
+    layer: usize,
+    parts: Vec<Part>,
+    /// Bytes of one slot: Σ parts' expert bytes.
+    slot_bytes: usize,
+    /// Offset of slot 0 in the arena.
+    base: usize,
+    /// `[n_expert]`: the slot holding each expert, if resident.
+    slot_of: Vec<Option<u32>>,
+    /// `[n_res]`: the expert in each slot, if any.
+    expert_in: Vec<Option<u32>>,
+    policy: Option<Box<dyn Policy + Send>>,
+    /// Membership and policy state at boot.
+    boot_members: Vec<u32>,
+    boot_policy: Option<Snapshot>,
+}
+
+impl fmt::Debug for Layer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Layer")
+            .field("layer", &self.layer)
+            .field("slot_bytes", &self.slot_bytes)
+            .field("resident", &self.expert_in.iter().flatten().count())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The split expert store of one session: fast-store copies plus the host alias, and the
+/// placement policy of every MoE layer.
+pub struct ExpertStore {
+    model: Arc<Model>,
+    layers: Vec<Layer>,
+    /// `[n_weights]`: `(layer index, part)` of every stacked expert weight.
+    by_weight: Vec<Option<(usize, usize)>>,
+    arena: Option<MmapMut>,
+    n_res: usize,
+    n_expert: usize,
+    policy: PolicyKind,
+    reset: ResetMode,
+    report: StoreReport,
+    access: Vec<Access>,
+    token_ids: Vec<u32>,
+}
+
+impl fmt::Debug for ExpertStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExpertStore")
+            .field("n_res", &self.n_res)
+            .field("n_expert", &self.n_expert)
+            .field("policy", &self.policy)
+            .field("reset", &self.reset)
+            .field("layers", &self.layers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExpertStore {
+    /// Builds the store of `model`: finds every `moe_ffn` step's stacked expert weights, sizes the
+    /// fast store from `opts.budget`, allocates and locks it, copies the seed experts in and
+    /// builds each layer's policy.
+    ///
+    /// Errors: [`StoreError::Plan`] for MoE steps that disagree on the expert count or repeat a
+    /// layer; [`StoreError::TooManySlots`]; [`StoreError::OfflinePolicy`];
+    /// [`StoreError::HotSet`] for a resident set of the wrong layer count or with bad ids;
+    /// [`StoreError::Policy`] for bad 2Q fractions; [`StoreError::Alloc`].
+    pub fn new(model: Arc<Model>, opts: &StoreOptions) -> Result<ExpertStore, StoreError> {
+        if opts.policy == PolicyKind::Min {
+            return Err(StoreError::OfflinePolicy);
+        }
+        let n_weights = model.plan.weights.len();
+        let mut layers: Vec<Layer> = Vec::new();
+        let mut n_expert = None;
+        for (step, cs) in model.plan.steps.iter().zip(model.program().steps()) {
+            if step.op != Op::MoeFfn {
+                continue;
+            }
+            let Attrs::Moe { layer, .. } = step.attrs else {
+                return Err(StoreError::Plan(
+                    "a moe_ffn step without Moe attributes".into(),
+                ));
+            };
+            if layers.iter().any(|l| l.layer == layer) {
+                return Err(StoreError::Plan(format!(
+                    "layer {layer} has two moe_ffn steps"
+                )));
+            }
+            let mut parts = Vec::new();
+            let mut offset = 0;
+            for t in &cs.expert_tables {
+                let Some(&Operand::Weight(weight)) = step.args.get(t.arg) else {
+                    return Err(StoreError::Plan(format!(
+                        "layer {layer}: expert operand {} is not a weight",
+                        t.arg
+                    )));
+                };
+                if *n_expert.get_or_insert(t.n_expert) != t.n_expert {
+                    return Err(StoreError::Plan(format!(
+                        "layer {layer} has {} experts, an earlier layer {}",
+                        t.n_expert,
+                        n_expert.unwrap_or_default()
+                    )));
+                }
+                parts.push(Part {
+                    weight,
+                    expert_bytes: t.expert_bytes,
+                    offset,
+                });
+                offset += t.expert_bytes;
+            }
+            layers.push(Layer {
+                layer,
+                parts,
+                slot_bytes: offset,
+                base: 0,
+                slot_of: Vec::new(),
+                expert_in: Vec::new(),
+                policy: None,
+                boot_members: Vec::new(),
+                boot_policy: None,
+            });
+        }
+        layers.sort_by_key(|l| l.layer);
+        let n_expert = n_expert.unwrap_or(0);
+        let per_slot: u64 = layers.iter().map(|l| l.slot_bytes as u64).sum();
+        let n_res = match opts.budget {
+            FastBudget::Slots(n) if n > n_expert => {
+                return Err(StoreError::TooManySlots { n_res: n, n_expert })
+            }
+            FastBudget::Slots(n) => n,
+            FastBudget::Bytes(b) => slots_within(b, per_slot, n_expert),
+            FastBudget::Auto => match available_memory() {
+                Some(avail) => slots_within(avail / 2, per_slot, n_expert),
+                None => n_expert,
+            },
+        };
+        if let Some(h) = &opts.resident_set {
+            h.check(model.config.n_layer, n_expert as u32)?;
+        }
+
+        let mut by_weight = vec![None; n_weights];
+        let mut total = 0usize;
+        for (li, l) in layers.iter_mut().enumerate() {
+            for (pi, p) in l.parts.iter().enumerate() {
+                by_weight[p.weight] = Some((li, pi));
+            }
+            l.base = total;
+            total += l.slot_bytes * n_res;
+        }
+        let arena = if total > 0 {
+            let mut map = MmapMut::map_anon(total).map_err(|source| StoreError::Alloc {
+                bytes: total,
+                source,
+            })?;
+            if let Err(e) = map.lock() {
+                tracing::warn!(
+                    bytes = total,
+                    "mlock of the fast expert store failed ({e}); its {total} bytes stay pageable \
+                     (raise RLIMIT_MEMLOCK, e.g. `ulimit -l`, to lock them)"
+                );
+            }
+            map.fill(0);
+            Some(map)
+        } else {
+            None
+        };
+
+        let mut store = ExpertStore {
+            model,
+            layers,
+            by_weight,
+            arena,
+            n_res,
+            n_expert,
+            policy: opts.policy,
+            reset: opts.reset,
+            report: StoreReport {
+                n_res,
+                fast_bytes: total as u64,
+                ..StoreReport::default()
+            },
+            access: Vec::new(),
+            token_ids: Vec::new(),
+        };
+        for li in 0..store.layers.len() {
+            let layer = store.layers[li].layer;
+            let identity: Vec<u32>;
+            let seed: &[u32] = match &opts.resident_set {
+                Some(h) => h.seed(layer, n_res),
+                None => {
+                    identity = (0..n_res as u32).collect();
+                    &identity
+                }
+            };
+            let policy = build_policy(opts, n_expert as u32, n_res, seed)
+                .map_err(|source| StoreError::Policy { layer, source })?;
+            let l = &mut store.layers[li];
+            l.slot_of = vec![None; n_expert];
+            l.expert_in = vec![None; n_res];
+            l.boot_members = seed.to_vec();
+            l.boot_policy = policy.as_ref().map(|p| p.snapshot());
+            l.policy = policy;
+            for &e in seed {
+                store.admit(li, e);
+            }
+        }
+        tracing::info!(
+            n_res,
+            n_expert,
+            layers = store.layers.len(),
+            fast_bytes = total,
+            policy = %opts.policy,
+            reset = %opts.reset,
+            "expert store ready"
+        );
+        Ok(store)
+    }
+
+    /// Fast-store slots per layer.
+    pub fn n_res(&self) -> usize {
+        self.n_res
+    }
+
+    /// Experts per MoE layer.
+    pub fn n_expert(&self) -> usize {
+        self.n_expert
+    }
+
+    /// Bytes of the fast store, all layers (what the budget bounds).
+    pub fn fast_bytes(&self) -> u64 {
+        self.report.fast_bytes
+    }
+
+    /// The reset mode.
+    pub fn reset_mode(&self) -> ResetMode {
+        self.reset
+    }
+
+    /// MoE layers, in layer order.
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// The resident experts of the `i`-th MoE layer, ascending (empty past the last layer).
+    pub fn resident(&self, i: usize) -> Vec<u32> {
+        self.layers.get(i).map_or_else(Vec::new, |l| {
+            let mut v: Vec<u32> = l.expert_in.iter().flatten().copied().collect();
+            v.sort_unstable();
+            v
+        })
+    }
+
+    /// The policy state of the `i`-th MoE layer (`None` with `n_res = 0` or past the last layer).
+    pub fn policy_snapshot(&self, i: usize) -> Option<Snapshot> {
+        self.layers
+            .get(i)
+            .and_then(|l| l.policy.as_ref().map(|p| p.snapshot()))
+    }
+
+    /// Every resident copy of the `i`-th MoE layer as `(expert, weight, fast bytes, host bytes)`,
+    /// for checking that each copy equals the file.
+    pub fn copies(&self, i: usize) -> Vec<(u32, WeightId, &[u8], &[u8])> {
+        let Some(l) = self.layers.get(i) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for &e in l.expert_in.iter().flatten() {
+            for p in &l.parts {
+                if let (Some(fast), Some(host)) =
+                    (self.fast_copy(p.weight, e as usize), self.host(p, e))
+                {
+                    out.push((e, p.weight, fast, host));
+                }
+            }
+        }
+        out
+    }
+
+    /// The counters of the current request.
+    pub fn report(&self) -> StoreReport {
+        self.report
+    }
+
+    /// Starts a request: zeroes the request counters and, with [`ResetMode::Exact`], restores the
+    /// boot membership (copying back experts that left) and every policy's boot state; returns the
+    /// time that took in ms (0 with [`ResetMode::None`]), also kept as the report's `reset_ms`.
+    ///
+    /// Errors: [`StoreError::Policy`] if a policy refuses its own boot snapshot (a bug).
+    pub fn reset(&mut self) -> Result<f64, StoreError> {
+        let started = Instant::now();
+        if self.reset == ResetMode::Exact {
+            for li in 0..self.layers.len() {
+                let l = &mut self.layers[li];
+                if let (Some(p), Some(s)) = (l.policy.as_mut(), l.boot_policy.as_ref()) {
+                    p.reset_to(s).map_err(|source| StoreError::Policy {
+                        layer: l.layer,
+                        source,
+                    })?;
+                }
+                let target = l.boot_members.clone();
+                self.follow(li, &target);
+            }
+        }
+        let ms = if self.reset == ResetMode::Exact {
+            started.elapsed().as_secs_f64() * 1e3
+        } else {
+            0.0
+        };
+        self.report = StoreReport {
+            n_res: self.n_res,
+            fast_bytes: self.report.fast_bytes,
+            reset_ms: ms,
+            ..StoreReport::default()
+        };
+        tracing::debug!(reset = %self.reset, reset_ms = ms, "expert store reset");
+        Ok(ms)
+    }
+
+    /// Accounts one executed step of `t` tokens and rotates the fast store.
+    ///
+    /// `router_ids[i]` is the `i`-th MoE layer's routing of the step: `[t × k]` i32, row-major, one
+    /// row of top-k ids per token (the plan's `router_ids.{l}` output). Every id counts as routed,
+    /// and as a fast hit when resident now (the placement the step computed with); then each
+    /// token's ids go to the layer's policy in token order, and the slots follow the policy.
+    ///
+    /// Errors: [`StoreError::Plan`] when the layer count differs or a row is not `t × k`;
+    /// [`StoreError::Routed`] for an id outside the layer; [`StoreError::Policy`] when a policy
+    /// refuses an access (an id routed twice in one token). On error the counters may be partly
+    /// updated; the slots always equal the file's bytes.
+    pub fn observe(&mut self, router_ids: &[Vec<i32>], t: usize) -> Result<(), StoreError> {
+        if router_ids.len() != self.layers.len() {
+            return Err(StoreError::Plan(format!(
+                "{} routing rows for {} MoE layers",
+                router_ids.len(),
+                self.layers.len()
+            )));
+        }
+        for (li, ids) in router_ids.iter().enumerate() {
+            let layer = self.layers[li].layer;
+            if t == 0 || ids.len() % t != 0 {
+                return Err(StoreError::Plan(format!(
+                    "layer {layer}: {} routed ids for {t} tokens",
+                    ids.len()
+                )));
+            }
+            let n_expert = self.n_expert;
+            for &id in ids {
+                if id < 0 || id as usize >= n_expert {
+                    return Err(StoreError::Routed {
+                        layer,
+                        id: id as i64,
+                        n_expert,
+                    });
+                }
+            }
+            let l = &self.layers[li];
+            let hits = ids
+                .iter()
+                .filter(|&&e| l.slot_of[e as usize].is_some())
+                .count() as u64;
+            self.report.routed += ids.len() as u64;
+            self.report.fast_hits += hits;
+            let Some(policy) = self.layers[li].policy.as_mut() else {
+                continue;
+            };
+            let k = ids.len() / t;
+            for row in ids.chunks_exact(k.max(1)) {
+                self.token_ids.clear();
+                self.token_ids.extend(row.iter().map(|&e| e as u32));
+                policy
+                    .access_step(&self.token_ids, &mut self.access)
+                    .map_err(|source| StoreError::Policy { layer, source })?;
+            }
+            let target = policy.resident();
+            self.report.promotions += self.follow(li, &target) as u64;
+        }
+        self.report.served_fraction = if self.report.routed == 0 {
+            0.0
+        } else {
+            self.report.fast_hits as f64 / self.report.routed as f64
+        };
+        Ok(())
+    }
+
+    /// Makes layer `li`'s slots hold exactly `target` (at most `n_res` distinct ids below
+    /// `n_expert`, as policies keep them): frees the slots of experts not in it, then copies in
+    /// the missing ones. Returns the number of copies.
+    fn follow(&mut self, li: usize, target: &[u32]) -> usize {
+        let l = &mut self.layers[li];
+        let mut keep = vec![false; self.n_expert];
+        for &e in target {
+            keep[e as usize] = true;
+        }
+        for s in 0..l.expert_in.len() {
+            if let Some(e) = l.expert_in[s] {
+                if !keep[e as usize] {
+                    l.expert_in[s] = None;
+                    l.slot_of[e as usize] = None;
+                }
+            }
+        }
+        let mut copies = 0;
+        for &e in target {
+            if self.layers[li].slot_of[e as usize].is_none() && self.admit(li, e) {
+                copies += 1;
+            }
+        }
+        copies
+    }
+
+    /// Copies expert `e` of layer `li` into a free slot; false when none is free.
+    fn admit(&mut self, li: usize, e: u32) -> bool {
+        let l = &self.layers[li];
+        let Some(slot) = l.expert_in.iter().position(Option::is_none) else {
+            return false;
+        };
+        let start = l.base + slot * l.slot_bytes;
+        let (Some(arena), model) = (self.arena.as_mut(), &self.model) else {
+            return false;
+        };
+        for p in &l.parts {
+            let Some(host) = model.weight_view(p.weight) else {
+                return false;
+            };
+            let src = &host[e as usize * p.expert_bytes..][..p.expert_bytes];
+            arena[start + p.offset..][..p.expert_bytes].copy_from_slice(src);
+        }
+        let l = &mut self.layers[li];
+        l.expert_in[slot] = Some(e);
+        l.slot_of[e as usize] = Some(slot as u32);
+        true
+    }
+
+    /// The host-alias bytes of expert `e` of part `p`.
+    fn host(&self, p: &Part, e: u32) -> Option<&[u8]> {
+        self.model
+            .weight_view(p.weight)?
+            .get(e as usize * p.expert_bytes..)?
+            .get(..p.expert_bytes)
+    }
+}
+
+impl ExpertSource for ExpertStore {
+    fn fast_copy(&self, weight: WeightId, expert: usize) -> Option<&[u8]> {
+        let (li, pi) = (*self.by_weight.get(weight)?)?;
+        let l = &self.layers[li];
+        let slot = (*l.slot_of.get(expert)?)? as usize;
+        let p = &l.parts[pi];
+        let start = l.base + slot * l.slot_bytes + p.offset;
+        self.arena.as_ref()?.get(start..start + p.expert_bytes)
+    }
+}
+
+/// The policy of one layer, or `None` for `n_res = 0`.
+fn build_policy(
+    opts: &StoreOptions,
+    n_expert: u32,
+    n_res: usize,
+    seed: &[u32],
+) -> Result<Option<Box<dyn Policy + Send>>, PolicyError> {
+    if n_res == 0 {
+        return Ok(None);
+    }
+    Ok(Some(match opts.policy {
+        PolicyKind::TwoQ => {
+            let params =
+                TwoQParams::from_fractions(n_res, opts.a1in, opts.a1out, opts.max_promotions)?;
+            Box::new(TwoQ::new(n_expert, params, seed)?)
+        }
+        PolicyKind::Lru => Box::new(Lru::new(n_expert, n_res, seed)?),
+        PolicyKind::Lfu => Box::new(Lfu::new(n_expert, n_res, seed)?),
+        PolicyKind::Static | PolicyKind::Min => Box::new(StaticSet::new(n_expert, n_res, seed)?),
+    }))
+}
+
+/// Slots per layer that fit in `bytes` when one slot in every layer costs `per_slot` bytes.
+fn slots_within(bytes: u64, per_slot: u64, n_expert: usize) -> usize {
+    if per_slot == 0 {
+        return n_expert;
+    }
+    (bytes / per_slot).min(n_expert as u64) as usize
+}
+
+/// `MemAvailable` of `/proc/meminfo` in bytes; `None` where it cannot be read.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
