@@ -49,6 +49,19 @@ pub enum CompileError {
         /// The pipeline's stage names, comma-separated.
         known: String,
     },
+    /// Fusion settings that cannot hold together (a pass both `on` and disabled, or `fuse_phase`
+    /// on without `fuse_kqkv`).
+    #[error("fusion options: {detail}")]
+    FusionOptions {
+        /// Which settings conflict and why.
+        detail: String,
+    },
+    /// A fusion pass set `on` matched nothing in a graph that has attention.
+    #[error("pass `{pass}` is on but matched nothing in a graph with attention")]
+    FusionNoMatch {
+        /// The pass's stage name.
+        pass: &'static str,
+    },
     /// A mandatory stage was asked to be disabled.
     #[error("stage `{name}` cannot be disabled")]
     MandatoryStage {

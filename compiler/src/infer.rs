@@ -7,8 +7,9 @@
 //! symbolic `T` (tokens) and `S` (cached keys) axes; two axes agree only when they are the same
 //! symbol or the same fixed extent. The builder runs a rule as each node is added (so a bad
 //! model file fails at the node that reads the bad weight), and the verifier re-runs every rule
-//! after every stage and compares with the stored type. Fused ops (`phase`, `wkb`, `kqkv`) have
-//! no rule here: the fusion passes that make them own their signatures.
+//! after every stage and compares with the stored type. The fused ops (`phase`, `wkb`, `kqkv`)
+//! follow the contract written on their `types::Attrs` variants; that a `kqkv` reads its layer's
+//! cache only after the write is a graph property, checked by `verify`.
 
 use crate::config::ExpertLayout;
 use crate::ir::{dtype_name, Graph, NodeId, NodeKind, TensorType};
@@ -115,12 +116,6 @@ pub enum InferError {
         /// The attributes present, as JSON.
         found: String,
     },
-    /// A fused op: its signature belongs to the pass that makes it.
-    #[error("`{op}` is a fused op; no inference rule is registered for it")]
-    NoRule {
-        /// Op name.
-        op: &'static str,
-    },
     /// An input node without its declared type.
     #[error("input has no declared type")]
     UndeclaredInput,
@@ -161,21 +156,26 @@ pub fn infer_node(g: &Graph, n: NodeId) -> Result<Option<TensorType>, InferError
 pub fn infer_op(op: Op, attrs: &Attrs, args: &[Operand<'_>]) -> Result<TensorType, InferError> {
     let r = Rule { op, args };
     let name = op.name();
-    if op.is_fused() {
-        return Err(InferError::NoRule { op: name });
-    }
-    let expected = match (op, attrs) {
+    let fixed;
+    let expected: &[usize] = match (op, attrs) {
         (Op::MoeFfn, Attrs::Moe { layout, .. }) => match layout {
-            ExpertLayout::FusedGateUp => 5,
-            ExpertLayout::SplitGateUp => 6,
+            ExpertLayout::FusedGateUp => &[5],
+            ExpertLayout::SplitGateUp => &[6],
         },
-        (Op::MoeFfn, _) => return Err(r.bad_attrs(attrs)),
-        _ => op.arity().unwrap_or(args.len()),
+        (Op::Phase, Attrs::Phase { .. }) => &[4],
+        (Op::Wkb, Attrs::Wkb { .. }) => &[2],
+        (Op::Kqkv, Attrs::Kqkv { .. }) => &[2, 3],
+        (Op::MoeFfn | Op::Phase | Op::Wkb | Op::Kqkv, _) => return Err(r.bad_attrs(attrs)),
+        _ => {
+            fixed = [op.arity().unwrap_or(args.len())];
+            &fixed
+        }
     };
-    if args.len() != expected {
+    if !expected.contains(&args.len()) {
+        let counts: Vec<String> = expected.iter().map(usize::to_string).collect();
         return Err(InferError::Arity {
             op: name,
-            expected: expected.to_string(),
+            expected: counts.join(" or "),
             found: args.len(),
         });
     }
@@ -386,6 +386,109 @@ pub fn infer_op(op: Op, attrs: &Attrs, args: &[Operand<'_>]) -> Result<TensorTyp
             }
             r.ne(down, [*n_ff, d, n_expert])?;
             Ok(h.clone())
+        }
+        (
+            Op::Phase,
+            Attrs::Phase {
+                rope,
+                temperature,
+                n_head,
+                nope,
+                rope_dim,
+                kv_lora,
+                ..
+            },
+        ) => {
+            let q = r.value(0, DType::F32)?;
+            r.rank(0, q, 3, "3")?;
+            r.same(q.shape.0[1], Dim::Fixed(*n_head), "q heads", "n_head")?;
+            r.same(
+                q.shape.0[2],
+                Dim::Fixed(nope + rope_dim),
+                "q last axis",
+                "nope + rope_dim",
+            )?;
+            let kv_a = r.value(1, DType::F32)?;
+            r.rank(1, kv_a, 2, "2")?;
+            r.same(kv_a.shape.0[0], q.shape.0[0], "kv_a tokens", "q tokens")?;
+            r.same(
+                kv_a.shape.0[1],
+                Dim::Fixed(kv_lora + rope_dim),
+                "kv_a last axis",
+                "kv_lora + rope_dim",
+            )?;
+            let w = r.weight(2, 1)?;
+            r.ne(w, [*kv_lora])?;
+            r.positions(3, q.shape.0[0])?;
+            if *kv_lora == 0 {
+                return Err(r.mismatch("kv_lora must be positive".into()));
+            }
+            if rope.n_rot == 0 || rope.n_rot % 2 != 0 || rope.n_rot > *rope_dim {
+                return Err(r.mismatch(format!(
+                    "n_rot {} must be even, positive and at most rope_dim {rope_dim}",
+                    rope.n_rot
+                )));
+            }
+            if temperature.as_ref().is_some_and(|t| t.length == 0) {
+                return Err(r.mismatch("temperature length must be positive".into()));
+            }
+            Ok(q.clone())
+        }
+        (
+            Op::Wkb,
+            Attrs::Wkb {
+                n_head,
+                in_dim,
+                out_dim,
+                rope_tail,
+            },
+        ) => {
+            let x = r.value(0, DType::F32)?;
+            r.rank(0, x, 3, "3")?;
+            r.same(x.shape.0[1], Dim::Fixed(*n_head), "x heads", "n_head")?;
+            r.same(
+                x.shape.0[2],
+                Dim::Fixed(in_dim + rope_tail),
+                "x last axis",
+                "in_dim + rope_tail",
+            )?;
+            let w = r.weight(1, 3)?;
+            r.ne(w, [*in_dim, *out_dim, *n_head])?;
+            Ok(TensorType::f32(Shape(vec![
+                x.shape.0[0],
+                x.shape.0[1],
+                Dim::Fixed(out_dim + rope_tail),
+            ])))
+        }
+        (
+            Op::Kqkv,
+            Attrs::Kqkv {
+                n_head,
+                kv_lora,
+                rope_dim,
+                ..
+            },
+        ) => {
+            let q = r.value(0, DType::F32)?;
+            r.rank(0, q, 3, "3")?;
+            r.same(q.shape.0[1], Dim::Fixed(*n_head), "q_abs heads", "n_head")?;
+            let width = Dim::Fixed(kv_lora + rope_dim);
+            r.same(q.shape.0[2], width, "q_abs last axis", "kv_lora + rope_dim")?;
+            r.positions(1, q.shape.0[0])?;
+            if *kv_lora == 0 {
+                return Err(r.mismatch("kv_lora must be positive".into()));
+            }
+            if args.len() == 3 {
+                let cache = r.value(2, DType::F32)?;
+                r.rank(2, cache, 2, "2")?;
+                r.same(cache.shape.0[0], Dim::Keys, "cache rows", "keys")?;
+                r.same(cache.shape.0[1], width, "cache width", "kv_lora + rope_dim")?;
+            }
+            Ok(TensorType::f32(Shape(vec![
+                q.shape.0[0],
+                q.shape.0[1],
+                Dim::Fixed(*kv_lora),
+            ])))
         }
         _ => Err(r.bad_attrs(attrs)),
     }

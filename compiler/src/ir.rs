@@ -407,6 +407,42 @@ pub fn fmt_attrs(a: &Attrs) -> String {
             n_ff,
             layout,
         } => format!("layer={layer}, n_ff={n_ff}, layout={layout:?}"),
+        Attrs::Phase {
+            layer,
+            rope,
+            temperature,
+            eps,
+            n_head,
+            nope,
+            rope_dim,
+            kv_lora,
+        } => {
+            let t = temperature.as_ref().map_or_else(
+                || "none".to_string(),
+                |t| format!("({:?}, {})", t.scale, t.length),
+            );
+            format!(
+                "layer={layer}, n_head={n_head}, nope={nope}, rope_dim={rope_dim}, \
+                 kv_lora={kv_lora}, eps={eps:?}, temperature={t}, {}",
+                fmt_attrs(&Attrs::Rope(rope.clone()))
+            )
+        }
+        Attrs::Wkb {
+            n_head,
+            in_dim,
+            out_dim,
+            rope_tail,
+        } => format!("n_head={n_head}, in_dim={in_dim}, out_dim={out_dim}, rope_tail={rope_tail}"),
+        Attrs::Kqkv {
+            layer,
+            n_head,
+            kv_lora,
+            rope_dim,
+            kq_scale,
+        } => format!(
+            "layer={layer}, n_head={n_head}, kv_lora={kv_lora}, rope_dim={rope_dim}, \
+             kq_scale={kq_scale:?}"
+        ),
     }
 }
 

@@ -10,7 +10,13 @@
 //!   placed in it; a `reshape` output shares its input's slot), or a layer of the latent KV cache
 //!   (the output of `cache_write`, shape [S, kv_lora_rank + qk_rope_head_dim]);
 //! - `outputs` are read after the last step (`logits` [T, n_vocab]; `router_ids.L` [T, k] i32 per
-//!   layer for routing traces).
+//!   layer for routing traces);
+//! - fused steps (`phase`, `wkb`, `kqkv`, made by the fusion passes for a GPU target; attributes
+//!   and semantics on their `types::Attrs` variants) are steps like any other. A `phase` also
+//!   writes rows `pos` of its layer's latent cache (its output is the query, in a slot); the
+//!   `kqkv` of that layer reads the cache and comes after the phase in `steps`, because it reads
+//!   the phase's output through the `wkb` (or unfused head_mat_mul/concat) between them. The CPU
+//!   oracle refuses fused steps.
 
 use crate::config::Mistral4Config;
 use crate::ops::Op;

@@ -10,7 +10,9 @@
 //!    of a value it reads.
 //! 3. Alias classes: a `reshape` output is the same buffer as its input, so each reshape chain
 //!    forms one class whose range is the union of its members' ranges. A class rooted at a
-//!    `cache_write` lives in `Storage::KvCache { layer }`; every other class gets a slot.
+//!    `cache_write` lives in `Storage::KvCache { layer }`; every other class gets a slot (a
+//!    `phase` writes the cache as a side effect, but its value is the query and takes a slot;
+//!    fused steps are otherwise scheduled like any op, attributes included).
 //! 4. Slots: classes by (start, root value id); each takes the lowest-numbered slot whose last
 //!    occupant's range ended before the class starts, or a new slot (greedy interval colouring,
 //!    optimal in slot count for interval graphs).

@@ -124,6 +124,51 @@ pub enum Attrs {
         n_ff: usize,
         layout: ExpertLayout,
     },
+    /// `phase` (made by `passes::fuse_phase`), the rotary phase of MLA for layer `layer`.
+    /// H = `n_head`, N = `nope` (qk_nope_head_dim), R = `rope_dim` (qk_rope_head_dim),
+    /// C = `kv_lora` (kv_lora_rank), T tokens. Operands, in order: q [T, H, N+R] f32 (the reshaped
+    /// `attn_q_b` output), kv_a [T, C+R] f32 (the `attn_kv_a_mqa` output), the weight
+    /// `attn_kv_a_norm` {C}, pos [T] i32. Output q2 [T, H, N+R] f32:
+    /// `q2[t,h,:N] = q[t,h,:N]·f(pos[t])` and `q2[t,h,N:] = rope_yarn(q[t,h,N:], pos[t])·f(pos[t])`,
+    /// f the Llama-4 temperature factor `1 + β·ln(1 + ⌊pos/L⌋)` (1 when `temperature` is `None`).
+    /// Side effect: writes `[rms_norm(kv_a[t,:C])·w (eps), rope_yarn(kv_a[t,C:], pos[t])]` (C+R
+    /// values) into row pos[t] of layer `layer`'s latent KV cache, exactly as `cache_write` does.
+    /// Scaling q_nope by f before W_kb instead of after is a rounding-order change only.
+    Phase {
+        layer: usize,
+        rope: YarnParams,
+        temperature: Option<QueryTemperature>,
+        eps: f32,
+        n_head: usize,
+        nope: usize,
+        rope_dim: usize,
+        kv_lora: usize,
+    },
+    /// `wkb` (made by `passes::fuse_wkb`): the absorbed per-head MLA projection, one matrix per
+    /// head as `head_mat_mul` reads it (weight ne {in_dim, out_dim, n_head}).
+    /// IN mode (`rope_tail` = R, weight `attn_k_b`): x = q2 [T, H, N+R] → q_abs [T, H, C+R] =
+    /// `[W_kb[h]·q2[t,h,:N], q2[t,h,N:]]` (in_dim N, out_dim C).
+    /// OUT mode (`rope_tail` = 0, weight `attn_v_b`): x = o_lat [T, H, C] → o [T, H, V] =
+    /// `W_vb[h]·o_lat[t,h]` (in_dim C, out_dim V).
+    Wkb {
+        n_head: usize,
+        in_dim: usize,
+        out_dim: usize,
+        rope_tail: usize,
+    },
+    /// `kqkv` (made by `passes::fuse_kqkv`): latent attention over layer `layer`'s latent KV cache.
+    /// Operands: q_abs [T, H, C+R] f32, pos [T] i32 (and, only while that layer's cache is still
+    /// written by an unfused `cache_write`, that write's view [S, C+R] as a third operand, which
+    /// orders the read after the write). Reads keys K_j, j in 0..=max(pos); output o_lat
+    /// [T, H, C] f32: `o_lat[t,h] = Σ_j softmax_j(mask_j(kq_scale · q_abs[t,h]·K_j)) · K_j[:C]`,
+    /// key j visible iff j ≤ pos[t]. C = `kv_lora`, R = `rope_dim`, H = `n_head`.
+    Kqkv {
+        layer: usize,
+        n_head: usize,
+        kv_lora: usize,
+        rope_dim: usize,
+        kq_scale: f32,
+    },
 }
 
 impl Attrs {

@@ -10,12 +10,18 @@
 //!    equals the one re-inferred (a pass that rewires a node must re-infer it);
 //! 5. `Graph::inputs` lists exactly the input nodes, once each, under distinct names;
 //! 6. outputs name existing activation nodes (not weights), under distinct names;
-//! 7. at most one `cache_write` per latent-cache layer (two would race on the same rows).
+//! 7. at most one writer (`cache_write` or `phase`) per latent-cache layer (two would race on
+//!    the same rows);
+//! 8. every `kqkv` of layer l reads that layer's cache after it is written: either its third
+//!    operand is the `cache_write` of layer l, or it has two operands and the `phase` of layer l
+//!    is one of its ancestors (the data dependency phase → wkb → kqkv is what orders the write
+//!    before the read, since the fused read takes no cache operand).
 
 use crate::infer::{infer_node, InferError};
 use crate::ir::{Graph, NodeId, NodeKind, TensorType};
 use crate::ops::Op;
 use crate::types::Attrs;
+use petgraph::Direction;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A broken structural rule, naming the node, input, output or layer.
@@ -113,6 +119,18 @@ pub enum VerifyError {
         /// Label of the second writer.
         second: String,
     },
+    /// Rule 8: a `kqkv` that could be scheduled before its layer's cache write.
+    #[error(
+        "`{node}` reads latent-cache layer {layer} but is not ordered after its write: {detail}"
+    )]
+    KqkvBeforeWrite {
+        /// Label of the `kqkv`.
+        node: String,
+        /// Its cache layer.
+        layer: usize,
+        /// What is missing.
+        detail: String,
+    },
 }
 
 /// Checks every rule of the module note on `g`.
@@ -153,7 +171,9 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
                         });
                     }
                 }
-                if let (Op::CacheWrite, Attrs::CacheWrite { layer }) = (op, attrs) {
+                if let (Op::CacheWrite, Attrs::CacheWrite { layer })
+                | (Op::Phase, Attrs::Phase { layer, .. }) = (op, attrs)
+                {
                     if let Some(&first) = cache_writers.get(layer) {
                         return Err(VerifyError::DuplicateCacheWrite {
                             layer: *layer,
@@ -178,8 +198,70 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
             });
         }
     }
+    verify_kqkv_order(g, &cache_writers)?;
     verify_inputs(g)?;
     verify_outputs(g)
+}
+
+/// Rule 8, given the cache writer of each layer (rule 7 made it unique).
+fn verify_kqkv_order(g: &Graph, writers: &BTreeMap<usize, NodeId>) -> Result<(), VerifyError> {
+    for n in g.g.node_indices() {
+        let Some(NodeKind::Op {
+            op: Op::Kqkv,
+            attrs: Attrs::Kqkv { layer, .. },
+        }) = g.node(n).map(|x| &x.kind)
+        else {
+            continue;
+        };
+        let fail = |detail: String| VerifyError::KqkvBeforeWrite {
+            node: g.label(n),
+            layer: *layer,
+            detail,
+        };
+        let writer = writers
+            .get(layer)
+            .and_then(|&w| Some((w, g.node(w)?.op()?)));
+        match (g.operands(n).get(2).copied(), writer) {
+            (Some(cache), Some((w, Op::CacheWrite))) if cache == w => {}
+            (Some(cache), _) => {
+                return Err(fail(format!(
+                    "its third operand `{}` is not the layer's `cache_write`",
+                    g.label(cache)
+                )))
+            }
+            (None, Some((w, Op::Phase))) => {
+                if !is_ancestor(g, w, n) {
+                    return Err(fail(format!(
+                        "the layer's `phase` `{}` is not among its operands' ancestors",
+                        g.label(w)
+                    )));
+                }
+            }
+            (None, _) => {
+                return Err(fail(
+                    "it has no cache operand and the layer has no `phase`".to_string(),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// True when `a` reaches `n` along operand edges.
+fn is_ancestor(g: &Graph, a: NodeId, n: NodeId) -> bool {
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![n];
+    while let Some(x) = stack.pop() {
+        for p in g.g.neighbors_directed(x, Direction::Incoming) {
+            if p == a {
+                return true;
+            }
+            if seen.insert(p) {
+                stack.push(p);
+            }
+        }
+    }
+    false
 }
 
 fn verify_inputs(g: &Graph) -> Result<(), VerifyError> {

@@ -222,17 +222,23 @@ fn a_weight_of_the_wrong_shape_is_named() {
 fn stages_options_and_dumps() {
     let cfg = tiny256_config();
     let w = tiny256_q2k_weights();
-    let stages = compile_stages(&cfg, &w, &CompileOptions::default()).unwrap();
+    let gpu = CompileOptions {
+        target: aubier_compiler::Target::Gpu,
+        ..CompileOptions::default()
+    };
+    let stages = compile_stages(&cfg, &w, &gpu).unwrap();
     let names: Vec<&str> = stages.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, aubier_compiler::stage_names());
 
     let opts = CompileOptions {
         disable: vec!["cse".into()],
+        ..CompileOptions::default()
     };
     let plan = compile(&cfg, &w, &opts).unwrap();
     assert_eq!(plan.stages, ["build", "dce"]);
     let bad = CompileOptions {
         disable: vec!["fuse_everything".into()],
+        ..CompileOptions::default()
     };
     assert!(matches!(
         compile(&cfg, &w, &bad),
@@ -240,6 +246,7 @@ fn stages_options_and_dumps() {
     ));
     let build = CompileOptions {
         disable: vec!["build".into()],
+        ..CompileOptions::default()
     };
     assert!(matches!(
         compile(&cfg, &w, &build),

@@ -9,7 +9,7 @@
 //! redirected to the first node, which keeps its name (or takes the duplicate's if it had none),
 //! and is removed. Attributes compare through their canonical form (`types::Attrs`), so ops that
 //! differ only in an attribute stay apart. Inputs are never merged (each is bound separately),
-//! nor are `cache_write`s (each writes the cache). Returns the number of nodes merged away.
+//! nor are `cache_write`s or `phase`s (each writes the cache). Returns the number of nodes merged away.
 
 use crate::error::CompileError;
 use crate::ir::{Graph, NodeId, NodeKind};
@@ -45,7 +45,8 @@ pub fn run(g: &mut Graph) -> Result<usize, CompileError> {
             NodeKind::Input { .. } => continue,
             NodeKind::Weight(w) => Key::Weight(w.clone()),
             NodeKind::Op {
-                op: Op::CacheWrite, ..
+                op: Op::CacheWrite | Op::Phase,
+                ..
             } => continue,
             NodeKind::Op { op, attrs } => {
                 let mut args = g.operands(n);
