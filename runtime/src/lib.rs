@@ -5,8 +5,10 @@ pub mod chat;
 pub mod engine;
 pub mod executor;
 pub mod generate;
-pub mod ggml_type;
+/// The ggml type table lives in `aubier-kernels-gen` (its GPU emitters need it too).
+pub use aubier_kernels_gen::ggml_type;
 pub mod gguf;
+pub mod gguf_write;
 pub mod kv_cache;
 pub mod model;
 pub mod quant;

@@ -1,8 +1,7 @@
 //! Helpers shared by the cross-crate tests: where the bundled fixtures live.
 
-use std::path::PathBuf;
-
-pub mod gguf_writer;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// `tests/data/`, the copies of `shared/fixtures` the tests read (see `tests/data/README.md`).
 pub fn data_dir() -> PathBuf {
@@ -65,4 +64,63 @@ pub fn model_path(file: &str) -> PathBuf {
     } else {
         data_dir().join("models").join(file)
     }
+}
+
+/// Runs a clang-19 tool (`clang-19`, `clang++-19`) with `args` then `source`. A missing compiler
+/// fails the test with the install command (the GPU emitter tests never pass silently); a failed
+/// compile fails it with the command and clang's stderr.
+pub fn run_clang(tool: &str, args: &[&str], source: &Path) {
+    let out = Command::new(tool)
+        .args(args)
+        .arg(source)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "{tool} could not be run ({e}); the GPU emitter tests need clang 19: \
+                 apt-get install -y clang-19 lld-19"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "{tool} {} {} failed:\n{}",
+        args.join(" "),
+        source.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The AMD targets every generated HIP kernel must compile for (ARCHITECTURE.md § kernels-gen).
+pub const HIP_ARCHS: [&str; 3] = ["gfx1201", "gfx1100", "gfx942"];
+
+/// Compiles the header-free HIP file `source` for `arch` into the code object `object` with
+/// `clang-19 -x hip --offload-arch=ARCH -nogpuinc -nogpulib --cuda-device-only
+/// --no-gpu-bundle-output -O3 -fuse-ld=lld`, and checks the object is a non-empty ELF file.
+pub fn compile_hip(source: &Path, arch: &str, object: &Path) {
+    // A stale object must not pass for a fresh one.
+    let _ = std::fs::remove_file(object);
+    let offload = format!("--offload-arch={arch}");
+    let object_arg = object.to_str().expect("utf-8 path");
+    run_clang(
+        "clang-19",
+        &[
+            "-x",
+            "hip",
+            &offload,
+            "-nogpuinc",
+            "-nogpulib",
+            "--cuda-device-only",
+            "--no-gpu-bundle-output",
+            "-O3",
+            "-fuse-ld=lld",
+            "-o",
+            object_arg,
+        ],
+        source,
+    );
+    let bytes = std::fs::read(object).unwrap_or_else(|e| panic!("{}: {e}", object.display()));
+    assert!(
+        bytes.starts_with(b"\x7fELF"),
+        "{} is not an ELF code object",
+        object.display()
+    );
 }

@@ -8,7 +8,8 @@
 //! `tests/data/quants/quant_vectors.gguf` by `tests/quant_vectors.rs`). The families live in
 //! the submodules `legacy` (Q4_0 … Q8_0, IQ4_NL, MXFP4, NVFP4), `kquants` (Q2_K … Q6_K),
 //! `iquants` (IQ1/IQ2/IQ3, IQ4_XS), `ternary` (TQ1_0, TQ2_0) and `float` (F32, F16, BF16); the
-//! lookup tables in `grids` are generated from gguf-py by `runtime/tools/gen_quant_grids.py`.
+//! lookup tables in `grids` (`aubier_kernels_gen::quant_grids`, shared with the GPU emitters)
+//! are generated from gguf-py by `kernels-gen/tools/gen_quant_grids.py`.
 //!
 //! The dot decodes one block into a stack buffer and accumulates it against the activations.
 //! Its reduction order is fixed (it is the CPU oracle's numerics), independent of the type and of
@@ -29,13 +30,14 @@
 //! call the very same kernels, so the two are bit-identical.
 
 mod float;
-mod grids;
 mod iquants;
 mod kquants;
 mod legacy;
+pub mod random;
 mod ternary;
 
 use crate::ggml_type::GgmlType;
+use aubier_kernels_gen::quant_grids as grids;
 
 /// Errors of [`dequantize_row`] and [`dot_row`].
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]

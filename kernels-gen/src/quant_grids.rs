@@ -1,15 +1,17 @@
 //! Lookup tables of the ggml i-quants and FP4 types (generated: do not edit).
 //!
-//! Written by `runtime/tools/gen_quant_grids.py` from PyPI gguf 0.19.0 (`gguf/quants.py`), whose
+//! Written by `kernels-gen/tools/gen_quant_grids.py` from PyPI gguf 0.19.0 (`gguf/quants.py`), whose
 //! `dequantize` is bit-exact with llama.cpp `dequantize_row_*` (tests/data/quants/README.md).
 //! Each grid row is one little-endian integer whose bytes are the row's elements, as in
 //! llama.cpp `ggml/src/ggml-common.h` (`iq2xxs_grid`, `iq2xs_grid`, `iq2s_grid`,
 //! `iq3xxs_grid`, `iq3s_grid`, `iq1s_grid`, `ksigns_iq2xs`, `kvalues_iq4nl`, `kvalues_mxfp4`).
-//! Regenerate: `python3 runtime/tools/gen_quant_grids.py > runtime/src/quant/grids.rs`.
+//! The runtime's CPU decoders (`aubier_runtime::quant`) and the GPU dequant device functions
+//! ([`crate::gpu::quant`]) both read these tables, so both decode with the same values.
+//! Regenerate: `python3 kernels-gen/tools/gen_quant_grids.py > kernels-gen/src/quant_grids.rs`.
 
 /// `iq2xxs_grid`: 256 rows of 8 unsigned magnitudes in {8, 25, 43} (IQ2_XXS).
 #[rustfmt::skip]
-pub(crate) static IQ2XXS_GRID: [u64; 256] = [
+pub static IQ2XXS_GRID: [u64; 256] = [
     0x0808080808080808, 0x080808080808082b, 0x0808080808081919, 0x0808080808082b08,
     0x0808080808082b2b, 0x0808080808190819, 0x0808080808191908, 0x08080808082b0808,
     0x08080808082b082b, 0x08080808082b2b08, 0x08080808082b2b2b, 0x0808080819080819,
@@ -78,7 +80,7 @@ pub(crate) static IQ2XXS_GRID: [u64; 256] = [
 
 /// `iq2xs_grid`: 512 rows of 8 unsigned magnitudes in {8, 25, 43} (IQ2_XS).
 #[rustfmt::skip]
-pub(crate) static IQ2XS_GRID: [u64; 512] = [
+pub static IQ2XS_GRID: [u64; 512] = [
     0x0808080808080808, 0x080808080808082b, 0x0808080808081919, 0x0808080808082b08,
     0x0808080808082b2b, 0x0808080808190819, 0x0808080808191908, 0x080808080819192b,
     0x0808080808192b19, 0x08080808082b0808, 0x08080808082b082b, 0x08080808082b1919,
@@ -211,7 +213,7 @@ pub(crate) static IQ2XS_GRID: [u64; 512] = [
 
 /// `iq2s_grid`: 1024 rows of 8 unsigned magnitudes in {8, 25, 43} (IQ2_S).
 #[rustfmt::skip]
-pub(crate) static IQ2S_GRID: [u64; 1024] = [
+pub static IQ2S_GRID: [u64; 1024] = [
     0x0808080808080808, 0x080808080808082b, 0x0808080808081919, 0x0808080808082b08,
     0x0808080808082b2b, 0x0808080808190819, 0x0808080808191908, 0x080808080819192b,
     0x0808080808192b19, 0x08080808082b0808, 0x08080808082b082b, 0x08080808082b1919,
@@ -472,7 +474,7 @@ pub(crate) static IQ2S_GRID: [u64; 1024] = [
 
 /// `iq3xxs_grid`: 256 rows of 4 unsigned magnitudes (IQ3_XXS).
 #[rustfmt::skip]
-pub(crate) static IQ3XXS_GRID: [u32; 256] = [
+pub static IQ3XXS_GRID: [u32; 256] = [
     0x04040404, 0x04040414, 0x04040424, 0x04040c0c, 0x04040c1c, 0x04040c3e, 0x04041404, 0x04041414,
     0x04041c0c, 0x04042414, 0x04043e1c, 0x04043e2c, 0x040c040c, 0x040c041c, 0x040c0c04, 0x040c0c14,
     0x040c140c, 0x040c142c, 0x040c1c04, 0x040c1c14, 0x040c240c, 0x040c2c24, 0x040c3e04, 0x04140404,
@@ -509,7 +511,7 @@ pub(crate) static IQ3XXS_GRID: [u32; 256] = [
 
 /// `iq3s_grid`: 512 rows of 4 odd magnitudes in 1..=15 (IQ3_S).
 #[rustfmt::skip]
-pub(crate) static IQ3S_GRID: [u32; 512] = [
+pub static IQ3S_GRID: [u32; 512] = [
     0x01010101, 0x01010103, 0x01010105, 0x0101010b, 0x0101010f, 0x01010301, 0x01010303, 0x01010305,
     0x01010309, 0x0101030d, 0x01010501, 0x01010503, 0x0101050b, 0x01010707, 0x01010901, 0x01010905,
     0x0101090b, 0x0101090f, 0x01010b03, 0x01010b07, 0x01010d01, 0x01010d05, 0x01010f03, 0x01010f09,
@@ -578,7 +580,7 @@ pub(crate) static IQ3S_GRID: [u32; 512] = [
 
 /// `iq1s_grid`: 2048 rows of 8 int8 values in {-1, 0, +1} (IQ1_S, IQ1_M).
 #[rustfmt::skip]
-pub(crate) static IQ1S_GRID: [u64; 2048] = [
+pub static IQ1S_GRID: [u64; 2048] = [
     0xffffffffffffffff, 0xffffffffffffff01, 0xffffffffffff0000, 0xffffffffffff01ff,
     0xffffffffffff0101, 0xffffffffff00ff00, 0xffffffffff000000, 0xffffffffff01ffff,
     0xffffffffff01ff01, 0xffffffffff0101ff, 0xffffffffff010101, 0xffffffff00ff0000,
@@ -1096,7 +1098,7 @@ pub(crate) static IQ1S_GRID: [u64; 2048] = [
 /// `ksigns_iq2xs`: a 7-bit sign index to 8 sign bits (bit j set: element j negative);
 /// bit 7 makes the count of set bits even.
 #[rustfmt::skip]
-pub(crate) static KSIGNS_IQ2XS: [u8; 128] = [
+pub static KSIGNS_IQ2XS: [u8; 128] = [
     0, 129, 130, 3, 132, 5, 6, 135, 136, 9, 10, 139, 12, 141, 142, 15,
     144, 17, 18, 147, 20, 149, 150, 23, 24, 153, 154, 27, 156, 29, 30, 159,
     160, 33, 34, 163, 36, 165, 166, 39, 40, 169, 170, 43, 172, 45, 46, 175,
@@ -1109,12 +1111,12 @@ pub(crate) static KSIGNS_IQ2XS: [u8; 128] = [
 
 /// `kvalues_iq4nl`: the 16 non-linear 4-bit levels of IQ4_NL and IQ4_XS.
 #[rustfmt::skip]
-pub(crate) static KVALUES_IQ4NL: [i8; 16] = [
+pub static KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
 /// `kvalues_mxfp4`: the 16 E2M1 (FP4) values, doubled (the scale decoders halve instead).
 #[rustfmt::skip]
-pub(crate) static KVALUES_MXFP4: [i8; 16] = [
+pub static KVALUES_MXFP4: [i8; 16] = [
     0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
 ];

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes runtime/src/quant/grids.rs: the lookup tables of the ggml i-quants and FP4 types.
+"""Writes kernels-gen/src/quant_grids.rs: the lookup tables of the ggml i-quants and FP4 types.
 
 The tables are read from PyPI gguf 0.19.0 (`gguf.quants`), whose dequantize output the
 fixture README shows to be bit-exact with llama.cpp's `dequantize_row_*`. gguf-py stores each
@@ -8,7 +8,7 @@ own `init_grid` and re-encodes every row the way ggml-common.h spells it: one li
 integer whose bytes are the row's elements (u64 for 8-wide rows, u32 for 4-wide rows; IQ1S
 bytes are int8 -1/0/+1).
 
-Usage: pip install gguf==0.19.0 numpy && python3 runtime/tools/gen_quant_grids.py > runtime/src/quant/grids.rs
+Usage: pip install gguf==0.19.0 numpy && python3 kernels-gen/tools/gen_quant_grids.py > kernels-gen/src/quant_grids.rs
 """
 
 import sys
@@ -38,7 +38,7 @@ def table(name, ty, width, values, doc, per_line):
     hexw = 2 * width // 8 if ty.startswith("u") and width > 8 else None
     out = [f"/// {line}" if line else "///" for line in doc]
     out.append("#[rustfmt::skip]")
-    out.append(f"pub(crate) static {name}: [{ty}; {len(values)}] = [")
+    out.append(f"pub static {name}: [{ty}; {len(values)}] = [")
     for start in range(0, len(values), per_line):
         chunk = values[start : start + per_line]
         if hexw:
@@ -54,12 +54,14 @@ def main():
     parts = [
         "//! Lookup tables of the ggml i-quants and FP4 types (generated: do not edit).",
         "//!",
-        "//! Written by `runtime/tools/gen_quant_grids.py` from PyPI gguf 0.19.0 (`gguf/quants.py`), whose",
+        "//! Written by `kernels-gen/tools/gen_quant_grids.py` from PyPI gguf 0.19.0 (`gguf/quants.py`), whose",
         "//! `dequantize` is bit-exact with llama.cpp `dequantize_row_*` (tests/data/quants/README.md).",
         "//! Each grid row is one little-endian integer whose bytes are the row's elements, as in",
         "//! llama.cpp `ggml/src/ggml-common.h` (`iq2xxs_grid`, `iq2xs_grid`, `iq2s_grid`,",
         "//! `iq3xxs_grid`, `iq3s_grid`, `iq1s_grid`, `ksigns_iq2xs`, `kvalues_iq4nl`, `kvalues_mxfp4`).",
-        "//! Regenerate: `python3 runtime/tools/gen_quant_grids.py > runtime/src/quant/grids.rs`.",
+        "//! The runtime's CPU decoders (`aubier_runtime::quant`) and the GPU dequant device functions",
+        "//! ([`crate::gpu::quant`]) both read these tables, so both decode with the same values.",
+        "//! Regenerate: `python3 kernels-gen/tools/gen_quant_grids.py > kernels-gen/src/quant_grids.rs`.",
         "",
     ]
     grids = [

@@ -1,0 +1,566 @@
+//! Kernel builders: the IR of every GPU kernel, built from plain shape structs (no plan types, so
+//! each can be built and tested alone). [`super::generate`] maps plan steps onto them.
+//!
+//! Algorithm note (shared by all builders).
+//! - Mat-vec ([`mat_vec`]; serves `mat_mul`, `head_mat_mul` and both WKB directions): one warp
+//!   per output row, 8 warps per block, `grid = (ceil(out / 8), heads)`. Lane `l` dequantizes
+//!   16-element chunks `l, l + 32, …` of the row ([`Stmt::Dequant16`](super::ir::Stmt)), sums
+//!   `w·x` over them in order, then the warp butterfly adds the 32 partials. Tokens are an inner
+//!   loop, so a block reads its rows once per token from cache, never from a dequantized copy.
+//! - Row kernels (RMSNorm, softmax, rope, copies): one block per row, threads stride the row;
+//!   reductions are [`block_reduce`] (warp butterflies, then a shared-memory stage).
+//! - KQKV ([`kqkv_split`] + [`kqkv_merge`]): flash-decoding. Keys are cut into splits of
+//!   [`KQKV_SPLIT`] keys (`grid.x = ceil(S / KQKV_SPLIT)`, `grid.y = T·H`); a block walks its split
+//!   in tiles of [`KQKV_TILE`] keys keeping the online-softmax state `(m, l, acc[C])`: thread `j`
+//!   scores key `j` of the tile, the block max and sum come from [`block_reduce`], the weights go
+//!   to shared memory and thread `c` accumulates `acc[c] = acc[c]·α + Σ_j p_j·K_j[c]` in key order.
+//!   The merge kernel combines the splits in ascending order: `M = max m_i`,
+//!   `o = Σ e^(m_i − M)·acc_i / Σ e^(m_i − M)·l_i`. Masked keys (`j > pos[t]`) never enter a
+//!   sum, so the result is the same for any cache contents past the window.
+
+use super::ir::{
+    block_reduce, bx, by, ci, keys, tid, tokens, Expr, IrError, Kb, Kernel, ParamKind, ReduceOp,
+    Scalar, Size, WARP,
+};
+use crate::ggml_type::GgmlType;
+use aubier_compiler::config::{QueryTemperature, YarnParams};
+
+/// Threads per block of row kernels and mat-vecs.
+pub const BLOCK: u32 = 256;
+/// Keys per KQKV split (a multiple of [`KQKV_TILE`]).
+pub const KQKV_SPLIT: usize = 1024;
+/// Keys per KQKV tile (= the block size of the KQKV kernels).
+pub const KQKV_TILE: usize = 128;
+
+/// Largest fixed extent a builder accepts (2²⁴): with `T` and `S` it keeps every element index
+/// of the model's buffers below `i32::MAX` (the largest, the latent cache, is `262 144 · 320`).
+pub const MAX_EXTENT: usize = 1 << 24;
+
+pub(crate) type R = Result<Kernel, IrError>;
+
+pub(crate) fn bad(kernel: &str, detail: impl Into<String>) -> IrError {
+    IrError {
+        kernel: kernel.to_string(),
+        detail: detail.into(),
+    }
+}
+
+/// A weight as a kernel reads it: ggml type and `ne[0]` row length.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WeightSpec {
+    /// gguf-py type name (`F32`, `Q2_K`, …).
+    pub ggml_type: String,
+    /// Elements per row (`ne[0]`).
+    pub row_len: usize,
+}
+
+impl WeightSpec {
+    /// The parameter kind (`experts`: read through an address table).
+    ///
+    /// Errors: an unknown type, or a row that is not a whole number of blocks.
+    pub fn kind(&self, kernel: &str, experts: bool) -> Result<ParamKind, IrError> {
+        let ty = GgmlType::from_name(&self.ggml_type)
+            .ok_or_else(|| bad(kernel, format!("unknown ggml type {}", self.ggml_type)))?;
+        let (be, bb) = (ty.block_size(), ty.type_size());
+        if be == 0 || !self.row_len.is_multiple_of(be) {
+            return Err(bad(
+                kernel,
+                format!("{} rows of {} elements", self.ggml_type, self.row_len),
+            ));
+        }
+        if self.ggml_type != "F32" && !self.row_len.is_multiple_of(16) {
+            return Err(bad(
+                kernel,
+                "quantized rows must hold a multiple of 16 elements",
+            ));
+        }
+        let row_bytes = self.row_len / be * bb;
+        let (ggml_type, row_len) = (self.ggml_type.clone(), self.row_len);
+        Ok(if experts {
+            ParamKind::Experts {
+                ggml_type,
+                row_bytes,
+                row_len,
+            }
+        } else {
+            ParamKind::Weight {
+                ggml_type,
+                row_bytes,
+                row_len,
+            }
+        })
+    }
+}
+
+/// A launch extent as an expression of the kernel's `T` and `S` arguments.
+pub fn size_expr(s: &Size) -> Expr {
+    match s {
+        Size::Const(n) => ci(*n),
+        Size::Tokens => tokens(),
+        Size::Keys => keys(),
+        Size::Mul(a, b) => size_expr(a) * size_expr(b),
+        Size::CeilDiv(a, n) => (size_expr(a) + ci(n - 1)) / ci(*n),
+    }
+}
+
+/// Rows of `T·k` elements: `Size::Tokens · k`.
+pub(crate) fn tk(k: usize) -> Size {
+    Size::prod(Size::Tokens, Size::Const(k))
+}
+
+pub(crate) fn check_dims(name: &str, dims: &[usize]) -> Result<(), IrError> {
+    if dims.iter().any(|&d| d == 0 || d > MAX_EXTENT) {
+        return Err(bad(
+            name,
+            format!("extents {dims:?} must be in 1..={MAX_EXTENT}"),
+        ));
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------ mat-vec
+
+/// A batched matrix-vector product: `y[t, h, o] = W[h·n_out + o, :] · x[t, h, 0..n_in]` for
+/// `o < n_out`, plus (when `tail > 0`) `y[t, h, n_out..n_out + tail] = x[t, h, n_in..n_in + tail]`.
+/// `x` is `[T, heads, n_in + tail]`, `y` `[T, heads, n_out + tail]`, row-major.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MatVecShape {
+    /// Kernel name.
+    pub name: String,
+    /// The weight (`row_len` = `n_in`).
+    pub w: WeightSpec,
+    /// Output rows per head.
+    pub n_out: usize,
+    /// Heads (1 for a plain `mat_mul`).
+    pub heads: usize,
+    /// Trailing input elements per head copied after the product (WKB IN: the roped q_pe).
+    pub tail: usize,
+    /// Rows of `x` per head (`T` for the model's projections).
+    pub rows: Size,
+}
+
+/// Warps (output rows) per mat-vec block.
+pub(crate) const ROWS_PER_BLOCK: usize = (BLOCK / WARP) as usize;
+
+/// Builds the mat-vec kernel. Params: `w`, `x`, `y`.
+///
+/// Errors: [`IrError`] for an unusable weight or extent.
+pub fn mat_vec(s: &MatVecShape) -> R {
+    let n_in = s.w.row_len;
+    check_dims(&s.name, &[n_in, s.n_out, s.heads, s.tail + 1])?;
+    let (xw, yw) = (n_in + s.tail, s.n_out + s.tail);
+    let note = format!(
+        "mat-vec: y[t,h,o] = W[h*{n}+o,:] . x[t,h,0..{n_in}] ({ty}), {heads} head(s){tail}; one warp per row,\n\
+         lanes take 16-element chunks l, l+32, ..., then a butterfly sum.",
+        n = s.n_out,
+        ty = s.w.ggml_type,
+        heads = s.heads,
+        tail = if s.tail > 0 {
+            format!(", then the {} trailing inputs copied", s.tail)
+        } else {
+            String::new()
+        }
+    );
+    let grid = [
+        Size::Const(s.n_out.div_ceil(ROWS_PER_BLOCK)),
+        Size::Const(s.heads),
+    ];
+    let mut kb = Kb::new(&s.name, note, grid, BLOCK);
+    let w = kb.param("w", s.w.kind(&s.name, false)?);
+    let x = kb.input_f32("x", Size::prod(s.rows.clone(), Size::Const(s.heads * xw)));
+    let y = kb.output_f32(
+        "y",
+        Some(Size::prod(s.rows.clone(), Size::Const(s.heads * yw))),
+    );
+    let buf = kb.local("chunk", 16);
+    let lane = kb.let_("lane", tid() % (WARP as i32));
+    let o = kb.let_("o", bx() * ci(ROWS_PER_BLOCK) + tid() / WARP as i32);
+    let h = kb.let_("h", by());
+    let row = kb.let_(
+        "row",
+        Expr::from(h) * ci(s.n_out) + Expr::from(o).min(ci(s.n_out - 1)),
+    );
+    let n_chunks = n_in.div_ceil(16);
+    kb.for_("t", 0, size_expr(&s.rows), 1, |kb, t| {
+        let xb = kb.let_("xb", (t.clone() * ci(s.heads) + h) * ci(xw));
+        let acc = kb.let_("acc", 0.0f32);
+        kb.for_("c", lane, ci(n_chunks), WARP as i32, |kb, c| {
+            kb.dequant16(w, None, row, c.clone(), buf);
+            let m = (ci(n_in) - c.clone() * 16).min(16);
+            kb.for_("i", 0, m, 1, |kb, i| {
+                let xv = kb.load(x, Expr::from(xb) + c.clone() * 16 + i.clone());
+                let wv = kb.ldl(buf, i);
+                kb.set(acc, Expr::from(acc) + wv * xv);
+            });
+        });
+        kb.warp_reduce(ReduceOp::Sum, acc);
+        let yb = (t.clone() * ci(s.heads) + h) * ci(yw);
+        kb.if_(
+            Expr::from(lane).eq(0).and(Expr::from(o).lt(ci(s.n_out))),
+            |kb| kb.store(y, yb.clone() + o, acc),
+        );
+        if s.tail > 0 {
+            kb.if_(bx().eq(0), |kb| {
+                kb.for_("j", tid(), ci(s.tail), BLOCK as i32, |kb, j| {
+                    let v = kb.load(x, Expr::from(xb) + ci(n_in) + j.clone());
+                    kb.store(y, yb.clone() + ci(s.n_out) + j, v);
+                });
+            });
+        }
+    });
+    kb.finish()
+}
+
+// ------------------------------------------------------------------------------------ PHASE
+
+/// The PHASE fusion: per token, RoPE + temperature on the query and the latent-cache write.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PhaseShape {
+    /// Kernel name.
+    pub name: String,
+    /// Heads `H`.
+    pub heads: usize,
+    /// `qk_nope_head_dim` `N`.
+    pub nope: usize,
+    /// `kv_lora_rank` `C`.
+    pub kv_lora: usize,
+    /// `qk_rope_head_dim` `R` (the rotated part is its first `rope.n_rot` dims).
+    pub rope_dim: usize,
+    /// YaRN RoPE.
+    pub rope: YarnParams,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// Llama-4 query temperature, if the model has it.
+    pub temperature: Option<QueryTemperature>,
+}
+
+/// RoPE of one element: `j` is the index inside the rotated part, the pair `(x0, x1)` at
+/// `2·(j/2)`, `2·(j/2)+1`: `y = j even ? x0·c − x1·s : x1·c + x0·s`, `c = cos(θ·p)·af`, `s = …`.
+pub(crate) fn rope_elem(
+    kb: &mut Kb,
+    theta: usize,
+    af: f32,
+    pf: Expr,
+    j: Expr,
+    x0: Expr,
+    x1: Expr,
+) -> Expr {
+    let ang = kb.let_("ang", kb.tab(theta, j.clone() / 2) * pf);
+    let c = kb.let_("cs", Expr::from(ang).cos() * af);
+    let sn = kb.let_("sn", Expr::from(ang).sin() * af);
+    (j % 2)
+        .eq(0)
+        .select(x0.clone() * c - x1.clone() * sn, x1 * c + x0 * sn)
+}
+
+/// Llama-4 temperature factor of position `p`: `1 + β·ln(1 + floor(p / L))`.
+pub(crate) fn temperature_factor(kb: &mut Kb, p: Expr, q: &QueryTemperature) -> Expr {
+    let fl = (p / ci(q.length)).to_f32();
+    let v = kb.let_(
+        "temp",
+        Expr::F(1.0) + Expr::F(q.scale) * (Expr::F(1.0) + fl).ln(),
+    );
+    v.into()
+}
+
+/// Builds PHASE. Params: `q` `[T, H, N + R]`, `kv_a` `[T, C + R]`, `w_norm` (F32 `{C}`),
+/// `pos` `[T]`, `cache` (the layer's latent cache, rows of `C + R`), `q2` `[T, H, N + R]`.
+/// `grid = (T, 1)`.
+///
+/// Errors: [`IrError`] for odd or zero extents (`n_rot` must be even and equal `R`).
+pub fn phase(s: &PhaseShape) -> R {
+    let (h, n, c, r) = (s.heads, s.nope, s.kv_lora, s.rope_dim);
+    let n_rot = s.rope.n_rot;
+    check_dims(&s.name, &[h, n + 1, c, r, n_rot])?;
+    if !n_rot.is_multiple_of(2) || n_rot > r {
+        return Err(bad(&s.name, "n_rot must be even and at most rope_dim"));
+    }
+    if s.temperature.as_ref().is_some_and(|q| q.length == 0) {
+        return Err(bad(&s.name, "temperature length must be positive"));
+    }
+    let (qw, kw) = (n + r, c + r);
+    let note = format!(
+        "PHASE: q2[t,h,:{n}] = q*f, q2[t,h,{n}:] = rope_yarn(q[t,h,{n}:])*f (f: Llama-4 temperature{}),\n\
+         cache[pos[t]] = [rms_norm(kv_a[t,:{c}])*w, rope_yarn(kv_a[t,{c}:])]; one block per token.",
+        if s.temperature.is_some() { "" } else { " = 1" }
+    );
+    let mut kb = Kb::new(&s.name, note, [Size::Tokens, Size::Const(1)], BLOCK);
+    let q = kb.input_f32("q", tk(h * qw));
+    let kv = kb.input_f32("kv_a", tk(kw));
+    let wn = kb.param(
+        "w_norm",
+        WeightSpec {
+            ggml_type: "F32".into(),
+            row_len: c,
+        }
+        .kind(&s.name, false)?,
+    );
+    let pos = kb.input_i32("pos", Size::Tokens);
+    let cache = kb.output_f32("cache", None);
+    let q2 = kb.output_f32("q2", Some(tk(h * qw)));
+    let theta = kb.table("theta", crate::cpu::yarn_inv_freq(&s.rope));
+    let red = kb.shared("red", Scalar::F32, WARP as usize);
+    let af = s.rope.attn_factor;
+    let t = kb.let_("t", bx());
+    let p = kb.let_("p", kb.load(pos, t));
+    let pf = kb.let_("pf", Expr::from(p).to_f32());
+    let f = s
+        .temperature
+        .as_ref()
+        .map(|qt| temperature_factor(&mut kb, p.into(), qt));
+    kb.for_("idx", tid(), ci(h * qw), BLOCK as i32, |kb, idx| {
+        let hh = kb.let_("hh", idx.clone() / ci(qw));
+        let d = kb.let_("d", idx.clone() - Expr::from(hh) * ci(qw));
+        let base = kb.let_("base", (Expr::from(t) * ci(h) + hh) * ci(qw));
+        kb.if_else(
+            Expr::from(d).lt(ci(n)),
+            |kb| {
+                let v = kb.load(q, Expr::from(base) + d);
+                let v = match &f {
+                    Some(f) => v * f.clone(),
+                    None => v,
+                };
+                kb.store(q2, Expr::from(base) + d, v);
+            },
+            |kb| {
+                let j = kb.let_("j", Expr::from(d) - ci(n));
+                let y = kb.let_("y", 0.0f32);
+                kb.if_else(
+                    Expr::from(j).lt(ci(n_rot)),
+                    |kb| {
+                        let pair = Expr::from(base) + ci(n) + (Expr::from(j) / 2) * 2;
+                        let x0 = kb.load(q, pair.clone());
+                        let x1 = kb.load(q, pair + 1);
+                        let v = rope_elem(kb, theta, af, pf.into(), j.into(), x0, x1);
+                        kb.set(y, v);
+                    },
+                    |kb| {
+                        let v = kb.load(q, Expr::from(base) + d);
+                        kb.set(y, v);
+                    },
+                );
+                let v = match &f {
+                    Some(f) => Expr::from(y) * f.clone(),
+                    None => y.into(),
+                };
+                kb.store(q2, Expr::from(base) + d, v);
+            },
+        );
+    });
+    let kvb = kb.let_("kvb", Expr::from(t) * ci(kw));
+    let ss = kb.let_("ss", 0.0f32);
+    kb.for_("i", tid(), ci(c), BLOCK as i32, |kb, i| {
+        let xv = kb.load(kv, Expr::from(kvb) + i);
+        kb.set(ss, Expr::from(ss) + xv.clone() * xv);
+    });
+    block_reduce(&mut kb, ReduceOp::Sum, ss, red);
+    let inv = kb.let_(
+        "inv",
+        Expr::F(1.0) / (Expr::from(ss) / (c as f32) + s.eps).sqrt(),
+    );
+    let row = kb.let_("row", Expr::from(p) * ci(kw));
+    kb.for_("i", tid(), ci(c), BLOCK as i32, |kb, i| {
+        let xv = kb.load(kv, Expr::from(kvb) + i.clone());
+        let wv = kb.load(wn, i.clone());
+        kb.store(cache, Expr::from(row) + i, (xv * inv) * wv);
+    });
+    kb.for_("j", tid(), ci(r), BLOCK as i32, |kb, j| {
+        kb.if_else(
+            j.clone().lt(ci(n_rot)),
+            |kb| {
+                let pair = Expr::from(kvb) + ci(c) + (j.clone() / 2) * 2;
+                let x0 = kb.load(kv, pair.clone());
+                let x1 = kb.load(kv, pair + 1);
+                let y = rope_elem(kb, theta, af, pf.into(), j.clone(), x0, x1);
+                kb.store(cache, Expr::from(row) + ci(c) + j.clone(), y);
+            },
+            |kb| {
+                let v = kb.load(kv, Expr::from(kvb) + ci(c) + j.clone());
+                kb.store(cache, Expr::from(row) + ci(c) + j.clone(), v);
+            },
+        );
+    });
+    kb.finish()
+}
+
+// ------------------------------------------------------------------------------------ KQKV
+
+/// Latent attention over the cache of one layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KqkvShape {
+    /// Name prefix (`_split` / `_merge` appended).
+    pub name: String,
+    /// Heads `H`.
+    pub heads: usize,
+    /// Cached row width `C + R` (= the absorbed query width).
+    pub width: usize,
+    /// Value columns `C` (leading columns of a cached row).
+    pub kv_lora: usize,
+    /// Score scale.
+    pub kq_scale: f32,
+}
+
+/// f32 per split partial: `m`, `l`, then `acc[0..C]`.
+fn partial_len(s: &KqkvShape) -> usize {
+    s.kv_lora + 2
+}
+
+/// Elements of the scratch the split kernel writes: `T·H·ceil(S / KQKV_SPLIT)·(C + 2)`.
+pub fn kqkv_scratch(s: &KqkvShape) -> Size {
+    Size::prod(
+        Size::prod(tk(s.heads), Size::ceil_div(Size::Keys, KQKV_SPLIT)),
+        Size::Const(partial_len(s)),
+    )
+}
+
+/// Builds the KQKV split kernel. Params: `q` `[T, H, W]`, `pos` `[T]`, `cache` (rows of `W`),
+/// `part` (scratch, [`kqkv_scratch`]). `grid = (ceil(S / KQKV_SPLIT), T·H)`.
+///
+/// Errors: [`IrError`] for zero extents or `C > W`.
+pub fn kqkv_split(s: &KqkvShape) -> R {
+    let (h, w, c) = (s.heads, s.width, s.kv_lora);
+    check_dims(&s.name, &[h, w, c])?;
+    if c > w {
+        return Err(bad(&s.name, "kv_lora exceeds the row width"));
+    }
+    let name = format!("{}_split", s.name);
+    let note = format!(
+        "KQKV split: per (split of {KQKV_SPLIT} keys, token, head), online softmax over tiles of {KQKV_TILE} keys of\n\
+         kq_scale*q.K_j (j <= pos[t]); writes (m, l, acc[{c}]) to the split's partial."
+    );
+    let tile = KQKV_TILE as i32;
+    let grid = [Size::ceil_div(Size::Keys, KQKV_SPLIT), tk(h)];
+    let mut kb = Kb::new(&name, note, grid, KQKV_TILE as u32);
+    let q = kb.input_f32("q", tk(h * w));
+    let pos = kb.input_i32("pos", Size::Tokens);
+    let cache = kb.input_f32("cache", Size::prod(Size::Keys, Size::Const(w)));
+    let part = kb.output_f32("part", Some(kqkv_scratch(s)));
+    let red = kb.shared("red", Scalar::F32, WARP as usize);
+    let pbuf = kb.shared("pbuf", Scalar::F32, KQKV_TILE);
+    let per = c.div_ceil(KQKV_TILE);
+    let acc = kb.local("acc", per.max(16));
+    let row = kb.let_("row", by());
+    let t = kb.let_("t", Expr::from(row) / ci(h));
+    let p = kb.let_("p", kb.load(pos, t));
+    let last = kb.let_("last", Expr::from(p).min(keys() - 1));
+    let qb = kb.let_("qb", Expr::from(row) * ci(w));
+    let m = kb.let_("m", f32::NEG_INFINITY);
+    let l = kb.let_("l", 0.0f32);
+    kb.for_("ci", 0, ci(per), 1, |kb, i| kb.stl(acc, i, 0.0f32));
+    let start = kb.let_("start", bx() * ci(KQKV_SPLIT));
+    kb.for_("tile", 0, ci(KQKV_SPLIT / KQKV_TILE), 1, |kb, ti| {
+        let j0 = kb.let_("j0", Expr::from(start) + ti * tile);
+        kb.if_(Expr::from(j0).le(last), |kb| {
+            let j = kb.let_("j", Expr::from(j0) + tid());
+            let sc = kb.let_("s", f32::NEG_INFINITY);
+            kb.if_(Expr::from(j).le(last), |kb| {
+                let d = kb.let_("dot", 0.0f32);
+                kb.for_("i", 0, ci(w), 1, |kb, i| {
+                    let qv = kb.load(q, Expr::from(qb) + i.clone());
+                    let kv = kb.load(cache, Expr::from(j) * ci(w) + i);
+                    kb.set(d, Expr::from(d) + qv * kv);
+                });
+                kb.set(sc, Expr::from(d) * s.kq_scale);
+            });
+            let tmax = kb.let_("tmax", sc);
+            block_reduce(kb, ReduceOp::Max, tmax, red);
+            let mn = kb.let_("m_new", Expr::from(m).max(tmax));
+            let ninf = Expr::F(f32::NEG_INFINITY);
+            let alpha = kb.let_(
+                "alpha",
+                Expr::from(mn)
+                    .eq(ninf.clone())
+                    .select(1.0f32, (Expr::from(m) - mn).exp()),
+            );
+            let pj = kb.let_(
+                "pj",
+                Expr::from(sc)
+                    .eq(ninf)
+                    .select(0.0f32, (Expr::from(sc) - mn).exp()),
+            );
+            let ps = kb.let_("ps", pj);
+            block_reduce(kb, ReduceOp::Sum, ps, red);
+            kb.set(l, Expr::from(l) * alpha + ps);
+            kb.sts(pbuf, tid(), pj);
+            kb.barrier();
+            let nk = kb.let_("nk", (Expr::from(last) - j0 + 1).min(tile));
+            kb.for_("ci", 0, ci(per), 1, |kb, i| {
+                let col = kb.let_("col", tid() + i.clone() * tile);
+                kb.if_(Expr::from(col).lt(ci(c)), |kb| {
+                    let a = kb.let_("a", kb.ldl(acc, i.clone()) * alpha);
+                    kb.for_("jj", 0, nk, 1, |kb, jj| {
+                        let pv = kb.lds(pbuf, jj.clone());
+                        let kv = kb.load(cache, (Expr::from(j0) + jj) * ci(w) + col);
+                        kb.set(a, Expr::from(a) + pv * kv);
+                    });
+                    kb.stl(acc, i, a);
+                });
+            });
+            kb.set(m, mn);
+            kb.barrier();
+        });
+    });
+    let ns = (keys() + ci(KQKV_SPLIT - 1)) / ci(KQKV_SPLIT);
+    let pb = kb.let_("pb", (Expr::from(row) * ns + bx()) * ci(partial_len(s)));
+    kb.if_(tid().eq(0), |kb| {
+        kb.store(part, pb, m);
+        kb.store(part, Expr::from(pb) + 1, l);
+    });
+    kb.for_("ci", 0, ci(per), 1, |kb, i| {
+        let col = tid() + i.clone() * tile;
+        kb.if_(col.clone().lt(ci(c)), |kb| {
+            let v = kb.ldl(acc, i);
+            kb.store(part, Expr::from(pb) + 2 + col, v);
+        });
+    });
+    kb.finish()
+}
+
+/// Builds the KQKV merge kernel. Params: `part` (the split kernel's scratch), `o` `[T, H, C]`.
+/// `grid = (T·H, 1)`.
+///
+/// Errors: as [`kqkv_split`].
+pub fn kqkv_merge(s: &KqkvShape) -> R {
+    let (h, c) = (s.heads, s.kv_lora);
+    check_dims(&s.name, &[h, s.width, c])?;
+    let name = format!("{}_merge", s.name);
+    let note = format!(
+        "KQKV merge: o[t,h,:{c}] = sum_i e^(m_i-M) acc_i / sum_i e^(m_i-M) l_i over the splits in order."
+    );
+    let mut kb = Kb::new(&name, note, [tk(h), Size::Const(1)], KQKV_TILE as u32);
+    let part = kb.input_f32("part", kqkv_scratch(s));
+    let o = kb.output_f32("o", Some(tk(h * c)));
+    let pl = ci(partial_len(s));
+    let row = kb.let_("row", bx());
+    let ns = kb.let_("ns", (keys() + ci(KQKV_SPLIT - 1)) / ci(KQKV_SPLIT));
+    let base = kb.let_("base", Expr::from(row) * ns * pl.clone());
+    let big = kb.let_("big_m", f32::NEG_INFINITY);
+    kb.for_("i", 0, ns, 1, |kb, i| {
+        let mi = kb.load(part, Expr::from(base) + i * pl.clone());
+        kb.set(big, Expr::from(big).max(mi));
+    });
+    let weight = |kb: &Kb, i: Expr| {
+        let mi = kb.load(part, Expr::from(base) + i * pl.clone());
+        mi.clone()
+            .eq(Expr::F(f32::NEG_INFINITY))
+            .select(0.0f32, (mi - big).exp())
+    };
+    let den = kb.let_("den", 0.0f32);
+    kb.for_("i", 0, ns, 1, |kb, i| {
+        let wv = weight(kb, i.clone());
+        let wi = kb.let_("wi", wv);
+        let li = kb.load(part, Expr::from(base) + i * pl.clone() + 1);
+        kb.set(den, Expr::from(den) + Expr::from(wi) * li);
+    });
+    kb.for_("col", tid(), ci(c), KQKV_TILE as i32, |kb, col| {
+        let num = kb.let_("num", 0.0f32);
+        kb.for_("i", 0, ns, 1, |kb, i| {
+            let wv = weight(kb, i.clone());
+            let wi = kb.let_("wi", wv);
+            let ai = kb.load(part, Expr::from(base) + i * pl.clone() + 2 + col.clone());
+            kb.set(num, Expr::from(num) + Expr::from(wi) * ai);
+        });
+        kb.store(o, Expr::from(row) * ci(c) + col, Expr::from(num) / den);
+    });
+    kb.finish()
+}

@@ -1,0 +1,170 @@
+//! GPU kernels: a small kernel IR ([`ir`]), its CPU execution in the GPU's order ([`cpu_exec`]),
+//! the HIP and CUDA emitters ([`emit`]), the kernel builders ([`kernels`], [`steps`]) and
+//! [`generate`], which turns a [`Plan`] into one source file per distinct kernel and dialect
+//! (ARCHITECTURE.md § kernels-gen).
+//!
+//! Algorithm note of [`generate`]: every plan step is mapped to its kernels ([`steps::for_step`]);
+//! each kernel is named `<kind>_<hash>`, the hash (FNV-1a 64) taken over the kernel's IR with an
+//! empty name, so steps that differ only in layer (36 layers, one shape) share one kernel, and a
+//! change of shape, type or attribute gives a new name. Kernels are kept in first-use order, then
+//! each is printed once per dialect; files are sorted by path. The same plan always gives the same
+//! bytes. Launches are plain kernel launches with no host synchronisation inside a step.
+
+pub mod cpu_exec;
+pub mod emit;
+pub mod ir;
+pub mod kernels;
+pub mod math;
+pub mod quant;
+pub mod steps;
+
+#[cfg(test)]
+mod tests;
+
+use aubier_compiler::plan::Plan;
+use emit::{Cuda, Dialect, Hip, Source};
+use ir::{IrError, Kernel, ParamKind};
+
+/// One generated source file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GeneratedFile {
+    /// Path relative to the output directory (`hip/phase_1a2b3c4d.hip`, `cuda/….cu`).
+    pub path: String,
+    /// The file's text.
+    pub contents: String,
+}
+
+/// Errors of [`generate`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GenError {
+    /// A step cannot be mapped to a kernel (its operands do not fit its op).
+    #[error("step {step} (`{op}`): {detail}")]
+    Step {
+        /// Step index in the plan.
+        step: usize,
+        /// The op's name.
+        op: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A kernel builder refused its shape.
+    #[error(transparent)]
+    Kernel(#[from] IrError),
+    /// A weight type without a dequant device function.
+    #[error("kernel `{kernel}` reads ggml type {ggml_type}, which has no device function")]
+    UnsupportedType {
+        /// Kernel name.
+        kernel: String,
+        /// gguf-py type name.
+        ggml_type: String,
+    },
+}
+
+/// FNV-1a 64 of `bytes` (a stable hash for names and headers; not for security).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Names `k` `<base>_<hash of its IR>` (8 hex digits).
+fn name_by_content(mut k: Kernel) -> Kernel {
+    let base = std::mem::take(&mut k.name);
+    let h = fnv1a(format!("{k:?}").as_bytes());
+    k.name = format!("{base}_{:08x}", h as u32);
+    k
+}
+
+/// Every distinct kernel of `plan`, in first-use order, named by content, with the steps that
+/// launch each (`(kernel, step indices)`).
+///
+/// Errors: [`GenError::Step`] / [`GenError::Kernel`] from the step mapping.
+pub fn plan_kernels(plan: &Plan) -> Result<Vec<(Kernel, Vec<usize>)>, GenError> {
+    let mut out: Vec<(Kernel, Vec<usize>)> = Vec::new();
+    for (i, _) in plan.steps.iter().enumerate() {
+        for k in steps::for_step(plan, i)? {
+            let k = name_by_content(k);
+            match out.iter_mut().find(|(o, _)| o.name == k.name) {
+                Some((_, uses)) => {
+                    if uses.last() != Some(&i) {
+                        uses.push(i);
+                    }
+                }
+                None => out.push((k, vec![i])),
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The quant types `k` reads, sorted, without F32 (read inline).
+fn quant_types(k: &Kernel) -> Vec<String> {
+    let mut tys: Vec<String> = k
+        .params
+        .iter()
+        .filter_map(|(_, kind)| match kind {
+            ParamKind::Weight { ggml_type, .. } | ParamKind::Experts { ggml_type, .. }
+                if ggml_type != "F32" =>
+            {
+                Some(ggml_type.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    tys.sort();
+    tys.dedup();
+    tys
+}
+
+/// The source of kernel `k` in dialect `d`, with `header` lines on top.
+///
+/// Errors: [`GenError::UnsupportedType`] when `k` reads a type without a device function.
+pub fn render<D: Dialect>(d: &D, k: &Kernel, header: &[String]) -> Result<String, GenError> {
+    let mut tables = Vec::new();
+    let mut fns = Vec::new();
+    for ty in quant_types(k) {
+        let unsupported = || GenError::UnsupportedType {
+            kernel: k.name.clone(),
+            ggml_type: ty.clone(),
+        };
+        tables.push(
+            quant::device_tables(&ty)
+                .ok_or_else(unsupported)?
+                .to_string(),
+        );
+        fns.push(quant::device_fn(&ty).ok_or_else(unsupported)?.to_string());
+    }
+    Ok(Source {
+        dialect: d,
+        kernel: k,
+        header,
+        quant_tables: &tables,
+        quant_fns: &fns,
+    }
+    .to_string())
+}
+
+/// Generates the HIP and CUDA source of every distinct kernel of `plan`: files
+/// `hip/<kernel>.hip` and `cuda/<kernel>.cu`, sorted by path. A file depends on its kernel alone
+/// (its header names the generator, the kernel's algorithm note and launch shape; which steps
+/// launch it is [`plan_kernels`]' answer, recorded in `aubier gen`'s manifest), so an edit of the
+/// graph rewrites exactly the kernels it reaches. Deterministic: the same plan gives the same
+/// bytes.
+///
+/// Errors: [`GenError`] when a step cannot be mapped or a weight type has no device function.
+pub fn generate(plan: &Plan) -> Result<Vec<GeneratedFile>, GenError> {
+    let header = ["Generated by `aubier gen` (aubier-kernels-gen); do not edit.".to_string()];
+    let mut files = Vec::new();
+    for (k, _) in plan_kernels(plan)? {
+        files.push(GeneratedFile {
+            path: format!("{}/{}.{}", Hip.name(), k.name, Hip.ext()),
+            contents: render(&Hip, &k, &header)?,
+        });
+        files.push(GeneratedFile {
+            path: format!("{}/{}.{}", Cuda.name(), k.name, Cuda.ext()),
+            contents: render(&Cuda, &k, &header)?,
+        });
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(files)
+}

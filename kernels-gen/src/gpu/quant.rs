@@ -1,0 +1,1003 @@
+//! Dequant device functions: one C++ `__device__` function per ggml type that turns 16
+//! consecutive elements of a quantized row into f32, bit-exact with ggml's `dequantize_row_*`.
+//!
+//! Algorithm. Every type with a device function is a block format of `QK` elements in `B` bytes
+//! (`QK` = 1 for F32/F16/BF16, 32 for the legacy formats and IQ4_NL, 256 for the k- and
+//! i-quants; sizes from [`GgmlType`]). `QK` is 1 or a multiple of 16, and in every format each
+//! 16-element chunk of a block depends only on the block's shared fields (the f16 `d`/`dmin`)
+//! and on its own sub-block scale and quant bits. So `aubier_dq16_<type>(row, c, out)` finds
+//! block `⌊16c / QK⌋` at byte `⌊16c / QK⌋·B` of `row`, chunk `s = c mod (QK/16)` inside it,
+//! decodes that chunk's scale, and writes elements `16c .. 16c + 16` to `out[0..16]`. A GPU
+//! mat-vec calls it with `c` = its lane's chunk, so a warp reads a row in coalesced 16-element
+//! pieces and never decodes a whole 256-element super-block per thread.
+//!
+//! Numerics. Each value is computed with the f32 operations, in the order, of the runtime's CPU
+//! decoders (`aubier_runtime::quant`, which follow llama.cpp `ggml-quants.c` and are bit-exact
+//! with gguf-py `gguf.quants.dequantize`): `dl = d·sc`, `y = dl·q − ml`, `db = d·(0.5 + s)·0.25`,
+//! the sign applied last. Every product in these formulas is exact in f32 (an f16 significand
+//! of 11 bits times integers of at most 13 bits together, e.g. Q5_K `d·sc·q` ≤ 11 + 6 + 5 bits),
+//! so a compiler that contracts `dl·q − ml` into an FMA (HIP and CUDA do by default) still
+//! rounds once, at the same place: the result does not depend on `-ffp-contract`. f16 is widened
+//! by integer bit manipulation (subnormals through an exact int→float conversion), so
+//! flush-to-zero modes cannot change a value either.
+//!
+//! Emitted text. [`device_fn`] writes the helpers the type needs (each wrapped in an
+//! `#ifndef AUBIER_DQ_…` guard) and then the function; [`device_tables`] writes the grid and
+//! sign tables as `__constant__` arrays (each wrapped in `#ifndef AUBIER_TABLE_…`). So the
+//! outputs for any set of types can be concatenated into one translation unit, tables first.
+//! The text uses only builtin C++ (no headers); `__device__` and `__constant__` are macros the
+//! dialect's prelude defines. Tables come from [`crate::quant_grids`], the runtime's own.
+
+use std::fmt::{self, Display, Formatter};
+
+use crate::ggml_type::GgmlType;
+use crate::quant_grids::{
+    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
+    KVALUES_IQ4NL,
+};
+
+/// The type table: one line per type with a device function, `TYPE => body`. The names are
+/// [`GgmlType`] variant names, which are gguf-py's spellings.
+macro_rules! device_types {
+    ($( $ty:ident => $body:expr; )*) => {
+        /// gguf-py names of the types with a device function, in table order.
+        const SUPPORTED: &[&str] = &[$( stringify!($ty), )*];
+
+        /// The body of `ty`'s device function, or `None` when it has none.
+        fn body(ty: GgmlType) -> Option<Body> {
+            match ty {
+                $( GgmlType::$ty => Some($body), )*
+                _ => None,
+            }
+        }
+    };
+}
+
+device_types! {
+    F32 => Body::Float(Float::F32);
+    F16 => Body::Float(Float::F16);
+    BF16 => Body::Float(Float::BF16);
+    Q4_0 => Body::Legacy(Legacy::Q4_0);
+    Q4_1 => Body::Legacy(Legacy::Q4_1);
+    Q5_0 => Body::Legacy(Legacy::Q5_0);
+    Q5_1 => Body::Legacy(Legacy::Q5_1);
+    Q8_0 => Body::Legacy(Legacy::Q8_0);
+    IQ4_NL => Body::Legacy(Legacy::IQ4_NL);
+    Q2_K => Body::KQuant(KQuant::Q2_K);
+    Q3_K => Body::KQuant(KQuant::Q3_K);
+    Q4_K => Body::KQuant(KQuant::Q4_K);
+    Q5_K => Body::KQuant(KQuant::Q5_K);
+    Q6_K => Body::KQuant(KQuant::Q6_K);
+    IQ2_XXS => Body::Iq2(Iq2::IQ2_XXS);
+    IQ2_XS => Body::Iq2(Iq2::IQ2_XS);
+    IQ2_S => Body::Iq2(Iq2::IQ2_S);
+    IQ3_XXS => Body::Iq3(Iq3::IQ3_XXS);
+    IQ3_S => Body::Iq3(Iq3::IQ3_S);
+    IQ1_S => Body::Iq1(Iq1::IQ1_S);
+    IQ1_M => Body::Iq1(Iq1::IQ1_M);
+    IQ4_XS => Body::Iq4Xs;
+}
+
+/// The ggml types that have a device function, as gguf-py names them (`"Q2_K"`, `"IQ2_XXS"`):
+/// F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K … Q6_K, IQ2_XXS, IQ2_XS, IQ2_S,
+/// IQ3_XXS, IQ3_S, IQ1_S, IQ1_M and IQ4_XS — every type a 2-bit Mistral Small 4 GGUF holds
+/// (MODEL.md §6), plus the legacy fallbacks Q4_1/Q5_0/Q5_1.
+pub fn supported_types() -> &'static [&'static str] {
+    SUPPORTED
+}
+
+/// The type named `ggml_type` (gguf-py's spelling, ASCII case ignored) and its body.
+fn lookup(ggml_type: &str) -> Option<(GgmlType, Body)> {
+    let ty = GgmlType::ALL
+        .iter()
+        .copied()
+        .find(|t| t.name().eq_ignore_ascii_case(ggml_type))?;
+    Some((ty, body(ty)?))
+}
+
+/// The C++ device function of `ggml_type` (gguf-py's name, e.g. `"Q2_K"`; ASCII case ignored),
+/// preceded by the helpers it calls:
+///
+/// ```text
+/// __device__ inline void aubier_dq16_<type>(const unsigned char* row, int c, float* out)
+/// ```
+///
+/// with `<type>` the name lower-cased (`aubier_dq16_q2_k`). It writes elements `16c .. 16c + 16`
+/// of a row (ggml `ne0` order) to `out[0..16]`, bit-exact with llama.cpp `dequantize_row_*`
+/// (`ggml/src/ggml-quants.c`) and gguf-py `gguf.quants.dequantize`. `row` is the row's first
+/// byte (no alignment needed); the caller guarantees `0 ≤ 16c` and `16c + 16 ≤` the row length,
+/// which is a whole number of blocks. The tables it reads are [`device_tables`]`(ggml_type)`,
+/// which must come earlier in the translation unit.
+///
+/// Returns `None` for a type without a device function (see [`supported_types`]) or an
+/// unknown name.
+pub fn device_fn(ggml_type: &str) -> Option<impl Display> {
+    let (ty, body) = lookup(ggml_type)?;
+    Some(DeviceFn { ty, body })
+}
+
+/// The `__constant__` lookup tables that [`device_fn`]`(ggml_type)` reads, each in an
+/// `#ifndef AUBIER_TABLE_<NAME>` guard so types sharing a table can be emitted together; empty
+/// for a type that reads none. The names are `aubier_` + the llama.cpp `ggml-common.h` name
+/// (`aubier_iq2xxs_grid`, `aubier_ksigns_iq2xs`, `aubier_kvalues_iq4nl`, …); the values are
+/// [`crate::quant_grids`]'s.
+///
+/// Returns `None` exactly when [`device_fn`] does.
+pub fn device_tables(ggml_type: &str) -> Option<impl Display> {
+    let (_, body) = lookup(ggml_type)?;
+    Some(Tables(body.tables()))
+}
+
+/// One type's device function with its helpers.
+struct DeviceFn {
+    ty: GgmlType,
+    body: Body,
+}
+
+impl Display for DeviceFn {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        let mut done = Vec::new();
+        for &h in self.body.helpers() {
+            h.write_with_deps(f, &mut done)?;
+        }
+        let name = Lower(self.ty.name());
+        writeln!(f, "/* {}: {} */", self.ty.name(), self.body.layout())?;
+        writeln!(
+            f,
+            "__device__ inline void aubier_dq16_{name}(const unsigned char* row, int c, float* out) {{"
+        )?;
+        write!(
+            f,
+            "{}",
+            Locate {
+                qk: self.ty.block_size(),
+                bytes: self.ty.type_size(),
+            }
+        )?;
+        write!(f, "{}", self.body)?;
+        writeln!(f, "}}")
+    }
+}
+
+/// A name written in ASCII lower case.
+struct Lower<'a>(&'a str);
+
+impl Display for Lower<'_> {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        self.0
+            .chars()
+            .try_for_each(|ch| write!(f, "{}", ch.to_ascii_lowercase()))
+    }
+}
+
+/// The opening statements: `b` = the first byte of the block holding chunk `c`, and (for block
+/// formats) `s` = the chunk's index inside the block.
+struct Locate {
+    /// Elements per block (1, or a multiple of 16).
+    qk: usize,
+    /// Bytes per block.
+    bytes: usize,
+}
+
+impl Display for Locate {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        if self.qk == 1 {
+            writeln!(
+                f,
+                "  const unsigned char* b = row + (unsigned long long)c * {}u;",
+                16 * self.bytes
+            )
+        } else {
+            let chunks = self.qk / 16;
+            writeln!(
+                f,
+                "  const unsigned char* b = row + (unsigned long long)(c / {chunks}) * {}u;",
+                self.bytes
+            )?;
+            writeln!(f, "  const int s = c % {chunks};")
+        }
+    }
+}
+
+/// A shared C++ helper function, emitted once per translation unit behind its guard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Helper {
+    /// `aubier_as_f32`: the f32 with the given IEEE bits.
+    AsF32,
+    /// `aubier_u16`, `aubier_u32`: little-endian loads; `aubier_i8`: a byte as int8.
+    Bytes,
+    /// `aubier_f16_bits`, `aubier_f16`: exact binary16 → f32 widening.
+    F16,
+    /// `aubier_put_signed`: grid bytes times a scale, with sign bits (IQ2 and IQ3 families).
+    PutSigned,
+    /// `aubier_iq_db`: the i-quant sub-block scale `d·(0.5 + s)·k`.
+    IqScale,
+    /// `aubier_put_iq1`: ternary grid bytes plus the ±1/8 shift, times a scale (IQ1 family).
+    PutIq1,
+    /// `aubier_scale_min_k4`: 6-bit scale and min of Q4_K/Q5_K (ggml `get_scale_min_k4`).
+    ScaleMinK4,
+    /// `aubier_q3k_scale`: the signed 6-bit sub-block scale of Q3_K.
+    Q3kScale,
+}
+
+impl Helper {
+    /// Helpers this one calls (emitted before it).
+    fn deps(self) -> &'static [Helper] {
+        match self {
+            Helper::F16 => &[Helper::AsF32, Helper::Bytes],
+            Helper::PutIq1 => &[Helper::Bytes],
+            _ => &[],
+        }
+    }
+
+    /// The include-guard macro.
+    fn guard(self) -> &'static str {
+        match self {
+            Helper::AsF32 => "AUBIER_DQ_AS_F32",
+            Helper::Bytes => "AUBIER_DQ_BYTES",
+            Helper::F16 => "AUBIER_DQ_F16",
+            Helper::PutSigned => "AUBIER_DQ_PUT_SIGNED",
+            Helper::IqScale => "AUBIER_DQ_IQ_SCALE",
+            Helper::PutIq1 => "AUBIER_DQ_PUT_IQ1",
+            Helper::ScaleMinK4 => "AUBIER_DQ_SCALE_MIN_K4",
+            Helper::Q3kScale => "AUBIER_DQ_Q3K_SCALE",
+        }
+    }
+
+    /// The C++ text (without the guard).
+    fn code(self) -> &'static str {
+        match self {
+            Helper::AsF32 => {
+                "/* The f32 whose IEEE bits are u. */
+__device__ inline float aubier_as_f32(unsigned int u) {
+  union { unsigned int u; float f; } x;
+  x.u = u;
+  return x.f;
+}
+"
+            }
+            Helper::Bytes => {
+                "/* Little-endian u16 / u32 at p (any alignment); a byte value 0..255 read as int8. */
+__device__ inline unsigned int aubier_u16(const unsigned char* p) {
+  return (unsigned int)p[0] | ((unsigned int)p[1] << 8);
+}
+__device__ inline unsigned int aubier_u32(const unsigned char* p) {
+  return (unsigned int)p[0] | ((unsigned int)p[1] << 8) | ((unsigned int)p[2] << 16) |
+         ((unsigned int)p[3] << 24);
+}
+__device__ inline int aubier_i8(unsigned int x) { return (int)(x ^ 0x80u) - 128; }
+"
+            }
+            Helper::F16 => {
+                "/* IEEE binary16 bits h (0..0xffff) widened exactly to f32 (ggml GGML_FP16_TO_FP32):
+   normals rebias the exponent, subnormals are em * 2^-24 (an exact product with a normal
+   result), Inf/NaN keep their payload and NaNs come out quiet. */
+__device__ inline float aubier_f16_bits(unsigned int h) {
+  const unsigned int sign = (h & 0x8000u) << 16;
+  const unsigned int em = h & 0x7fffu;
+  if (em < 0x0400u) {
+    const float v = (float)em * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+  }
+  unsigned int mag = (em << 13) + 0x38000000u;
+  if (em >= 0x7c00u) {
+    mag = 0x7f800000u | ((em & 0x03ffu) << 13) | (em > 0x7c00u ? 0x00400000u : 0u);
+  }
+  return aubier_as_f32(mag | sign);
+}
+__device__ inline float aubier_f16(const unsigned char* p) { return aubier_f16_bits(aubier_u16(p)); }
+"
+            }
+            Helper::PutSigned => {
+                "/* y[j] = db * (byte j of grid), negated where bit j of signs is set, for j < n. */
+__device__ inline void aubier_put_signed(float* y, int n, float db, unsigned long long grid,
+                                         unsigned int signs) {
+  for (int j = 0; j < n; ++j) {
+    const float v = db * (float)(unsigned int)((grid >> (8 * j)) & 0xffull);
+    y[j] = ((signs >> j) & 1u) ? -v : v;
+  }
+}
+"
+            }
+            Helper::IqScale => {
+                "/* The i-quant sub-block scale d * (0.5 + s) * k, in ggml's order. */
+__device__ inline float aubier_iq_db(float d, unsigned int s, float k) {
+  return d * (0.5f + (float)s) * k;
+}
+"
+            }
+            Helper::PutIq1 => {
+                "/* y[j] = dl * ((int8 byte j of grid) + delta), j < 8 (IQ1_S, IQ1_M). */
+__device__ inline void aubier_put_iq1(float* y, float dl, unsigned long long grid, float delta) {
+  for (int j = 0; j < 8; ++j) {
+    y[j] = dl * ((float)aubier_i8((unsigned int)((grid >> (8 * j)) & 0xffull)) + delta);
+  }
+}
+"
+            }
+            Helper::ScaleMinK4 => {
+                "/* Scale and min j (0..8) of Q4_K/Q5_K from the 12 packed bytes q (get_scale_min_k4). */
+__device__ inline void aubier_scale_min_k4(int j, const unsigned char* q, unsigned int* sc,
+                                           unsigned int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63u;
+    *m = q[j + 4] & 63u;
+  } else {
+    *sc = (q[j + 4] & 15u) | ((unsigned int)(q[j - 4] >> 6) << 4);
+    *m = ((unsigned int)q[j + 4] >> 4) | ((unsigned int)(q[j] >> 6) << 4);
+  }
+}
+"
+            }
+            Helper::Q3kScale => {
+                "/* Signed scale j (0..16) of Q3_K from the 12 packed bytes s: low 4 bits in nibble
+   j / 8 of s[j % 8], high 2 bits in pair j / 4 of s[8 + j % 4], offset by 32. */
+__device__ inline int aubier_q3k_scale(const unsigned char* s, int j) {
+  const unsigned int lo = ((unsigned int)s[j & 7] >> (4 * (j >> 3))) & 15u;
+  const unsigned int hi = ((unsigned int)s[8 + (j & 3)] >> (2 * (j >> 2))) & 3u;
+  return (int)(lo | (hi << 4)) - 32;
+}
+"
+            }
+        }
+    }
+
+    /// Writes the helpers this one needs that are not in `done`, then itself, in guards.
+    fn write_with_deps(self, f: &mut Formatter<'_>, done: &mut Vec<Helper>) -> fmt::Result {
+        if done.contains(&self) {
+            return Ok(());
+        }
+        for &d in self.deps() {
+            d.write_with_deps(f, done)?;
+        }
+        done.push(self);
+        let guard = self.guard();
+        write!(
+            f,
+            "#ifndef {guard}\n#define {guard}\n{}#endif\n",
+            self.code()
+        )
+    }
+}
+
+/// The decoding statements of a device function, by family.
+#[derive(Clone, Copy, Debug)]
+enum Body {
+    Float(Float),
+    Legacy(Legacy),
+    KQuant(KQuant),
+    Iq2(Iq2),
+    Iq3(Iq3),
+    Iq1(Iq1),
+    Iq4Xs,
+}
+
+impl Body {
+    /// The helpers the body calls.
+    fn helpers(self) -> &'static [Helper] {
+        match self {
+            Body::Float(Float::F32) => &[Helper::AsF32, Helper::Bytes],
+            Body::Float(_) | Body::Legacy(_) | Body::Iq4Xs => &[Helper::F16],
+            Body::KQuant(KQuant::Q3_K) => &[Helper::F16, Helper::Q3kScale],
+            Body::KQuant(KQuant::Q4_K | KQuant::Q5_K) => &[Helper::F16, Helper::ScaleMinK4],
+            Body::KQuant(_) => &[Helper::F16],
+            Body::Iq2(_) | Body::Iq3(_) => &[Helper::F16, Helper::IqScale, Helper::PutSigned],
+            Body::Iq1(_) => &[Helper::F16, Helper::PutIq1],
+        }
+    }
+
+    /// The lookup tables the body reads.
+    fn tables(self) -> &'static [Table] {
+        match self {
+            Body::Legacy(Legacy::IQ4_NL) | Body::Iq4Xs => &[Table::KvaluesIq4nl],
+            Body::Iq2(Iq2::IQ2_XXS) => &[Table::Iq2xxsGrid, Table::KsignsIq2xs],
+            Body::Iq2(Iq2::IQ2_XS) => &[Table::Iq2xsGrid, Table::KsignsIq2xs],
+            Body::Iq2(Iq2::IQ2_S) => &[Table::Iq2sGrid],
+            Body::Iq3(Iq3::IQ3_XXS) => &[Table::Iq3xxsGrid, Table::KsignsIq2xs],
+            Body::Iq3(Iq3::IQ3_S) => &[Table::Iq3sGrid],
+            Body::Iq1(_) => &[Table::Iq1sGrid],
+            Body::Float(_) | Body::Legacy(_) | Body::KQuant(_) => &[],
+        }
+    }
+
+    /// The block layout, for the comment above the function (byte offsets in the block).
+    fn layout(self) -> &'static str {
+        match self {
+            Body::Float(Float::F32) => "IEEE binary32, 4 bytes little-endian",
+            Body::Float(Float::F16) => "IEEE binary16, 2 bytes little-endian",
+            Body::Float(Float::BF16) => "bfloat16 (top half of a binary32), 2 bytes little-endian",
+            Body::Legacy(Legacy::Q4_0) => "d f16 @0, qs[16] @2; y = (q - 8) * d",
+            Body::Legacy(Legacy::Q4_1) => "d f16 @0, m f16 @2, qs[16] @4; y = q * d + m",
+            Body::Legacy(Legacy::Q5_0) => {
+                "d f16 @0, qh u32 @2, qs[16] @6; y = (q - 16) * d, fifth bit j from qh"
+            }
+            Body::Legacy(Legacy::Q5_1) => {
+                "d f16 @0, m f16 @2, qh u32 @4, qs[16] @8; y = q * d + m, fifth bit j from qh"
+            }
+            Body::Legacy(Legacy::Q8_0) => "d f16 @0, qs[32] int8 @2; y = q * d",
+            Body::Legacy(Legacy::IQ4_NL) => "d f16 @0, qs[16] @2; y = d * kvalues_iq4nl[q]",
+            Body::KQuant(KQuant::Q2_K) => {
+                "scales[16] @0 (lo nibble scale, hi nibble min), qs[64] @16, d @80, dmin @82"
+            }
+            Body::KQuant(KQuant::Q3_K) => "hmask[32] @0, qs[64] @32, scales[12] @96, d @108",
+            Body::KQuant(KQuant::Q4_K) => "d @0, dmin @2, scales[12] @4, qs[128] @16",
+            Body::KQuant(KQuant::Q5_K) => "d @0, dmin @2, scales[12] @4, qh[32] @16, qs[128] @48",
+            Body::KQuant(KQuant::Q6_K) => "ql[128] @0, qh[64] @128, scales[16] int8 @192, d @208",
+            Body::Iq2(Iq2::IQ2_XXS) => "d @0, per 32 elements 4 grid bytes + u32 signs/scale @2",
+            Body::Iq2(Iq2::IQ2_XS) => {
+                "d @0, qs[32] u16 (9-bit grid, 7-bit signs) @2, scales[8] @66"
+            }
+            Body::Iq2(Iq2::IQ2_S) => "d @0, qs[32] @2, signs[32] @34, qh[8] @66, scales[8] @74",
+            Body::Iq3(Iq3::IQ3_XXS) => "d @0, qs[64] @2, per 32 elements u32 signs/scale @66",
+            Body::Iq3(Iq3::IQ3_S) => "d @0, qs[64] @2, qh[8] @66, signs[32] @74, scales[4] @106",
+            Body::Iq1(Iq1::IQ1_S) => "d @0, qs[32] @2, qh[8] u16 @34",
+            Body::Iq1(Iq1::IQ1_M) => "qs[32] @0, qh[16] @32, scales[4] u16 @48 (d in top nibbles)",
+            Body::Iq4Xs => "d @0, scales_h u16 @2, scales_l[4] @4, qs[128] @8",
+        }
+    }
+}
+
+impl Display for Body {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        match self {
+            Body::Float(t) => Display::fmt(t, f),
+            Body::Legacy(t) => Display::fmt(t, f),
+            Body::KQuant(t) => Display::fmt(t, f),
+            Body::Iq2(t) => Display::fmt(t, f),
+            Body::Iq3(t) => Display::fmt(t, f),
+            Body::Iq1(t) => Display::fmt(t, f),
+            Body::Iq4Xs => f.write_str(IQ4_XS_BODY),
+        }
+    }
+}
+
+/// The element formats: `b` is element `16c`.
+#[derive(Clone, Copy, Debug)]
+enum Float {
+    F32,
+    F16,
+    BF16,
+}
+
+impl Display for Float {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        let value = match self {
+            Float::F32 => "aubier_as_f32(aubier_u32(b + 4 * j))",
+            Float::F16 => "aubier_f16(b + 2 * j)",
+            Float::BF16 => "aubier_as_f32(aubier_u16(b + 2 * j) << 16)",
+        };
+        writeln!(f, "  for (int j = 0; j < 16; ++j) out[j] = {value};")
+    }
+}
+
+/// The 32-element formats: chunk `s` = 0 reads the low nibbles (elements 0..16), `s` = 1 the
+/// high nibbles (16..32) of the same 16 bytes; Q8_0 reads bytes `16s ..`.
+#[allow(non_camel_case_types)] // ggml's names
+#[derive(Clone, Copy, Debug)]
+enum Legacy {
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    IQ4_NL,
+}
+
+impl Display for Legacy {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        f.write_str("  const float d = aubier_f16(b);\n")?;
+        if matches!(self, Legacy::Q4_1 | Legacy::Q5_1) {
+            f.write_str("  const float m = aubier_f16(b + 2);\n")?;
+        }
+        match self {
+            Legacy::Q5_0 => f.write_str("  const unsigned int qh = aubier_u32(b + 2);\n")?,
+            Legacy::Q5_1 => f.write_str("  const unsigned int qh = aubier_u32(b + 4);\n")?,
+            _ => {}
+        }
+        // The nibble of element j of this chunk, and (Q5) its fifth bit `qh` bit j + 16s.
+        let nibble = |at: usize| format!("(((unsigned int)b[{at} + j] >> (4 * s)) & 15u)");
+        let fifth = "(((qh >> (j + 16 * s)) & 1u) << 4)";
+        let value = match self {
+            Legacy::Q4_0 => format!("(float)((int){} - 8) * d", nibble(2)),
+            Legacy::Q4_1 => format!("(float){} * d + m", nibble(4)),
+            Legacy::Q5_0 => format!("(float)((int)({} | {fifth}) - 16) * d", nibble(6)),
+            Legacy::Q5_1 => format!("(float)({} | {fifth}) * d + m", nibble(8)),
+            Legacy::Q8_0 => "(float)aubier_i8(b[2 + 16 * s + j]) * d".to_string(),
+            Legacy::IQ4_NL => format!("d * (float)aubier_kvalues_iq4nl[{}]", nibble(2)),
+        };
+        writeln!(f, "  for (int j = 0; j < 16; ++j) out[j] = {value};")
+    }
+}
+
+/// The k-quants. Chunk `s` (0..16) of the super-block: Q2_K/Q3_K/Q6_K have one scale per
+/// chunk; Q4_K/Q5_K one scale and min per two chunks (`get_scale_min_k4`).
+#[allow(non_camel_case_types)] // ggml's names
+#[derive(Clone, Copy, Debug)]
+enum KQuant {
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+}
+
+impl Display for KQuant {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            // Half n = s / 8 of the super-block reads qs[32n ..]; inside it, bit plane
+            // j = (s / 2) % 4 (shift 2j) of byte run h = s % 2 (16 bytes).
+            KQuant::Q2_K => {
+                "  const float d = aubier_f16(b + 80);
+  const float dmin = aubier_f16(b + 82);
+  const unsigned int sc = b[s];
+  const float dl = d * (float)(sc & 15u);
+  const float ml = dmin * (float)(sc >> 4);
+  const unsigned char* q = b + 16 + 32 * (s >> 3) + 16 * (s & 1);
+  const int shift = 2 * ((s >> 1) & 3);
+  for (int l = 0; l < 16; ++l) out[l] = dl * (float)((q[l] >> shift) & 3) - ml;
+"
+            }
+            // As Q2_K for the low two bits; the third comes from hmask bit 4n + j (set: +0,
+            // clear: −4).
+            KQuant::Q3_K => {
+                "  const float d_all = aubier_f16(b + 108);
+  const float dl = d_all * (float)aubier_q3k_scale(b + 96, s);
+  const unsigned char* q = b + 32 + 32 * (s >> 3) + 16 * (s & 1);
+  const unsigned char* hm = b + 16 * (s & 1);
+  const int shift = 2 * ((s >> 1) & 3);
+  const unsigned int m = 1u << (4 * (s >> 3) + ((s >> 1) & 3));
+  for (int l = 0; l < 16; ++l) {
+    const int low = (q[l] >> shift) & 3;
+    const int high = (hm[l] & m) ? 0 : 4;
+    out[l] = dl * (float)(low - high);
+  }
+"
+            }
+            // Run r = s / 4 of 64 elements: low nibbles of qs[32r ..] then their high nibbles;
+            // hi = (s / 2) % 2 picks the nibble and the scale 2r + hi.
+            KQuant::Q4_K => {
+                "  const float d = aubier_f16(b);
+  const float dmin = aubier_f16(b + 2);
+  const int r = s >> 2;
+  const int hi = (s >> 1) & 1;
+  unsigned int sc;
+  unsigned int mn;
+  aubier_scale_min_k4(2 * r + hi, b + 4, &sc, &mn);
+  const float dl = d * (float)sc;
+  const float ml = dmin * (float)mn;
+  const unsigned char* q = b + 16 + 32 * r + 16 * (s & 1);
+  for (int l = 0; l < 16; ++l) out[l] = dl * (float)((q[l] >> (4 * hi)) & 15) - ml;
+"
+            }
+            // Q4_K plus the fifth bit 2r + hi of qh[l].
+            KQuant::Q5_K => {
+                "  const float d = aubier_f16(b);
+  const float dmin = aubier_f16(b + 2);
+  const int r = s >> 2;
+  const int hi = (s >> 1) & 1;
+  unsigned int sc;
+  unsigned int mn;
+  aubier_scale_min_k4(2 * r + hi, b + 4, &sc, &mn);
+  const float dl = d * (float)sc;
+  const float ml = dmin * (float)mn;
+  const unsigned char* qh = b + 16 + 16 * (s & 1);
+  const unsigned char* ql = b + 48 + 32 * r + 16 * (s & 1);
+  const unsigned int bit = 1u << (2 * r + hi);
+  for (int l = 0; l < 16; ++l) {
+    const int q = ((ql[l] >> (4 * hi)) & 15) + ((qh[l] & bit) ? 16 : 0);
+    out[l] = dl * (float)q - ml;
+  }
+"
+            }
+            // Half n = s / 8; quarter k = (s % 8) / 2 takes nibble k / 2 of ql[32(k % 2) ..]
+            // and bit pair k of qh; the int8 scale is scales[s]; y = (d·sc)·(q − 32).
+            KQuant::Q6_K => {
+                "  const float d = aubier_f16(b + 208);
+  const int k = (s & 7) >> 1;
+  const float dsc = d * (float)aubier_i8(b[192 + s]);
+  const unsigned char* ql = b + 64 * (s >> 3) + 32 * (k & 1) + 16 * (s & 1);
+  const unsigned char* qh = b + 128 + 32 * (s >> 3) + 16 * (s & 1);
+  for (int l = 0; l < 16; ++l) {
+    const int q = (int)(((ql[l] >> (4 * (k >> 1))) & 15) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+    out[l] = dsc * (float)q;
+  }
+"
+            }
+        })
+    }
+}
+
+/// Opening lines shared by the i-quants with an f16 `d` @0 and 32-element sub-blocks: the
+/// sub-block `ib` of chunk `s` and its half `h` (groups `2h`, `2h + 1` of 8 elements).
+const IQ_SUBBLOCK: &str = "  const float d = aubier_f16(b);
+  const int ib = s >> 1;
+  const int h = s & 1;
+";
+
+/// The IQ2 family: groups of 8 magnitudes from an 8-wide grid, each with 8 sign bits (a
+/// `ksigns_iq2xs` entry, or IQ2_S's explicit byte); scale `d·(0.5 + s)·0.25`.
+#[allow(non_camel_case_types)] // ggml's names
+#[derive(Clone, Copy, Debug)]
+enum Iq2 {
+    IQ2_XXS,
+    IQ2_XS,
+    IQ2_S,
+}
+
+impl Display for Iq2 {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        f.write_str(IQ_SUBBLOCK)?;
+        // The sub-block scale, then per group l the grid row and the sign byte.
+        let (scale, grid, signs) = match self {
+            Iq2::IQ2_XXS => (
+                "  const unsigned char* q = b + 2 + 8 * ib;
+  const unsigned int aux = aubier_u32(q + 4);
+  const float db = aubier_iq_db(d, aux >> 28, 0.25f);
+",
+                "aubier_iq2xxs_grid[q[l]]",
+                "(unsigned int)aubier_ksigns_iq2xs[(aux >> (7 * l)) & 127u]",
+            ),
+            Iq2::IQ2_XS => (
+                "  const float db = aubier_iq_db(d, ((unsigned int)b[66 + ib] >> (4 * h)) & 15u, 0.25f);
+",
+                "aubier_iq2xs_grid[aubier_u16(b + 2 + 2 * (4 * ib + l)) & 511u]",
+                "(unsigned int)aubier_ksigns_iq2xs[aubier_u16(b + 2 + 2 * (4 * ib + l)) >> 9]",
+            ),
+            Iq2::IQ2_S => (
+                "  const float db = aubier_iq_db(d, ((unsigned int)b[74 + ib] >> (4 * h)) & 15u, 0.25f);
+  const unsigned int qh = b[66 + ib];
+",
+                "aubier_iq2s_grid[b[2 + 4 * ib + l] | ((qh << (8 - 2 * l)) & 0x300u)]",
+                "(unsigned int)b[34 + 4 * ib + l]",
+            ),
+        };
+        f.write_str(scale)?;
+        writeln!(f, "  for (int g = 0; g < 2; ++g) {{")?;
+        writeln!(f, "    const int l = 2 * h + g;")?;
+        writeln!(
+            f,
+            "    aubier_put_signed(out + 8 * g, 8, db, {grid}, {signs});"
+        )?;
+        writeln!(f, "  }}")
+    }
+}
+
+/// The IQ3 family: groups of 8 values from two 4-wide grid rows sharing one sign byte (low
+/// nibble for the first row).
+#[allow(non_camel_case_types)] // ggml's names
+#[derive(Clone, Copy, Debug)]
+enum Iq3 {
+    IQ3_XXS,
+    IQ3_S,
+}
+
+impl Display for Iq3 {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        f.write_str(IQ_SUBBLOCK)?;
+        let (scale, rows, signs) = match self {
+            // db = d·(0.5 + s)·0.5 with s the top 4 bits of the sub-block's u32.
+            Iq3::IQ3_XXS => (
+                "  const unsigned int aux = aubier_u32(b + 66 + 4 * ib);
+  const float db = aubier_iq_db(d, aux >> 28, 0.5f);
+",
+                [
+                    "aubier_iq3xxs_grid[b[2 + 8 * ib + 2 * l]]",
+                    "aubier_iq3xxs_grid[b[3 + 8 * ib + 2 * l]]",
+                ],
+                "(unsigned int)aubier_ksigns_iq2xs[(aux >> (7 * l)) & 127u]",
+            ),
+            // db = d·(1 + 2s); the ninth index bit of row 2l + t is qh bit 2l + t.
+            Iq3::IQ3_S => (
+                "  const unsigned int sc = ((unsigned int)b[106 + (ib >> 1)] >> (4 * (ib & 1))) & 15u;
+  const float db = d * (float)(1 + 2 * (int)sc);
+  const unsigned int qh = b[66 + ib];
+",
+                [
+                    "aubier_iq3s_grid[b[2 + 8 * ib + 2 * l] | ((qh << (8 - 2 * l)) & 256u)]",
+                    "aubier_iq3s_grid[b[3 + 8 * ib + 2 * l] | ((qh << (7 - 2 * l)) & 256u)]",
+                ],
+                "(unsigned int)b[74 + 4 * ib + l]",
+            ),
+        };
+        f.write_str(scale)?;
+        writeln!(f, "  for (int g = 0; g < 2; ++g) {{")?;
+        writeln!(f, "    const int l = 2 * h + g;")?;
+        writeln!(f, "    const unsigned int signs = {signs};")?;
+        writeln!(
+            f,
+            "    aubier_put_signed(out + 8 * g, 4, db, {}, signs);",
+            rows[0]
+        )?;
+        writeln!(
+            f,
+            "    aubier_put_signed(out + 8 * g + 4, 4, db, {}, signs >> 4);",
+            rows[1]
+        )?;
+        writeln!(f, "  }}")
+    }
+}
+
+/// The IQ1 family: groups of 8 ternary values from `iq1s_grid` (11-bit index), shifted by
+/// ±1/8 (IQ1S_DELTA = IQ1M_DELTA) and scaled by `d·(2s + 1)`.
+#[allow(non_camel_case_types)] // ggml's names
+#[derive(Clone, Copy, Debug)]
+enum Iq1 {
+    IQ1_S,
+    IQ1_M,
+}
+
+impl Display for Iq1 {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            // qh u16 per sub-block: 3 high index bits per group, scale bits 12..15, delta sign
+            // bit 15.
+            Iq1::IQ1_S => {
+                "  const float d = aubier_f16(b);
+  const int ib = s >> 1;
+  const int h = s & 1;
+  const unsigned int qh = aubier_u16(b + 34 + 2 * ib);
+  const float dl = d * (float)(2 * (int)((qh >> 12) & 7u) + 1);
+  const float delta = (qh & 0x8000u) ? -0.125f : 0.125f;
+  for (int g = 0; g < 2; ++g) {
+    const int l = 2 * h + g;
+    const unsigned int idx = b[2 + 4 * ib + l] | (((qh >> (3 * l)) & 7u) << 8);
+    aubier_put_iq1(out + 8 * g, dl, aubier_iq1s_grid[idx], delta);
+  }
+"
+            }
+            // d is the f16 spread over the top nibbles of the four u16 scale words; the 3-bit
+            // scale of half h of sub-block ib is bits 6(ib % 2) + 3h of word ib / 2; group l's
+            // qh nibble holds 3 high index bits and the delta sign (bit 3).
+            Iq1::IQ1_M => {
+                "  const unsigned int d_bits = (aubier_u16(b + 48) >> 12) | ((aubier_u16(b + 50) >> 8) & 0x00f0u) |
+                              ((aubier_u16(b + 52) >> 4) & 0x0f00u) | (aubier_u16(b + 54) & 0xf000u);
+  const float d = aubier_f16_bits(d_bits);
+  const int ib = s >> 1;
+  const int h = s & 1;
+  const unsigned int sw = aubier_u16(b + 48 + 2 * (ib >> 1)) >> (6 * (ib & 1));
+  const float dl = d * (float)(2 * (int)((sw >> (3 * h)) & 7u) + 1);
+  for (int g = 0; g < 2; ++g) {
+    const int l = 2 * h + g;
+    const unsigned int nib = ((unsigned int)b[32 + 2 * ib + h] >> (4 * g)) & 15u;
+    const unsigned int idx = b[4 * ib + l] | ((nib & 7u) << 8);
+    const float delta = (nib & 8u) ? -0.125f : 0.125f;
+    aubier_put_iq1(out + 8 * g, dl, aubier_iq1s_grid[idx], delta);
+  }
+"
+            }
+        })
+    }
+}
+
+/// IQ4_XS: sub-block `ib` scale `(lo | hi << 4) − 32` from `scales_l` nibble `ib % 2` of byte
+/// `ib / 2` and `scales_h` bit pair `ib`; half `h` reads nibble `h` of `qs[16ib ..]`.
+const IQ4_XS_BODY: &str = "  const float d = aubier_f16(b);
+  const int ib = s >> 1;
+  const int h = s & 1;
+  const unsigned int lo = ((unsigned int)b[4 + (ib >> 1)] >> (4 * (ib & 1))) & 15u;
+  const unsigned int hi = (aubier_u16(b + 2) >> (2 * ib)) & 3u;
+  const float dl = d * (float)((int)(lo | (hi << 4)) - 32);
+  for (int j = 0; j < 16; ++j) {
+    out[j] = dl * (float)aubier_kvalues_iq4nl[((unsigned int)b[8 + 16 * ib + j] >> (4 * h)) & 15u];
+  }
+";
+
+/// A lookup table of [`crate::quant_grids`], emitted as a `__constant__` C++ array.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Table {
+    Iq2xxsGrid,
+    Iq2xsGrid,
+    Iq2sGrid,
+    Iq3xxsGrid,
+    Iq3sGrid,
+    Iq1sGrid,
+    KsignsIq2xs,
+    KvaluesIq4nl,
+}
+
+impl Display for Table {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        match self {
+            Table::Iq2xxsGrid => Display::fmt(&CArray("iq2xxs_grid", &IQ2XXS_GRID), f),
+            Table::Iq2xsGrid => Display::fmt(&CArray("iq2xs_grid", &IQ2XS_GRID), f),
+            Table::Iq2sGrid => Display::fmt(&CArray("iq2s_grid", &IQ2S_GRID), f),
+            Table::Iq3xxsGrid => Display::fmt(&CArray("iq3xxs_grid", &IQ3XXS_GRID), f),
+            Table::Iq3sGrid => Display::fmt(&CArray("iq3s_grid", &IQ3S_GRID), f),
+            Table::Iq1sGrid => Display::fmt(&CArray("iq1s_grid", &IQ1S_GRID), f),
+            Table::KsignsIq2xs => Display::fmt(&CArray("ksigns_iq2xs", &KSIGNS_IQ2XS), f),
+            Table::KvaluesIq4nl => Display::fmt(&CArray("kvalues_iq4nl", &KVALUES_IQ4NL), f),
+        }
+    }
+}
+
+/// The tables of one type, in order.
+struct Tables(&'static [Table]);
+
+impl Display for Tables {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|t| Display::fmt(t, f))
+    }
+}
+
+/// An integer element type of a C++ table and how its literals are spelled.
+trait CElem: Copy {
+    /// The C++ type.
+    const C_TYPE: &'static str;
+    /// Values per line.
+    const PER_LINE: usize;
+    /// Writes one literal.
+    fn write(self, f: &mut Formatter<'_>) -> fmt::Result;
+}
+
+impl CElem for u64 {
+    const C_TYPE: &'static str = "unsigned long long";
+    const PER_LINE: usize = 4;
+    fn write(self, f: &mut Formatter<'_>) -> fmt::Result {
+        write!(f, "0x{self:016x}ull")
+    }
+}
+
+impl CElem for u32 {
+    const C_TYPE: &'static str = "unsigned int";
+    const PER_LINE: usize = 8;
+    fn write(self, f: &mut Formatter<'_>) -> fmt::Result {
+        write!(f, "0x{self:08x}u")
+    }
+}
+
+impl CElem for u8 {
+    const C_TYPE: &'static str = "unsigned char";
+    const PER_LINE: usize = 16;
+    fn write(self, f: &mut Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+impl CElem for i8 {
+    const C_TYPE: &'static str = "signed char";
+    const PER_LINE: usize = 16;
+    fn write(self, f: &mut Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+/// `__constant__ const T aubier_<name>[N] = {…};` in its `AUBIER_TABLE_<NAME>` guard.
+struct CArray<'a, T>(&'a str, &'a [T]);
+
+impl<T: CElem> Display for CArray<'_, T> {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        let CArray(name, values) = *self;
+        let guard = name.to_ascii_uppercase();
+        writeln!(f, "#ifndef AUBIER_TABLE_{guard}")?;
+        writeln!(f, "#define AUBIER_TABLE_{guard}")?;
+        writeln!(
+            f,
+            "__constant__ const {} aubier_{name}[{}] = {{",
+            T::C_TYPE,
+            values.len()
+        )?;
+        for line in values.chunks(T::PER_LINE) {
+            f.write_str("   ")?;
+            for v in line {
+                f.write_str(" ")?;
+                v.write(f)?;
+                f.write_str(",")?;
+            }
+            f.write_str("\n")?;
+        }
+        writeln!(f, "}};")?;
+        writeln!(f, "#endif")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_supported_type_has_a_function_and_tables() {
+        for &name in supported_types() {
+            let ty = GgmlType::from_name(name).expect("a ggml type name");
+            let text = device_fn(name).expect("supported").to_string();
+            let signature = format!(
+                "__device__ inline void aubier_dq16_{}(const unsigned char* row, int c, float* out) {{",
+                name.to_ascii_lowercase()
+            );
+            assert!(text.contains(&signature), "{name}:\n{text}");
+            assert!(device_tables(name).is_some(), "{name}");
+            // Block sizes are 1 or whole multiples of the 16-element chunk.
+            assert!(
+                ty.block_size() == 1 || ty.block_size().is_multiple_of(16),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_are_matched_ignoring_ascii_case_and_unknown_ones_are_none() {
+        assert_eq!(
+            device_fn("iq2_xxs").map(|t| t.to_string()),
+            device_fn("IQ2_XXS").map(|t| t.to_string())
+        );
+        for name in [
+            "Q8_K", "Q8_1", "TQ1_0", "MXFP4", "I32", "F64", "", "Q2K", "q2_k ",
+        ] {
+            assert!(device_fn(name).is_none(), "{name:?}");
+            assert!(device_tables(name).is_none(), "{name:?}");
+        }
+    }
+
+    #[test]
+    fn types_without_tables_emit_none_and_shared_tables_are_guarded() {
+        assert_eq!(device_tables("Q2_K").expect("supported").to_string(), "");
+        let text = device_tables("IQ2_XXS").expect("supported").to_string();
+        assert!(
+            text.contains("#ifndef AUBIER_TABLE_KSIGNS_IQ2XS\n"),
+            "{text}"
+        );
+        assert!(text.contains("__constant__ const unsigned long long aubier_iq2xxs_grid[256] = {"));
+    }
+
+    /// The emitted literals read back as the runtime's tables, entry for entry.
+    #[test]
+    fn emitted_tables_hold_the_quant_grids() {
+        fn values(text: &str, name: &str) -> Vec<i64> {
+            let start = text
+                .find(&format!("aubier_{name}["))
+                .unwrap_or_else(|| panic!("{name} missing"));
+            let body = &text[start..];
+            let body = &body[body.find('{').expect("{") + 1..body.find("};").expect("};")];
+            body.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| {
+                    let s = s.trim_end_matches("ull").trim_end_matches('u');
+                    match s.strip_prefix("0x") {
+                        Some(hex) => i64::from_str_radix(hex, 16)
+                            .or_else(|_| u64::from_str_radix(hex, 16).map(|v| v as i64))
+                            .expect("hex"),
+                        None => s.parse().expect("decimal"),
+                    }
+                })
+                .collect()
+        }
+        let as_i64 = |v: &[u64]| v.iter().map(|&x| x as i64).collect::<Vec<_>>();
+        let iq2 = device_tables("IQ2_XXS").expect("supported").to_string();
+        assert_eq!(values(&iq2, "iq2xxs_grid"), as_i64(&IQ2XXS_GRID));
+        let ksigns: Vec<i64> = KSIGNS_IQ2XS.iter().map(|&x| i64::from(x)).collect();
+        assert_eq!(values(&iq2, "ksigns_iq2xs"), ksigns);
+        let xs = device_tables("IQ2_XS").expect("supported").to_string();
+        assert_eq!(values(&xs, "iq2xs_grid"), as_i64(&IQ2XS_GRID));
+        let s = device_tables("IQ2_S").expect("supported").to_string();
+        assert_eq!(values(&s, "iq2s_grid"), as_i64(&IQ2S_GRID));
+        let iq3 = device_tables("IQ3_XXS").expect("supported").to_string();
+        let want: Vec<i64> = IQ3XXS_GRID.iter().map(|&x| i64::from(x)).collect();
+        assert_eq!(values(&iq3, "iq3xxs_grid"), want);
+        let iq3s = device_tables("IQ3_S").expect("supported").to_string();
+        let want: Vec<i64> = IQ3S_GRID.iter().map(|&x| i64::from(x)).collect();
+        assert_eq!(values(&iq3s, "iq3s_grid"), want);
+        let iq1 = device_tables("IQ1_M").expect("supported").to_string();
+        assert_eq!(values(&iq1, "iq1s_grid"), as_i64(&IQ1S_GRID));
+        let nl = device_tables("IQ4_XS").expect("supported").to_string();
+        let want: Vec<i64> = KVALUES_IQ4NL.iter().map(|&x| i64::from(x)).collect();
+        assert_eq!(values(&nl, "kvalues_iq4nl"), want);
+    }
+
+    /// A helper is written once per function even when several callers need it, and after the
+    /// helpers it calls.
+    #[test]
+    fn helpers_come_once_and_after_their_dependencies() {
+        let text = device_fn("IQ1_M").expect("supported").to_string();
+        for guard in ["AUBIER_DQ_BYTES", "AUBIER_DQ_AS_F32", "AUBIER_DQ_F16"] {
+            assert_eq!(
+                text.matches(&format!("#ifndef {guard}\n")).count(),
+                1,
+                "{guard}"
+            );
+        }
+        let at = |s: &str| text.find(s).unwrap_or_else(|| panic!("{s}"));
+        assert!(at("#define AUBIER_DQ_BYTES") < at("#define AUBIER_DQ_F16"));
+        assert!(at("#define AUBIER_DQ_BYTES") < at("#define AUBIER_DQ_PUT_IQ1"));
+        assert!(at("#define AUBIER_DQ_PUT_IQ1") < at("aubier_dq16_iq1_m("));
+    }
+}

@@ -1,0 +1,322 @@
+//! Tests of the kernel IR, its CPU execution and the emitters: faults the execution must catch,
+//! the reduction tree it must follow, and every builder's kernel printed in both dialects and
+//! compiled with clang-19 (HIP for gfx1201, gfx1100, gfx942; CUDA to PTX for sm_90) when clang-19
+//! is installed (CI installs it; elsewhere the compile test says it was skipped).
+
+use super::cpu_exec::{self, Arg, ExecError};
+use super::emit::{Cuda, Hip};
+use super::ir::{block_reduce, ci, tid, Expr, Kb, Kernel, ReduceOp, Scalar, Size};
+use super::kernels::*;
+use super::steps;
+use aubier_compiler::config::{QueryTemperature, YarnParams};
+use aubier_compiler::ops::Op;
+
+fn no_dequant(_: &str, _: &[u8], _: usize, _: &mut [f32; 16]) -> Result<(), String> {
+    Err("no quant types in this test".into())
+}
+
+fn yarn() -> YarnParams {
+    YarnParams {
+        n_rot: 64,
+        freq_base: 10000.0,
+        factor: 128.0,
+        original_context: 8192,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attn_factor: 1.0,
+        log_multiplier: 0.1,
+    }
+}
+
+/// One kernel of every builder, at the real model's shapes, with the weight types of a 2-bit file.
+fn every_kernel() -> Vec<Kernel> {
+    let w = |ty: &str, n: usize| WeightSpec {
+        ggml_type: ty.into(),
+        row_len: n,
+    };
+    let kq = KqkvShape {
+        name: "kqkv".into(),
+        heads: 32,
+        width: 320,
+        kv_lora: 256,
+        kq_scale: 0.194_975,
+    };
+    let rows = Size::Tokens;
+    let mut out = vec![
+        phase(&PhaseShape {
+            name: "phase".into(),
+            heads: 32,
+            nope: 64,
+            kv_lora: 256,
+            rope_dim: 64,
+            rope: yarn(),
+            eps: 1e-6,
+            temperature: Some(QueryTemperature {
+                scale: 0.1,
+                length: 8192,
+            }),
+        }),
+        kqkv_split(&kq),
+        kqkv_merge(&kq),
+        steps::embed("embed", &w("Q4_K", 4096), &rows),
+        steps::rms_norm("rms_norm", 4096, &rows, 1e-6),
+        steps::elementwise(
+            "add",
+            Op::Add,
+            &Size::prod(Size::Tokens, Size::Const(4096)),
+            0.0,
+        ),
+        steps::elementwise(
+            "silu",
+            Op::Silu,
+            &Size::prod(Size::Tokens, Size::Const(4096)),
+            0.0,
+        ),
+        steps::softmax("softmax", &Size::Const(128), &rows),
+        steps::softmax(
+            "softmax_s",
+            &Size::Keys,
+            &Size::prod(Size::Tokens, Size::Const(32)),
+        ),
+        steps::rope("rope", 64, 32, &yarn()),
+        steps::temperature(
+            "temperature",
+            32 * 320,
+            &QueryTemperature {
+                scale: 0.1,
+                length: 8192,
+            },
+        ),
+        steps::copy_rows("concat", &rows, 256, 0, 256, 64),
+        steps::cache_write("cache_write", 320),
+        steps::scores_qk("scores_qk", 320, &Size::prod(Size::Tokens, Size::Const(32))),
+        steps::causal_mask(
+            "causal_mask",
+            32,
+            &Size::prod(Size::Tokens, Size::Const(32)),
+        ),
+        steps::weighted_sum(
+            "weighted_sum",
+            320,
+            256,
+            &Size::prod(Size::Tokens, Size::Const(32)),
+        ),
+        steps::top_k("top_k", 128, 4, &rows),
+        steps::gather_renorm("gather_renorm", 128, 4, &rows, true, 1.0),
+        steps::moe_gate_up("moe_gate_up", &w("IQ2_XXS", 4096), None, 2048, 4),
+        steps::moe_down("moe_down", &w("Q2_K", 2048), 4096, 4),
+        steps::argmax("argmax", 131_072, &rows),
+    ];
+    for ty in [
+        "F32", "F16", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS",
+        "IQ3_XXS", "IQ4_XS", "IQ1_S",
+    ] {
+        out.push(mat_vec(&MatVecShape {
+            name: format!("mat_mul_{}", ty.to_ascii_lowercase()),
+            w: w(ty, 4096),
+            n_out: 1024,
+            heads: 1,
+            tail: 0,
+            rows: Size::Tokens,
+        }));
+    }
+    out.push(mat_vec(&MatVecShape {
+        name: "wkb_in".into(),
+        w: w("Q8_0", 64),
+        n_out: 256,
+        heads: 32,
+        tail: 64,
+        rows: Size::Tokens,
+    }));
+    out.into_iter().map(|k| k.expect("builder")).collect()
+}
+
+#[test]
+fn every_builder_type_checks() {
+    let ks = every_kernel();
+    assert!(ks.len() > 30);
+    for k in &ks {
+        k.check().expect("checked");
+    }
+}
+
+/// The block reduction follows the documented tree: warp butterflies, then warp 0 over the
+/// per-warp partials. Values chosen so that a different association gives different bits.
+#[test]
+fn block_reduce_follows_the_tree() {
+    let mut kb = Kb::new("red", "test", [Size::Const(1), Size::Const(1)], 128);
+    let x = kb.input_f32("x", Size::Const(128));
+    let y = kb.output_f32("y", Some(Size::Const(1)));
+    let sh = kb.shared("red", Scalar::F32, 32);
+    let v = kb.let_("v", kb.load(x, tid()));
+    block_reduce(&mut kb, ReduceOp::Sum, v, sh);
+    kb.if_(tid().eq(0), |kb| kb.store(y, 0, v));
+    let k = kb.finish().expect("kernel");
+    let mut xs: Vec<f32> = (0..128)
+        .map(|i| 1.0 + (i as f32) * 1e-7 * (i % 7) as f32)
+        .collect();
+    xs[5] = 1e8;
+    xs[77] = -1e8;
+    // Reference: per warp, butterfly at offsets 16..1 (lane l's value after the last step is the
+    // same for all lanes: fold pairwise), then the four partials the same way.
+    let butterfly = |v: &[f32]| -> f32 {
+        let mut cur = v.to_vec();
+        let mut off = cur.len() / 2;
+        while off > 0 {
+            cur = (0..cur.len()).map(|l| cur[l] + cur[l ^ off]).collect();
+            off /= 2;
+        }
+        cur[0]
+    };
+    let mut parts: Vec<f32> = xs.chunks(32).map(butterfly).collect();
+    parts.resize(32, 0.0);
+    let want = butterfly(&parts);
+    let mut out = vec![0f32; 1];
+    cpu_exec::run(
+        &k,
+        &mut [Arg::F32(&mut xs), Arg::F32(&mut out)],
+        1,
+        1,
+        &no_dequant,
+    )
+    .expect("run");
+    assert_eq!(out[0].to_bits(), want.to_bits());
+}
+
+#[test]
+fn execution_catches_out_of_bounds_and_divergent_barriers() {
+    let mut kb = Kb::new("oob", "test", [Size::Const(2), Size::Const(1)], 32);
+    let x = kb.input_f32("x", Size::Const(32));
+    let y = kb.output_f32("y", Some(Size::Const(32)));
+    let v = kb.load(x, super::ir::bx() * 32 + tid());
+    kb.store(y, tid(), v);
+    let k = kb.finish().expect("kernel");
+    let (mut a, mut b) = (vec![0f32; 32], vec![0f32; 32]);
+    let e = cpu_exec::run(
+        &k,
+        &mut [Arg::F32(&mut a), Arg::F32(&mut b)],
+        1,
+        1,
+        &no_dequant,
+    )
+    .expect_err("block 1 reads past x");
+    assert!(matches!(e, ExecError::OutOfBounds { index: 32, .. }), "{e}");
+
+    let mut kb = Kb::new("div", "test", [Size::Const(1), Size::Const(1)], 64);
+    kb.if_(tid().lt(ci(10)), |kb| kb.barrier());
+    let k = kb.finish().expect("kernel");
+    let e = cpu_exec::run(&k, &mut [], 1, 1, &no_dequant).expect_err("divergent barrier");
+    assert!(matches!(e, ExecError::Fault { .. }), "{e}");
+
+    let mut kb = Kb::new("bind", "test", [Size::Const(1), Size::Const(1)], 32);
+    kb.input_f32("x", Size::prod(Size::Tokens, Size::Const(4)));
+    let k = kb.finish().expect("kernel");
+    let mut short = vec![0f32; 7];
+    let e = cpu_exec::run(&k, &mut [Arg::F32(&mut short)], 2, 1, &no_dequant).expect_err("short");
+    assert!(matches!(e, ExecError::Binding { .. }), "{e}");
+}
+
+#[test]
+fn ill_typed_kernels_are_refused() {
+    let mut kb = Kb::new("bad", "test", [Size::Const(1), Size::Const(1)], 32);
+    let v = kb.let_("v", 1.0f32);
+    kb.set(v, tid());
+    assert!(kb.finish().is_err());
+    let kb = Kb::new("bad_block", "test", [Size::Const(1), Size::Const(1)], 48);
+    assert!(kb.finish().is_err());
+    let mut kb = Kb::new("bad_mix", "test", [Size::Const(1), Size::Const(1)], 32);
+    kb.let_("v", Expr::F(1.0) + tid());
+    assert!(kb.finish().is_err());
+}
+
+fn clang() -> Option<&'static str> {
+    std::process::Command::new("clang-19")
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|_| "clang-19")
+}
+
+/// Every builder's kernel compiles for the three AMD targets and to PTX.
+#[test]
+fn every_kernel_compiles_with_clang() {
+    let Some(cc) = clang() else {
+        panic!("clang-19 could not be run; the GPU emitter tests need it: apt-get install -y clang-19 lld-19");
+    };
+    let dir = std::env::temp_dir().join(format!("aubier-gpu-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    // One translation unit per dialect keeps the test short: the kernels have distinct names.
+    let ks = every_kernel();
+    let mut failures = Vec::new();
+    for (i, k) in ks.iter().enumerate() {
+        let hip = super::render(&Hip, k, &[]).expect("hip");
+        let cu = super::render(&Cuda, k, &[]).expect("cuda");
+        let hp = dir.join(format!("k{i}.hip"));
+        let cp = dir.join(format!("k{i}.cu"));
+        std::fs::write(&hp, hip).expect("write");
+        std::fs::write(&cp, cu).expect("write");
+        for arch in ["gfx1201", "gfx1100", "gfx942"] {
+            let out = std::process::Command::new(cc)
+                .args([
+                    "-x",
+                    "hip",
+                    &format!("--offload-arch={arch}"),
+                    "-nogpuinc",
+                    "-nogpulib",
+                ])
+                .args([
+                    "--cuda-device-only",
+                    "--no-gpu-bundle-output",
+                    "-O3",
+                    "-fuse-ld=lld",
+                ])
+                .arg(&hp)
+                .arg("-o")
+                .arg(dir.join(format!("k{i}_{arch}.co")))
+                .output()
+                .expect("clang runs");
+            if !out.status.success() {
+                failures.push(format!(
+                    "{} {arch}:\n{}",
+                    k.name,
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+        }
+        let out = std::process::Command::new(cc)
+            .args([
+                "-x",
+                "cuda",
+                "--cuda-gpu-arch=sm_90",
+                "-nocudainc",
+                "-nocudalib",
+            ])
+            .args([
+                "--cuda-device-only",
+                "-Xclang",
+                "-target-feature",
+                "-Xclang",
+                "+ptx80",
+                "-O3",
+                "-S",
+            ])
+            .arg(&cp)
+            .arg("-o")
+            .arg(dir.join(format!("k{i}.ptx")))
+            .output()
+            .expect("clang runs");
+        if !out.status.success() {
+            failures.push(format!(
+                "{} cuda:\n{}",
+                k.name,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        if !failures.is_empty() {
+            break;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
