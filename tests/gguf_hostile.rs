@@ -3,7 +3,7 @@
 //! file; and byte-identical round trips of every fixture through the test writer.
 
 use aubier_runtime::gguf::{GgufError, GgufFile, MetaArray, MetaValue};
-use aubier_tests::gguf_writer::{encode_array, gguf_string, value_type as vt, GgufWriter};
+use aubier_runtime::gguf_write::{encode_array, gguf_string, value_type as vt, GgufWriter};
 use aubier_tests::{data_dir, model_path};
 
 const F32: u32 = 0;

@@ -370,6 +370,19 @@ impl GgufFile {
         self.key_index.get(key).map(|&i| &self.metadata[i].1)
     }
 
+    /// Sets `key` to `value`, replacing its value in place or appending the pair, as llama.cpp's
+    /// `--override-kv` does before a model's hyper-parameters are read. Tensor data and the
+    /// file's bytes are unchanged.
+    pub fn set_metadata(&mut self, key: &str, value: MetaValue) {
+        match self.key_index.get(key) {
+            Some(&i) => self.metadata[i].1 = value,
+            None => {
+                self.key_index.insert(key.to_owned(), self.metadata.len());
+                self.metadata.push((key.to_owned(), value));
+            }
+        }
+    }
+
     /// Every tensor info, in file order.
     pub fn tensors(&self) -> &[TensorInfo] {
         &self.tensors

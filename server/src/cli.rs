@@ -26,6 +26,12 @@ pub enum Command {
     Run(crate::run::RunArgs),
     /// Record the routing of every token of one generation as a JSONL trace (for `replay`).
     Trace(crate::trace::TraceArgs),
+    /// Write a synthetic mistral4 GGUF with the real dimensions and random valid quant blocks.
+    Synth(crate::synth::SynthArgs),
+    /// Compare two model configurations by teacher-forced NLL on one text (paired t verdict).
+    Quality(crate::quality::QualityArgs),
+    /// Measure prefill and decode tok/s, time to first token, peak RSS and weight bytes per token.
+    Bench(crate::bench::BenchArgs),
 }
 
 /// Parses the command line and runs the chosen subcommand.
@@ -41,6 +47,9 @@ pub fn main() -> ExitCode {
         Command::Gen(args) => crate::gen::run(args),
         Command::Run(args) => report("run", crate::run::run(args)),
         Command::Trace(args) => report("trace", crate::trace::run(args)),
+        Command::Synth(args) => report("synth", crate::synth::run(args)),
+        Command::Quality(args) => report("quality", crate::quality::run(args)),
+        Command::Bench(args) => report("bench", crate::bench::run(args)),
     }
 }
 

@@ -1,15 +1,20 @@
-//! A tiny GGUF writer for tests: valid files, and hostile ones (any header field, type id, count
-//! or offset can be set by hand).
+//! A GGUF v3 writer: in memory for small and hostile test files (any header field, type id, count
+//! or offset can be set by hand), and streamed for large ones (`aubier synth`'s multi-GB files are
+//! never held in memory).
 //!
 //! Layout written (gguf-py `gguf/gguf_writer.py`, llama.cpp `ggml/src/gguf.cpp`): magic, version,
 //! tensor_count, kv_count, the key/value pairs in insertion order, the tensor infos in insertion
-//! order, zero padding to `alignment`, then the data section. Each tensor's data goes at its
-//! explicit offset or, if none, at the next aligned offset after the data written so far; the data
-//! section ends at the padded end of the last data written (a tensor with empty data and an
-//! explicit offset occupies nothing, so a hostile offset of 2^40 costs no memory). A file without tensors ends right after the
-//! last key/value pair (as llama.cpp's `--vocab-only` writer does).
+//! order, zero padding to `alignment`, then the data section. In memory ([`GgufWriter::finish`]),
+//! each tensor's data goes at its explicit offset or, if none, at the next aligned offset after the
+//! data written so far; the data section ends at the padded end of the last data written (a tensor
+//! with empty data and an explicit offset occupies nothing, so a hostile offset of 2^40 costs no
+//! memory). A file without tensors ends right after the last key/value pair (as llama.cpp's
+//! `--vocab-only` writer does). Streamed ([`GgufWriter::write_streamed`]), tensors are laid out
+//! back to back at aligned offsets and their bytes come from a callback, one tensor at a time.
 
-use aubier_runtime::gguf::{GgufFile, MetaArray, MetaValue};
+use crate::ggml_type::GgmlType;
+use crate::gguf::{GgufFile, MetaArray, MetaValue};
+use std::io::{self, Write};
 
 /// GGUF value type ids (gguf-py `GGUFValueType`).
 pub mod value_type {
@@ -187,6 +192,154 @@ impl GgufWriter {
     }
 }
 
+/// A tensor of a streamed file: its info only; the bytes come from the callback of
+/// [`GgufWriter::write_streamed`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamedTensor {
+    /// GGUF tensor name (`"blk.0.attn_q_a.weight"`).
+    pub name: String,
+    /// `ne` in ggml order (`ne[0]` is the row length).
+    pub ne: Vec<u64>,
+    /// Storage type.
+    pub ggml_type: GgmlType,
+}
+
+impl StreamedTensor {
+    /// Bytes of the tensor's data: rows × `ggml_row_size(ne[0])`, or `None` when `ne` is empty,
+    /// `ne[0]` is not a multiple of the block size, or the size overflows.
+    pub fn n_bytes(&self) -> Option<u64> {
+        let (&row, rest) = self.ne.split_first()?;
+        let row_bytes = self.ggml_type.row_size(usize::try_from(row).ok()?)? as u64;
+        rest.iter()
+            .try_fold(row_bytes, |acc, &d| acc.checked_mul(d))
+    }
+}
+
+/// What [`GgufWriter::write_streamed`] can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum GgufWriteError {
+    /// Writing to the sink, or the callback, failed.
+    #[error("writing the GGUF file: {0}")]
+    Io(#[from] io::Error),
+    /// A tensor's `ne` gives no valid byte size for its type.
+    #[error("tensor `{name}`: ne {ne:?} is not a whole number of {ggml_type} blocks per row")]
+    BadShape {
+        /// Tensor name.
+        name: String,
+        /// Its `ne`.
+        ne: Vec<u64>,
+        /// Its type.
+        ggml_type: GgmlType,
+    },
+    /// The callback wrote a different number of bytes than the tensor holds.
+    #[error("tensor `{name}`: the callback wrote {wrote} bytes, the tensor holds {expected}")]
+    WrongLength {
+        /// Tensor name.
+        name: String,
+        /// Bytes the tensor holds.
+        expected: u64,
+        /// Bytes written.
+        wrote: u64,
+    },
+    /// `write_streamed` was called on a writer that already holds in-memory tensors.
+    #[error("write_streamed takes its tensors as an argument; this writer already holds {0}")]
+    MixedTensors(usize),
+}
+
+/// Counts the bytes that pass through to the inner writer.
+struct Counting<'a, W: Write> {
+    inner: &'a mut W,
+    n: u64,
+}
+
+impl<W: Write> Write for Counting<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.n += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl GgufWriter {
+    /// Streams a file with this writer's header fields and key/value pairs and the `tensors`
+    /// given, laid out back to back at `alignment`-aligned offsets. `fill(i, sink)` is called
+    /// once per tensor, in order, and must write exactly `tensors[i].n_bytes()` bytes to `sink`;
+    /// padding is written between tensors. Only the header and one tensor's worth of whatever
+    /// `fill` buffers are in memory at a time. Returns the bytes written.
+    ///
+    /// Errors: [`GgufWriteError::MixedTensors`] when [`GgufWriter::tensor`] was used;
+    /// [`GgufWriteError::BadShape`]; [`GgufWriteError::WrongLength`] (the file is then
+    /// incomplete); [`GgufWriteError::Io`] from the sink or the callback.
+    pub fn write_streamed<W: Write>(
+        &self,
+        out: &mut W,
+        tensors: &[StreamedTensor],
+        mut fill: impl FnMut(usize, &mut dyn Write) -> io::Result<()>,
+    ) -> Result<u64, GgufWriteError> {
+        if !self.tensors.is_empty() {
+            return Err(GgufWriteError::MixedTensors(self.tensors.len()));
+        }
+        let sizes = tensors
+            .iter()
+            .map(|t| {
+                t.n_bytes().ok_or_else(|| GgufWriteError::BadShape {
+                    name: t.name.clone(),
+                    ne: t.ne.clone(),
+                    ggml_type: t.ggml_type,
+                })
+            })
+            .collect::<Result<Vec<u64>, _>>()?;
+        let align = self.alignment as u64;
+        let mut header = Vec::new();
+        header.extend_from_slice(&self.magic);
+        header.extend_from_slice(&self.version.to_le_bytes());
+        header.extend_from_slice(
+            &self
+                .tensor_count
+                .unwrap_or(tensors.len() as u64)
+                .to_le_bytes(),
+        );
+        header.extend_from_slice(&self.kv_count.unwrap_or(self.kvs.len() as u64).to_le_bytes());
+        for kv in &self.kvs {
+            header.extend_from_slice(kv);
+        }
+        let mut offset = 0u64;
+        for (t, &size) in tensors.iter().zip(&sizes) {
+            header.extend_from_slice(&gguf_string(t.name.as_bytes()));
+            header.extend_from_slice(&(t.ne.len() as u32).to_le_bytes());
+            for d in &t.ne {
+                header.extend_from_slice(&d.to_le_bytes());
+            }
+            header.extend_from_slice(&t.ggml_type.id().to_le_bytes());
+            header.extend_from_slice(&offset.to_le_bytes());
+            offset = (offset + size).next_multiple_of(align);
+        }
+        header.resize(header.len().next_multiple_of(self.alignment), 0);
+        out.write_all(&header)?;
+        let mut total = header.len() as u64;
+        for (i, (t, &size)) in tensors.iter().zip(&sizes).enumerate() {
+            let mut sink = Counting { inner: out, n: 0 };
+            fill(i, &mut sink)?;
+            if sink.n != size {
+                return Err(GgufWriteError::WrongLength {
+                    name: t.name.clone(),
+                    expected: size,
+                    wrote: sink.n,
+                });
+            }
+            let pad = size.next_multiple_of(align) - size;
+            out.write_all(&vec![0u8; pad as usize])?;
+            total += size + pad;
+        }
+        out.flush()?;
+        Ok(total)
+    }
+}
+
 /// Every tensor of `file` as a [`TensorSpec`] at its original offset, data copied.
 pub fn tensor_specs(file: &GgufFile) -> Vec<TensorSpec> {
     file.tensors()
@@ -267,5 +420,94 @@ pub fn encode_array(array: &MetaArray) -> Vec<u8> {
             }
             out
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> GgufWriter {
+        let mut w = GgufWriter::new();
+        w.kv("general.architecture", &MetaValue::String("test".into()))
+            .kv("general.alignment", &MetaValue::U32(32));
+        w
+    }
+
+    /// A streamed file and the same file built in memory are byte-identical, and the reader
+    /// finds every tensor's bytes where the writer put them.
+    #[test]
+    fn streamed_equals_in_memory() {
+        let shapes: [(&str, &[u64], GgmlType); 3] = [
+            ("a", &[256, 3], GgmlType::Q2_K),
+            ("b", &[7], GgmlType::F32),
+            ("c", &[32, 2, 2], GgmlType::Q4_0),
+        ];
+        let tensors: Vec<StreamedTensor> = shapes
+            .iter()
+            .map(|&(name, ne, ggml_type)| StreamedTensor {
+                name: name.into(),
+                ne: ne.to_vec(),
+                ggml_type,
+            })
+            .collect();
+        let data: Vec<Vec<u8>> = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                (0..t.n_bytes().unwrap())
+                    .map(|j| (j as u8).wrapping_mul(31).wrapping_add(i as u8))
+                    .collect()
+            })
+            .collect();
+        let mut mem = meta();
+        for (t, d) in tensors.iter().zip(&data) {
+            mem.tensor(&t.name, &t.ne, t.ggml_type.id(), d);
+        }
+        let mut streamed = Vec::new();
+        let n = meta()
+            .write_streamed(&mut streamed, &tensors, |i, sink| sink.write_all(&data[i]))
+            .unwrap();
+        assert_eq!(n, streamed.len() as u64);
+        assert_eq!(streamed, mem.finish());
+        let file = GgufFile::from_bytes(streamed).unwrap();
+        for (t, d) in tensors.iter().zip(&data) {
+            let info = file.tensor(&t.name).unwrap();
+            assert_eq!(info.ggml_type, t.ggml_type);
+            assert_eq!(file.tensor_data(info), &d[..]);
+        }
+    }
+
+    #[test]
+    fn streamed_refuses_wrong_lengths_and_shapes() {
+        let t = StreamedTensor {
+            name: "a".into(),
+            ne: vec![256, 2],
+            ggml_type: GgmlType::Q2_K,
+        };
+        let err = meta()
+            .write_streamed(&mut Vec::new(), std::slice::from_ref(&t), |_, sink| {
+                sink.write_all(&[0; 84])
+            })
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                GgufWriteError::WrongLength {
+                    expected: 168,
+                    wrote: 84,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let bad = StreamedTensor {
+            ne: vec![100, 2],
+            ..t
+        };
+        let err = meta()
+            .write_streamed(&mut Vec::new(), &[bad], |_, _| Ok(()))
+            .unwrap_err();
+        assert!(matches!(err, GgufWriteError::BadShape { .. }), "{err}");
     }
 }

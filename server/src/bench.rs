@@ -1,0 +1,367 @@
+//! `aubier bench`: prefill and decode speed of one model on this machine, through the same loading
+//! path (`run::PromptArgs::load`) and the same decode loop (`aubier_runtime::generate`) as
+//! `aubier run` and the server.
+//!
+//! Method.
+//! 1. Prompt: the text of `--prompt-file` (default: the bundled English text,
+//!    `server/data/alice.txt`) tokenized with the model's tokenizer (BOS first when the file says
+//!    so), then its text tokens repeated, or cut, to exactly `--n-prompt` tokens.
+//! 2. One session with a KV capacity of `n_prompt + n_gen`; `--reps` times: `generate` greedy,
+//!    `ignore_eos`, `max_tokens = n_gen`. Per rep: prefill tok/s and decode tok/s as `generate`
+//!    measures them (prompt tokens ÷ prefill wall time; decode steps ÷ decode wall time), and
+//!    the time to first token (call to the first sampled id). Reported: median, min and max over
+//!    reps.
+//!    The session's expert store takes the `aubier run` store flags; the served fraction is that
+//!    of the last rep (`Session::store_report`).
+//! 3. Peak RSS: `getrusage(RUSAGE_SELF).ru_maxrss` after the last rep (KiB on Linux).
+//! 4. Weight bytes read per decoded token, from the plan: each step's weight operands, counted in
+//!    full, except `embed` (one row of `token_embd` per token) and the routed-expert tensors of
+//!    `moe_ffn` (`*_exps`, counted `n_expert_used / n_expert` of their bytes: the expected share
+//!    of the experts one token selects). Split into attention, router, routed experts, shared
+//!    expert, output head and embedding.
+
+use crate::run::{Loaded, PromptArgs, StoreArgs};
+use anyhow::{bail, Context};
+use aubier_compiler::ops::Op;
+use aubier_compiler::plan::Operand;
+use aubier_runtime::engine::Model;
+use aubier_runtime::generate::{generate, GenerateParams};
+use aubier_runtime::sampler::SamplingParams;
+use aubier_runtime::session::{Session, SessionOptions};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::io::IsTerminal;
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Arguments of `aubier bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// GGUF file to measure.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Text file whose tokens make the prompt (default: the bundled English text).
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/data/alice.txt"))]
+    pub prompt_file: PathBuf,
+    /// Prompt length in tokens.
+    #[arg(long, default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Tokens to generate per rep.
+    #[arg(long, default_value_t = 128)]
+    pub n_gen: usize,
+    /// Repetitions.
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// Print one JSON object instead of text (and no progress bar).
+    #[arg(long)]
+    pub json: bool,
+    /// The split expert store, as for `aubier run`.
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+/// Median, minimum and maximum of one measure over the reps.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Spread {
+    /// Median (the mean of the two middle values for an even count).
+    pub median: f64,
+    /// Smallest value.
+    pub min: f64,
+    /// Largest value.
+    pub max: f64,
+}
+
+impl Spread {
+    /// The spread of `v`; all zeros when `v` is empty.
+    pub fn of(v: &[f64]) -> Spread {
+        if v.is_empty() {
+            return Spread {
+                median: 0.0,
+                min: 0.0,
+                max: 0.0,
+            };
+        }
+        let mut s = v.to_vec();
+        s.sort_by(f64::total_cmp);
+        let n = s.len();
+        let median = if n % 2 == 1 {
+            s[n / 2]
+        } else {
+            (s[n / 2 - 1] + s[n / 2]) / 2.0
+        };
+        Spread {
+            median,
+            min: s[0],
+            max: s[n - 1],
+        }
+    }
+}
+
+/// Weight bytes one decoded token reads, by component (method step 4).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct BytesPerToken {
+    /// MLA attention: `attn_*` tensors (q_a, q_b, kv_a_mqa, k_b, v_b, output) and their norms.
+    pub attention: f64,
+    /// Router (`ffn_gate_inp`) and the FFN norm.
+    pub router: f64,
+    /// Routed experts: `*_exps` × n_expert_used / n_expert.
+    pub experts: f64,
+    /// Shared expert (`*_shexp`).
+    pub shared_expert: f64,
+    /// Output head (`output`, `output_norm`).
+    pub output_head: f64,
+    /// One row of `token_embd`.
+    pub embedding: f64,
+    /// The sum.
+    pub total: f64,
+}
+
+/// Weight bytes per decoded token of `model`'s plan (method step 4).
+pub fn bytes_per_token(model: &Model) -> BytesPerToken {
+    let cfg = &model.config;
+    let expert_share = cfg.n_expert_used as f64 / cfg.n_expert.max(1) as f64;
+    let mut b = BytesPerToken::default();
+    let mut seen = vec![false; model.plan.weights.len()];
+    for step in &model.plan.steps {
+        for a in &step.args {
+            let Operand::Weight(w) = *a else { continue };
+            if std::mem::replace(&mut seen[w], true) {
+                continue;
+            }
+            let name = &model.plan.weights[w].name;
+            let Some(info) = model.file.tensor(name) else {
+                continue;
+            };
+            let bytes = info.n_bytes as f64;
+            if step.op == Op::Embed {
+                b.embedding += info.row_bytes() as f64;
+            } else if name.contains("_exps") {
+                b.experts += bytes * expert_share;
+            } else if name.contains("_shexp") {
+                b.shared_expert += bytes;
+            } else if name.contains("ffn_gate_inp") || name.contains("ffn_norm") {
+                b.router += bytes;
+            } else if name.starts_with("output") {
+                b.output_head += bytes;
+            } else {
+                b.attention += bytes;
+            }
+        }
+    }
+    b.total = b.attention + b.router + b.experts + b.shared_expert + b.output_head + b.embedding;
+    b
+}
+
+/// The `--json` report.
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    /// The model path.
+    pub model: String,
+    /// Prompt tokens per rep.
+    pub n_prompt: usize,
+    /// Generated tokens per rep.
+    pub n_gen: usize,
+    /// Repetitions.
+    pub reps: usize,
+    /// Rayon worker threads.
+    pub threads: usize,
+    /// Prefill tok/s.
+    pub prefill_tok_s: Spread,
+    /// Decode tok/s.
+    pub decode_tok_s: Spread,
+    /// Time to first token, ms.
+    pub ttft_ms: Spread,
+    /// Peak resident set, bytes.
+    pub peak_rss_bytes: u64,
+    /// Weight bytes read per decoded token.
+    pub weight_bytes_per_token: BytesPerToken,
+    /// Routed (token, layer, expert) slots of the last rep served from the fast expert store ÷
+    /// all routed slots (`Session::store_report`).
+    pub served_fraction: f64,
+}
+
+/// Runs `aubier bench`.
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.n_prompt == 0 || args.reps == 0 {
+        bail!("--n-prompt and --reps must be at least 1");
+    }
+    let text = std::fs::read_to_string(&args.prompt_file)
+        .with_context(|| format!("reading {}", args.prompt_file.display()))?;
+    let Loaded { model, prompt, .. } = PromptArgs {
+        model: args.model.clone(),
+        prompt_ids: None,
+        prompt: Some(text),
+    }
+    .load()?;
+    let prompt = fit_prompt(
+        &prompt,
+        args.n_prompt,
+        model
+            .file
+            .get("tokenizer.ggml.add_bos_token")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(true),
+    )?;
+    let kv_max = args.n_prompt + args.n_gen;
+    if kv_max > model.config.n_ctx_train {
+        bail!(
+            "--n-prompt + --n-gen = {kv_max} exceeds the model's context_length {}",
+            model.config.n_ctx_train
+        );
+    }
+    let store = args.store.options()?;
+    let mut session = Session::open_with_store(model.clone(), SessionOptions { kv_max }, &store)?;
+    let params = GenerateParams {
+        max_tokens: args.n_gen,
+        sampling: SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+        },
+        ignore_eos: true,
+        eos_ids: Vec::new(),
+        keep_prompt_logits: false,
+    };
+    let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
+        let b = ProgressBar::new((args.reps * (args.n_gen + 1)) as u64);
+        b.set_style(
+            ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} tokens {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b.set_prefix("bench");
+        b
+    });
+    let (mut prefill, mut decode, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
+    for rep in 0..args.reps {
+        if let Some(b) = &bar {
+            b.set_message(format!("rep {}/{}", rep + 1, args.reps));
+        }
+        let start = Instant::now();
+        let mut first: Option<f64> = None;
+        let out = generate(&mut session, &prompt, &params, &mut |_| {
+            first.get_or_insert_with(|| start.elapsed().as_secs_f64() * 1e3);
+            if let Some(b) = &bar {
+                b.inc(1);
+            }
+            ControlFlow::Continue(())
+        })?;
+        prefill.push(out.prefill_tok_s);
+        decode.push(out.decode_tok_s);
+        ttft.push(first.unwrap_or(f64::NAN));
+        if let Some(b) = &bar {
+            b.inc(1);
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let report = BenchReport {
+        model: args.model.display().to_string(),
+        n_prompt: prompt.len(),
+        n_gen: args.n_gen,
+        reps: args.reps,
+        threads: rayon::current_num_threads(),
+        prefill_tok_s: Spread::of(&prefill),
+        decode_tok_s: Spread::of(&decode),
+        ttft_ms: Spread::of(&ttft),
+        peak_rss_bytes: peak_rss_bytes(),
+        weight_bytes_per_token: bytes_per_token(&model),
+        served_fraction: session.store_report().served_fraction,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_text(&report);
+    }
+    Ok(())
+}
+
+/// `prompt` (BOS first when `bos`) with its text tokens repeated, or cut, to `n` tokens.
+fn fit_prompt(prompt: &[u32], n: usize, bos: bool) -> anyhow::Result<Vec<u32>> {
+    let (head, body) = if bos && !prompt.is_empty() {
+        prompt.split_at(1)
+    } else {
+        (&prompt[..0], prompt)
+    };
+    if body.is_empty() {
+        bail!("the prompt file has no tokens");
+    }
+    Ok(head
+        .iter()
+        .chain(body.iter().cycle())
+        .take(n)
+        .copied()
+        .collect())
+}
+
+/// Peak resident set size of this process in bytes (`getrusage`; `ru_maxrss` is in KiB on Linux).
+fn peak_rss_bytes() -> u64 {
+    // SAFETY: getrusage writes a plain struct it is given; a zeroed rusage is a valid value.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid out pointer.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0;
+    }
+    u64::try_from(u.ru_maxrss).unwrap_or(0) * 1024
+}
+
+fn print_text(r: &BenchReport) {
+    let s = |x: &Spread, unit: &str| {
+        format!(
+            "{:.2} {unit} (min {:.2}, max {:.2})",
+            x.median, x.min, x.max
+        )
+    };
+    println!(
+        "{}: {} prompt + {} generated tokens, {} reps, {} threads",
+        r.model, r.n_prompt, r.n_gen, r.reps, r.threads
+    );
+    println!("prefill  {}", s(&r.prefill_tok_s, "tok/s"));
+    println!("decode   {}", s(&r.decode_tok_s, "tok/s"));
+    println!("TTFT     {}", s(&r.ttft_ms, "ms"));
+    println!(
+        "peak RSS {:.1} MiB",
+        r.peak_rss_bytes as f64 / (1 << 20) as f64
+    );
+    let b = &r.weight_bytes_per_token;
+    let mb = |x: f64| x / 1e6;
+    println!(
+        "weights read per decoded token: {:.1} MB (attention {:.1}, router {:.2}, experts {:.1}, shared expert {:.1}, output head {:.1}, embedding {:.4})",
+        mb(b.total),
+        mb(b.attention),
+        mb(b.router),
+        mb(b.experts),
+        mb(b.shared_expert),
+        mb(b.output_head),
+        mb(b.embedding)
+    );
+    println!("served fraction {:.4} (last rep)", r.served_fraction);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_and_prompt_fitting() {
+        assert_eq!(
+            Spread::of(&[3.0, 1.0, 2.0]),
+            Spread {
+                median: 2.0,
+                min: 1.0,
+                max: 3.0
+            }
+        );
+        assert_eq!(Spread::of(&[4.0, 1.0, 2.0, 3.0]).median, 2.5);
+        assert_eq!(
+            fit_prompt(&[1, 7, 8, 9], 8, true).unwrap(),
+            [1, 7, 8, 9, 7, 8, 9, 7]
+        );
+        assert_eq!(fit_prompt(&[1, 7, 8, 9], 2, true).unwrap(), [1, 7]);
+        assert_eq!(fit_prompt(&[7, 8], 3, false).unwrap(), [7, 8, 7]);
+        assert!(fit_prompt(&[1], 3, true).is_err());
+    }
+}

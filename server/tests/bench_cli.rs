@@ -1,0 +1,84 @@
+//! `aubier bench` end to end on the bundled model with tiny sizes: the JSON report has every
+//! field, rates and times are positive, and the weight bytes per decoded token equal a sum taken
+//! straight from the GGUF tensor table (every tensor in full, but `token_embd` one row and the
+//! `*_exps` tensors n_expert_used / n_expert of their bytes).
+
+use aubier_runtime::gguf::GgufFile;
+use aubier_tests::models_dir;
+use std::process::Command;
+
+#[test]
+fn json_report_on_the_bundled_model() {
+    let model = models_dir().join("ms4-tiny256-q2k.gguf");
+    let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
+        .args(["bench", "--model"])
+        .arg(&model)
+        .args(["--n-prompt", "40", "--n-gen", "6", "--reps", "3", "--json"])
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    assert_eq!(v["n_prompt"], 40);
+    assert_eq!(v["n_gen"], 6);
+    assert_eq!(v["reps"], 3);
+    for k in ["prefill_tok_s", "decode_tok_s", "ttft_ms"] {
+        let s = &v[k];
+        let (lo, med, hi) = (
+            s["min"].as_f64().unwrap(),
+            s["median"].as_f64().unwrap(),
+            s["max"].as_f64().unwrap(),
+        );
+        assert!(0.0 < lo && lo <= med && med <= hi, "{k}: {s}");
+    }
+    assert!(v["peak_rss_bytes"].as_u64().unwrap() > 1 << 20);
+    let served = v["served_fraction"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&served));
+
+    let file = GgufFile::open(&model).unwrap();
+    let share = 4.0 / 16.0;
+    let expected: f64 = file
+        .tensors()
+        .iter()
+        .map(|t| {
+            if t.name == "token_embd.weight" {
+                t.row_bytes() as f64
+            } else if t.name.contains("_exps") {
+                t.n_bytes as f64 * share
+            } else {
+                t.n_bytes as f64
+            }
+        })
+        .sum();
+    let got = v["weight_bytes_per_token"]["total"].as_f64().unwrap();
+    assert!(
+        (got - expected).abs() < 1e-6 * expected,
+        "{got} vs {expected}"
+    );
+    let parts: f64 = [
+        "attention",
+        "router",
+        "experts",
+        "shared_expert",
+        "output_head",
+        "embedding",
+    ]
+    .iter()
+    .map(|k| v["weight_bytes_per_token"][k].as_f64().unwrap())
+    .sum();
+    assert!((parts - got).abs() < 1e-6 * got);
+}
+
+#[test]
+fn bad_sizes_are_errors() {
+    let model = models_dir().join("ms4-tiny256-q2k.gguf");
+    for args in [["--n-prompt", "0"], ["--n-gen", "1000"]] {
+        let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
+            .args(["bench", "--model"])
+            .arg(&model)
+            .args(args)
+            .output()
+            .expect("runs");
+        assert!(!o.status.success());
+        assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"));
+    }
+}

@@ -1,0 +1,137 @@
+//! `aubier quality` end to end on the bundled model, with answers known in advance:
+//! - A = B: every paired difference is exactly 0, so the interval is [0, 0] → EQUIVALENT;
+//! - a text sampled from the model under A, scored against B = fewer routed experts: the expected
+//!   difference E_A[NLL_B − NLL_A] is KL(A ‖ B) > 0 → WORSE;
+//! - a one-letter text (BOS + one token) has one position, too few for an interval → INSUFFICIENT.
+
+use aubier_tests::{json_ids, models_dir};
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn model() -> String {
+    models_dir()
+        .join("ms4-tiny256-q2k.gguf")
+        .display()
+        .to_string()
+}
+
+fn alice() -> String {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/data/alice.txt").to_owned()
+}
+
+fn aubier(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_aubier"))
+        .args(args)
+        .output()
+        .expect("runs")
+}
+
+fn quality_json(args: &[&str]) -> serde_json::Value {
+    let m = model();
+    let mut all = vec!["quality", "--model", &m, "--json"];
+    all.extend_from_slice(args);
+    let o = aubier(&all);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("one JSON object")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("aubier-quality-{}-{name}", std::process::id()))
+}
+
+#[test]
+fn identical_configurations_are_equivalent_with_zero_difference() {
+    let v = quality_json(&["--text", &alice(), "--a", "", "--b", ""]);
+    assert_eq!(v["verdict"], "EQUIVALENT");
+    assert_eq!(v["mean_diff"].as_f64(), Some(0.0));
+    assert_eq!(v["ci95"], serde_json::json!([0.0, 0.0]));
+    assert_eq!(v["ci_method"], "paired t");
+    // The bundled model's context is 256 tokens: the text is cut there.
+    assert_eq!(v["tokens"], 256);
+    assert_eq!(v["positions"], 255);
+    assert!(v["tokens_in_input"].as_u64().unwrap() > 256);
+    let nll = v["a"]["mean_nll"].as_f64().unwrap();
+    assert!(nll > 0.0 && nll.is_finite());
+}
+
+#[test]
+fn fewer_experts_on_the_models_own_samples_is_worse() {
+    let m = model();
+    let o = aubier(&[
+        "run",
+        "--model",
+        &m,
+        "--prompt-ids",
+        "1",
+        "--max-tokens",
+        "250",
+        "--temperature",
+        "1",
+        "--seed",
+        "11",
+        "--ignore-eos",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mut ids = json_ids(&v, "prompt_ids");
+    ids.extend(json_ids(&v, "generated_ids"));
+    assert_eq!(ids.len(), 251);
+    let path = tmp("sampled.ids");
+    let csv: Vec<String> = ids.iter().map(u32::to_string).collect();
+    std::fs::write(&path, csv.join(",")).unwrap();
+    let v = quality_json(&[
+        "--ids",
+        path.to_str().unwrap(),
+        "--b",
+        "--override-kv mistral4.expert_used_count=int:1",
+    ]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(v["verdict"], "WORSE", "{v}");
+    assert!(v["ci95"][0].as_f64().unwrap() > 0.0);
+    assert!(v["b"]["mean_nll"].as_f64() > v["a"]["mean_nll"].as_f64());
+}
+
+#[test]
+fn a_one_letter_text_is_insufficient() {
+    let path = tmp("tiny.txt");
+    std::fs::write(&path, "I").unwrap();
+    let v = quality_json(&[
+        "--text",
+        path.to_str().unwrap(),
+        "--b",
+        "--override-kv mistral4.expert_used_count=int:2",
+    ]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(v["positions"], 1);
+    assert_eq!(v["verdict"], "INSUFFICIENT");
+    assert!(v["ci95"].is_null());
+}
+
+#[test]
+fn bad_flags_and_overrides_are_errors() {
+    let m = model();
+    let a = alice();
+    for (b, needle) in [
+        ("--bogus", "--b"),
+        ("--override-kv mistral4.expert_used_count=int:x", "int:x"),
+        (
+            "--override-kv general.architecture=int:3",
+            "general.architecture",
+        ),
+        (
+            "--override-kv mistral4.expert_used_count=int:99",
+            "expert_used_count",
+        ),
+    ] {
+        let o = aubier(&["quality", "--model", &m, "--text", &a, "--b", b]);
+        assert!(!o.status.success(), "{b}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(needle) && !err.contains("panicked"),
+            "{b}: {err}"
+        );
+    }
+    let o = aubier(&["quality", "--model", &m, "--a", ""]);
+    assert!(!o.status.success(), "a text is required");
+}

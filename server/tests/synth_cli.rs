@@ -1,0 +1,153 @@
+//! `aubier synth` end to end: the written file parses, binds and runs with finite logits (tiny
+//! and real dimensions, two quant mixes); the same seed gives the same bytes; bad input is an
+//! error, not a panic.
+
+use aubier_runtime::gguf::GgufFile;
+use aubier_tests::{models_dir, read_f32};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn aubier(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_aubier"))
+        .args(args)
+        .output()
+        .expect("runs")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("aubier-synth-{}-{name}", std::process::id()))
+}
+
+/// The bundled model's 8192-token vocab keeps the test files small.
+fn small_vocab() -> String {
+    models_dir()
+        .join("ms4-tiny256-q2k.gguf")
+        .display()
+        .to_string()
+}
+
+fn synth(out: &Path, extra: &[&str]) {
+    let mut args = vec!["synth", "--out", out.to_str().unwrap(), "--vocab"];
+    let vocab = small_vocab();
+    args.push(&vocab);
+    args.extend_from_slice(extra);
+    let o = aubier(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// Runs a prompt through the file and returns the logits of every prompt position.
+fn prompt_logits(model: &Path, n_vocab: usize) -> Vec<f32> {
+    let logits = model.with_extension("logits.f32");
+    let o = aubier(&[
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        "Alice was beginning to get very tired of sitting by her sister",
+        "--max-tokens",
+        "3",
+        "--json",
+        "--logits-out",
+        logits.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["generated_ids"].as_array().map(Vec::len), Some(3));
+    let l = read_f32(&logits);
+    let _ = std::fs::remove_file(&logits);
+    assert_eq!(l.len() % n_vocab, 0);
+    assert!(l.len() >= 2 * n_vocab);
+    l
+}
+
+fn assert_sane(logits: &[f32], what: &str) {
+    assert!(
+        logits.iter().all(|x| x.is_finite()),
+        "{what}: non-finite logits"
+    );
+    let max = logits.iter().fold(0f32, |m, x| m.max(x.abs()));
+    assert!(max > 0.1 && max < 1e3, "{what}: max |logit| {max}");
+}
+
+#[test]
+fn tiny_files_bind_run_finite_and_are_deterministic() {
+    for quant in ["Q2_K", "IQ2_XXS", "Q4_K_M"] {
+        let a = tmp(&format!("tiny-{quant}-a.gguf"));
+        let b = tmp(&format!("tiny-{quant}-b.gguf"));
+        let c = tmp(&format!("tiny-{quant}-c.gguf"));
+        let common = [
+            "--tiny",
+            "--layers",
+            "2",
+            "--experts",
+            "8",
+            "--quant",
+            quant,
+        ];
+        synth(&a, &[&common[..], &["--seed", "5"]].concat());
+        synth(&b, &[&common[..], &["--seed", "5"]].concat());
+        synth(&c, &[&common[..], &["--seed", "6"]].concat());
+        let (ba, bb, bc) = (
+            std::fs::read(&a).unwrap(),
+            std::fs::read(&b).unwrap(),
+            std::fs::read(&c).unwrap(),
+        );
+        assert_eq!(ba, bb, "{quant}: same seed, same bytes");
+        assert_eq!(ba.len(), bc.len());
+        assert_ne!(ba, bc, "{quant}: another seed, other weights");
+
+        let file = GgufFile::open(&a).unwrap();
+        assert_eq!(file.tensors().len(), 1 + 2 * 16 + 2);
+        let inspect = aubier(&["inspect", "--json", a.to_str().unwrap()]);
+        assert!(inspect.status.success());
+        let report: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+        assert_eq!(report["arch"], "mistral4");
+        assert_sane(&prompt_logits(&a, 8192), quant);
+        for p in [a, b, c] {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Real Mistral Small 4 dimensions (hidden 4096, 32 heads, q_lora 1024, kv_lora 256, rope 64,
+/// expert ff 2048), one layer, four experts: activations stay finite at full width.
+#[test]
+fn real_dims_one_layer_runs_finite() {
+    let out = tmp("real.gguf");
+    synth(&out, &["--layers", "1", "--experts", "4", "--seed", "1"]);
+    let file = GgufFile::open(&out).unwrap();
+    let t = file.tensor("blk.0.ffn_gate_up_exps.weight").unwrap();
+    assert_eq!(t.ne, [4096, 4096, 4]);
+    assert_eq!(t.ggml_type.name(), "Q2_K");
+    assert_eq!(
+        file.tensor("blk.0.attn_k_b.weight").unwrap().ne,
+        [64, 256, 32]
+    );
+    assert_eq!(
+        file.tensor("output.weight").unwrap().ggml_type.name(),
+        "Q6_K"
+    );
+    assert_sane(&prompt_logits(&out, 8192), "real dims");
+    let _ = std::fs::remove_file(&out);
+}
+
+#[test]
+fn bad_arguments_are_errors() {
+    let out = tmp("bad.gguf");
+    for (args, needle) in [
+        (vec!["--experts", "2"], "experts"),
+        (vec!["--layers", "0"], "layers"),
+        (vec!["--quant", "Q9_K"], "Q9_K"),
+    ] {
+        let mut all = vec!["synth", "--tiny", "--out", out.to_str().unwrap()];
+        all.extend(args);
+        let o = aubier(&all);
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(needle) && !err.contains("panicked"), "{err}");
+    }
+    let o = aubier(&["synth", "--tiny", "--out", "/nonexistent-dir/x.gguf"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent-dir/x.gguf"));
+    let _ = std::fs::remove_file(&out);
+}
