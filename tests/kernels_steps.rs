@@ -48,6 +48,12 @@ fn mat_mul_case(ty: &str, n_in: usize, n_out: usize, t: usize, seed: u64) {
     } else {
         W::random(ty, vec![n_in, n_out], seed, 0.5)
     };
+    mat_mul_of(w, t, seed);
+}
+
+/// The mat-vec kernel of `w`'s type against the oracle on `t` random activation rows.
+fn mat_mul_of(w: W, t: usize, seed: u64) {
+    let (ty, n_in, n_out) = (w.ty.clone(), w.ne[0], w.ne[1]);
     let x = vals(seed, t * n_in, 2.0);
     let mut pb = PlanB::default();
     let xv = pb.value(DType::F32, vec![Dim::Tokens, fx(n_in)], false);
@@ -96,6 +102,23 @@ proptest! {
                                                       "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS"]),
                      blocks in 1usize..3, n_out in 1usize..12, t in 1usize..3, seed in any::<u64>()) {
         mat_mul_case(ty, 256 * blocks, n_out, t, seed);
+    }
+
+    /// Every block-quantized type with a device function, on gguf-py's own blocks (`q.<TYPE>` of
+    /// the quant vectors fixture), so the types the random sampler cannot make (IQ1, IQ3, IQ2_S,
+    /// IQ4_XS, …) are covered too. The float types are left out here: their fixture rows hold
+    /// ±inf, NaN and values near f32::MAX on purpose, where whether a sum overflows depends on its
+    /// order; F32 and F16 are covered on random rows above.
+    #[test]
+    fn mat_mul_every_type_on_gguf_py_blocks(t in 1usize..3, seed in any::<u64>()) {
+        let path = aubier_tests::data_dir().join("quants/quant_vectors.gguf");
+        let file = aubier_runtime::gguf::GgufFile::open(&path).expect("quant vectors");
+        let floats = ["F32", "F16", "BF16"];
+        for ty in aubier_kernels_gen::gpu::quant::supported_types().iter().filter(|t| !floats.contains(t)) {
+            let q = file.tensor(&format!("q.{ty}")).expect("fixture tensor");
+            let w = W { ty: ty.to_string(), ne: q.ne.clone(), bytes: file.tensor_data(q).to_vec() };
+            mat_mul_of(w, t, seed);
+        }
     }
 
     #[test]
