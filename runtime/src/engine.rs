@@ -207,6 +207,12 @@ impl Model {
         self.tensors.get(w).map(|t| self.file.tensor_data(t))
     }
 
+    /// Releases this process's resident pages of `view`, a slice of a weight view whose bytes
+    /// were copied elsewhere ([`GgufFile::release_pages`]); returns the bytes released.
+    pub fn release_host_pages(&self, view: &[u8]) -> usize {
+        self.file.release_pages(view)
+    }
+
     /// Byte views of every plan weight in the map, indexed by `WeightId` (zero-copy).
     pub fn weight_views(&self) -> Vec<&[u8]> {
         self.tensors

@@ -403,6 +403,38 @@ impl GgufFile {
             .unwrap_or(&[])
     }
 
+    /// Drops this process's resident pages of `view` (a slice of [`GgufFile::bytes`], e.g. an
+    /// expert whose bytes the fast store has copied), so that a copy does not count twice in the
+    /// resident set. Only whole pages inside `view` are released (`madvise(MADV_DONTNEED)` on the
+    /// read-only file mapping): the bytes stay readable and are faulted back in from the file on
+    /// the next read, unchanged. Returns the bytes released; 0 for an owned buffer, a view from
+    /// elsewhere, or when the kernel refuses the advice (nothing is lost either way).
+    pub fn release_pages(&self, view: &[u8]) -> usize {
+        let Bytes::Mapped(map) = &self.bytes else {
+            return 0;
+        };
+        let base = map.as_ptr() as usize;
+        let start = (view.as_ptr() as usize).wrapping_sub(base);
+        if view.is_empty() || start >= map.len() || start + view.len() > map.len() {
+            return 0;
+        }
+        let page = page_size();
+        let first = start.div_ceil(page) * page;
+        let end = (start + view.len()) / page * page;
+        if end <= first {
+            return 0;
+        }
+        // SAFETY: the map is a read-only shared mapping of a file, so MADV_DONTNEED only drops
+        // page-table entries; later reads fault the same file bytes back in. No `&mut` to these
+        // bytes exists, and `[first, end)` lies inside the map.
+        match unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, end - first)
+        } {
+            Ok(()) => end - first,
+            Err(_) => 0,
+        }
+    }
+
     /// The whole file.
     pub fn bytes(&self) -> &[u8] {
         self.bytes.as_slice()
@@ -1216,6 +1248,13 @@ fn check_overlaps(tensors: &[TensorInfo]) -> Result<(), GgufError> {
     Ok(())
 }
 
+/// The size of a memory page in bytes (`sysconf(_SC_PAGESIZE)`; 4096 if it cannot be read).
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+}
+
 #[cfg(test)]
 mod tests {
     //! Every fixture parses; counts, shapes and types agree with the fixture READMEs and with
@@ -1235,6 +1274,30 @@ mod tests {
 
     fn open(path: &Path) -> GgufFile {
         GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    /// Released pages read back the file's bytes; only whole pages inside the view are released;
+    /// views from elsewhere and owned buffers release nothing.
+    #[test]
+    fn release_pages_keeps_the_bytes() {
+        let path = bundled_q2k();
+        let f = open(&path);
+        let t = f
+            .tensors()
+            .iter()
+            .max_by_key(|t| t.n_bytes)
+            .expect("a tensor");
+        let view = f.tensor_data(t);
+        let before = view.to_vec();
+        let page = page_size();
+        assert!(view.len() > 2 * page, "{} bytes", view.len());
+        let released = f.release_pages(view);
+        assert!(released > 0 && released <= view.len() && released.is_multiple_of(page));
+        assert_eq!(f.tensor_data(t), &before[..]);
+        assert_eq!(f.release_pages(&before), 0);
+        assert_eq!(f.release_pages(&view[..1]), 0);
+        let owned = GgufFile::from_bytes(std::fs::read(&path).expect("read")).expect("parse");
+        assert_eq!(owned.release_pages(owned.tensor_data(t)), 0);
     }
 
     /// The data of every tensor lies back to back, each start aligned, in the order the writers

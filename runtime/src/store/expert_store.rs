@@ -635,6 +635,7 @@ impl ExpertStore {
             };
             let src = &host[e as usize * p.expert_bytes..][..p.expert_bytes];
             arena[start + p.offset..][..p.expert_bytes].copy_from_slice(src);
+            model.release_host_pages(src);
         }
         let l = &mut self.layers[li];
         l.expert_in[slot] = Some(e);
