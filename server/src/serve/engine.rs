@@ -251,6 +251,7 @@ fn engine_thread(
                 "The engine panicked while running this request.",
             )));
         }
+        // Again after a panic, which skips run_job's update.
         metrics
             .engine_steps
             .store(engine.steps_taken(), Ordering::Relaxed);
@@ -281,6 +282,10 @@ fn run_job(
             ControlFlow::Continue(())
         }
     });
+    // Published before the last event, so a client that reads /metrics after its answer sees it.
+    metrics
+        .engine_steps
+        .store(engine.steps_taken(), Ordering::Relaxed);
     match result {
         Ok(out) => {
             let tail = pipe.finish();
