@@ -9,7 +9,6 @@
 //! * `reset` with `exact` returns membership and policy state to the boot state, so a sequence
 //!   after a reset is served exactly as on a fresh store; with `none` the state is kept.
 
-use aubier_runtime::engine::Model;
 use aubier_runtime::store::expert_store::{
     ExpertStore, FastBudget, ResetMode, StoreOptions, StoreReport,
 };
@@ -17,23 +16,11 @@ use aubier_runtime::store::hotset::HotSet;
 use aubier_runtime::store::policy::{
     Access, Lfu, Lru, Policy, PolicyKind, StaticSet, TwoQ, TwoQParams,
 };
+use aubier_tests::bundled_model;
 use proptest::prelude::*;
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
 
 const N_EXPERT: usize = 16;
 const TOP_K: usize = 4;
-
-fn model() -> Arc<Model> {
-    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
-    MODEL
-        .get_or_init(|| {
-            let path =
-                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/ms4-tiny256-q2k.gguf");
-            Model::load(&path).expect("bundled model loads")
-        })
-        .clone()
-}
 
 /// One step's routing: `[n_layers][t × TOP_K]`, each token's ids distinct.
 type Step = Vec<Vec<i32>>;
@@ -167,7 +154,7 @@ proptest! {
 
     #[test]
     fn budget_and_bytes_hold_over_random_routing(opts in options(), seq in steps(5, 24)) {
-        let mut store = ExpertStore::new(model(), &opts).expect("store");
+        let mut store = ExpertStore::new(bundled_model(), &opts).expect("store");
         check_store(&store)?;
         let FastBudget::Slots(n_res) = opts.budget else { unreachable!() };
         prop_assert_eq!(store.n_res(), n_res);
@@ -188,13 +175,13 @@ proptest! {
     #[test]
     fn byte_budget_is_never_exceeded(budget in 0u64..8_000_000, seq in steps(3, 12)) {
         let opts = StoreOptions { budget: FastBudget::Bytes(budget), ..StoreOptions::default() };
-        let mut store = ExpertStore::new(model(), &opts).expect("store");
+        let mut store = ExpertStore::new(bundled_model(), &opts).expect("store");
         prop_assert!(store.fast_bytes() <= budget, "{} > {budget}", store.fast_bytes());
         // One more slot per layer would not fit (unless every expert is resident already).
         if store.n_res() < N_EXPERT {
             let per_slot = if store.n_res() > 0 { store.fast_bytes() / store.n_res() as u64 } else {
                 let one = StoreOptions { budget: FastBudget::Slots(1), ..StoreOptions::default() };
-                ExpertStore::new(model(), &one).expect("store").fast_bytes()
+                ExpertStore::new(bundled_model(), &one).expect("store").fast_bytes()
             };
             prop_assert!(store.fast_bytes() + per_slot > budget);
         }
@@ -203,7 +190,7 @@ proptest! {
 
     #[test]
     fn decode_steps_serve_as_the_policy_replays(opts in options(), seq in steps(1, 32)) {
-        let mut store = ExpertStore::new(model(), &opts).expect("store");
+        let mut store = ExpertStore::new(bundled_model(), &opts).expect("store");
         let report = run(&mut store, &seq)?;
         let mut hits = 0u64;
         let mut out = Vec::new();
@@ -220,11 +207,11 @@ proptest! {
 
     #[test]
     fn exact_reset_returns_to_boot(opts in options(), a in steps(4, 16), b in steps(4, 16)) {
-        let mut fresh = ExpertStore::new(model(), &opts).expect("store");
+        let mut fresh = ExpertStore::new(bundled_model(), &opts).expect("store");
         let boot = state(&fresh);
         let want = run(&mut fresh, &b)?;
 
-        let mut store = ExpertStore::new(model(), &opts).expect("store");
+        let mut store = ExpertStore::new(bundled_model(), &opts).expect("store");
         run(&mut store, &a)?;
         store.reset().expect("reset");
         prop_assert_eq!(state(&store), boot);
@@ -239,7 +226,7 @@ proptest! {
     #[test]
     fn none_reset_keeps_the_state(opts in options(), a in steps(4, 16)) {
         let opts = StoreOptions { reset: ResetMode::None, ..opts };
-        let mut store = ExpertStore::new(model(), &opts).expect("store");
+        let mut store = ExpertStore::new(bundled_model(), &opts).expect("store");
         run(&mut store, &a)?;
         let before = state(&store);
         let ms = store.reset().expect("reset");
@@ -255,7 +242,7 @@ fn bad_options_are_errors() {
         budget: FastBudget::Slots(17),
         ..StoreOptions::default()
     };
-    let e = ExpertStore::new(model(), &too_many).expect_err("17 > 16");
+    let e = ExpertStore::new(bundled_model(), &too_many).expect_err("17 > 16");
     assert_eq!(
         e.to_string(),
         "--n-res 17 exceeds the 16 experts of a layer"
@@ -264,7 +251,7 @@ fn bad_options_are_errors() {
         policy: PolicyKind::Min,
         ..StoreOptions::default()
     };
-    assert!(ExpertStore::new(model(), &min)
+    assert!(ExpertStore::new(bundled_model(), &min)
         .expect_err("min")
         .to_string()
         .contains("offline"));
@@ -274,11 +261,11 @@ fn bad_options_are_errors() {
         }),
         ..StoreOptions::default()
     };
-    assert!(ExpertStore::new(model(), &hot)
+    assert!(ExpertStore::new(bundled_model(), &hot)
         .expect_err("2 layers")
         .to_string()
         .contains("2 layers"));
-    let mut ok = ExpertStore::new(model(), &StoreOptions::default()).expect("store");
+    let mut ok = ExpertStore::new(bundled_model(), &StoreOptions::default()).expect("store");
     let bad = vec![vec![0, 1, 2, 16], vec![0, 1, 2, 3], vec![0, 1, 2, 3]];
     assert!(ok.observe(&bad, 1).is_err());
     let twice = vec![vec![0, 1, 2, 2], vec![0, 1, 2, 3], vec![0, 1, 2, 3]];
@@ -286,6 +273,6 @@ fn bad_options_are_errors() {
         budget: FastBudget::Slots(2),
         ..StoreOptions::default()
     };
-    let mut s = ExpertStore::new(model(), &two_slots).expect("store");
+    let mut s = ExpertStore::new(bundled_model(), &two_slots).expect("store");
     assert!(s.observe(&twice, 1).is_err());
 }

@@ -7,36 +7,18 @@
 //!   logits) exactly as on a fresh boot; `--reset none`: the same second request is served
 //!   differently (the first request's rotation carries over).
 
-use aubier_runtime::engine::Model;
 use aubier_runtime::session::{Session, SessionOptions};
 use aubier_runtime::store::expert_store::{FastBudget, ResetMode, StoreOptions, StoreReport};
 use aubier_runtime::store::hotset::HotSet;
 use aubier_runtime::store::policy::PolicyKind;
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
-
-fn model() -> Arc<Model> {
-    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
-    MODEL
-        .get_or_init(|| {
-            let path =
-                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/ms4-tiny256-q2k.gguf");
-            Model::load(&path).expect("bundled model loads")
-        })
-        .clone()
-}
+use aubier_tests::{bundled_model, data_dir, json_ids, read_json};
 
 /// The ids of `prompt-shared.json` (mistral-common's tokenization of a real text).
 fn prompt() -> Vec<u32> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/models/prompt-shared.json");
-    let text = std::fs::read_to_string(path).expect("prompt fixture");
-    let v: serde_json::Value = serde_json::from_str(&text).expect("prompt json");
-    v["ids"]
-        .as_array()
-        .expect("ids")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
+    json_ids(
+        &read_json(&data_dir().join("models/prompt-shared.json")),
+        "ids",
+    )
 }
 
 fn slots(n_res: usize) -> StoreOptions {
@@ -47,7 +29,8 @@ fn slots(n_res: usize) -> StoreOptions {
 }
 
 fn open(store: &StoreOptions) -> Session {
-    Session::open_with_store(model(), SessionOptions { kv_max: 64 }, store).expect("session")
+    Session::open_with_store(bundled_model(), SessionOptions { kv_max: 64 }, store)
+        .expect("session")
 }
 
 /// One request: prefill `ids[..prefill]`, then the rest one token per step. Returns the logits'

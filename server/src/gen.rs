@@ -315,15 +315,20 @@ fn existing_files(dir: &Path, wanted: &[GeneratedFile]) -> anyhow::Result<Vec<St
     Ok(found)
 }
 
+/// The files under `dir` of an earlier generation that `files` no longer has.
+fn stale_files(dir: &Path, files: &[GeneratedFile]) -> anyhow::Result<Vec<String>> {
+    Ok(existing_files(dir, files)?
+        .into_iter()
+        .filter(|p| !files.iter().any(|f| &f.path == p))
+        .collect())
+}
+
 /// Writes `files` under `dir` (creating subdirectories) and removes the files of an earlier
 /// generation that are no longer produced; returns how many were removed.
 ///
 /// Errors: an I/O error naming the path.
 fn write_dir(dir: &Path, files: &[GeneratedFile]) -> anyhow::Result<usize> {
-    let stale: Vec<String> = existing_files(dir, files)?
-        .into_iter()
-        .filter(|p| !files.iter().any(|f| &f.path == p))
-        .collect();
+    let stale = stale_files(dir, files)?;
     for f in files {
         let path = dir.join(&f.path);
         if let Some(parent) = path.parent() {
@@ -356,10 +361,7 @@ fn check_dir(dir: &Path, files: &[GeneratedFile]) -> anyhow::Result<()> {
             }
         }
     }
-    let stale: Vec<String> = existing_files(dir, files)?
-        .into_iter()
-        .filter(|p| !files.iter().any(|f| &f.path == p))
-        .collect();
+    let stale = stale_files(dir, files)?;
     if changed.is_empty() && missing.is_empty() && stale.is_empty() {
         return Ok(());
     }

@@ -66,6 +66,18 @@ pub fn model_path(file: &str) -> PathBuf {
     }
 }
 
+/// The bundled model `models/ms4-tiny256-q2k.gguf`, loaded once per test binary and shared.
+pub fn bundled_model() -> std::sync::Arc<aubier_runtime::engine::Model> {
+    static MODEL: std::sync::OnceLock<std::sync::Arc<aubier_runtime::engine::Model>> =
+        std::sync::OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            aubier_runtime::engine::Model::load(&models_dir().join("ms4-tiny256-q2k.gguf"))
+                .expect("bundled model loads")
+        })
+        .clone()
+}
+
 /// Runs a clang-19 tool (`clang-19`, `clang++-19`) with `args` then `source`. A missing compiler
 /// fails the test with the install command (the GPU emitter tests never pass silently); a failed
 /// compile fails it with the command and clang's stderr.
