@@ -33,6 +33,7 @@ mod float;
 mod iquants;
 mod kquants;
 mod legacy;
+pub mod q8;
 pub mod random;
 mod ternary;
 

@@ -1,0 +1,174 @@
+//! Throughput of the Q8_K dot kernels (`quant::q8`), in weight bytes per second, one thread.
+//!
+//! Shape: a 4096-element activation row, quantized once, dotted with 2048 weight rows of each
+//! type (a 4096 × 2048 mat-vec: 2.75 MB of Q2_K … 8.9 MB of Q8_0, streamed from L3/memory).
+//! `q8_dot_l2` repeats the first 16 rows (≤ 70 kB, cache-resident) to show the kernels' own
+//! speed; `oracle` is the f32 CPU oracle `quant::dot_row` on the same rows, for contrast.
+//! `q8_prefill/<type>` (Q2_K, Q3_K, Q6_K, Q4_K, Q5_K) is the prefill shape: 512 weight rows of 4096 elements against 16
+//! activation rows, as the single-row kernel once per weight row and activation row
+//! (`per_row`) and as the multi-row kernel once per weight row (`many`), in multiply-adds per
+//! second (criterion's "elements").
+//! Time is the benchmark thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), not wall time, so
+//! other processes on a shared machine do not inflate it (they still share its caches).
+//! Run: `cargo bench -p aubier-runtime --bench q8_dot`.
+
+use aubier_runtime::ggml_type::GgmlType;
+use aubier_runtime::quant::dot_row;
+use aubier_runtime::quant::q8::{q8_dot_fn, q8_dot_many_fn, quantize_row_q8k, BlockQ8K, QK_K};
+use aubier_runtime::quant::random::BlockSampler;
+use criterion::{criterion_group, criterion_main, Bencher, BenchmarkId, Criterion, Throughput};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::hint::black_box;
+use std::time::Duration;
+
+/// Elements per row.
+const K: usize = 4096;
+/// Rows of the streamed mat-vec.
+const ROWS: usize = 2048;
+/// Rows of the cache-resident case.
+const ROWS_L2: usize = 16;
+/// Weight rows of the prefill case (the first `PREFILL_ROWS` of the streamed matrix).
+const PREFILL_ROWS: usize = 512;
+/// Activation rows (tokens) of the prefill case.
+const TOKENS: usize = 16;
+
+const TYPES: &[GgmlType] = &[
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q6_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::Q4_0,
+    GgmlType::Q8_0,
+];
+
+/// `ROWS` random rows of `ty`, back to back; and the bytes of one row.
+fn matrix(ty: GgmlType, rng: &mut ChaCha8Rng) -> (Vec<u8>, usize) {
+    let row = ty.row_size(K).expect("4096 is whole blocks");
+    let mut w = vec![0u8; ROWS * row];
+    let sampler = BlockSampler::new(ty).expect("sampler supports the type");
+    for r in w.chunks_exact_mut(row) {
+        sampler.fill_row(rng, 0.02, K, r).expect("valid row");
+    }
+    (w, row)
+}
+
+/// CPU time consumed so far by this thread.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a Linux constant.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// `b.iter(f)`, timed in thread CPU time.
+fn iter_cpu<R>(b: &mut Bencher, mut f: impl FnMut() -> R) {
+    b.iter_custom(|iters| {
+        let start = thread_cpu_time();
+        for _ in 0..iters {
+            black_box(f());
+        }
+        thread_cpu_time() - start
+    })
+}
+
+fn bench(c: &mut Criterion) {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let x: Vec<f32> = (0..K).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    let mut xq = vec![BlockQ8K::ZERO; K / QK_K];
+    quantize_row_q8k(&x, &mut xq).expect("whole blocks");
+
+    let mut quant = c.benchmark_group("quantize_row_q8k");
+    quant.throughput(Throughput::Elements(K as u64));
+    quant.bench_function("4096", |b| {
+        iter_cpu(b, || quantize_row_q8k(black_box(&x), black_box(&mut xq)))
+    });
+    quant.finish();
+
+    for &ty in TYPES {
+        let (w, row) = matrix(ty, &mut rng);
+        let dot = q8_dot_fn(ty).expect("the type has a kernel");
+        let mut g = c.benchmark_group(format!("q8_dot/{ty}"));
+        g.throughput(Throughput::Bytes((ROWS * row) as u64));
+        g.bench_function(BenchmarkId::from_parameter("4096x2048"), |b| {
+            iter_cpu(b, || {
+                w.chunks_exact(row)
+                    .map(|r| dot(black_box(r), black_box(&xq)))
+                    .sum::<f32>()
+            })
+        });
+        g.throughput(Throughput::Bytes((ROWS_L2 * row) as u64));
+        g.bench_function(BenchmarkId::from_parameter("l2_4096x16"), |b| {
+            iter_cpu(b, || {
+                w[..ROWS_L2 * row]
+                    .chunks_exact(row)
+                    .map(|r| dot(black_box(r), black_box(&xq)))
+                    .sum::<f32>()
+            })
+        });
+        if matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K) {
+            g.throughput(Throughput::Bytes((ROWS * row) as u64));
+            g.bench_function(BenchmarkId::from_parameter("oracle_4096x2048"), |b| {
+                iter_cpu(b, || {
+                    w.chunks_exact(row)
+                        .map(|r| dot_row(ty, black_box(r), black_box(&x)).expect("valid row"))
+                        .sum::<f32>()
+                })
+            });
+        }
+        g.finish();
+        if matches!(
+            ty,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K | GgmlType::Q4_K | GgmlType::Q5_K
+        ) {
+            prefill(c, ty, &w[..PREFILL_ROWS * row], row, &mut rng);
+        }
+    }
+}
+
+/// The prefill case of `ty` on the weight rows `w` (`row` bytes each).
+fn prefill(c: &mut Criterion, ty: GgmlType, w: &[u8], row: usize, rng: &mut ChaCha8Rng) {
+    let x: Vec<f32> = (0..TOKENS * K)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect();
+    let mut xq = vec![BlockQ8K::ZERO; TOKENS * K / QK_K];
+    quantize_row_q8k(&x, &mut xq).expect("whole blocks");
+    let nb = K / QK_K;
+    let dot = q8_dot_fn(ty).expect("the type has a kernel");
+    let many = q8_dot_many_fn(ty).expect("the type has a kernel");
+    let mut y = vec![0.0f32; TOKENS];
+    let mut g = c.benchmark_group(format!("q8_prefill/{ty}"));
+    g.throughput(Throughput::Elements((PREFILL_ROWS * TOKENS * K) as u64));
+    g.bench_function(BenchmarkId::new("per_row", "4096x512x16"), |b| {
+        iter_cpu(b, || {
+            let mut sum = 0.0f32;
+            for r in w.chunks_exact(row) {
+                for xj in xq.chunks_exact(nb) {
+                    sum += dot(black_box(r), black_box(xj));
+                }
+            }
+            sum
+        })
+    });
+    g.bench_function(BenchmarkId::new("many", "4096x512x16"), |b| {
+        iter_cpu(b, || {
+            let mut sum = 0.0f32;
+            for r in w.chunks_exact(row) {
+                many(black_box(r), black_box(&xq), &mut y);
+                sum += y[0];
+            }
+            sum
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

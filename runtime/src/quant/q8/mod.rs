@@ -1,0 +1,777 @@
+//! Integer dot kernels of weight rows against Q8_K-quantized activations (the CPU fast path).
+//!
+//! Algorithm. An activation row is quantized once to Q8_K ([`quantize_row_q8k`]): 256-element
+//! blocks of one f32 scale `d8`, 256 i8 values and the 16 i16 sums of each 16 values (llama.cpp
+//! `block_q8_K`, `ggml/src/ggml-common.h`; `quantize_row_q8_K_ref` in `ggml-quants.c`). Every
+//! weight row is then dotted against it block by block: the weight codes and the activation
+//! codes are multiplied and summed as exact `i32`s (the sub-block scales are integers too), and
+//! only then one fixed f32 expression per 256-element block turns the sums into a value. The
+//! blocks are added in order into one f32 accumulator starting at `+0.0`:
+//!
+//! ```text
+//! acc = +0.0;  for b in 0..nb:  acc = acc + value(b)        // f32, left to right
+//! ```
+//!
+//! With `x8[i] = qs[i]` the activation codes, `bsum[j] = Σ x8[16j .. 16j+16]`, the sub-block
+//! scales and codes as the layouts in `kquants.rs` / `iquants.rs` / `legacy.rs` define them
+//! (`d`, `dmin`: the block's f16 super-scales widened to f32), `value(b)` is, per type (every
+//! `Σ` exact in i32, `f32(s)` the conversion of the integer `s` to f32, round to nearest):
+//!
+//! | type | integer sums | `value(b)` in f32 |
+//! |---|---|---|
+//! | Q2_K | `S = Σ_j sc_j·Σ_{16} q·x8`, `M = Σ_j m_j·bsum_j` (j < 16) | `d8·(d·f32(S) − dmin·f32(M))` |
+//! | Q3_K | `S = Σ_j (sc_j − 32)·Σ_{16} (q − 4·!hbit)·x8` | `d8·(d·f32(S))` |
+//! | Q4_K, Q5_K | `S = Σ_j sc_j·Σ_{32} q·x8`, `M = Σ_j m_j·(bsum_2j + bsum_2j+1)` (j < 8) | `d8·(d·f32(S) − dmin·f32(M))` |
+//! | Q6_K | `S = Σ_j sc_j·Σ_{16} (q − 32)·x8` | `d8·(d·f32(S))` |
+//! | IQ2_XXS, IQ2_XS | `S = Σ_j (2·s_j + 1)·Σ grid·sign·x8` (j: the 32 or 16 elements of a scale) | `0.125·(d8·(d·f32(S)))` |
+//! | Q4_0, Q8_0 | `S_k = Σ_{32} (q − 8)·x8` resp. `Σ_{32} q·x8` for the 8 weight blocks `k` | `d8·(((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)))`, `p_k = d_k·f32(S_k)` |
+//!
+//! (`IQ2`: the dequantized value `d·(0.5 + s)·0.25·grid` is `d·(2s + 1)·grid / 8`.) The scalar
+//! kernels (`scalar.rs`) and the AVX2 ones (`avx2.rs`) compute the same integers and then call
+//! the same f32 helpers of this module (no FMA contraction: Rust never fuses `a·b + c`), so the
+//! two agree bit for bit. The result differs from the f32 oracle [`crate::quant::dot_row`] by the
+//! activation rounding (|x − d8·x8| ≤ d8/2) and by f32 rounding of a different summation order.
+//!
+//! For prefill, [`q8_dot_many_fn`] dots one weight row with several activation rows in one
+//! call. Where the CPU has AVX-512 VNNI, the kernels of `vnni.rs` (Q2_K, Q3_K, Q4_K, Q5_K,
+//! Q6_K) unpack each weight block once for all of them; they compute the same integers and call
+//! the same helpers, so each row gets exactly the bits of the single-row kernel.
+
+mod scalar;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
+
+use super::QuantError;
+use crate::ggml_type::GgmlType;
+
+/// Elements of one Q8_K block.
+pub const QK_K: usize = 256;
+
+/// One Q8_K activation block: 256 values `x ≈ d · qs[i]`; `bsums[j]` = Σ qs[16j .. 16j+16] (i16).
+///
+/// The layout (292 bytes, f32 `d` first) is llama.cpp's `block_q8_K` (`ggml-common.h`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ8K {
+    /// The block scale (`amax / 127`; 0 for an all-zero block, NaN for a non-finite one).
+    pub d: f32,
+    /// The 256 codes, each in −127..=127.
+    pub qs: [i8; QK_K],
+    /// `bsums[j] = Σ qs[16j .. 16j + 16]`.
+    pub bsums: [i16; QK_K / 16],
+}
+
+const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
+
+impl BlockQ8K {
+    /// The block of 256 zeros (`d = 0`).
+    pub const ZERO: BlockQ8K = BlockQ8K {
+        d: 0.0,
+        qs: [0; QK_K],
+        bsums: [0; QK_K / 16],
+    };
+}
+
+/// Quantizes `x` (len = 256 · y.len(), ggml `ne0` order) into `y`, one block per 256 values.
+///
+/// Rule, per block: `amax = max |x|`. If any element is not finite, `d = NaN` and `qs = 0` (so
+/// the dot of any weight row with it is NaN, as in the f32 oracle). Else if `amax == 0`,
+/// `d = 0` and `qs = 0`. Else `d = amax / 127` and `qs[i] = round(127 · (x[i] / amax))`, rounded
+/// half away from zero and clamped to −127..=127 (`x / amax` first, so tiny `amax` cannot
+/// overflow the scale). `bsums` are the exact sums of each 16 codes. Source: llama.cpp
+/// `quantize_row_q8_K_ref` (`ggml-quants.c`), which uses the signed max and `-127`; this keeps
+/// the codes symmetric.
+///
+/// # Errors
+/// [`QuantError::PartialBlock`] (type `Q8_K`) when `x.len()` is not a multiple of 256;
+/// [`QuantError::SourceLength`] (type `Q8_K`, sizes in bytes of 292-byte blocks) when `y` does
+/// not hold exactly `x.len() / 256` blocks.
+pub fn quantize_row_q8k(x: &[f32], y: &mut [BlockQ8K]) -> Result<(), QuantError> {
+    let ty = GgmlType::Q8_K;
+    let n = x.len();
+    if !n.is_multiple_of(QK_K) {
+        return Err(QuantError::PartialBlock {
+            ty,
+            n,
+            block_size: QK_K,
+        });
+    }
+    if y.len() != n / QK_K {
+        return Err(QuantError::SourceLength {
+            ty,
+            n,
+            expected: n / QK_K * ty.type_size(),
+            actual: y.len() * ty.type_size(),
+        });
+    }
+    let (xs, _) = x.as_chunks::<QK_K>();
+    for (xb, yb) in xs.iter().zip(y.iter_mut()) {
+        quantize_block(xb, yb);
+    }
+    Ok(())
+}
+
+/// One block of [`quantize_row_q8k`].
+fn quantize_block(x: &[f32; QK_K], y: &mut BlockQ8K) {
+    *y = BlockQ8K::ZERO;
+    if !x.iter().all(|v| v.is_finite()) {
+        y.d = f32::NAN;
+        return;
+    }
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    if amax == 0.0 {
+        return;
+    }
+    y.d = amax / 127.0;
+    for (q, &v) in y.qs.iter_mut().zip(x) {
+        *q = round_half_away(127.0 * (v / amax)).clamp(-127, 127) as i8;
+    }
+    let (groups, _) = y.qs.as_chunks::<16>();
+    for (s, g) in y.bsums.iter_mut().zip(groups) {
+        *s = g.iter().map(|&q| i16::from(q)).sum();
+    }
+}
+
+/// `t.round() as i32` (half away from zero) for |t| < 2^31, without a libm `roundf` call so
+/// that the loop vectorizes: truncate, then step away from zero when the dropped fraction
+/// `t − trunc(t)` (exact in f32) is at least one half.
+#[inline(always)]
+fn round_half_away(t: f32) -> i32 {
+    let i = t as i32;
+    let frac = t - i as f32;
+    i + i32::from(frac >= 0.5) - i32::from(frac <= -0.5)
+}
+
+/// Dot of one weight row (raw GGUF bytes of `x.len()` blocks of its type) with a quantized
+/// activation row: `Σ_b value(b)` as the module doc defines it per type.
+///
+/// A "block of its type" is 256 elements: 84 bytes (Q2_K), 110 (Q3_K), 144 (Q4_K), 176 (Q5_K),
+/// 210 (Q6_K), 66 (IQ2_XXS), 74 (IQ2_XS), 8 × 18 (Q4_0), 8 × 34 (Q8_0) — `ggml_row_size(ty, 256)`.
+/// The caller guarantees `row.len() == x.len() · that size`; a kernel checks it once
+/// (`debug_assert` in debug builds) and returns `f32::NAN` when it fails, so no input can read
+/// out of bounds.
+pub type Q8DotFn = fn(row: &[u8], x: &[BlockQ8K]) -> f32;
+
+/// The fastest kernel for `ty` on this CPU, or None when `ty` has no Q8_K kernel. Supported:
+/// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, Q4_0, Q8_0. AVX-512 VNNI for Q3_K when
+/// `is_x86_feature_detected!` finds `"avx512f"`, `"avx512bw"`, `"avx512vl"`,
+/// `"avx512vnni"`, `"avx2"`, `"fma"` and `"f16c"`; else AVX2 when it finds `"avx2"`, `"fma"`
+/// and `"f16c"`; else scalar. Every kernel gives the same bits.
+pub fn q8_dot_fn(ty: GgmlType) -> Option<Q8DotFn> {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(f) = vnni::dot_fn(ty).or_else(|| avx2::dot_fn(ty)) {
+        return Some(f);
+    }
+    q8_dot_fn_scalar(ty)
+}
+
+/// `y[j] = dot(row, x[j·nb .. (j+1)·nb])` for `j` in `0..y.len()`, `nb` the blocks of `row`:
+/// one weight row (as [`Q8DotFn`]) against `y.len()` activation rows of `nb` blocks each,
+/// stored back to back in `x`. Each `y[j]` has exactly the bits of the [`Q8DotFn`] of the same
+/// type on `x[j·nb .. (j+1)·nb]`. Lengths: `row.len() = nb · block bytes` and
+/// `x.len() = nb · y.len()`; a mismatch gives NaN in every `y[j]` (`debug_assert` in debug
+/// builds); `y` empty is a no-op.
+pub type Q8DotManyFn = fn(row: &[u8], x: &[BlockQ8K], y: &mut [f32]);
+
+/// The fastest multi-row kernel for `ty` on this CPU (the types of [`q8_dot_fn`]), or None:
+/// for Q2_K, Q3_K, Q4_K, Q5_K and Q6_K, when `is_x86_feature_detected!` finds `"avx512f"`,
+/// `"avx512bw"`, `"avx512vl"`, `"avx512vnni"`, `"avx2"`, `"fma"` and `"f16c"`, the VNNI kernel
+/// (each weight block unpacked once for all activation rows; fewer than three rows go row by
+/// row); else [`q8_dot_fn`]'s kernel once per activation row.
+pub fn q8_dot_many_fn(ty: GgmlType) -> Option<Q8DotManyFn> {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(f) = vnni::many_fn(ty) {
+        return Some(f);
+    }
+    let at = TYPES.iter().position(|&t| t == ty)?;
+    Some(BY_ROW[at])
+}
+
+/// Every type with a Q8_K kernel, in the order of [`BY_ROW`].
+const TYPES: [GgmlType; 9] = [
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::Q4_0,
+    GgmlType::Q8_0,
+];
+
+/// `by_row::<T>` for each type `TYPES[T]`.
+const BY_ROW: [Q8DotManyFn; 9] = [
+    by_row::<0>,
+    by_row::<1>,
+    by_row::<2>,
+    by_row::<3>,
+    by_row::<4>,
+    by_row::<5>,
+    by_row::<6>,
+    by_row::<7>,
+    by_row::<8>,
+];
+
+/// The multi-row fallback for `TYPES[T]`: [`q8_dot_fn`]'s kernel once per activation row.
+fn by_row<const T: usize>(row: &[u8], x: &[BlockQ8K], y: &mut [f32]) {
+    let ty = TYPES[T];
+    let (Some(dot), Some(bytes)) = (q8_dot_fn(ty), ty.row_size(QK_K)) else {
+        y.fill(f32::NAN);
+        return;
+    };
+    let Some(nb) = many_blocks(row, x, y, bytes) else {
+        return;
+    };
+    for (j, o) in y.iter_mut().enumerate() {
+        *o = dot(row, &x[j * nb..(j + 1) * nb]);
+    }
+}
+
+/// The length check of a [`Q8DotManyFn`] with `bytes` per weight block: `Some(nb)`, the blocks
+/// per activation row, or None after filling `y` with NaN (`debug_assert` in debug builds).
+#[inline(always)]
+fn many_blocks(row: &[u8], x: &[BlockQ8K], y: &mut [f32], bytes: usize) -> Option<usize> {
+    let nb = row.len() / bytes;
+    let ok = row.len() == nb * bytes && x.len() == nb * y.len();
+    debug_assert!(
+        ok,
+        "Q8_K dot: row bytes {} / x blocks {} / rows {} (block {bytes} bytes)",
+        row.len(),
+        x.len(),
+        y.len()
+    );
+    if !ok {
+        y.fill(f32::NAN);
+        return None;
+    }
+    Some(nb)
+}
+
+/// The portable scalar kernel (for tests and non-x86); the types of [`q8_dot_fn`].
+pub fn q8_dot_fn_scalar(ty: GgmlType) -> Option<Q8DotFn> {
+    scalar::dot_fn(ty)
+}
+
+/// The row loop shared by every kernel: checks `row.len() == x.len() · B` (NaN otherwise, see
+/// [`Q8DotFn`]) and adds `block(weights, activations)` over the blocks in order.
+#[inline(always)]
+fn dot_blocks<const B: usize>(
+    row: &[u8],
+    x: &[BlockQ8K],
+    mut block: impl FnMut(&[u8; B], &BlockQ8K) -> f32,
+) -> f32 {
+    debug_assert_eq!(row.len(), x.len() * B, "Q8_K dot: row bytes ≠ blocks · {B}");
+    if row.len() != x.len() * B {
+        return f32::NAN;
+    }
+    let (blocks, _) = row.as_chunks::<B>();
+    let mut acc = 0.0f32;
+    for (w, y) in blocks.iter().zip(x) {
+        acc += block(w, y);
+    }
+    acc
+}
+
+/// `d8·(d·f32(S) − dmin·f32(M))` (Q2_K, Q4_K, Q5_K).
+#[inline(always)]
+fn value_dmin(d8: f32, d: f32, dmin: f32, s: i32, m: i32) -> f32 {
+    d8 * (d * s as f32 - dmin * m as f32)
+}
+
+/// `d8·(d·f32(S))` (Q3_K, Q6_K).
+#[inline(always)]
+fn value_d(d8: f32, d: f32, s: i32) -> f32 {
+    d8 * (d * s as f32)
+}
+
+/// `0.125·(d8·(d·f32(S)))` (IQ2_XXS, IQ2_XS).
+#[inline(always)]
+fn value_iq2(d8: f32, d: f32, s: i32) -> f32 {
+    0.125 * (d8 * (d * s as f32))
+}
+
+/// `d8·(((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)))`, `p_k = d_k·f32(S_k)`, for the
+/// eight 32-element blocks of Q4_0/Q8_0 (scales `d`, integer sums `s`).
+#[inline(always)]
+fn value_legacy(d8: f32, d: &[f32; 8], s: &[i32; 8]) -> f32 {
+    let p: [f32; 8] = std::array::from_fn(|k| d[k] * s[k] as f32);
+    d8 * (((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7])))
+}
+
+/// The 16 six-bit Q3_K scales (still offset by 32) from their 12 packed bytes: scale `j` has
+/// its low four bits in byte `j % 8` (nibble `j / 8`) and its high two in byte `8 + j % 4`
+/// (pair `j / 4`); done four scales per u32.
+#[inline(always)]
+fn q3_k_raw_scales(s: &[u8]) -> [u8; 16] {
+    let a = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (a0, a1, a2) = (a(0), a(1), a(2));
+    let (lo, hi) = (0x0f0f_0f0f_u32, 0x0303_0303_u32);
+    let w = [
+        (a0 & lo) | ((a2 & hi) << 4),
+        (a1 & lo) | (((a2 >> 2) & hi) << 4),
+        ((a0 >> 4) & lo) | (((a2 >> 4) & hi) << 4),
+        ((a1 >> 4) & lo) | (((a2 >> 6) & hi) << 4),
+    ];
+    let mut out = [0u8; 16];
+    for (o, v) in out.chunks_exact_mut(4).zip(w) {
+        o.copy_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+/// The eight 6-bit scales and eight 6-bit mins of Q4_K/Q5_K from their 12 packed bytes (ggml
+/// `get_scale_min_k4`): `j < 4` in the low six bits of bytes `j` / `j + 4`, `j ≥ 4` split into a
+/// nibble of byte `j + 4` and the top two bits of byte `j − 4` / `j`.
+#[inline(always)]
+fn k4_scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let a = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
+    let (u0, u1, u2) = (a(0), a(1), a(2));
+    let (m6, m4, m2) = (0x3f3f_3f3f_u32, 0x0f0f_0f0f_u32, 0x0303_0303_u32);
+    let sc_hi = (u2 & m4) | (((u0 >> 6) & m2) << 4);
+    let m_hi = ((u2 >> 4) & m4) | (((u1 >> 6) & m2) << 4);
+    let join = |lo: u32, hi: u32| {
+        let mut o = [0u8; 8];
+        o[..4].copy_from_slice(&lo.to_le_bytes());
+        o[4..].copy_from_slice(&hi.to_le_bytes());
+        o
+    };
+    (join(u0 & m6, sc_hi), join(u1 & m6, m_hi))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::dequantize_row;
+    use crate::quant::random::BlockSampler;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// Bytes of 256 weights of `ty`.
+    fn block_bytes(ty: GgmlType) -> usize {
+        ty.row_size(QK_K).expect("256 is a whole number of blocks")
+    }
+
+    /// A valid random row of `nb` Q8_K blocks' worth of `ty` weights.
+    fn weights(ty: GgmlType, nb: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {
+        let mut row = vec![0u8; nb * block_bytes(ty)];
+        BlockSampler::new(ty)
+            .unwrap()
+            .fill_row(rng, 0.02, nb * QK_K, &mut row)
+            .unwrap();
+        row
+    }
+
+    /// `nb` blocks' worth of random bytes of `ty` (any scales and codes, f16 NaN/inf included).
+    fn random_bytes(ty: GgmlType, nb: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {
+        let mut row = vec![0u8; nb * block_bytes(ty)];
+        rng.fill(&mut row[..]);
+        row
+    }
+
+    /// Activations of `nb` blocks: each block uniform in ±scale with a random scale over
+    /// 2^-10 .. 2^10, one outlier in some blocks; block 1 (when present) all zero.
+    fn activations(nb: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
+        let mut x = vec![0.0f32; nb * QK_K];
+        for (b, xb) in x.chunks_exact_mut(QK_K).enumerate() {
+            if b == 1 {
+                continue;
+            }
+            let scale = 2f32.powf(rng.random_range(-10.0..10.0));
+            for v in xb.iter_mut() {
+                *v = scale * rng.random_range(-1.0f32..1.0);
+            }
+            if rng.random_bool(0.5) {
+                xb[rng.random_range(0..QK_K)] = 20.0 * scale;
+            }
+        }
+        x
+    }
+
+    fn quantize(x: &[f32]) -> Vec<BlockQ8K> {
+        let mut y = vec![BlockQ8K::ZERO; x.len() / QK_K];
+        quantize_row_q8k(x, &mut y).unwrap();
+        y
+    }
+
+    /// Same bits, or both NaN (a NaN's payload is not part of the contract).
+    fn same(a: f32, b: f32) -> bool {
+        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+    }
+
+    #[test]
+    fn quantization_is_within_half_a_step_with_exact_bsums() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let x = activations(6, &mut rng);
+        let y = quantize(&x);
+        for (xb, yb) in x.chunks_exact(QK_K).zip(&y) {
+            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            if amax == 0.0 {
+                assert_eq!(yb.d, 0.0);
+                assert!(yb.qs.iter().all(|&q| q == 0));
+            } else {
+                assert_eq!(yb.d, amax / 127.0);
+                // qs = round(t), t = fl(fl(x / amax)·127) is within 127·2^-23 of 127·x/amax
+                // (two roundings of values ≤ 127), and d is within amax·2^-24/127 of
+                // amax/127 (times |qs| ≤ 127), so |d·qs − x| ≤ amax/254 + 2·amax·2^-23,
+                // where amax/254 ≤ d/2·(1 + 2^-24).
+                let bound = f64::from(yb.d) / 2.0 + 3.0 * f64::from(amax) * f64::from(f32::EPSILON);
+                for (&v, &q) in xb.iter().zip(&yb.qs) {
+                    assert!((-127..=127).contains(&q));
+                    let err = (f64::from(yb.d) * f64::from(q) - f64::from(v)).abs();
+                    assert!(err <= bound, "x {v} q {q} d {} err {err}", yb.d);
+                }
+                // The largest element maps to ±127.
+                assert!(yb.qs.iter().any(|&q| q.abs() == 127));
+            }
+            for (j, &s) in yb.bsums.iter().enumerate() {
+                let want: i32 = yb.qs[16 * j..16 * j + 16]
+                    .iter()
+                    .map(|&q| i32::from(q))
+                    .sum();
+                assert_eq!(i32::from(s), want);
+            }
+        }
+    }
+
+    #[test]
+    fn quantization_of_zero_and_non_finite_blocks() {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut x = vec![0.5f32; 2 * QK_K];
+            x[QK_K + 7] = bad;
+            let y = quantize(&x);
+            assert!(y[0].d > 0.0, "the finite block is unaffected");
+            assert!(y[1].d.is_nan(), "{bad}");
+            assert!(y[1].qs.iter().all(|&q| q == 0) && y[1].bsums.iter().all(|&s| s == 0));
+        }
+        let y = quantize(&[-0.0f32; QK_K]);
+        assert_eq!(y[0].d.to_bits(), 0.0f32.to_bits());
+        assert!(y[0].qs.iter().all(|&q| q == 0) && y[0].bsums.iter().all(|&s| s == 0));
+        // Subnormal amax: finite scale, codes still reach ±127.
+        let mut x = [0.0f32; QK_K];
+        x[3] = -1e-40;
+        x[4] = 5e-41;
+        let y = quantize(&x);
+        assert!(y[0].d.is_finite() && y[0].d > 0.0);
+        assert_eq!(y[0].qs[3], -127);
+    }
+
+    /// `round_half_away` is `f32::round`: near every half-integer of the code range (the
+    /// neighbouring f32 values too) and on random values.
+    #[test]
+    fn round_half_away_matches_f32_round() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let mut cases: Vec<f32> = vec![0.0, -0.0, 0.49999997, -0.49999997, 1e-30, -1e-30];
+        for k in -130..130 {
+            let h = k as f32 + 0.5;
+            cases.extend([
+                h,
+                f32::from_bits(h.to_bits() + 1),
+                f32::from_bits(h.to_bits() - 1),
+            ]);
+            cases.push(k as f32);
+        }
+        cases.extend((0..100_000).map(|_| rng.random_range(-130.0f32..130.0)));
+        for t in cases {
+            assert_eq!(round_half_away(t), t.round() as i32, "{t:e}");
+        }
+    }
+
+    #[test]
+    fn quantization_rejects_bad_lengths() {
+        let mut y = [BlockQ8K::ZERO; 2];
+        assert_eq!(
+            quantize_row_q8k(&[0.0; 300], &mut y[..1]),
+            Err(QuantError::PartialBlock {
+                ty: GgmlType::Q8_K,
+                n: 300,
+                block_size: 256
+            })
+        );
+        assert_eq!(
+            quantize_row_q8k(&[0.0; 256], &mut y),
+            Err(QuantError::SourceLength {
+                ty: GgmlType::Q8_K,
+                n: 256,
+                expected: 292,
+                actual: 584
+            })
+        );
+        assert_eq!(quantize_row_q8k(&[], &mut []), Ok(()));
+    }
+
+    #[test]
+    fn supported_types() {
+        for &ty in GgmlType::ALL {
+            let want = TYPES.contains(&ty);
+            assert_eq!(q8_dot_fn(ty).is_some(), want, "{ty}");
+            assert_eq!(q8_dot_fn_scalar(ty).is_some(), want, "{ty}");
+            assert_eq!(q8_dot_many_fn(ty).is_some(), want, "{ty}");
+        }
+    }
+
+    /// The scalar kernel against an independent f64 sum over the bit-exact dequantized weights
+    /// (`quant::dequantize_row`, the oracle) and the dequantized activations `d8·qs`.
+    ///
+    /// Tolerance 1e-5·Σ|w·x8| + 1e-30: the kernel rounds at most 6 times per block (two i32 →
+    /// f32 conversions, two products, a difference, the `d8` product) and once per block in the
+    /// row sum (≤ 17 blocks), each by ≤ 2^-24 of a magnitude that for these centred blocks stays
+    /// within a small factor (≲ 5, the `dmin·m` offsets of Q2_K/Q4_K/Q5_K) of Σ|w·x8|; the
+    /// oracle's f32 dequantization adds one such rounding per element. That is about
+    /// (6·5 + 17 + 5)·2^-24 ≈ 3e-6 relative; 1e-30 covers an all-zero product.
+    #[test]
+    fn scalar_matches_the_f64_reference() {
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        for &ty in &TYPES {
+            let dot = q8_dot_fn_scalar(ty).unwrap();
+            for nb in [1, 2, 16, 17] {
+                let row = weights(ty, nb, &mut rng);
+                let y = quantize(&activations(nb, &mut rng));
+                let mut w = vec![0.0f32; nb * QK_K];
+                dequantize_row(ty, &row, &mut w).unwrap();
+                let (mut want, mut mag) = (0.0f64, 0.0f64);
+                for (i, &wi) in w.iter().enumerate() {
+                    let yb = &y[i / QK_K];
+                    let x8 = f64::from(yb.d) * f64::from(yb.qs[i % QK_K]);
+                    want += f64::from(wi) * x8;
+                    mag += (f64::from(wi) * x8).abs();
+                }
+                let got = f64::from(dot(&row, &y));
+                let err = (got - want).abs();
+                assert!(
+                    err <= 1e-5 * mag + 1e-30,
+                    "{ty} nb {nb}: got {got} want {want} err {err} (rel {})",
+                    err / mag
+                );
+            }
+        }
+    }
+
+    /// The AVX2 kernel of `ty`, or None (with a note) when this CPU lacks AVX2/FMA.
+    #[cfg(target_arch = "x86_64")]
+    fn avx2_kernel(ty: GgmlType) -> Option<Q8DotFn> {
+        let f = avx2::dot_fn(ty);
+        if f.is_none() {
+            println!("note: no AVX2+FMA on this CPU, {ty}: AVX2 check skipped");
+        }
+        f
+    }
+
+    /// A single-row kernel `fast` of `ty` against the scalar one: the same bits on sampled rows
+    /// (finite, non-zero) and on random bytes (any scales and codes; or both NaN), for 1, 2, 3,
+    /// 16 and 17 blocks.
+    #[cfg(target_arch = "x86_64")]
+    fn check_single_row(ty: GgmlType, fast: Q8DotFn, rng: &mut ChaCha8Rng) {
+        let slow = q8_dot_fn_scalar(ty).unwrap();
+        for nb in [1, 2, 3, 16, 17] {
+            for _ in 0..4 {
+                let row = weights(ty, nb, rng);
+                let y = quantize(&activations(nb, rng));
+                let (a, b) = (fast(&row, &y), slow(&row, &y));
+                assert_eq!(a.to_bits(), b.to_bits(), "{ty} nb {nb}: {a} vs {b}");
+                assert!(a.is_finite() && a != 0.0, "{ty} nb {nb}: {a}");
+            }
+            let row = random_bytes(ty, nb, rng);
+            let y = quantize(&activations(nb, rng));
+            let (a, b) = (fast(&row, &y), slow(&row, &y));
+            assert!(same(a, b), "{ty} random bytes nb {nb}: {a} vs {b}");
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_matches_scalar_bit_for_bit() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        for &ty in &TYPES {
+            if let Some(fast) = avx2_kernel(ty) {
+                check_single_row(ty, fast, &mut rng);
+            }
+        }
+    }
+
+    /// The multi-row kernels of `ty` to check: the VNNI one (None, with a note, when this CPU
+    /// lacks AVX-512 VNNI) and the dispatched one.
+    #[cfg(target_arch = "x86_64")]
+    fn many_kernels(ty: GgmlType) -> Vec<Q8DotManyFn> {
+        let vnni = vnni::many_fn(ty);
+        if vnni.is_none() && TYPES[..5].contains(&ty) {
+            println!("note: no AVX-512 VNNI (F/BW/VL) on this CPU, {ty}: VNNI checks skipped");
+        }
+        vnni.into_iter().chain(q8_dot_many_fn(ty)).collect()
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn many_kernels(ty: GgmlType) -> Vec<Q8DotManyFn> {
+        q8_dot_many_fn(ty).into_iter().collect()
+    }
+
+    /// The single-row VNNI kernels (Q3_K) against the scalar ones; skipped with a note when this
+    /// CPU lacks AVX-512 VNNI.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vnni_single_row_matches_scalar_bit_for_bit() {
+        let mut rng = ChaCha8Rng::seed_from_u64(6);
+        for &ty in &TYPES {
+            match vnni::dot_fn(ty) {
+                Some(fast) => check_single_row(ty, fast, &mut rng),
+                None if ty == GgmlType::Q3_K => {
+                    println!("note: no AVX-512 VNNI (F/BW/VL) on this CPU: {ty} check skipped");
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Every multi-row kernel of `ty` on `row` and `rows` activation rows `x` against the scalar
+    /// single-row kernel row by row: the same bits (or both NaN).
+    fn check_many(ty: GgmlType, row: &[u8], x: &[BlockQ8K], rows: usize, what: &str) {
+        let slow = q8_dot_fn_scalar(ty).unwrap();
+        let nb = x.len() / rows;
+        let want: Vec<f32> = x.chunks_exact(nb.max(1)).map(|xj| slow(row, xj)).collect();
+        let want = if nb == 0 { vec![0.0; rows] } else { want };
+        for many in many_kernels(ty) {
+            let mut got = vec![1.5f32; rows];
+            many(row, x, &mut got);
+            for (j, (&a, &b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    same(a, b),
+                    "{ty} {what} rows {rows} nb {nb} row {j}: {a} vs {b}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn many_matches_the_single_row_kernel_bit_for_bit() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for &ty in &TYPES {
+            for nb in [1, 2, 16, 17] {
+                for rows in [1, 2, 3, 4, 5, 9] {
+                    let row = weights(ty, nb, &mut rng);
+                    let x = quantize(&activations(nb * rows, &mut rng));
+                    check_many(ty, &row, &x, rows, "sampler");
+                    let row = random_bytes(ty, nb, &mut rng);
+                    check_many(ty, &row, &x, rows, "random bytes");
+                }
+            }
+            // No blocks: every row is +0.0.
+            check_many(ty, &[], &[], 3, "empty");
+        }
+    }
+
+    /// A multi-row call whose lengths disagree fills `y` with NaN (release) or panics in the
+    /// `debug_assert` (debug); an empty `y` with empty `x` is a no-op.
+    #[test]
+    fn many_mismatched_lengths_are_refused() {
+        let x = [BlockQ8K::ZERO; 6];
+        for &ty in &TYPES {
+            for many in many_kernels(ty) {
+                let bb = block_bytes(ty);
+                // (row bytes, x blocks, rows): a row one byte short, x not rows × nb, y empty with x.
+                for (len, nx, rows) in [(2 * bb - 1, 4, 2), (2 * bb, 5, 2), (bb, 3, 2), (bb, 1, 0)]
+                {
+                    let row = vec![0u8; len];
+                    let got = std::panic::catch_unwind(|| {
+                        let mut y = vec![0.0f32; rows];
+                        many(&row, &x[..nx], &mut y);
+                        y
+                    });
+                    if cfg!(debug_assertions) {
+                        assert!(got.is_err(), "{ty} len {len} x {nx} rows {rows}");
+                    } else {
+                        assert!(got.unwrap().iter().all(|v| v.is_nan()), "{ty} len {len}");
+                    }
+                }
+                let mut y: [f32; 0] = [];
+                many(&vec![0u8; bb], &[], &mut y);
+            }
+        }
+    }
+
+    #[test]
+    fn nan_activations_make_the_dot_nan_and_empty_rows_are_zero() {
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        for &ty in &TYPES {
+            let row = weights(ty, 2, &mut rng);
+            let mut x = activations(2, &mut rng);
+            x[300] = f32::NAN;
+            let y = quantize(&x);
+            assert!(q8_dot_fn_scalar(ty).unwrap()(&row, &y).is_nan(), "{ty}");
+            assert!(q8_dot_fn(ty).unwrap()(&row, &y).is_nan(), "{ty}");
+            assert_eq!(q8_dot_fn(ty).unwrap()(&[], &[]).to_bits(), 0);
+            assert_eq!(q8_dot_fn_scalar(ty).unwrap()(&[], &[]).to_bits(), 0);
+        }
+    }
+
+    /// A row whose length disagrees with `x` is refused: `debug_assert` in debug builds, NaN
+    /// in release builds; never a read out of bounds.
+    #[test]
+    fn mismatched_lengths_are_refused() {
+        let y = [BlockQ8K::ZERO; 2];
+        for &ty in &TYPES {
+            for dot in [q8_dot_fn(ty).unwrap(), q8_dot_fn_scalar(ty).unwrap()] {
+                for len in [
+                    0,
+                    block_bytes(ty),
+                    3 * block_bytes(ty),
+                    2 * block_bytes(ty) - 1,
+                ] {
+                    let row = vec![0u8; len];
+                    let got = std::panic::catch_unwind(|| dot(&row, &y));
+                    if cfg!(debug_assertions) {
+                        assert!(got.is_err(), "{ty} len {len}");
+                    } else {
+                        assert!(got.unwrap().is_nan(), "{ty} len {len}");
+                    }
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Any element and block count: quantization errs exactly when the lengths disagree.
+        #[test]
+        fn quantize_arbitrary_lengths_never_panic(n in 0usize..2000, nb in 0usize..9) {
+            let x = vec![1.0f32; n];
+            let mut y = vec![BlockQ8K::ZERO; nb];
+            proptest::prop_assert_eq!(quantize_row_q8k(&x, &mut y).is_ok(), n == nb * QK_K);
+        }
+
+        /// Any bytes (scales and codes of every value, f16 NaN/inf included) and any activation
+        /// values (NaN, inf, subnormal): no panic (integer overflow panics in debug builds),
+        /// and the AVX2 kernel gives the scalar bits.
+        #[test]
+        fn arbitrary_blocks_never_panic(
+            t in 0..TYPES.len(),
+            nb in 0usize..4,
+            seed in proptest::prelude::any::<u64>(),
+            x in proptest::collection::vec(proptest::prelude::any::<f32>(), 4 * QK_K),
+        ) {
+            let ty = TYPES[t];
+            let row = random_bytes(ty, nb, &mut ChaCha8Rng::seed_from_u64(seed));
+            let y = quantize(&x[..nb * QK_K]);
+            let slow = q8_dot_fn_scalar(ty).unwrap()(&row, &y);
+            let fast = q8_dot_fn(ty).unwrap()(&row, &y);
+            proptest::prop_assert!(same(slow, fast), "{} {} vs {}", ty, slow, fast);
+        }
+
+        /// Any bytes and activation values, 1 to 9 activation rows: every multi-row kernel
+        /// gives the scalar single-row bits in every row.
+        #[test]
+        fn arbitrary_many_rows_match_the_scalar_kernel(
+            t in 0..TYPES.len(),
+            nb in 1usize..3,
+            rows in 1usize..10,
+            seed in proptest::prelude::any::<u64>(),
+            x in proptest::collection::vec(proptest::prelude::any::<f32>(), 18 * QK_K),
+        ) {
+            let ty = TYPES[t];
+            let row = random_bytes(ty, nb, &mut ChaCha8Rng::seed_from_u64(seed));
+            let y = quantize(&x[..nb * rows * QK_K]);
+            check_many(ty, &row, &y, rows, "proptest");
+        }
+    }
+}
