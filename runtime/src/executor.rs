@@ -22,12 +22,14 @@
 //! (the host alias). The copy's length is checked; its bytes equal the file's (the store's
 //! contract), so the placement never changes a bit of the result.
 
+use crate::fastpath::{plan_fast_steps, CpuKernels, FastBuffers, FastStep, WeightProduct};
 use crate::kv_cache::LatentKvCache;
 use aubier_compiler::plan::WeightId;
 use aubier_compiler::plan::{Operand, Plan, Storage, ValueId};
 use aubier_compiler::types::{DType, Dim};
 use aubier_kernels_gen::cpu::{CpuProgram, Extent, IndexBound, Kernel, StepArgs};
 use rayon::prelude::*;
+use std::time::Instant;
 
 /// Errors of the executor. Each names the step, value, weight or input at fault.
 #[derive(Debug, thiserror::Error)]
@@ -155,6 +157,24 @@ pub struct Executor {
     tables: Vec<Vec<u64>>,
     /// `(T, S)` of the last successful binding.
     extents: (usize, usize),
+    /// The value of that binding computed for its last token only.
+    last_only: Option<ValueId>,
+    /// The kernels of the weight products.
+    kernels: CpuKernels,
+    /// Per step, the fast-path kernel replacing the oracle's (all `None` under the oracle).
+    fast: Vec<Option<FastStep>>,
+    fast_buf: FastBuffers,
+    /// Wall time spent in each step since the last [`Executor::reset_step_times`].
+    times: Vec<StepTime>,
+}
+
+/// Wall time spent in one plan step, split by the kind of run (`T > 1`: prefill, `T = 1`: decode).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepTime {
+    /// Seconds in runs of more than one token.
+    pub prefill_s: f64,
+    /// Seconds in runs of one token.
+    pub decode_s: f64,
 }
 
 impl Executor {
@@ -221,7 +241,44 @@ impl Executor {
             scratch: Vec::new(),
             tables: Vec::new(),
             extents: (0, 0),
+            last_only: None,
+            kernels: CpuKernels::Oracle,
+            fast: vec![None; plan.steps.len()],
+            fast_buf: FastBuffers::default(),
+            times: vec![StepTime::default(); plan.steps.len()],
         })
+    }
+
+    /// Selects the kernels of the weight products for the next runs of `plan` (the plan given to
+    /// [`Executor::new`]). [`CpuKernels::Oracle`] is the default.
+    pub fn set_cpu_kernels(&mut self, plan: &Plan, kernels: CpuKernels) {
+        self.kernels = kernels;
+        self.fast = match kernels {
+            CpuKernels::Oracle => vec![None; plan.steps.len()],
+            CpuKernels::Q8 => plan_fast_steps(plan, 1),
+            CpuKernels::Q8x2 => plan_fast_steps(plan, 2),
+        };
+    }
+
+    /// The kernels selected by [`Executor::set_cpu_kernels`].
+    pub fn cpu_kernels(&self) -> CpuKernels {
+        self.kernels
+    }
+
+    /// Steps the fast path runs (0 under the oracle).
+    pub fn fast_step_count(&self) -> usize {
+        self.fast.iter().filter(|f| f.is_some()).count()
+    }
+
+    /// Wall time spent in each plan step (index = step index) since the executor was made or
+    /// [`Executor::reset_step_times`] was last called.
+    pub fn step_times(&self) -> &[StepTime] {
+        &self.times
+    }
+
+    /// Zeroes [`Executor::step_times`].
+    pub fn reset_step_times(&mut self) {
+        self.times.fill(StepTime::default());
     }
 
     /// Runs every step of `bound.plan` for `T = t` tokens over `S = s` keys.
@@ -242,6 +299,25 @@ impl Executor {
         inputs: &[(&str, &[i32])],
         t: usize,
         s: usize,
+    ) -> Result<(), ExecError> {
+        self.run_rows(bound, cache, inputs, t, s, None)
+    }
+
+    /// [`Executor::run`], computing only the last token's row of the value `last_only` (the
+    /// logits, when a caller samples from the last position only): the `mat_mul` producing it
+    /// runs for `T = 1` on the last row of its input, its slot is sized for that row, and
+    /// [`Executor::f32_value`] returns that row.
+    ///
+    /// Errors: those of [`Executor::run`]; [`ExecError::Value`] when `last_only` is not made by a
+    /// `mat_mul` whose input is a `[T, n]` value.
+    pub fn run_rows(
+        &mut self,
+        bound: Bound<'_>,
+        cache: &mut LatentKvCache,
+        inputs: &[(&str, &[i32])],
+        t: usize,
+        s: usize,
+        last_only: Option<ValueId>,
     ) -> Result<(), ExecError> {
         let Bound {
             plan,
@@ -264,7 +340,7 @@ impl Executor {
         }
         self.check_weights(plan, program, weights)?;
         self.check_cache(cache, s)?;
-        self.bind(plan, t, s)?;
+        self.bind(plan, t, s, last_only)?;
         for (name, id) in &plan.inputs {
             let data = inputs
                 .iter()
@@ -328,16 +404,29 @@ impl Executor {
             if self.scratch.len() < scratch {
                 self.scratch.resize(scratch, 0.0);
             }
-            let mut args = StepArgs::new(t, s, 0, 0);
+            let started = Instant::now();
+            // `last_only`: this step runs for one token, the last, into row 0.
+            let (t_step, row_in) = if Some(step.out) == last_only {
+                (1, self.last_row_input(plan, step, t)?)
+            } else {
+                (t, 0)
+            };
+            let mut args = StepArgs::new(t_step, s, 0, 0);
             for (j, a) in step.args.iter().enumerate() {
                 args.args[j] = match a {
                     Operand::Value(v) => self.value_ptr(plan, cache, *v, s)? as *const u8,
                     Operand::Weight(w) => weights[*w].as_ptr(),
                 };
             }
+            if row_in > 0 {
+                // SAFETY: operand 1 is the `[T, n]` input (checked by `last_row_input`), its
+                // slot holds `T · n` f32 and `row_in = (T − 1) · n`.
+                args.args[1] = unsafe { (args.args[1] as *const f32).add(row_in) } as *const u8;
+            }
             if self.tables.len() < cs.expert_tables.len() {
                 self.tables.resize(cs.expert_tables.len(), Vec::new());
             }
+            let mut expert_slices: Vec<Vec<&[u8]>> = Vec::with_capacity(cs.expert_tables.len());
             for (table, spec) in self.tables.iter_mut().zip(&cs.expert_tables) {
                 let bad = |detail: String| ExecError::ExpertTable {
                     step: i,
@@ -357,6 +446,7 @@ impl Executor {
                     )));
                 }
                 table.clear();
+                let mut slices = Vec::with_capacity(spec.n_expert);
                 for (e, slice) in host.chunks_exact(spec.expert_bytes.max(1)).enumerate() {
                     let src = match experts.and_then(|x| x.fast_copy(w, e)) {
                         Some(copy) if copy.len() == spec.expert_bytes => copy,
@@ -370,9 +460,11 @@ impl Executor {
                         None => slice,
                     };
                     table.push(src.as_ptr() as u64);
+                    slices.push(src);
                 }
                 table.resize(spec.n_expert, host.as_ptr() as u64);
                 args.args[spec.arg] = table.as_ptr() as *const u8;
+                expert_slices.push(slices);
             }
             args.out = self.value_ptr(plan, cache, step.out, s)? as *mut u8;
             args.scratch = if scratch > 0 {
@@ -380,15 +472,73 @@ impl Executor {
             } else {
                 std::ptr::null_mut()
             };
-            for kernel in &cs.kernels {
-                launch(kernel, args, t, s)?;
+            match self.fast.get(i).copied().flatten() {
+                Some(FastStep::MatMul(m)) => {
+                    weight_product(&m, step, weights, &args, t_step, &mut self.fast_buf)
+                }
+                Some(FastStep::HeadMatMul(m)) => {
+                    weight_product(&m, step, weights, &args, t_step, &mut self.fast_buf)
+                }
+                Some(FastStep::Moe(m)) => {
+                    let k = plan.values[self.value_id(step, 1)?].shape.numel(t, s) / t;
+                    // SAFETY: as above: h `[T, d]`, ids and weights `[T, k]`, the output `[T, d]`
+                    // are distinct slots sized by `bind`; the ids were checked below the expert
+                    // count before this step.
+                    let (h, ids, wts, y) = unsafe {
+                        (
+                            std::slice::from_raw_parts(args.args[0] as *const f32, t * m.width()),
+                            std::slice::from_raw_parts(args.args[1] as *const i32, t * k),
+                            std::slice::from_raw_parts(args.args[2] as *const f32, t * k),
+                            std::slice::from_raw_parts_mut(args.out as *mut f32, t * m.width()),
+                        )
+                    };
+                    m.run(h, ids, wts, &expert_slices, y, &mut self.fast_buf);
+                }
+                Some(FastStep::Scores { w }) => {
+                    let rows = plan.values[self.value_id(step, 0)?].shape.numel(t_step, s) / w;
+                    // SAFETY: q `[rows, w]` in its slot, the keys `[S, w]` in the latent cache
+                    // (checked by `check_cache`), the output `[rows, S]` in its own slot.
+                    let (q, k, y) = unsafe {
+                        (
+                            std::slice::from_raw_parts(args.args[0] as *const f32, rows * w),
+                            std::slice::from_raw_parts(args.args[1] as *const f32, s * w),
+                            std::slice::from_raw_parts_mut(args.out as *mut f32, rows * s),
+                        )
+                    };
+                    crate::fastpath::scores(q, k, y, w);
+                }
+                Some(FastStep::WeightedSum { w, len }) => {
+                    let rows = plan.values[self.value_id(step, 0)?].shape.numel(t_step, s) / s;
+                    // SAFETY: p `[rows, S]` in its slot, the values `[S, w]` in the latent cache,
+                    // the output `[rows, len]` in its own slot.
+                    let (p, v, y) = unsafe {
+                        (
+                            std::slice::from_raw_parts(args.args[0] as *const f32, rows * s),
+                            std::slice::from_raw_parts(args.args[1] as *const f32, s * w),
+                            std::slice::from_raw_parts_mut(args.out as *mut f32, rows * len),
+                        )
+                    };
+                    crate::fastpath::weighted_sum(p, v, y, w, len);
+                }
+                None => {
+                    for kernel in &cs.kernels {
+                        launch(kernel, args, t_step, s)?;
+                    }
+                }
+            }
+            let spent = started.elapsed().as_secs_f64();
+            let time = &mut self.times[i];
+            if t > 1 {
+                time.prefill_s += spent;
+            } else {
+                time.decode_s += spent;
             }
         }
         Ok(())
     }
 
     /// The f32 elements of slot value `id` after the last [`Self::run`] (row-major, its shape at
-    /// that run's `T`, `S`).
+    /// that run's `T`, `S`; at `T = 1` for the `last_only` value of [`Self::run_rows`]).
     ///
     /// Errors: [`ExecError::Value`] for an unknown value, an i32 value or a latent-cache value.
     pub fn f32_value(&self, plan: &Plan, id: ValueId) -> Result<&[f32], ExecError> {
@@ -447,7 +597,8 @@ impl Executor {
                 detail: "lives in the latent cache, not in a slot".into(),
             });
         };
-        let len = v.shape.numel(t, s);
+        let rows = if Some(id) == self.last_only { 1 } else { t };
+        let len = v.shape.numel(rows, s);
         self.slots[n].get(..len).ok_or_else(|| ExecError::Value {
             value: id,
             name: v.name.clone(),
@@ -500,13 +651,21 @@ impl Executor {
         Ok(())
     }
 
-    /// Grows every slot to its largest value at `(t, s)`.
-    fn bind(&mut self, plan: &Plan, t: usize, s: usize) -> Result<(), ExecError> {
+    /// Grows every slot to its largest value at `(t, s)` (`last_only` at one token: only its
+    /// last row is computed).
+    fn bind(
+        &mut self,
+        plan: &Plan,
+        t: usize,
+        s: usize,
+        last_only: Option<ValueId>,
+    ) -> Result<(), ExecError> {
         for (slot, ids) in self.slots.iter_mut().zip(&self.slot_values) {
             let mut need = 0usize;
             for &id in ids {
+                let rows = if Some(id) == last_only { 1 } else { t };
                 let n = Extent::of_dims(&plan.values[id].shape.0)
-                    .and_then(|e| e.eval(t, s))
+                    .and_then(|e| e.eval(rows, s))
                     .filter(|n| n.checked_mul(4).is_some_and(|b| b <= isize::MAX as usize))
                     .ok_or(ExecError::Extents {
                         t,
@@ -520,7 +679,48 @@ impl Executor {
             }
         }
         self.extents = (t, s);
+        self.last_only = last_only;
         Ok(())
+    }
+
+    /// The value id of operand `arg` of `step`.
+    fn value_id(
+        &self,
+        step: &aubier_compiler::plan::Step,
+        arg: usize,
+    ) -> Result<ValueId, ExecError> {
+        match step.args.get(arg) {
+            Some(Operand::Value(v)) => Ok(*v),
+            _ => Err(ExecError::Value {
+                value: step.out,
+                name: format!("operand {arg} of `{}`", step.op.name()),
+                detail: "is not a value".into(),
+            }),
+        }
+    }
+
+    /// For `last_only`: the element offset of the last row of the `[T, n]` input of the
+    /// `mat_mul` `step`.
+    fn last_row_input(
+        &self,
+        plan: &Plan,
+        step: &aubier_compiler::plan::Step,
+        t: usize,
+    ) -> Result<usize, ExecError> {
+        let v = &plan.values[step.out];
+        let bad = |detail: &str| ExecError::Value {
+            value: step.out,
+            name: v.name.clone(),
+            detail: format!("cannot compute the last row only: {detail}"),
+        };
+        if step.op != aubier_compiler::ops::Op::MatMul {
+            return Err(bad("it is not made by a mat_mul"));
+        }
+        let x = &plan.values[self.value_id(step, 1)?];
+        match x.shape.0.as_slice() {
+            [Dim::Tokens, Dim::Fixed(n)] if x.dtype == DType::F32 => Ok((t - 1) * n),
+            _ => Err(bad(&format!("its input is {} {}", x.name, x.shape))),
+        }
     }
 
     fn value_ptr(
@@ -537,6 +737,32 @@ impl Executor {
                 .ok_or_else(|| ExecError::Cache(format!("layer {layer} does not exist"))),
         }
     }
+}
+
+/// Runs the fast weight product `p` of `step` (operand 0 its weight, operand 1 its input) for
+/// `t` tokens, on the operand and output addresses `run` bound in `args`.
+fn weight_product<P: WeightProduct>(
+    p: &P,
+    step: &aubier_compiler::plan::Step,
+    weights: &[&[u8]],
+    args: &StepArgs,
+    t: usize,
+    buf: &mut FastBuffers,
+) {
+    let Some(&Operand::Weight(w)) = step.args.first() else {
+        unreachable!("plan_fast_steps takes weight products of a weight only")
+    };
+    let (x, y) = (p.input_len(t), p.output_len(t));
+    // SAFETY: `bind` sized the input's and the output's slots for their values at (T, S) (at
+    // least `t` rows); the CPU lowering refused a step whose output aliases an operand, so the
+    // two do not overlap.
+    let (x, y) = unsafe {
+        (
+            std::slice::from_raw_parts(args.args[1] as *const f32, x),
+            std::slice::from_raw_parts_mut(args.out as *mut f32, y),
+        )
+    };
+    p.run(weights[w], x, y, buf);
 }
 
 /// The argument block shared by the threads of one launch. Every thread only reads it (and

@@ -4,7 +4,8 @@
 //! engine too.
 //!
 //! Algorithm: reset the session (each request starts at position 0), prefill the whole prompt in one
-//! `step`, sample from the last row, then decode one token per `step`. After each sampled token the
+//! step (`step_last`: the last row of logits only, unless the prompt's logits are kept), sample
+//! from the last row, then decode one token per `step`. After each sampled token the
 //! caller's `on_token` decides whether to go on, so a vanished client or a matched stop string stops
 //! generation before the next step. EOS ends generation (unless `ignore_eos`) and is not reported.
 //! `prompt + max_tokens` is clamped to the session's KV capacity; hitting that clamp or `max_tokens`
@@ -25,6 +26,16 @@ pub trait Stepper {
     ///
     /// Errors: [`crate::engine::EngineError`].
     fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>, crate::engine::EngineError>;
+
+    /// [`Stepper::step`] returning only the last token's row (`[n_vocab]`); a stepper that can
+    /// skip the other rows' work overrides it.
+    ///
+    /// Errors: [`crate::engine::EngineError`].
+    fn step_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>, crate::engine::EngineError> {
+        let all = self.step(tokens)?;
+        let n_vocab = all.len() / tokens.len().max(1);
+        Ok(all[all.len() - n_vocab..].to_vec())
+    }
 }
 
 impl Stepper for Session {
@@ -38,6 +49,10 @@ impl Stepper for Session {
 
     fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>, crate::engine::EngineError> {
         Session::step(self, tokens)
+    }
+
+    fn step_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>, crate::engine::EngineError> {
+        Session::step_last(self, tokens)
     }
 }
 
@@ -124,11 +139,17 @@ pub fn generate(
     let budget = params.max_tokens.min(kv_max - prompt.len() + 1);
 
     let t0 = Instant::now();
-    let logits = session.step(prompt)?;
+    let (mut last, prompt_logits) = if params.keep_prompt_logits {
+        let logits = session.step(prompt)?;
+        let n_vocab = logits.len() / prompt.len();
+        (
+            logits[(prompt.len() - 1) * n_vocab..].to_vec(),
+            Some(logits),
+        )
+    } else {
+        (session.step_last(prompt)?, None)
+    };
     let prefill_s = t0.elapsed().as_secs_f64();
-    let n_vocab = logits.len() / prompt.len();
-    let prompt_logits = params.keep_prompt_logits.then(|| logits.clone());
-    let mut last: Vec<f32> = logits[(prompt.len() - 1) * n_vocab..].to_vec();
 
     let mut ids = Vec::new();
     let mut finish = FinishReason::Length;

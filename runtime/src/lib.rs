@@ -4,6 +4,7 @@
 pub mod chat;
 pub mod engine;
 pub mod executor;
+pub mod fastpath;
 pub mod generate;
 /// The ggml type table lives in `aubier-kernels-gen` (its GPU emitters need it too).
 pub use aubier_kernels_gen::ggml_type;

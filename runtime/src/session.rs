@@ -15,7 +15,8 @@
 //! [`crate::store::expert_store::ResetMode`]. The logits never depend on where an expert lives.
 
 use crate::engine::{EngineError, Model};
-use crate::executor::{Bound, Executor};
+use crate::executor::{Bound, Executor, StepTime};
+use crate::fastpath::CpuKernels;
 use crate::kv_cache::LatentKvCache;
 use crate::store::expert_store::{ExpertStore, StoreOptions, StoreReport};
 use aubier_compiler::config::Mistral4Config;
@@ -144,6 +145,43 @@ impl Session {
     /// `position + T > kv_max`; [`EngineError::Exec`] when execution fails (e.g. the router
     /// selected no valid expert: NaN activations) — the position does not advance.
     pub fn step(&mut self, tokens: &[u32]) -> Result<Logits, EngineError> {
+        self.run_step(tokens, false)
+    }
+
+    /// [`Session::step`] returning only the last token's row of logits (`[n_vocab]`): the output
+    /// head runs for that token only (the cheaper call when the caller samples from it alone).
+    ///
+    /// Errors: as [`Session::step`].
+    pub fn step_last(&mut self, tokens: &[u32]) -> Result<Logits, EngineError> {
+        self.run_step(tokens, true)
+    }
+
+    /// Selects the kernels of the weight products ([`CpuKernels::Oracle`] by default).
+    pub fn set_cpu_kernels(&mut self, kernels: CpuKernels) {
+        self.exec.set_cpu_kernels(&self.model.plan, kernels);
+    }
+
+    /// The kernels of the weight products.
+    pub fn cpu_kernels(&self) -> CpuKernels {
+        self.exec.cpu_kernels()
+    }
+
+    /// Plan steps the selected kernels run off the oracle (0 under [`CpuKernels::Oracle`]).
+    pub fn fast_step_count(&self) -> usize {
+        self.exec.fast_step_count()
+    }
+
+    /// Wall time of each plan step since the session opened or [`Session::reset_step_times`].
+    pub fn step_times(&self) -> &[StepTime] {
+        self.exec.step_times()
+    }
+
+    /// Zeroes [`Session::step_times`].
+    pub fn reset_step_times(&mut self) {
+        self.exec.reset_step_times()
+    }
+
+    fn run_step(&mut self, tokens: &[u32], last_only: bool) -> Result<Logits, EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyStep);
         }
@@ -176,17 +214,19 @@ impl Session {
             weights: &weights,
             experts: Some(&self.store),
         };
-        self.exec.run(
+        self.exec.run_rows(
             bound,
             &mut self.cache,
             &[("tokens", &ids), ("pos", &pos)],
             t,
             end,
+            last_only.then_some(self.logits),
         )?;
         let logits = self.exec.f32_value(&model.plan, self.logits)?.to_vec();
-        if logits.len() != t * n_vocab {
+        let rows = if last_only { 1 } else { t };
+        if logits.len() != rows * n_vocab {
             return Err(EngineError::MissingOutput(format!(
-                "logits of {t} × {n_vocab} (the plan's has {} values)",
+                "logits of {rows} × {n_vocab} (the plan's has {} values)",
                 logits.len()
             )));
         }

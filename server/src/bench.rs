@@ -19,12 +19,18 @@
 //!    `moe_ffn` (`*_exps`, counted `n_expert_used / n_expert` of their bytes: the expected share
 //!    of the experts one token selects). Split into attention, router, routed experts, shared
 //!    expert, output head and embedding.
+//! 5. Time by component: the executor's wall time per plan step (`Session::step_times`, summed
+//!    separately for prefill and decode steps over all reps), each step assigned to a component
+//!    by its first weight (weightless steps to the component of the step before them); reported
+//!    as ms per prefill and ms per decoded token. The prefill runs the output head for the last
+//!    position only (`Session::step_last`), as llama.cpp does.
 
-use crate::run::{Loaded, PromptArgs, StoreArgs};
+use crate::run::{KernelArgs, Loaded, PromptArgs, StoreArgs};
 use anyhow::{bail, Context};
 use aubier_compiler::ops::Op;
 use aubier_compiler::plan::Operand;
 use aubier_runtime::engine::Model;
+use aubier_runtime::executor::StepTime;
 use aubier_runtime::generate::{generate, GenerateParams};
 use aubier_runtime::sampler::SamplingParams;
 use aubier_runtime::session::{Session, SessionOptions};
@@ -60,6 +66,9 @@ pub struct BenchArgs {
     /// The split expert store, as for `aubier run`.
     #[command(flatten)]
     pub store: StoreArgs,
+    /// The CPU kernels, as for `aubier run`.
+    #[command(flatten)]
+    pub kernels: KernelArgs,
 }
 
 /// Median, minimum and maximum of one measure over the reps.
@@ -99,30 +108,91 @@ impl Spread {
     }
 }
 
-/// Weight bytes one decoded token reads, by component (method step 4).
+/// The parts of the model a figure is split into (method steps 4 and 5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Component {
+    Attention,
+    Router,
+    Experts,
+    SharedExpert,
+    OutputHead,
+    Embedding,
+}
+
+impl Component {
+    /// The component a weight of `op` named `name` belongs to.
+    fn of_weight(op: Op, name: &str) -> Component {
+        if op == Op::Embed {
+            Component::Embedding
+        } else if name.contains("_exps") {
+            Component::Experts
+        } else if name.contains("_shexp") {
+            Component::SharedExpert
+        } else if name.contains("ffn_gate_inp") || name.contains("ffn_norm") {
+            Component::Router
+        } else if name.starts_with("output") {
+            Component::OutputHead
+        } else {
+            Component::Attention
+        }
+    }
+}
+
+/// One figure per component, and their sum.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct BytesPerToken {
-    /// MLA attention: `attn_*` tensors (q_a, q_b, kv_a_mqa, k_b, v_b, output) and their norms.
+pub struct ByComponent {
+    /// MLA attention: `attn_*` tensors (q_a, q_b, kv_a_mqa, k_b, v_b, output) and their norms;
+    /// for time also RoPE, the latent-cache write, scores, mask, softmax and the weighted sum.
     pub attention: f64,
-    /// Router (`ffn_gate_inp`) and the FFN norm.
+    /// Router (`ffn_gate_inp`) and the FFN norm; for time also the router's softmax, top-k and
+    /// renormalisation.
     pub router: f64,
-    /// Routed experts: `*_exps` × n_expert_used / n_expert.
+    /// Routed experts: `*_exps` (bytes: × n_expert_used / n_expert).
     pub experts: f64,
-    /// Shared expert (`*_shexp`).
+    /// Shared expert (`*_shexp`); for time also its SiLU/product and the residual adds after it.
     pub shared_expert: f64,
     /// Output head (`output`, `output_norm`).
     pub output_head: f64,
-    /// One row of `token_embd`.
+    /// `token_embd` (bytes: one row).
     pub embedding: f64,
     /// The sum.
     pub total: f64,
 }
 
+impl ByComponent {
+    fn add(&mut self, c: Component, x: f64) {
+        *match c {
+            Component::Attention => &mut self.attention,
+            Component::Router => &mut self.router,
+            Component::Experts => &mut self.experts,
+            Component::SharedExpert => &mut self.shared_expert,
+            Component::OutputHead => &mut self.output_head,
+            Component::Embedding => &mut self.embedding,
+        } += x;
+        self.total += x;
+    }
+
+    fn scaled(mut self, f: f64) -> ByComponent {
+        for x in [
+            &mut self.attention,
+            &mut self.router,
+            &mut self.experts,
+            &mut self.shared_expert,
+            &mut self.output_head,
+            &mut self.embedding,
+            &mut self.total,
+        ] {
+            *x *= f;
+        }
+        self
+    }
+}
+
 /// Weight bytes per decoded token of `model`'s plan (method step 4).
-pub fn bytes_per_token(model: &Model) -> BytesPerToken {
+pub fn bytes_per_token(model: &Model) -> ByComponent {
     let cfg = &model.config;
     let expert_share = cfg.n_expert_used as f64 / cfg.n_expert.max(1) as f64;
-    let mut b = BytesPerToken::default();
+    let mut b = ByComponent::default();
     let mut seen = vec![false; model.plan.weights.len()];
     for step in &model.plan.steps {
         for a in &step.args {
@@ -134,24 +204,48 @@ pub fn bytes_per_token(model: &Model) -> BytesPerToken {
             let Some(info) = model.file.tensor(name) else {
                 continue;
             };
-            let bytes = info.n_bytes as f64;
-            if step.op == Op::Embed {
-                b.embedding += info.row_bytes() as f64;
-            } else if name.contains("_exps") {
-                b.experts += bytes * expert_share;
-            } else if name.contains("_shexp") {
-                b.shared_expert += bytes;
-            } else if name.contains("ffn_gate_inp") || name.contains("ffn_norm") {
-                b.router += bytes;
-            } else if name.starts_with("output") {
-                b.output_head += bytes;
-            } else {
-                b.attention += bytes;
-            }
+            let c = Component::of_weight(step.op, name);
+            let bytes = match c {
+                Component::Embedding => info.row_bytes() as f64,
+                Component::Experts => info.n_bytes as f64 * expert_share,
+                _ => info.n_bytes as f64,
+            };
+            b.add(c, bytes);
         }
     }
-    b.total = b.attention + b.router + b.experts + b.shared_expert + b.output_head + b.embedding;
     b
+}
+
+/// The component of each plan step (method step 5): that of its first weight operand; a step
+/// without weights belongs to the component of the step before it (RoPE, scores and softmax
+/// follow attention's projections; softmax / top-k follow the router's; SiLU and the product
+/// follow the shared expert's gate and up).
+fn step_components(model: &Model) -> Vec<Component> {
+    let mut last = Component::Embedding;
+    model
+        .plan
+        .steps
+        .iter()
+        .map(|step| {
+            if let Some(w) = step.args.iter().find_map(|a| match a {
+                Operand::Weight(w) => Some(*w),
+                Operand::Value(_) => None,
+            }) {
+                last = Component::of_weight(step.op, &model.plan.weights[w].name);
+            }
+            last
+        })
+        .collect()
+}
+
+/// Wall seconds by component: `(prefill, decode)` sums of `times` (per step).
+fn time_by_component(model: &Model, times: &[StepTime]) -> (ByComponent, ByComponent) {
+    let (mut p, mut d) = (ByComponent::default(), ByComponent::default());
+    for (c, t) in step_components(model).into_iter().zip(times) {
+        p.add(c, t.prefill_s);
+        d.add(c, t.decode_s);
+    }
+    (p, d)
 }
 
 /// The `--json` report.
@@ -176,7 +270,20 @@ pub struct BenchReport {
     /// Peak resident set, bytes.
     pub peak_rss_bytes: u64,
     /// Weight bytes read per decoded token.
-    pub weight_bytes_per_token: BytesPerToken,
+    pub weight_bytes_per_token: ByComponent,
+    /// Milliseconds per prefill of `n_prompt` tokens by component (mean over the reps; per-step
+    /// wall time, `Session::step_times`).
+    pub prefill_ms_by_component: ByComponent,
+    /// Milliseconds per decoded token by component (mean over all decode steps of the reps).
+    pub decode_ms_per_token_by_component: ByComponent,
+    /// The CPU kernels of the weight products.
+    pub cpu_kernels: String,
+    /// The twenty plan steps that took the most prefill time: op, first weight (or output value)
+    /// name, ms per prefill.
+    pub slowest_prefill_steps: Vec<(String, String, f64)>,
+    /// The twenty plan steps that took the most decode time: op, first weight (or output value)
+    /// name, ms per decoded token.
+    pub slowest_decode_steps: Vec<(String, String, f64)>,
     /// Routed (token, layer, expert) slots of the last rep served from the fast expert store ÷
     /// all routed slots (`Session::store_report`).
     pub served_fraction: f64,
@@ -213,6 +320,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let store = args.store.options()?;
     let mut session = Session::open_with_store(model.clone(), SessionOptions { kv_max }, &store)?;
+    session.set_cpu_kernels(args.kernels.cpu_kernels);
     let params = GenerateParams {
         max_tokens: args.n_gen,
         sampling: SamplingParams {
@@ -235,6 +343,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         b
     });
     let (mut prefill, mut decode, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
+    session.reset_step_times();
+    let mut decode_steps = 0usize;
     for rep in 0..args.reps {
         if let Some(b) = &bar {
             b.set_message(format!("rep {}/{}", rep + 1, args.reps));
@@ -248,6 +358,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
             ControlFlow::Continue(())
         })?;
+        decode_steps += out.ids.len().saturating_sub(1);
         prefill.push(out.prefill_tok_s);
         decode.push(out.decode_tok_s);
         ttft.push(first.unwrap_or(f64::NAN));
@@ -258,6 +369,31 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    let (prefill_t, decode_t) = time_by_component(&model, session.step_times());
+    let per_token = 1e3 / decode_steps.max(1) as f64;
+    let per_prefill = 1e3 / args.reps as f64;
+    let slowest = |ms: &dyn Fn(&StepTime) -> f64| {
+        let mut v: Vec<(String, String, f64)> = model
+            .plan
+            .steps
+            .iter()
+            .zip(session.step_times())
+            .map(|(step, t)| {
+                let name = step
+                    .args
+                    .iter()
+                    .find_map(|a| match a {
+                        Operand::Weight(w) => Some(model.plan.weights[*w].name.clone()),
+                        Operand::Value(_) => None,
+                    })
+                    .unwrap_or_else(|| model.plan.values[step.out].name.clone());
+                (step.op.name().to_owned(), name, ms(t))
+            })
+            .collect();
+        v.sort_by(|a, b| b.2.total_cmp(&a.2));
+        v.truncate(20);
+        v
+    };
     let report = BenchReport {
         model: args.model.display().to_string(),
         n_prompt: prompt.len(),
@@ -269,6 +405,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         ttft_ms: Spread::of(&ttft),
         peak_rss_bytes: peak_rss_bytes(),
         weight_bytes_per_token: bytes_per_token(&model),
+        prefill_ms_by_component: prefill_t.scaled(per_prefill),
+        decode_ms_per_token_by_component: decode_t.scaled(per_token),
+        slowest_prefill_steps: slowest(&|t| t.prefill_s * per_prefill),
+        slowest_decode_steps: slowest(&|t| t.decode_s * per_token),
+        cpu_kernels: session.cpu_kernels().to_string(),
         served_fraction: session.store_report().served_fraction,
     };
     if args.json {
@@ -316,8 +457,8 @@ fn print_text(r: &BenchReport) {
         )
     };
     println!(
-        "{}: {} prompt + {} generated tokens, {} reps, {} threads",
-        r.model, r.n_prompt, r.n_gen, r.reps, r.threads
+        "{}: {} prompt + {} generated tokens, {} reps, {} threads, {} kernels",
+        r.model, r.n_prompt, r.n_gen, r.reps, r.threads, r.cpu_kernels
     );
     println!("prefill  {}", s(&r.prefill_tok_s, "tok/s"));
     println!("decode   {}", s(&r.decode_tok_s, "tok/s"));
@@ -338,6 +479,25 @@ fn print_text(r: &BenchReport) {
         mb(b.output_head),
         mb(b.embedding)
     );
+    for (what, c) in [
+        ("prefill ms", &r.prefill_ms_by_component),
+        ("decode ms/token", &r.decode_ms_per_token_by_component),
+    ] {
+        println!(
+            "{what}: {:.1} (attention {:.1}, router {:.1}, experts {:.1}, shared expert {:.1}, output head {:.1}, embedding {:.2})",
+            c.total, c.attention, c.router, c.experts, c.shared_expert, c.output_head, c.embedding
+        );
+    }
+    for (what, list) in [
+        ("prefill steps (ms/prefill)", &r.slowest_prefill_steps),
+        ("decode steps (ms/token)", &r.slowest_decode_steps),
+    ] {
+        let steps: Vec<String> = list
+            .iter()
+            .map(|(op, name, ms)| format!("{op} {name} {ms:.2}"))
+            .collect();
+        println!("slowest {what}: {}", steps.join(", "));
+    }
     println!("served fraction {:.4} (last rep)", r.served_fraction);
 }
 

@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Context};
 use aubier_runtime::engine::Model;
+use aubier_runtime::fastpath::CpuKernels;
 use aubier_runtime::generate::{generate, FinishReason, GenerateParams};
 use aubier_runtime::sampler::SamplingParams;
 use aubier_runtime::session::{Session, SessionOptions};
@@ -67,6 +68,31 @@ impl PromptArgs {
             prompt,
         })
     }
+}
+
+/// The CPU executor's kernel choice, shared by `aubier run`, `serve`, `bench` and the
+/// configurations of `aubier quality` (`#[command(flatten)]`).
+#[derive(Args, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelArgs {
+    /// Kernels of the weight products: `q8x2` (default: activations as two Q8_K planes, value and
+    /// residual, integer SIMD dots — `aubier quality` EQUIVALENT to the oracle, see
+    /// docs/BENCHMARKS.md), `q8` (one plane, as llama.cpp's CPU backend: faster, measurably
+    /// less exact) or `oracle` (f32 activations, the numerics reference).
+    #[arg(long, default_value = "q8x2", value_parser = parse_cpu_kernels)]
+    pub cpu_kernels: CpuKernels,
+}
+
+impl Default for KernelArgs {
+    /// The command-line default, `q8x2`.
+    fn default() -> Self {
+        KernelArgs {
+            cpu_kernels: CpuKernels::Q8x2,
+        }
+    }
+}
+
+fn parse_cpu_kernels(s: &str) -> Result<CpuKernels, String> {
+    s.parse()
 }
 
 /// The split expert store's flags, shared by `aubier run`, `aubier serve` and `aubier bench`
@@ -193,6 +219,9 @@ pub struct RunArgs {
     /// The split expert store.
     #[command(flatten)]
     pub store: StoreArgs,
+    /// The CPU kernels.
+    #[command(flatten)]
+    pub kernels: KernelArgs,
 }
 
 /// Runs `aubier run`.
@@ -208,6 +237,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let store = args.store.options()?;
     let mut session = Session::open_with_store(model.clone(), opts, &store)?;
+    session.set_cpu_kernels(args.kernels.cpu_kernels);
     let params = GenerateParams {
         max_tokens: args.max_tokens,
         sampling: SamplingParams {

@@ -1,7 +1,8 @@
 //! `aubier bench` end to end on the bundled model with tiny sizes: the JSON report has every
-//! field, rates and times are positive, and the weight bytes per decoded token equal a sum taken
+//! field, rates and times are positive, the weight bytes per decoded token equal a sum taken
 //! straight from the GGUF tensor table (every tensor in full, but `token_embd` one row and the
-//! `*_exps` tensors n_expert_used / n_expert of their bytes).
+//! `*_exps` tensors n_expert_used / n_expert of their bytes), the per-component times add up to
+//! their totals, and the default kernels are `q8x2`.
 
 use aubier_runtime::gguf::GgufFile;
 use aubier_tests::models_dir;
@@ -33,6 +34,30 @@ fn json_report_on_the_bundled_model() {
     assert!(v["peak_rss_bytes"].as_u64().unwrap() > 1 << 20);
     let served = v["served_fraction"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&served));
+    assert_eq!(v["cpu_kernels"], "q8x2");
+    let components = [
+        "attention",
+        "router",
+        "experts",
+        "shared_expert",
+        "output_head",
+        "embedding",
+    ];
+    for k in [
+        "prefill_ms_by_component",
+        "decode_ms_per_token_by_component",
+    ] {
+        let total = v[k]["total"].as_f64().unwrap();
+        let sum: f64 = components.iter().map(|c| v[k][c].as_f64().unwrap()).sum();
+        assert!(
+            total > 0.0 && (sum - total).abs() <= 1e-9 * total,
+            "{k}: {}",
+            v[k]
+        );
+    }
+    for k in ["slowest_prefill_steps", "slowest_decode_steps"] {
+        assert!(!v[k].as_array().unwrap().is_empty(), "{k}");
+    }
 
     let file = GgufFile::open(&model).unwrap();
     let share = 4.0 / 16.0;
@@ -54,17 +79,10 @@ fn json_report_on_the_bundled_model() {
         (got - expected).abs() < 1e-6 * expected,
         "{got} vs {expected}"
     );
-    let parts: f64 = [
-        "attention",
-        "router",
-        "experts",
-        "shared_expert",
-        "output_head",
-        "embedding",
-    ]
-    .iter()
-    .map(|k| v["weight_bytes_per_token"][k].as_f64().unwrap())
-    .sum();
+    let parts: f64 = components
+        .iter()
+        .map(|k| v["weight_bytes_per_token"][k].as_f64().unwrap())
+        .sum();
     assert!((parts - got).abs() < 1e-6 * got);
 }
 

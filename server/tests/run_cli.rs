@@ -25,6 +25,8 @@ fn logits_out_writes_every_prompt_row_and_max_tokens_zero_runs_the_prompt_only()
             "--max-tokens",
             "0",
             "--json",
+            "--cpu-kernels",
+            "oracle",
             "--logits-out",
         ])
         .arg(&out)
@@ -63,6 +65,7 @@ fn greedy_json_matches_the_reference_chain_and_bad_input_is_an_error() {
         .args(["run", "--model"])
         .arg(models_dir().join("ms4-tiny256-q2k.gguf"))
         .args(["--prompt-ids", &csv(&prefix), "--ignore-eos", "--json"])
+        .args(["--cpu-kernels", "oracle"])
         .args(["--max-tokens", &expected.len().to_string()])
         .output()
         .expect("runs");

@@ -100,6 +100,9 @@ pub struct ServeArgs {
     /// The split expert store (real engine).
     #[command(flatten)]
     pub store: crate::run::StoreArgs,
+    /// The CPU kernels (real engine).
+    #[command(flatten)]
+    pub kernels: crate::run::KernelArgs,
 }
 
 /// Errors of `aubier serve` before or after serving.
@@ -220,7 +223,8 @@ fn load_engine(
                 .options()
                 .map_err(|e| load_err(format!("{e:#}")))?;
             let engine = real::RealEngine::open(model, kv_max, &store)
-                .map_err(|e| load_err(e.to_string()))?;
+                .map_err(|e| load_err(e.to_string()))?
+                .with_cpu_kernels(args.kernels.cpu_kernels);
             Ok((Arc::new(text), Box::new(engine)))
         }
         EngineKind::Fake => {

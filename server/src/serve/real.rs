@@ -3,6 +3,7 @@
 
 use super::engine::{Engine, EngineFailure};
 use aubier_runtime::engine::{EngineError, Model};
+use aubier_runtime::fastpath::CpuKernels;
 use aubier_runtime::generate::{generate, GenerateOutput, GenerateParams};
 use aubier_runtime::session::{Session, SessionOptions};
 use aubier_runtime::store::expert_store::{StoreOptions, StoreReport};
@@ -35,6 +36,12 @@ impl RealEngine {
         Ok(RealEngine {
             session: Session::open_with_store(model, SessionOptions { kv_max }, store)?,
         })
+    }
+
+    /// This engine with its session's weight products on `kernels`.
+    pub fn with_cpu_kernels(mut self, kernels: CpuKernels) -> RealEngine {
+        self.session.set_cpu_kernels(kernels);
+        self
     }
 }
 
