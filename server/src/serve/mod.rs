@@ -334,9 +334,10 @@ fn serve_blocking(args: ServeArgs) -> Result<(), ServeError> {
             .local_addr()
             .map_err(io_err("reading the bound address"))?;
         eprintln!(
-            "aubier serve: listening on http://{addr} (model id {model_id}, {}, engine {:?}, kv_max {kv_max}, lock {})",
+            "aubier serve: listening on http://{addr} (model id {model_id}, {}, engine {:?}, CPU kernels {}, kv_max {kv_max}, lock {})",
             path.display(),
             args.engine,
+            args.kernels.cpu_kernels,
             lock.path().display()
         );
         serve(listener, state, shutdown_signal())
