@@ -20,8 +20,9 @@
 //! - `mat_mul`, `y[t, r] = W[r, :] · x[t, :]`: output rows are split into chunks over the rayon
 //!   pool; a chunk's weight rows are dotted against the quantized rows one tile of 32 tokens at a
 //!   time with the multi-row kernel (each weight block unpacked once per tile), so a weight row is
-//!   read from memory once per step and the chunk and the tile stay in L2. `head_mat_mul` is the
-//!   same per head.
+//!   read from memory once per step and the chunk and the tile stay in L2. At one token (decode)
+//!   each row is dotted while the row after next is prefetched. `head_mat_mul` is the same per
+//!   head.
 //! - `moe_ffn`: the `(token, slot)` pairs are grouped by expert (slot order inside a group) and the
 //!   quantized `h` rows gathered in that order; work items (expert, 64 gate/up rows) compute
 //!   `silu(gate · h) · (up · h)` for the expert's group with the multi-row kernel; the group's
@@ -357,6 +358,23 @@ fn quantize_rows(x: &[f32], n: usize, planes: usize, q: &mut Vec<BlockQ8K>) {
         });
 }
 
+/// Asks the CPU to start loading `bytes` into L1 (one hint per 64-byte line): the weight row
+/// after the next one, while this one is dotted (decode `mat_mul`, the experts' rows). A hint,
+/// never a fault.
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        // SAFETY: `_mm_prefetch` only hints the cache; the address is inside a live slice.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
 /// `silu(x) = x / (1 + e^(−x))`, as the oracle writes it.
 fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
@@ -388,7 +406,11 @@ impl WeightProduct for FastMatMul {
                 .enumerate()
                 .for_each(|(c, ys)| {
                     for (i, yr) in ys.iter_mut().enumerate() {
-                        *yr = self.w.dot(self.w.row(w, c * chunk + i), xq);
+                        let r = c * chunk + i;
+                        if r + 2 < n_out {
+                            prefetch(self.w.row(w, r + 2));
+                        }
+                        *yr = self.w.dot(self.w.row(w, r), xq);
                     }
                 });
             return;
@@ -537,6 +559,10 @@ impl FastMoe {
                 let mut gv = vec![0f32; p1 - p0];
                 let mut uv = vec![0f32; p1 - p0];
                 for f in f0..(f0 + MOE_ROWS).min(n_ff) {
+                    if f + 2 < n_ff {
+                        prefetch(self.gate.row(gate_t[e], f + 2));
+                        prefetch(self.up.row(up_t[e], self.up_off + f + 2));
+                    }
                     self.gate.dot_many(self.gate.row(gate_t[e], f), x, &mut gv);
                     self.up
                         .dot_many(self.up.row(up_t[e], self.up_off + f), x, &mut uv);
@@ -559,6 +585,9 @@ impl FastMoe {
                 let x = &aq[p0 * nb_f..p1 * nb_f];
                 let mut v = vec![0f32; p1 - p0];
                 for o in o0..(o0 + MOE_ROWS).min(d) {
+                    if o + 2 < d {
+                        prefetch(self.down.row(down_t[e], o + 2));
+                    }
                     self.down.dot_many(self.down.row(down_t[e], o), x, &mut v);
                     for (p, &vp) in (p0..p1).zip(&v) {
                         // SAFETY: (group position, o) pairs are disjoint across work items.
