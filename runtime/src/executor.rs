@@ -426,7 +426,9 @@ impl Executor {
             if self.tables.len() < cs.expert_tables.len() {
                 self.tables.resize(cs.expert_tables.len(), Vec::new());
             }
-            let mut expert_slices: Vec<Vec<&[u8]>> = Vec::with_capacity(cs.expert_tables.len());
+            // The fast `moe_ffn` reads the experts as slices; the oracle's kernels only the tables.
+            let fast_moe = matches!(self.fast.get(i), Some(Some(FastStep::Moe(_))));
+            let mut expert_slices: Vec<Vec<&[u8]>> = Vec::new();
             for (table, spec) in self.tables.iter_mut().zip(&cs.expert_tables) {
                 let bad = |detail: String| ExecError::ExpertTable {
                     step: i,
@@ -446,7 +448,7 @@ impl Executor {
                     )));
                 }
                 table.clear();
-                let mut slices = Vec::with_capacity(spec.n_expert);
+                let mut slices = Vec::new();
                 for (e, slice) in host.chunks_exact(spec.expert_bytes.max(1)).enumerate() {
                     let src = match experts.and_then(|x| x.fast_copy(w, e)) {
                         Some(copy) if copy.len() == spec.expert_bytes => copy,
@@ -460,11 +462,15 @@ impl Executor {
                         None => slice,
                     };
                     table.push(src.as_ptr() as u64);
-                    slices.push(src);
+                    if fast_moe {
+                        slices.push(src);
+                    }
                 }
                 table.resize(spec.n_expert, host.as_ptr() as u64);
                 args.args[spec.arg] = table.as_ptr() as *const u8;
-                expert_slices.push(slices);
+                if fast_moe {
+                    expert_slices.push(slices);
+                }
             }
             args.out = self.value_ptr(plan, cache, step.out, s)? as *mut u8;
             args.scratch = if scratch > 0 {

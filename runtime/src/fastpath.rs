@@ -40,9 +40,7 @@
 //! (docs/BENCHMARKS.md): `q8x2` EQUIVALENT (the command-line default), `q8` WORSE.
 
 use crate::ggml_type::GgmlType;
-use crate::quant::q8::{
-    q8_dot_fn, q8_dot_many_fn, quantize_row_q8k, BlockQ8K, Q8DotFn, Q8DotManyFn,
-};
+use crate::quant::q8::{q8_dot_many_fn, quantize_row_q8k, BlockQ8K, Q8DotManyFn};
 use aubier_compiler::config::ExpertLayout;
 use aubier_compiler::ops::Op;
 use aubier_compiler::plan::{Operand, Plan};
@@ -97,12 +95,11 @@ impl std::fmt::Display for CpuKernels {
     }
 }
 
-/// A weight the fast path can read: its rows' byte length and dot kernel, and the Q8_K planes
+/// A weight the fast path can read: its rows' byte length and multi-row dot kernel, and the Q8_K planes
 /// of the activations it is dotted with (1: `q8`; 2: `q8x2`, value and residual).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Rows {
     row_bytes: usize,
-    dot: Q8DotFn,
     many: Q8DotManyFn,
     planes: usize,
 }
@@ -118,7 +115,6 @@ impl Rows {
         }
         Some(Rows {
             row_bytes: ty.row_size(n)?,
-            dot: q8_dot_fn(ty)?,
             many: q8_dot_many_fn(ty)?,
             planes,
         })
@@ -143,15 +139,11 @@ impl Rows {
     }
 
     /// `row · x` for one quantized activation row (`planes` runs of blocks): the plane dots
-    /// added in plane order.
+    /// added in plane order ([`Rows::dot_many`] of one row).
     fn dot(&self, row: &[u8], x: &[BlockQ8K]) -> f32 {
-        let nb = x.len() / self.planes;
-        let hi = (self.dot)(row, &x[..nb]);
-        if self.planes == 2 {
-            hi + (self.dot)(row, &x[nb..])
-        } else {
-            hi
-        }
+        let mut y = [0f32];
+        self.dot_many(row, x, &mut y);
+        y[0]
     }
 
     /// Row `r` of `bytes` (all rows of one matrix).
@@ -689,6 +681,7 @@ pub(crate) fn weighted_sum(p: &[f32], v: &[f32], y: &mut [f32], w: usize, len: u
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::q8::q8_dot_fn;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -756,7 +749,6 @@ mod tests {
             heads,
             w: Rows {
                 row_bytes: rb,
-                dot: q8_dot_fn(ty).unwrap(),
                 many: q8_dot_many_fn(ty).unwrap(),
                 planes: 1,
             },
@@ -770,7 +762,7 @@ mod tests {
                 quantize_row_q8k(&x[r * n_in..(r + 1) * n_in], &mut xq).unwrap();
                 for o in 0..n_out {
                     let row = &w[(h * n_out + o) * rb..(h * n_out + o + 1) * rb];
-                    let want = (op.w.dot)(row, &xq);
+                    let want = q8_dot_fn(ty).unwrap()(row, &xq);
                     assert_eq!(
                         y[r * n_out + o].to_bits(),
                         want.to_bits(),

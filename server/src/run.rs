@@ -78,15 +78,18 @@ pub struct KernelArgs {
     /// residual, integer SIMD dots — `aubier quality` EQUIVALENT to the oracle, see
     /// docs/BENCHMARKS.md), `q8` (one plane, as llama.cpp's CPU backend: faster, measurably
     /// less exact) or `oracle` (f32 activations, the numerics reference).
-    #[arg(long, default_value = "q8x2", value_parser = parse_cpu_kernels)]
+    #[arg(long, default_value_t = DEFAULT_CPU_KERNELS, value_parser = parse_cpu_kernels)]
     pub cpu_kernels: CpuKernels,
 }
 
+/// The command line's kernels: `q8x2`, the fastest with an EQUIVALENT `aubier quality` verdict.
+const DEFAULT_CPU_KERNELS: CpuKernels = CpuKernels::Q8x2;
+
 impl Default for KernelArgs {
-    /// The command-line default, `q8x2`.
+    /// [`DEFAULT_CPU_KERNELS`], as the command line.
     fn default() -> Self {
         KernelArgs {
-            cpu_kernels: CpuKernels::Q8x2,
+            cpu_kernels: DEFAULT_CPU_KERNELS,
         }
     }
 }
