@@ -7,14 +7,18 @@
 //! `q8_prefill/<type>` (Q2_K, Q3_K, Q6_K, Q4_K, Q5_K) is the prefill shape: 512 weight rows of 4096 elements against 16
 //! activation rows, as the single-row kernel once per weight row and activation row
 //! (`per_row`) and as the multi-row kernel once per weight row (`many`), in multiply-adds per
-//! second (criterion's "elements").
+//! second (criterion's "elements"); `many` also at 2, 4 and 8 activation rows; where the CPU has
+//! AMX, `grid` (Q2_K, Q3_K) is the tile kernel at 2, 4, 8, 16 and 128 activation rows (where it
+//! starts to beat `many` sets `GRID_MIN_ROWS` in `fastpath.rs`).
 //! Time is the benchmark thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), not wall time, so
 //! other processes on a shared machine do not inflate it (they still share its caches).
 //! Run: `cargo bench -p aubier-runtime --bench q8_dot`.
 
 use aubier_runtime::ggml_type::GgmlType;
 use aubier_runtime::quant::dot_row;
-use aubier_runtime::quant::q8::{q8_dot_fn, q8_dot_many_fn, quantize_row_q8k, BlockQ8K, QK_K};
+use aubier_runtime::quant::q8::{
+    q8_dot_fn, q8_dot_many_fn, q8_grid_fn, quantize_row_q8k, BlockQ8K, Q8Tiles, QK_K,
+};
 use aubier_runtime::quant::random::BlockSampler;
 use criterion::{criterion_group, criterion_main, Bencher, BenchmarkId, Criterion, Throughput};
 use rand::{Rng, SeedableRng};
@@ -157,6 +161,25 @@ fn prefill(c: &mut Criterion, ty: GgmlType, w: &[u8], row: usize, rng: &mut ChaC
             sum
         })
     });
+    for tokens in [2usize, 4, 8] {
+        let mut y = vec![0.0f32; tokens];
+        let xs = &xq[..tokens * nb];
+        g.throughput(Throughput::Elements((PREFILL_ROWS * tokens * K) as u64));
+        g.bench_function(
+            BenchmarkId::new("many", format!("4096x512x{tokens}")),
+            |b| {
+                iter_cpu(b, || {
+                    let mut sum = 0.0f32;
+                    for r in w.chunks_exact(row) {
+                        many(black_box(r), black_box(xs), &mut y);
+                        sum += y[0];
+                    }
+                    sum
+                })
+            },
+        );
+    }
+    g.throughput(Throughput::Elements((PREFILL_ROWS * TOKENS * K) as u64));
     g.bench_function(BenchmarkId::new("many", "4096x512x16"), |b| {
         iter_cpu(b, || {
             let mut sum = 0.0f32;
@@ -167,6 +190,27 @@ fn prefill(c: &mut Criterion, ty: GgmlType, w: &[u8], row: usize, rng: &mut ChaC
             sum
         })
     });
+    if let Some(grid) = q8_grid_fn(ty) {
+        for tokens in [2, 4, 8, TOKENS, 8 * TOKENS] {
+            let x: Vec<f32> = (0..tokens * K)
+                .map(|_| rng.random_range(-1.0f32..1.0))
+                .collect();
+            let mut xq = vec![BlockQ8K::ZERO; tokens * nb];
+            quantize_row_q8k(&x, &mut xq).expect("whole blocks");
+            let tiles = Q8Tiles::pack(&xq, tokens).expect("whole rows");
+            let mut y = vec![0.0f32; PREFILL_ROWS * tokens];
+            g.throughput(Throughput::Elements((PREFILL_ROWS * tokens * K) as u64));
+            g.bench_function(
+                BenchmarkId::new("grid", format!("4096x512x{tokens}")),
+                |b| {
+                    iter_cpu(b, || {
+                        grid(black_box(w), black_box(&tiles), &mut y);
+                        y[0]
+                    })
+                },
+            );
+        }
+    }
     g.finish();
 }
 

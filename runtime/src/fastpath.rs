@@ -7,31 +7,41 @@
 //! the plan and the numerics reference (ARCHITECTURE.md § numerics policy).
 //!
 //! Algorithm.
-//! - Selection ([`plan_fast_steps`], once per executor): a `mat_mul` / `head_mat_mul` whose weight
+//! - Selection (`plan_fast_steps`, once per executor): a `mat_mul` / `head_mat_mul` whose weight
 //!   is a quantized tensor with a Q8_K dot and `ne[0]` a multiple of 256, a `moe_ffn` whose gate,
-//!   up and down experts all qualify, every `scores_qk` and `weighted_sum`; every other step (and
-//!   every step under [`CpuKernels::Oracle`]) runs the oracle's cranelift kernels.
+//!   up and down experts all qualify, every `scores_qk` and `weighted_sum`, and (at more than one
+//!   token) a `head_mat_mul` whose rows are whole blocks of another shape (`attn_k_b`, 64
+//!   elements); every other step (and every step under [`CpuKernels::Oracle`]) runs the oracle's
+//!   cranelift kernels.
 //! - Activations: each row is quantized once per step (rows in parallel) to one Q8_K plane
 //!   (`q8`) or two (`q8x2`: the value, then its rounding residual `x − d·q`, whose step is at most
 //!   1/254 of the first's); a dot is the sum of the plane dots, in plane order. `q8x2` gives the
 //!   output head one plane: its error lands on the logits directly instead of being carried
 //!   through the remaining layers, and the head is 65 % of a decoded token's bytes (the verdict
 //!   in docs/BENCHMARKS.md is measured with it).
+//! - Tile kernels: where the CPU has AMX ([`crate::quant::q8::q8_grid_fn`], Q2_K and Q3_K) and a
+//!   product has at least `GRID_MIN_ROWS` activation rows (tokens × planes), the quantized rows
+//!   are packed once (`pack`, `GRID_TOKENS` tokens per tile) and 16 weight rows meet 16
+//!   activation rows per tile operation. They return the multi-row kernels' bits, so every
+//!   statement below holds with or without them.
 //! - `mat_mul`, `y[t, r] = W[r, :] · x[t, :]`: output rows are split into chunks over the rayon
 //!   pool; a chunk's weight rows are dotted against the quantized rows one tile of 32 tokens at a
 //!   time with the multi-row kernel (each weight block unpacked once per tile), so a weight row is
-//!   read from memory once per step and the chunk and the tile stay in L2. At one token (decode)
-//!   each row is dotted while the row after next is prefetched. `head_mat_mul` is the same per
-//!   head.
+//!   read from memory once per step and the chunk and the tile stay in L2 (with the tile kernels:
+//!   `GRID_ROWS` weight rows against all packed tiles). At one token (decode) each row is dotted
+//!   while the row after next is prefetched. `head_mat_mul`: per (head, 64 rows), against that
+//!   head's rows of every token, gathered (and packed) once per head.
 //! - `moe_ffn`: the `(token, slot)` pairs are grouped by expert (slot order inside a group) and the
-//!   quantized `h` rows gathered in that order; work items (expert, 64 gate/up rows) compute
-//!   `silu(gate · h) · (up · h)` for the expert's group with the multi-row kernel; the group's
+//!   quantized `h` rows gathered in that order (and packed per expert); work items (expert, 64
+//!   gate/up rows) compute `silu(gate · h) · (up · h)` for the expert's group; the group's
 //!   activation rows are quantized; work items (expert, 64 down rows) compute each pair's
 //!   `down · act`; the output sums the slots in slot order, `y = Σ_j w[t, j] · part[t, j]`, as the
 //!   oracle does.
-//! - `scores_qk` and `weighted_sum`: f32 matrix products `[rows, w] × [w, S]` and
-//!   `[rows, S] × [S, len]` by `matrixmultiply::sgemm` (FMA, its own blocking and summation
-//!   order), rows split over the rayon pool.
+//! - `scores_qk`, `weighted_sum` and the f32 `head_mat_mul`: f32 matrix products `[rows, w] × [w,
+//!   S]`, `[rows, S] × [S, len]` and per head `[T, n_in] × [n_in, n_out]` (the weight dequantized
+//!   exactly, as the oracle does) by `matrixmultiply::sgemm` (FMA, its own blocking and summation
+//!   order), split over the rayon pool by rows, or by columns below `GEMM_COLUMN_SPLIT_ROWS`
+//!   rows (decode), or by head.
 //!
 //! Numerics: not the oracle's. One plane rounds each activation to 8 bits per 256-element block
 //! (error ≤ 1/254 of the block's largest magnitude); two planes to about 1/64,516; the dots are
@@ -40,7 +50,10 @@
 //! (docs/BENCHMARKS.md): `q8x2` EQUIVALENT (the command-line default), `q8` WORSE.
 
 use crate::ggml_type::GgmlType;
-use crate::quant::q8::{q8_dot_many_fn, quantize_row_q8k, BlockQ8K, Q8DotManyFn};
+use crate::quant::q8::{
+    q8_dot_many_fn, q8_grid_fn, quantize_row_q8k, BlockQ8K, Q8DotManyFn, Q8GridFn, Q8Tiles,
+    Q8_TILE_ROWS,
+};
 use aubier_compiler::config::ExpertLayout;
 use aubier_compiler::ops::Op;
 use aubier_compiler::plan::{Operand, Plan};
@@ -51,8 +64,19 @@ use rayon::prelude::*;
 const QK: usize = 256;
 /// Activation rows dotted against a chunk of weight rows before the next rows (prefill).
 const TOKEN_TILE: usize = 32;
-/// Gate/up or down rows per work item of `moe_ffn`.
+/// Gate/up or down rows per work item of `moe_ffn` (a multiple of the tile kernels' 16).
 const MOE_ROWS: usize = 64;
+/// Tokens per packed tile of activations for the tile kernels (128 rows under `q8x2`: at 4096
+/// elements 512 KiB of codes, which stay in L2 while a chunk of weight rows passes).
+const GRID_TOKENS: usize = 64;
+/// Activation rows (tokens × planes) from which the tile kernels beat the multi-row ones
+/// (measured: `cargo bench -p aubier-runtime --bench q8_dot`, `q8_prefill/Q2_K`, equal at 2 rows,
+/// slower at 4, 2.4× faster at 8).
+const GRID_MIN_ROWS: usize = 8;
+/// Weight rows per parallel work item of a tiled `mat_mul` (a multiple of 16).
+const GRID_ROWS: usize = 64;
+const _: () =
+    assert!(MOE_ROWS.is_multiple_of(Q8_TILE_ROWS) && GRID_ROWS.is_multiple_of(Q8_TILE_ROWS));
 
 /// Which kernels compute the CPU executor's weight products.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -101,7 +125,64 @@ impl std::fmt::Display for CpuKernels {
 pub(crate) struct Rows {
     row_bytes: usize,
     many: Q8DotManyFn,
+    /// The tile kernel (AMX), when the CPU has one for the type.
+    grid: Option<Q8GridFn>,
     planes: usize,
+}
+
+/// Quantized activations packed for the tile kernels ([`pack`]).
+struct Packed {
+    planes: usize,
+    /// Tokens in all tiles.
+    tokens: usize,
+    tiles: Vec<Q8Tiles>,
+}
+
+/// The `t` tokens of `xq` (each `planes` runs of blocks) packed for the tile kernels,
+/// [`GRID_TOKENS`] tokens per tile (tiles in parallel).
+fn pack(xq: &[BlockQ8K], t: usize, planes: usize) -> Packed {
+    let per_token = xq.len() / t.max(1);
+    let tiles = xq
+        .par_chunks((GRID_TOKENS * per_token).max(1))
+        .map(|c| {
+            Q8Tiles::pack(c, c.len() / per_token * planes)
+                .expect("whole tokens of whole rows by construction")
+        })
+        .collect();
+    Packed {
+        planes,
+        tokens: t,
+        tiles,
+    }
+}
+
+impl Packed {
+    /// `y[i·T + t] = row_i · x_t` by the tile kernel `grid` for the weight rows `w` (back to
+    /// back, `row_bytes` each) and the `T` tokens packed: the bits of [`Rows::dot_many`] on each
+    /// row (the tile kernel gives the single-row bits per plane, and the planes are added in
+    /// plane order).
+    fn product(&self, grid: Q8GridFn, w: &[u8], row_bytes: usize, y: &mut [f32]) {
+        let (n, t) = (w.len() / row_bytes, self.tokens);
+        let mut tmp = Vec::new();
+        let mut t0 = 0;
+        for p in &self.tiles {
+            let rows = p.rows();
+            let tt = rows / self.planes;
+            tmp.resize(n * rows, 0.0);
+            grid(w, p, &mut tmp);
+            for (src, dst) in tmp.chunks_exact(rows).zip(y.chunks_exact_mut(t)) {
+                let dst = &mut dst[t0..t0 + tt];
+                if self.planes == 1 {
+                    dst.copy_from_slice(src);
+                } else {
+                    for (v, p) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                        *v = p[0] + p[1];
+                    }
+                }
+            }
+            t0 += tt;
+        }
+    }
 }
 
 impl Rows {
@@ -116,6 +197,7 @@ impl Rows {
         Some(Rows {
             row_bytes: ty.row_size(n)?,
             many: q8_dot_many_fn(ty)?,
+            grid: q8_grid_fn(ty),
             planes,
         })
     }
@@ -146,19 +228,56 @@ impl Rows {
         y[0]
     }
 
+    /// `y[i·m + j] = row_{r0 + i} · x_j` for rows `r0..r1` of `bytes` and the `m = y.len() /
+    /// (r1 − r0)` tokens of `x` (each `planes` runs of blocks): by the tile kernel when `packed`
+    /// holds `x` and the weight has one, else row by row with the multi-row kernel while the row
+    /// after next is prefetched. Either way each value has the bits of [`Rows::dot_many`].
+    fn product(
+        &self,
+        bytes: &[u8],
+        r0: usize,
+        r1: usize,
+        x: &[BlockQ8K],
+        packed: Option<&Packed>,
+        y: &mut [f32],
+    ) {
+        if let (Some(grid), Some(p)) = (self.grid, packed) {
+            p.product(grid, self.rows(bytes, r0, r1), self.row_bytes, y);
+            return;
+        }
+        let m = y.len() / (r1 - r0).max(1);
+        for (r, yr) in (r0..r1).zip(y.chunks_exact_mut(m.max(1))) {
+            if r + 2 < r1 {
+                prefetch(self.row(bytes, r + 2));
+            }
+            self.dot_many(self.row(bytes, r), x, yr);
+        }
+    }
+
     /// Row `r` of `bytes` (all rows of one matrix).
     fn row<'w>(&self, bytes: &'w [u8], r: usize) -> &'w [u8] {
-        &bytes[r * self.row_bytes..(r + 1) * self.row_bytes]
+        self.rows(bytes, r, r + 1)
+    }
+
+    /// Rows `r0..r1` of `bytes`.
+    fn rows<'w>(&self, bytes: &'w [u8], r0: usize, r1: usize) -> &'w [u8] {
+        &bytes[r0 * self.row_bytes..r1 * self.row_bytes]
     }
 }
 
 /// A product of a quantized weight with an f32 input the fast path runs (`mat_mul`,
 /// `head_mat_mul`).
 pub(crate) trait WeightProduct {
+    /// Input and output elements per token.
+    fn per_token(&self) -> (usize, usize);
     /// Input elements at `t` tokens.
-    fn input_len(&self, t: usize) -> usize;
+    fn input_len(&self, t: usize) -> usize {
+        t * self.per_token().0
+    }
     /// Output elements at `t` tokens.
-    fn output_len(&self, t: usize) -> usize;
+    fn output_len(&self, t: usize) -> usize {
+        t * self.per_token().1
+    }
     /// The product of the raw weight bytes `w` with the input `x` into `y`.
     fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut FastBuffers);
 }
@@ -180,6 +299,17 @@ pub(crate) struct FastHeadMatMul {
     w: Rows,
 }
 
+/// A `head_mat_mul` whose rows are not whole Q8_K blocks (`attn_k_b`, 64 elements): at more
+/// than one token, the weight dequantized to f32 (exactly, as the oracle does) and one f32 GEMM
+/// per head; at one token the oracle's kernel.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FastHeadGemm {
+    n_in: usize,
+    n_out: usize,
+    heads: usize,
+    ty: GgmlType,
+}
+
 /// A `moe_ffn` the fast path runs (operands as the oracle's: h, ids, weights, then gate/up and
 /// down expert tables).
 #[derive(Clone, Copy, Debug)]
@@ -199,6 +329,8 @@ pub(crate) struct FastMoe {
 pub(crate) enum FastStep {
     MatMul(FastMatMul),
     HeadMatMul(FastHeadMatMul),
+    /// Taken at more than one token only.
+    HeadGemm(FastHeadGemm),
     Moe(FastMoe),
     /// `scores_qk` over latent-cache rows of `w` values.
     Scores {
@@ -247,12 +379,29 @@ pub(crate) fn plan_fast_steps(plan: &Plan, planes: usize) -> Vec<Option<FastStep
             }
             (Op::HeadMatMul, _) => {
                 let w = weight(step.args.first())?;
-                let rows = Rows::of(w, 3, planes)?;
-                Some(FastStep::HeadMatMul(FastHeadMatMul {
-                    n_in: w.ne[0],
-                    n_out: w.ne[1],
-                    heads: w.ne[2],
-                    w: rows,
+                if let Some(rows) = Rows::of(w, 3, planes) {
+                    return Some(FastStep::HeadMatMul(FastHeadMatMul {
+                        n_in: w.ne[0],
+                        n_out: w.ne[1],
+                        heads: w.ne[2],
+                        w: rows,
+                    }));
+                }
+                let ty = GgmlType::from_name(&w.ggml_type)?;
+                let (n_in, n_out, heads) = match w.ne.as_slice() {
+                    &[i, o, h] => (i, o, h),
+                    _ => return None,
+                };
+                // Whole rows of whole blocks of a type with a dequantizer.
+                ty.row_size(n_in)?;
+                if !crate::quant::is_supported(ty) {
+                    return None;
+                }
+                Some(FastStep::HeadGemm(FastHeadGemm {
+                    n_in,
+                    n_out,
+                    heads,
+                    ty,
                 }))
             }
             (Op::MoeFfn, Attrs::Moe { n_ff, layout, .. }) => {
@@ -297,6 +446,7 @@ pub(crate) struct FastBuffers {
     act: Vec<f32>,
     part: Vec<f32>,
     yt: Vec<f32>,
+    wf: Vec<f32>,
 }
 
 /// Disjoint-index writes from several threads into one f32 buffer.
@@ -309,6 +459,11 @@ unsafe impl Sync for SharedOut {}
 impl SharedOut {
     fn new(v: &mut [f32]) -> Self {
         SharedOut(v.as_mut_ptr(), v.len())
+    }
+
+    /// The first element, for a kernel that writes a disjoint part through a pointer.
+    fn base(&self) -> *mut f32 {
+        self.0
     }
 
     /// Writes `v` at `i` (bounds-checked).
@@ -373,12 +528,8 @@ fn silu(x: f32) -> f32 {
 }
 
 impl WeightProduct for FastMatMul {
-    fn input_len(&self, t: usize) -> usize {
-        t * self.n_in
-    }
-
-    fn output_len(&self, t: usize) -> usize {
-        t * self.n_out
+    fn per_token(&self) -> (usize, usize) {
+        (self.n_in, self.n_out)
     }
 
     /// `y[t, r] = W[r, :] · q8(x[t, :])`: `w` the raw `n_out` rows, `x` `[T, n_in]`, `y`
@@ -409,23 +560,33 @@ impl WeightProduct for FastMatMul {
         }
         // Row-major by weight row into `yt` [n_out, T], then transposed into `y`. A chunk of
         // weight rows meets the activations one tile of `TOKEN_TILE` rows at a time, so both stay
-        // in L2 while they are dotted.
+        // in L2 while they are dotted; with a tile kernel, `GRID_ROWS` rows against all packed
+        // tiles.
         if buf.yt.len() < n_out * t {
             buf.yt.resize(n_out * t, 0.0);
         }
-        let chunk = chunk.min(64);
-        buf.yt[..n_out * t]
-            .par_chunks_mut(chunk * t)
-            .enumerate()
-            .for_each(|(c, ys)| {
-                for t0 in (0..t).step_by(TOKEN_TILE) {
-                    let t1 = (t0 + TOKEN_TILE).min(t);
-                    for (i, yr) in ys.chunks_mut(t).enumerate() {
-                        let row = self.w.row(w, c * chunk + i);
-                        self.w.dot_many(row, &xq[t0 * nb..t1 * nb], &mut yr[t0..t1]);
+        if let Some(grid) = self.w.grid.filter(|_| t * self.w.planes >= GRID_MIN_ROWS) {
+            let packed = pack(xq, t, self.w.planes);
+            let rb = self.w.row_bytes;
+            buf.yt[..n_out * t]
+                .par_chunks_mut(GRID_ROWS * t)
+                .zip(w[..n_out * rb].par_chunks(GRID_ROWS * rb))
+                .for_each(|(ys, wc)| packed.product(grid, wc, rb, ys));
+        } else {
+            let chunk = chunk.min(64);
+            buf.yt[..n_out * t]
+                .par_chunks_mut(chunk * t)
+                .enumerate()
+                .for_each(|(c, ys)| {
+                    for t0 in (0..t).step_by(TOKEN_TILE) {
+                        let t1 = (t0 + TOKEN_TILE).min(t);
+                        for (i, yr) in ys.chunks_mut(t).enumerate() {
+                            let row = self.w.row(w, c * chunk + i);
+                            self.w.dot_many(row, &xq[t0 * nb..t1 * nb], &mut yr[t0..t1]);
+                        }
                     }
-                }
-            });
+                });
+        }
         for (r, col) in buf.yt[..n_out * t].chunks(t).enumerate() {
             for (tok, &v) in col.iter().enumerate() {
                 y[tok * n_out + r] = v;
@@ -435,14 +596,9 @@ impl WeightProduct for FastMatMul {
 }
 
 impl WeightProduct for FastHeadMatMul {
-    /// `[T, H, n_in]`.
-    fn input_len(&self, t: usize) -> usize {
-        t * self.heads * self.n_in
-    }
-
-    /// `[T, H, n_out]`.
-    fn output_len(&self, t: usize) -> usize {
-        t * self.heads * self.n_out
+    /// `[H, n_in]` in, `[H, n_out]` out.
+    fn per_token(&self) -> (usize, usize) {
+        (self.heads * self.n_in, self.heads * self.n_out)
     }
 
     /// `y[t, h, o] = W[h][o, :] · q8(x[t, h, :])`: `w` the raw `H · n_out` rows (head-major).
@@ -452,18 +608,91 @@ impl WeightProduct for FastHeadMatMul {
         let nb = self.w.planes * n_in / QK;
         quantize_rows(x, n_in, self.w.planes, &mut buf.xq);
         let xq = &buf.xq[..t * heads * nb];
+        // Each head's rows gathered token by token, and packed for the tile kernel when there are
+        // enough of them.
+        let per_head: Vec<(Vec<BlockQ8K>, Option<Packed>)> = (0..heads)
+            .into_par_iter()
+            .map(|h| {
+                let xh: Vec<BlockQ8K> = (0..t)
+                    .flat_map(|tok| &xq[(tok * heads + h) * nb..(tok * heads + h + 1) * nb])
+                    .copied()
+                    .collect();
+                let grid = self.w.grid.is_some() && t * self.w.planes >= GRID_MIN_ROWS;
+                let packed = grid.then(|| pack(&xh, t, self.w.planes));
+                (xh, packed)
+            })
+            .collect();
         let out = SharedOut::new(&mut y[..t * heads * n_out]);
         let chunks = n_out.div_ceil(MOE_ROWS);
         (0..heads * chunks).into_par_iter().for_each(|item| {
             let (h, o0) = (item / chunks, (item % chunks) * MOE_ROWS);
-            for o in o0..(o0 + MOE_ROWS).min(n_out) {
-                let row = self.w.row(w, h * n_out + o);
-                for tok in 0..t {
-                    let r = tok * heads + h;
-                    let v = self.w.dot(row, &xq[r * nb..(r + 1) * nb]);
+            let o1 = (o0 + MOE_ROWS).min(n_out);
+            let (xh, packed) = &per_head[h];
+            let mut v = vec![0f32; (o1 - o0) * t];
+            let (r0, r1) = (h * n_out + o0, h * n_out + o1);
+            self.w.product(w, r0, r1, xh, packed.as_ref(), &mut v);
+            for (o, vo) in (o0..o1).zip(v.chunks_exact(t.max(1))) {
+                for (tok, &vt) in vo.iter().enumerate() {
                     // SAFETY: (token, head, o) triples are disjoint across work items.
-                    unsafe { out.put(r * n_out + o, v) };
+                    unsafe { out.put((tok * heads + h) * n_out + o, vt) };
                 }
+            }
+        });
+    }
+}
+
+impl WeightProduct for FastHeadGemm {
+    /// `[H, n_in]` in, `[H, n_out]` out.
+    fn per_token(&self) -> (usize, usize) {
+        (self.heads * self.n_in, self.heads * self.n_out)
+    }
+
+    /// `y[t, h, o] = W[h][o, :] · x[t, h, :]` in f32: `w` dequantized into `buf.wf` (rows in
+    /// parallel), then per head (in parallel) `x_h [T, n_in] × W_hᵀ [n_in, n_out]` by
+    /// `matrixmultiply::sgemm`.
+    fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut FastBuffers) {
+        let (n_in, n_out, heads) = (self.n_in, self.n_out, self.heads);
+        let t = x.len() / (heads * n_in);
+        let rows = heads * n_out;
+        if buf.wf.len() < rows * n_in {
+            buf.wf.resize(rows * n_in, 0.0);
+        }
+        let rb = w.len() / rows.max(1);
+        buf.wf[..rows * n_in]
+            .par_chunks_mut(n_in)
+            .zip(w.par_chunks(rb.max(1)))
+            .for_each(|(dst, src)| {
+                crate::quant::dequantize_row(self.ty, src, dst)
+                    .expect("whole rows of a type with a dequantizer, checked by plan_fast_steps")
+            });
+        let wf = &buf.wf[..rows * n_in];
+        assert!(
+            x.len() == t * heads * n_in && y.len() >= t * heads * n_out,
+            "head_mat_mul extents"
+        );
+        let out = SharedOut::new(&mut y[..t * heads * n_out]);
+        (0..heads).into_par_iter().for_each(|h| {
+            // SAFETY: A = x_h [T, n_in] (row stride H·n_in from x[h·n_in]), B = W_hᵀ [n_in,
+            // n_out] (element (i, o) at wf[(h·n_out + o)·n_in + i]), C = y_h [T, n_out] (row stride
+            // H·n_out from y[h·n_out]); all inside the slices (extents asserted above), and the
+            // heads write disjoint C elements; beta = 0.
+            unsafe {
+                matrixmultiply::sgemm(
+                    t,
+                    n_in,
+                    n_out,
+                    1.0,
+                    x.as_ptr().add(h * n_in),
+                    (heads * n_in) as isize,
+                    1,
+                    wf.as_ptr().add(h * n_out * n_in),
+                    1,
+                    n_in as isize,
+                    0.0,
+                    out.base().add(h * n_out),
+                    (heads * n_out) as isize,
+                    1,
+                );
             }
         });
     }
@@ -543,24 +772,34 @@ impl FastMoe {
                 .flat_map(|&e| (0..n.div_ceil(MOE_ROWS)).map(move |c| (e, c * MOE_ROWS)))
                 .collect()
         };
+        // Each used expert's group packed for the tile kernels, when a weight has one and the
+        // group has enough rows for them to pay ([`GRID_MIN_ROWS`]).
+        let packs = |x: &[BlockQ8K], nb: usize, any: bool| -> Vec<Option<Packed>> {
+            (0..n_expert)
+                .into_par_iter()
+                .map(|e| {
+                    let (p0, p1) = (start[e], start[e + 1]);
+                    (any && (p1 - p0) * planes >= GRID_MIN_ROWS)
+                        .then(|| pack(&x[p0 * nb..p1 * nb], p1 - p0, planes))
+                })
+                .collect()
+        };
+        let hp = packs(hg, nb_d, self.gate.grid.or(self.up.grid).is_some());
         {
             let act = SharedOut::new(&mut buf.act[..slots * n_ff]);
             items(n_ff).into_par_iter().for_each(|(e, f0)| {
-                let (p0, p1) = (start[e], start[e + 1]);
-                let x = &hg[p0 * nb_d..p1 * nb_d];
-                let mut gv = vec![0f32; p1 - p0];
-                let mut uv = vec![0f32; p1 - p0];
-                for f in f0..(f0 + MOE_ROWS).min(n_ff) {
-                    if f + 2 < n_ff {
-                        prefetch(self.gate.row(gate_t[e], f + 2));
-                        prefetch(self.up.row(up_t[e], self.up_off + f + 2));
-                    }
-                    self.gate.dot_many(self.gate.row(gate_t[e], f), x, &mut gv);
-                    self.up
-                        .dot_many(self.up.row(up_t[e], self.up_off + f), x, &mut uv);
-                    for (p, (&g, &u)) in (p0..p1).zip(gv.iter().zip(&uv)) {
+                let (p0, p1, f1) = (start[e], start[e + 1], (f0 + MOE_ROWS).min(n_ff));
+                let (x, m) = (&hg[p0 * nb_d..p1 * nb_d], p1 - p0);
+                let mut gv = vec![0f32; (f1 - f0) * m];
+                let mut uv = vec![0f32; (f1 - f0) * m];
+                self.gate
+                    .product(gate_t[e], f0, f1, x, hp[e].as_ref(), &mut gv);
+                let (u0, u1) = (self.up_off + f0, self.up_off + f1);
+                self.up.product(up_t[e], u0, u1, x, hp[e].as_ref(), &mut uv);
+                for (f, (gr, ur)) in (f0..f1).zip(gv.chunks_exact(m).zip(uv.chunks_exact(m))) {
+                    for (pi, (&g, &u)) in gr.iter().zip(ur).enumerate() {
                         // SAFETY: (group position, f) pairs are disjoint across work items.
-                        unsafe { act.put(p * n_ff + f, silu(g) * u) };
+                        unsafe { act.put((p0 + pi) * n_ff + f, silu(g) * u) };
                     }
                 }
             });
@@ -570,20 +809,19 @@ impl FastMoe {
         if buf.part.len() < slots * d {
             buf.part.resize(slots * d, 0.0);
         }
+        let ap = packs(aq, nb_f, self.down.grid.is_some());
         {
             let part = SharedOut::new(&mut buf.part[..slots * d]);
             items(d).into_par_iter().for_each(|(e, o0)| {
-                let (p0, p1) = (start[e], start[e + 1]);
-                let x = &aq[p0 * nb_f..p1 * nb_f];
-                let mut v = vec![0f32; p1 - p0];
-                for o in o0..(o0 + MOE_ROWS).min(d) {
-                    if o + 2 < d {
-                        prefetch(self.down.row(down_t[e], o + 2));
-                    }
-                    self.down.dot_many(self.down.row(down_t[e], o), x, &mut v);
-                    for (p, &vp) in (p0..p1).zip(&v) {
+                let (p0, p1, o1) = (start[e], start[e + 1], (o0 + MOE_ROWS).min(d));
+                let (x, m) = (&aq[p0 * nb_f..p1 * nb_f], p1 - p0);
+                let mut v = vec![0f32; (o1 - o0) * m];
+                self.down
+                    .product(down_t[e], o0, o1, x, ap[e].as_ref(), &mut v);
+                for (o, vr) in (o0..o1).zip(v.chunks_exact(m)) {
+                    for (pi, &vp) in vr.iter().enumerate() {
                         // SAFETY: (group position, o) pairs are disjoint across work items.
-                        unsafe { part.put(p * d + o, vp) };
+                        unsafe { part.put((p0 + pi) * d + o, vp) };
                     }
                 }
             });
@@ -605,77 +843,97 @@ impl FastMoe {
     }
 }
 
-/// Rows of a GEMM per parallel task.
-fn gemm_rows(rows: usize) -> usize {
-    rows.div_ceil(rayon::current_num_threads() * 4).max(1)
+/// Below this many rows (a decoded token's heads), a GEMM is split over its output columns
+/// instead of its rows, so that no task packs the whole right-hand matrix again.
+const GEMM_COLUMN_SPLIT_ROWS: usize = 64;
+
+/// `C[m, n] = A[m, k] × B[k, n]` by `matrixmultiply::sgemm` over the rayon pool, split into row
+/// blocks (or column blocks below [`GEMM_COLUMN_SPLIT_ROWS`] rows). Strides in elements: `A` row
+/// `rsa` (column 1), `B` row `rsb` / column `csb`, `C` row `n` (column 1). Every element is the
+/// same sum in the same order whatever the split (sgemm's order along `k` does not depend on the
+/// block of `C` it computes).
+#[allow(clippy::too_many_arguments)]
+fn gemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    rsa: usize,
+    b: &[f32],
+    rsb: usize,
+    csb: usize,
+    c: &mut [f32],
+) {
+    let last = |rows: usize, rs: usize, cols: usize, cs: usize| {
+        if rows == 0 || cols == 0 {
+            0
+        } else {
+            (rows - 1) * rs + (cols - 1) * cs + 1
+        }
+    };
+    assert!(
+        a.len() >= last(m, rsa, k, 1) && b.len() >= last(k, rsb, n, csb) && c.len() >= m * n,
+        "gemm extents"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    let out = SharedOut::new(&mut c[..m * n]);
+    let threads = rayon::current_num_threads();
+    // (first row, rows, first column, columns) of each task's block of C.
+    let blocks: Vec<(usize, usize, usize, usize)> = if m < GEMM_COLUMN_SPLIT_ROWS {
+        let cols = n.div_ceil(threads * 2).max(1);
+        (0..n)
+            .step_by(cols)
+            .map(|c0| (0, m, c0, cols.min(n - c0)))
+            .collect()
+    } else {
+        let rows = m.div_ceil(threads * 4).max(1);
+        (0..m)
+            .step_by(rows)
+            .map(|r0| (r0, rows.min(m - r0), 0, n))
+            .collect()
+    };
+    blocks.into_par_iter().for_each(|(r0, rows, c0, cols)| {
+        // SAFETY: A rows r0.. and B columns c0.. are inside the slices (extents asserted above);
+        // C block (r0.., c0..) is inside `c` and disjoint from every other task's; beta = 0, so
+        // C is only written.
+        unsafe {
+            matrixmultiply::sgemm(
+                rows,
+                k,
+                cols,
+                1.0,
+                a.as_ptr().add(r0 * rsa),
+                rsa as isize,
+                1,
+                b.as_ptr().add(c0 * csb),
+                rsb as isize,
+                csb as isize,
+                0.0,
+                out.base().add(r0 * n + c0),
+                n as isize,
+                1,
+            );
+        }
+    });
 }
 
 /// `scores_qk`: `y[r, j] = q[r, :] · k[j, :]`, `q` `[rows, w]`, `k` `[S, w]`, `y` `[rows, S]`.
 pub(crate) fn scores(q: &[f32], k: &[f32], y: &mut [f32], w: usize) {
-    let s = k.len() / w;
-    let chunk = gemm_rows(q.len() / w);
-    y.par_chunks_mut(chunk * s)
-        .zip(q.par_chunks(chunk * w))
-        .for_each(|(yc, qc)| {
-            let m = qc.len() / w;
-            assert!(yc.len() == m * s && k.len() == s * w, "scores_qk extents");
-            // SAFETY: A = qc [m, w] (row stride w), B = kᵀ [w, S] (element (i, j) at k[j·w + i]),
-            // C = yc [m, S]; the lengths are checked above, beta = 0 so C is only written.
-            unsafe {
-                matrixmultiply::sgemm(
-                    m,
-                    w,
-                    s,
-                    1.0,
-                    qc.as_ptr(),
-                    w as isize,
-                    1,
-                    k.as_ptr(),
-                    1,
-                    w as isize,
-                    0.0,
-                    yc.as_mut_ptr(),
-                    s as isize,
-                    1,
-                );
-            }
-        });
+    let (rows, s) = (q.len() / w, k.len() / w);
+    assert!(y.len() == rows * s, "scores_qk extents");
+    // B = kᵀ [w, S]: element (i, j) at k[j·w + i].
+    gemm(rows, w, s, q, w, k, 1, w, y);
 }
 
 /// `weighted_sum`: `y[r, :] = Σ_j p[r, j] · v[j, 0..len]`, `p` `[rows, S]`, `v` `[S, w]`, `y`
 /// `[rows, len]`.
 pub(crate) fn weighted_sum(p: &[f32], v: &[f32], y: &mut [f32], w: usize, len: usize) {
-    let s = v.len() / w;
-    let chunk = gemm_rows(y.len() / len);
-    y.par_chunks_mut(chunk * len)
-        .zip(p.par_chunks(chunk * s))
-        .for_each(|(yc, pc)| {
-            let m = yc.len() / len;
-            assert!(
-                pc.len() == m * s && len <= w && v.len() == s * w,
-                "weighted_sum extents"
-            );
-            // SAFETY: A = pc [m, S], B = v[:, 0..len] [S, len] (row stride w), C = yc [m, len];
-            // lengths checked above, beta = 0.
-            unsafe {
-                matrixmultiply::sgemm(
-                    m,
-                    s,
-                    len,
-                    1.0,
-                    pc.as_ptr(),
-                    s as isize,
-                    1,
-                    v.as_ptr(),
-                    w as isize,
-                    1,
-                    0.0,
-                    yc.as_mut_ptr(),
-                    len as isize,
-                    1,
-                );
-            }
-        });
+    let (rows, s) = (y.len() / len, v.len() / w);
+    assert!(p.len() == rows * s && len <= w, "weighted_sum extents");
+    // B = v[:, 0..len] [S, len] (row stride w).
+    gemm(rows, s, len, p, s, v, w, 1, y);
 }
 
 #[cfg(test)]
@@ -708,7 +966,12 @@ mod tests {
 
     #[test]
     fn scores_and_weighted_sum_are_the_matrix_products() {
-        for (rows, s, w, len) in [(1, 1, 1, 1), (32, 7, 320, 256), (5, 300, 20, 3)] {
+        for (rows, s, w, len) in [
+            (1, 1, 1, 1),
+            (32, 7, 320, 256),
+            (5, 300, 20, 3),
+            (70, 9, 16, 5),
+        ] {
             let q = noise(rows * w, 1);
             let k = noise(s * w, 2);
             let mut y = vec![f32::NAN; rows * s];
@@ -731,9 +994,12 @@ mod tests {
         }
     }
 
+    /// Every (token, head, o) of a fast `head_mat_mul` is the single-row kernel's dot of head
+    /// `h`'s row `o` with that token's head-`h` input, planes added in order: with and without
+    /// the tile kernel (where the CPU has one), below and above its `GRID_MIN_ROWS`.
     #[test]
     fn head_mat_mul_dots_each_head_row_with_its_own_head() {
-        let (n_in, n_out, heads, t) = (512, 70, 3, 2);
+        let (n_in, n_out, heads) = (512, 70, 3);
         let ty = GgmlType::Q2_K;
         let rb = ty.row_size(n_in).unwrap();
         let mut w = vec![0u8; rb * n_out * heads];
@@ -742,32 +1008,165 @@ mod tests {
         for row in w.chunks_exact_mut(rb) {
             sampler.fill_row(&mut rng, 0.5, n_in, row).unwrap();
         }
-        let x = noise(t * heads * n_in, 5);
-        let op = FastHeadMatMul {
+        let dot = q8_dot_fn(ty).unwrap();
+        for (t, planes) in [(2, 1), (9, 1), (5, 2)] {
+            for grid in [None, q8_grid_fn(ty)] {
+                let x = noise(t * heads * n_in, 5);
+                let op = FastHeadMatMul {
+                    n_in,
+                    n_out,
+                    heads,
+                    w: Rows {
+                        row_bytes: rb,
+                        many: q8_dot_many_fn(ty).unwrap(),
+                        grid,
+                        planes,
+                    },
+                };
+                let mut y = vec![f32::NAN; op.output_len(t)];
+                op.run(&w, &x, &mut y, &mut FastBuffers::default());
+                let mut xq = Vec::new();
+                quantize_rows(&x, n_in, planes, &mut xq);
+                let nb = n_in / QK;
+                for r in 0..t * heads {
+                    let h = r % heads;
+                    for o in 0..n_out {
+                        let row = &w[(h * n_out + o) * rb..(h * n_out + o + 1) * rb];
+                        let xr = &xq[r * planes * nb..(r + 1) * planes * nb];
+                        let want = xr
+                            .chunks_exact(nb)
+                            .map(|p| dot(row, p))
+                            .reduce(|a, b| a + b)
+                            .unwrap();
+                        assert_eq!(
+                            y[r * n_out + o].to_bits(),
+                            want.to_bits(),
+                            "t {t} planes {planes} grid {} row {r} o {o}",
+                            grid.is_some()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// `n` random rows of `ty` with `k` elements each, back to back.
+    fn matrix(ty: GgmlType, n: usize, k: usize, seed: u64) -> Vec<u8> {
+        let rb = ty.row_size(k).unwrap();
+        let mut w = vec![0u8; rb * n];
+        let sampler = crate::quant::random::BlockSampler::new(ty).unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        for row in w.chunks_exact_mut(rb) {
+            sampler.fill_row(&mut rng, 0.5, k, row).unwrap();
+        }
+        w
+    }
+
+    fn rows(ty: GgmlType, k: usize, grid: Option<Q8GridFn>, planes: usize) -> Rows {
+        Rows {
+            row_bytes: ty.row_size(k).unwrap(),
+            many: q8_dot_many_fn(ty).unwrap(),
+            grid,
+            planes,
+        }
+    }
+
+    /// The tile kernels change no bit of a `mat_mul` or a `moe_ffn`: the same outputs with and
+    /// without them, at one token (decode) and at token counts below and above
+    /// `GRID_MIN_ROWS` and `GRID_TOKENS`, one and two planes. Skipped with a note where the CPU
+    /// has no tile kernel.
+    #[test]
+    fn tile_kernels_give_the_multi_row_bits() {
+        let (q2, q3) = (GgmlType::Q2_K, GgmlType::Q3_K);
+        let (Some(g2), Some(g3)) = (q8_grid_fn(q2), q8_grid_fn(q3)) else {
+            println!("note: no AMX on this CPU or OS: tile checks skipped");
+            return;
+        };
+        let (d, n_ff, n_out, experts, k) = (512, 256, 40, 5, 2);
+        let w = matrix(q2, n_out, d, 7);
+        let gate_up: Vec<Vec<u8>> = (0..experts)
+            .map(|e| matrix(q2, 2 * n_ff, d, 10 + e as u64))
+            .collect();
+        let down: Vec<Vec<u8>> = (0..experts)
+            .map(|e| matrix(q3, d, n_ff, 20 + e as u64))
+            .collect();
+        let tables = vec![
+            gate_up.iter().map(|v| v.as_slice()).collect::<Vec<_>>(),
+            down.iter().map(|v| v.as_slice()).collect(),
+        ];
+        for planes in [1, 2] {
+            for t in [1, 3, 8, 70] {
+                let x = noise(t * d, 30 + t as u64);
+                let ids: Vec<i32> = (0..t * k)
+                    .map(|i| ((i * 7 + i / 5) % experts) as i32)
+                    .collect();
+                let wts = noise(t * k, 40);
+                let run = |tiles: bool| {
+                    let mm = FastMatMul {
+                        n_in: d,
+                        n_out,
+                        w: rows(q2, d, tiles.then_some(g2), planes),
+                    };
+                    let mut y = vec![f32::NAN; t * n_out];
+                    mm.run(&w, &x, &mut y, &mut FastBuffers::default());
+                    let moe = FastMoe {
+                        d,
+                        n_ff,
+                        gate: rows(q2, d, tiles.then_some(g2), planes),
+                        up: rows(q2, d, tiles.then_some(g2), planes),
+                        down: rows(q3, n_ff, tiles.then_some(g3), planes),
+                        up_off: n_ff,
+                        fused: true,
+                    };
+                    let mut m = vec![f32::NAN; t * d];
+                    moe.run(&x, &ids, &wts, &tables, &mut m, &mut FastBuffers::default());
+                    (y, m)
+                };
+                let (with, without) = (run(true), run(false));
+                for (what, a, b) in [
+                    ("mat_mul", &with.0, &without.0),
+                    ("moe", &with.1, &without.1),
+                ] {
+                    assert!(
+                        a.iter().all(|v| v.is_finite()),
+                        "{what} t {t} planes {planes}"
+                    );
+                    let same = a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
+                    assert!(same, "{what} t {t} planes {planes}");
+                }
+            }
+        }
+    }
+
+    /// The f32 `head_mat_mul` (a Q4_0 weight of 64-element rows, as `attn_k_b`): every output
+    /// is the matrix product of its head's dequantized rows with its head's input, to f32
+    /// summation accuracy.
+    #[test]
+    fn head_gemm_is_each_heads_matrix_product() {
+        let (n_in, n_out, heads, t) = (64, 40, 3, 5);
+        let ty = GgmlType::Q4_0;
+        let w = matrix(ty, heads * n_out, n_in, 12);
+        let mut wf = vec![0f32; heads * n_out * n_in];
+        crate::quant::dequantize_row(ty, &w, &mut wf).unwrap();
+        let x = noise(t * heads * n_in, 13);
+        let op = FastHeadGemm {
             n_in,
             n_out,
             heads,
-            w: Rows {
-                row_bytes: rb,
-                many: q8_dot_many_fn(ty).unwrap(),
-                planes: 1,
-            },
+            ty,
         };
         let mut y = vec![f32::NAN; op.output_len(t)];
         op.run(&w, &x, &mut y, &mut FastBuffers::default());
-        let mut xq = vec![BlockQ8K::ZERO; n_in / QK];
         for tok in 0..t {
             for h in 0..heads {
-                let r = tok * heads + h;
-                quantize_row_q8k(&x[r * n_in..(r + 1) * n_in], &mut xq).unwrap();
                 for o in 0..n_out {
-                    let row = &w[(h * n_out + o) * rb..(h * n_out + o + 1) * rb];
-                    let want = q8_dot_fn(ty).unwrap()(row, &xq);
-                    assert_eq!(
-                        y[r * n_out + o].to_bits(),
-                        want.to_bits(),
-                        "t {tok} h {h} o {o}"
-                    );
+                    let terms: Vec<_> = (0..n_in)
+                        .map(|i| {
+                            let xi = x[(tok * heads + h) * n_in + i];
+                            (wf[(h * n_out + o) * n_in + i], xi)
+                        })
+                        .collect();
+                    check(y[(tok * heads + h) * n_out + o], &terms);
                 }
             }
         }

@@ -35,14 +35,22 @@
 //! For prefill, [`q8_dot_many_fn`] dots one weight row with several activation rows in one
 //! call. Where the CPU has AVX-512 VNNI, the kernels of `vnni.rs` (Q2_K, Q3_K, Q4_K, Q5_K,
 //! Q6_K) unpack each weight block once for all of them; they compute the same integers and call
-//! the same helpers, so each row gets exactly the bits of the single-row kernel.
+//! the same helpers, so each row gets exactly the bits of the single-row kernel. Where the CPU
+//! has AMX, [`q8_grid_fn`] (Q2_K, Q3_K; `amx.rs`) takes many weight rows against many activation
+//! rows packed as tiles ([`Q8Tiles`], `tiles.rs`): the integer sums come from the tile unit's
+//! `tdpbusd`, the f32 expressions are the same per pair, so again the single-row bits.
 
 mod scalar;
+mod tiles;
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
+
+pub use tiles::{Q8Tiles, GROUP as Q8_TILE_ROWS};
 
 use super::QuantError;
 use crate::ggml_type::GgmlType;
@@ -108,13 +116,34 @@ pub fn quantize_row_q8k(x: &[f32], y: &mut [BlockQ8K]) -> Result<(), QuantError>
         });
     }
     let (xs, _) = x.as_chunks::<QK_K>();
-    for (xb, yb) in xs.iter().zip(y.iter_mut()) {
-        quantize_block(xb, yb);
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+        // SAFETY: the features `quantize_blocks_avx512` enables were just detected.
+        unsafe { quantize_blocks_avx512(xs, y) };
+        return Ok(());
     }
+    quantize_blocks(xs, y);
     Ok(())
 }
 
+/// [`quantize_block`] for each block.
+#[inline(always)]
+fn quantize_blocks(xs: &[[f32; QK_K]], y: &mut [BlockQ8K]) {
+    for (xb, yb) in xs.iter().zip(y.iter_mut()) {
+        quantize_block(xb, yb);
+    }
+}
+
+/// [`quantize_blocks`] compiled for AVX-512 (the same Rust operations, each IEEE-exact per
+/// element, so the same bits; only the vector width changes).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn quantize_blocks_avx512(xs: &[[f32; QK_K]], y: &mut [BlockQ8K]) {
+    quantize_blocks(xs, y);
+}
+
 /// One block of [`quantize_row_q8k`].
+#[inline(always)]
 fn quantize_block(x: &[f32; QK_K], y: &mut BlockQ8K) {
     *y = BlockQ8K::ZERO;
     if !x.iter().all(|v| v.is_finite()) {
@@ -188,6 +217,27 @@ pub fn q8_dot_many_fn(ty: GgmlType) -> Option<Q8DotManyFn> {
     }
     let at = TYPES.iter().position(|&t| t == ty)?;
     Some(BY_ROW[at])
+}
+
+/// `y[i·R + j] = dot(row_i, x_j)` for the `n = y.len() / R` weight rows stored back to back in
+/// `w` and the `R = x.rows()` activation rows packed in `x`: many weight rows against many
+/// activation rows in one call (prefill). Each `y[i·R + j]` has exactly the bits of the
+/// [`Q8DotFn`] of the same type on row `i` and activation row `j`. Lengths: `w.len() = n ·
+/// x.blocks() · block bytes`, `y.len() = n · R`; a mismatch gives NaN in every `y` entry
+/// (`debug_assert` in debug builds).
+pub type Q8GridFn = fn(w: &[u8], x: &Q8Tiles, y: &mut [f32]);
+
+/// The tile kernel for `ty` on this CPU, or None: for Q2_K and Q3_K when the CPU has AMX-TILE and
+/// AMX-INT8 (with the AVX-512 features of [`q8_dot_many_fn`]'s VNNI kernels) and Linux grants
+/// the tile state (`amx.rs`); None elsewhere, where [`q8_dot_many_fn`] serves.
+pub fn q8_grid_fn(ty: GgmlType) -> Option<Q8GridFn> {
+    #[cfg(target_arch = "x86_64")]
+    return amx::grid_fn(ty);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        None
+    }
 }
 
 /// Every type with a Q8_K kernel, in the order of [`BY_ROW`].
@@ -480,6 +530,31 @@ mod tests {
         }
     }
 
+    /// The dispatched quantization (AVX-512 where the CPU has it) gives the portable loop's
+    /// bits: random blocks, a block with NaN, one with infinity, subnormals, zeros, ±ties.
+    #[test]
+    fn quantization_is_the_same_on_every_path() {
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let mut x = activations(8, &mut rng);
+        x[10] = f32::NAN;
+        x[QK_K + 3] = f32::INFINITY;
+        for v in &mut x[2 * QK_K..3 * QK_K] {
+            *v *= 1e-40;
+        }
+        x[3 * QK_K..4 * QK_K].fill(0.0);
+        for (i, v) in x[4 * QK_K..5 * QK_K].iter_mut().enumerate() {
+            *v = (i as f32 - 128.0) * 0.5;
+        }
+        let (xs, _) = x.as_chunks::<QK_K>();
+        let mut want = vec![BlockQ8K::ZERO; 8];
+        quantize_blocks(xs, &mut want);
+        let got = quantize(&x);
+        for (b, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.d.to_bits(), w.d.to_bits(), "block {b}");
+            assert_eq!((g.qs, g.bsums), (w.qs, w.bsums), "block {b}");
+        }
+    }
+
     #[test]
     fn quantization_rejects_bad_lengths() {
         let mut y = [BlockQ8K::ZERO; 2];
@@ -731,6 +806,106 @@ mod tests {
         }
     }
 
+    /// The tile kernel of `ty`, or None (with a note for Q2_K and Q3_K) when this CPU or OS has
+    /// no AMX.
+    fn grid_kernel(ty: GgmlType) -> Option<Q8GridFn> {
+        let f = q8_grid_fn(ty);
+        if f.is_none() && matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K) {
+            println!("note: no AMX on this CPU or OS, {ty}: tile checks skipped");
+        }
+        f
+    }
+
+    /// `n` weight rows of `nb` blocks (sampled, or random bytes) against `rows` activation rows
+    /// `x`: the tile kernel gives the scalar single-row bits for every pair (or both NaN).
+    fn check_grid(ty: GgmlType, grid: Q8GridFn, w: &[u8], x: &[BlockQ8K], n: usize, rows: usize) {
+        let slow = q8_dot_fn_scalar(ty).unwrap();
+        let nb = x.len() / rows;
+        let tiles = Q8Tiles::pack(x, rows).unwrap();
+        let mut y = vec![1.5f32; n * rows];
+        grid(w, &tiles, &mut y);
+        let rb = nb * block_bytes(ty);
+        for i in 0..n {
+            for j in 0..rows {
+                let want = slow(&w[i * rb..(i + 1) * rb], &x[j * nb..(j + 1) * nb]);
+                let got = y[i * rows + j];
+                assert!(
+                    same(got, want),
+                    "{ty} nb {nb} n {n} rows {rows} ({i}, {j}): {got} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn grid_matches_the_single_row_kernel_bit_for_bit() {
+        let mut rng = ChaCha8Rng::seed_from_u64(8);
+        for &ty in &TYPES {
+            let Some(grid) = grid_kernel(ty) else {
+                continue;
+            };
+            // Weight rows and activation rows below, at and past the 16 of a tile, one and two
+            // groups, an odd group count.
+            for (nb, n, rows) in [
+                (1, 1, 1),
+                (2, 5, 2),
+                (1, 16, 16),
+                (17, 17, 17),
+                (2, 33, 40),
+                (16, 3, 33),
+            ] {
+                let sampled: Vec<u8> = (0..n).flat_map(|_| weights(ty, nb, &mut rng)).collect();
+                let bytes: Vec<u8> = (0..n)
+                    .flat_map(|_| random_bytes(ty, nb, &mut rng))
+                    .collect();
+                let mut a = activations(nb * rows, &mut rng);
+                let x = quantize(&a);
+                check_grid(ty, grid, &sampled, &x, n, rows);
+                check_grid(ty, grid, &bytes, &x, n, rows);
+                a[nb * QK_K * (rows - 1) + 5] = f32::NAN;
+                check_grid(ty, grid, &sampled, &quantize(&a), n, rows);
+            }
+        }
+    }
+
+    /// A tile call whose lengths disagree fills `y` with NaN (release) or panics in the
+    /// `debug_assert` (debug); no rows at all is a no-op.
+    #[test]
+    fn grid_mismatched_lengths_are_refused() {
+        let x = Q8Tiles::pack(&[BlockQ8K::ZERO; 4], 2).unwrap();
+        for &ty in &TYPES {
+            let Some(grid) = grid_kernel(ty) else {
+                continue;
+            };
+            let bb = block_bytes(ty);
+            // (weight bytes, outputs): a row one byte short, outputs not a multiple of the rows.
+            for (len, outs) in [(2 * bb - 1, 2), (4 * bb, 3), (2 * bb, 4)] {
+                let w = vec![0u8; len];
+                let got = std::panic::catch_unwind(|| {
+                    let mut y = vec![0.0f32; outs];
+                    grid(&w, &x, &mut y);
+                    y
+                });
+                if cfg!(debug_assertions) {
+                    assert!(got.is_err(), "{ty} len {len} outs {outs}");
+                } else {
+                    assert!(got.unwrap().iter().all(|v| v.is_nan()), "{ty} len {len}");
+                }
+            }
+            let mut y: [f32; 0] = [];
+            grid(&[], &Q8Tiles::pack(&[], 0).unwrap(), &mut y);
+            grid(&[], &x, &mut y);
+        }
+    }
+
+    #[test]
+    fn packing_refuses_a_partial_row() {
+        assert!(Q8Tiles::pack(&[BlockQ8K::ZERO; 5], 2).is_none());
+        assert!(Q8Tiles::pack(&[BlockQ8K::ZERO; 1], 0).is_none());
+        let p = Q8Tiles::pack(&[BlockQ8K::ZERO; 6], 3).unwrap();
+        assert_eq!((p.rows(), p.blocks()), (3, 2));
+    }
+
     proptest::proptest! {
         /// Any element and block count: quantization errs exactly when the lengths disagree.
         #[test]
@@ -756,6 +931,26 @@ mod tests {
             let slow = q8_dot_fn_scalar(ty).unwrap()(&row, &y);
             let fast = q8_dot_fn(ty).unwrap()(&row, &y);
             proptest::prop_assert!(same(slow, fast), "{} {} vs {}", ty, slow, fast);
+        }
+
+        /// Any bytes and activation values (NaN, inf, subnormal), 1 to 3 weight rows and 1 to
+        /// 20 activation rows: the tile kernel gives the scalar single-row bits in every pair.
+        #[test]
+        fn arbitrary_grids_match_the_scalar_kernel(
+            t in 0..2usize,
+            nb in 1usize..3,
+            n in 1usize..4,
+            rows in 1usize..21,
+            seed in proptest::prelude::any::<u64>(),
+            x in proptest::collection::vec(proptest::prelude::any::<f32>(), 40 * QK_K),
+        ) {
+            let ty = TYPES[t];
+            if let Some(grid) = q8_grid_fn(ty) {
+                let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                let w: Vec<u8> = (0..n).flat_map(|_| random_bytes(ty, nb, &mut rng)).collect();
+                let y = quantize(&x[..nb * rows * QK_K]);
+                check_grid(ty, grid, &w, &y, n, rows);
+            }
         }
 
         /// Any bytes and activation values, 1 to 9 activation rows: every multi-row kernel

@@ -54,7 +54,7 @@ use std::arch::x86_64::*;
 
 /// Whether this CPU has every feature the kernels enable (AVX2, FMA, F16C for the shared AVX2
 /// helpers; AVX-512 F, BW, VL and VNNI for `vpdpbusd` on 256-bit vectors).
-fn detected() -> bool {
+pub(super) fn detected() -> bool {
     is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
@@ -252,16 +252,16 @@ fn dp8(init: __m256i, w: &[__m256i; 8], y: &BlockQ8K) -> __m256i {
 }
 
 /// One unpacked Q2_K block: the effective weights `q·sc`, the 16 mins as i16, `d`, `dmin`.
-struct Q2 {
-    w: [__m256i; 8],
-    mins: __m256i,
-    d: f32,
-    dmin: f32,
+pub(super) struct Q2 {
+    pub(super) w: [__m256i; 8],
+    pub(super) mins: __m256i,
+    pub(super) d: f32,
+    pub(super) dmin: f32,
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-fn q2_prep(b: &[u8; 84]) -> Q2 {
+pub(super) fn q2_prep(b: &[u8; 84]) -> Q2 {
     let (scale_bytes, mins) = q2k_scales_mins(b);
     let mut w = [_mm256_setzero_si256(); 8];
     for n in 0..2 {
@@ -286,14 +286,14 @@ fn q2_rows<const N: usize>(p: &Q2, xs: [&BlockQ8K; N]) -> [f32; N] {
 }
 
 /// One unpacked Q3_K block: the effective weights `(q3 − 4)·(sc − 32) + 127`, and `d`.
-struct Q3 {
-    w: [__m256i; 8],
-    d: f32,
+pub(super) struct Q3 {
+    pub(super) w: [__m256i; 8],
+    pub(super) d: f32,
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-fn q3_prep(b: &[u8; 110]) -> Q3 {
+pub(super) fn q3_prep(b: &[u8; 110]) -> Q3 {
     let halves = scale_halves_i16(q3k_scales(b));
     let offsets = _mm256_setr_epi16(-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3);
     let bias = _mm256_set1_epi16(127);

@@ -1,0 +1,114 @@
+//! Q8_K activation rows packed for the tile kernels ([`super::q8_grid_fn`]).
+//!
+//! Algorithm. The rows are cut into groups of [`GROUP`] (zero rows pad the last group: `d8 = 0`,
+//! codes 0). For each group and 256-element block the codes are laid out as four 16 × 64-byte
+//! tiles in the VNNI order of Intel AMX's `B` operand: tile `c` (codes `64c .. 64c + 64`), row `r`,
+//! bytes `4t .. 4t + 4` hold codes `64c + 4r .. 64c + 4r + 4` of the group's row `t` — a 16 × 16
+//! transpose of 32-bit words. Beside them, per group and block, the 16 rows' scales `d8`, their
+//! block sums as eight i32 words of two i16 each (word `i` of row `t` = `bsum[2i]` in the low
+//! half, `bsum[2i + 1]` in the high half: the operand of a `vpdpwssd`), and `−127 · Σ x8` (the
+//! offset of the Q3_K kernel's biased weights). Everything is computed once per call site and
+//! read by every weight row.
+
+use super::BlockQ8K;
+
+/// Activation rows per group (the rows of an AMX `C` tile).
+pub const GROUP: usize = 16;
+
+/// One 16 × 64-byte tile.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub(super) struct Tile(pub(super) [u8; 1024]);
+
+/// `rows` Q8_K activation rows of `nb` blocks each, packed (module note).
+pub struct Q8Tiles {
+    rows: usize,
+    nb: usize,
+    /// `[group][block][chunk]`, four per block.
+    pub(super) tiles: Vec<Tile>,
+    /// `[group][block]`: `d8` of each row of the group.
+    pub(super) d8: Vec<[f32; GROUP]>,
+    /// `[group][block]`: word `i` of the block sums, lane `t` for row `t`.
+    pub(super) pairs: Vec<[[i32; GROUP]; 8]>,
+    /// `[group][block]`: `−127 · Σ_j bsum[j]` of each row.
+    pub(super) neg127: Vec<[i32; GROUP]>,
+}
+
+impl std::fmt::Debug for Q8Tiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Q8Tiles")
+            .field("rows", &self.rows)
+            .field("nb", &self.nb)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Q8Tiles {
+    /// Packs `rows` activation rows stored back to back in `x` (`x.len() / rows` blocks each).
+    /// None when `x.len()` is not a multiple of `rows` (or `x` is not empty while `rows` is 0).
+    pub fn pack(x: &[BlockQ8K], rows: usize) -> Option<Q8Tiles> {
+        if rows == 0 {
+            return x.is_empty().then(|| Q8Tiles::empty(0));
+        }
+        if !x.len().is_multiple_of(rows) {
+            return None;
+        }
+        let nb = x.len() / rows;
+        let groups = rows.div_ceil(GROUP);
+        let mut p = Q8Tiles {
+            rows,
+            nb,
+            tiles: vec![Tile([0; 1024]); groups * nb * 4],
+            d8: vec![[0.0; GROUP]; groups * nb],
+            pairs: vec![[[0; GROUP]; 8]; groups * nb],
+            neg127: vec![[0; GROUP]; groups * nb],
+        };
+        for (j, xr) in x.chunks_exact(nb).enumerate() {
+            let (g, t) = (j / GROUP, j % GROUP);
+            for (b, y) in xr.iter().enumerate() {
+                let gb = g * nb + b;
+                for (w, code) in y.qs.chunks_exact(4).enumerate() {
+                    let (c, r) = (w / GROUP, w % GROUP);
+                    let at = r * 64 + 4 * t;
+                    for (dst, &q) in p.tiles[gb * 4 + c].0[at..at + 4].iter_mut().zip(code) {
+                        *dst = q as u8;
+                    }
+                }
+                p.d8[gb][t] = y.d;
+                for (i, pair) in y.bsums.chunks_exact(2).enumerate() {
+                    let word = u32::from(pair[0] as u16) | (u32::from(pair[1] as u16) << 16);
+                    p.pairs[gb][i][t] = word as i32;
+                }
+                let sum: i32 = y.bsums.iter().map(|&s| i32::from(s)).sum();
+                p.neg127[gb][t] = -127 * sum;
+            }
+        }
+        Some(p)
+    }
+
+    fn empty(rows: usize) -> Q8Tiles {
+        Q8Tiles {
+            rows,
+            nb: 0,
+            tiles: Vec::new(),
+            d8: Vec::new(),
+            pairs: Vec::new(),
+            neg127: Vec::new(),
+        }
+    }
+
+    /// The activation rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Blocks per row.
+    pub fn blocks(&self) -> usize {
+        self.nb
+    }
+
+    /// Groups of [`GROUP`] rows (the last one padded).
+    pub(super) fn groups(&self) -> usize {
+        self.rows.div_ceil(GROUP)
+    }
+}
