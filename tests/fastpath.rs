@@ -14,7 +14,11 @@
 //!   rounding stays, one of the ~20 roundings `q8` accumulates before the logits;
 //! * the path is taken (the model's quantized products qualify), its results do not depend on the
 //!   thread count or on where an expert lives (fast-store copy or mapped file);
-//! * `step_last` returns exactly the last row of `step`, under both kernel choices.
+//! * `step_last` returns exactly the last row of `step`, under every kernel choice;
+//! * a step run in chunks of `ubatch` tokens (`Session::set_ubatch`, runs of equal size, here
+//!   100 tokens as 7 runs of 14–15 and 4 of 25) gives exactly the logits of the whole step, under
+//!   every kernel choice (every kernel computes a token's row independently of the other rows of
+//!   its run).
 
 use aubier_runtime::fastpath::CpuKernels;
 use aubier_runtime::sampler::argmax;
@@ -176,5 +180,30 @@ fn step_last_is_the_last_row_of_step() {
             last_next == all_next[6 * N_VOCAB..],
             "{kernels}: second step"
         );
+    }
+}
+
+#[test]
+fn a_step_in_ubatch_chunks_is_the_whole_step() {
+    let ids = prompt();
+    for kernels in [CpuKernels::Oracle, CpuKernels::Q8, CpuKernels::Q8x2] {
+        let mut whole = session(kernels, &StoreOptions::default());
+        let all = whole.step(&ids[..100]).expect("step");
+        let next = whole.step(&ids[100..103]).expect("step");
+        for ubatch in [16, 33] {
+            let mut s = session(kernels, &StoreOptions::default());
+            s.set_ubatch(ubatch);
+            let chunked = s.step(&ids[..100]).expect("chunked step");
+            let chunked_next = s.step(&ids[100..103]).expect("chunked step");
+            assert!(chunked == all, "{kernels} ubatch {ubatch}: prompt logits");
+            assert!(chunked_next == next, "{kernels} ubatch {ubatch}: next step");
+            s.reset();
+            let last = s.step_last(&ids[..100]).expect("chunked step_last");
+            assert!(
+                last == all[99 * N_VOCAB..],
+                "{kernels} ubatch {ubatch}: last row"
+            );
+            assert_eq!(s.position(), 100, "{kernels} ubatch {ubatch}");
+        }
     }
 }

@@ -488,6 +488,9 @@ impl Executor {
                 Some(FastStep::HeadGemm(m)) if t_step > 1 => {
                     weight_product(&m, step, weights, &args, t_step, &mut self.fast_buf)
                 }
+                Some(FastStep::F32MatMul(m)) if t_step > 1 => {
+                    weight_product(&m, step, weights, &args, t_step, &mut self.fast_buf)
+                }
                 Some(FastStep::Moe(m)) => {
                     let k = plan.values[self.value_id(step, 1)?].shape.numel(t, s) / t;
                     // SAFETY: as above: h `[T, d]`, ids and weights `[T, k]`, the output `[T, d]`
@@ -529,7 +532,7 @@ impl Executor {
                     };
                     crate::fastpath::weighted_sum(p, v, y, w, len);
                 }
-                Some(FastStep::HeadGemm(_)) | None => {
+                Some(FastStep::HeadGemm(_) | FastStep::F32MatMul(_)) | None => {
                     for kernel in &cs.kernels {
                         launch(kernel, args, t_step, s)?;
                     }

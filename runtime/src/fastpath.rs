@@ -310,6 +310,14 @@ pub(crate) struct FastHeadGemm {
     ty: GgmlType,
 }
 
+/// A `mat_mul` of an F32 weight (the router, `ffn_gate_inp`): at more than one token one f32 GEMM,
+/// at one token the oracle's kernel.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FastF32MatMul {
+    n_in: usize,
+    n_out: usize,
+}
+
 /// A `moe_ffn` the fast path runs (operands as the oracle's: h, ids, weights, then gate/up and
 /// down expert tables).
 #[derive(Clone, Copy, Debug)]
@@ -331,6 +339,8 @@ pub(crate) enum FastStep {
     HeadMatMul(FastHeadMatMul),
     /// Taken at more than one token only.
     HeadGemm(FastHeadGemm),
+    /// Taken at more than one token only.
+    F32MatMul(FastF32MatMul),
     Moe(FastMoe),
     /// `scores_qk` over latent-cache rows of `w` values.
     Scores {
@@ -370,6 +380,12 @@ pub(crate) fn plan_fast_steps(plan: &Plan, planes: usize) -> Vec<Option<FastStep
                 // The output head's rounding reaches the logits without passing through
                 // another layer: one plane is enough there (module note).
                 let planes = if Some(step.out) == logits { 1 } else { planes };
+                if w.ggml_type == "F32" {
+                    return match w.ne.as_slice() {
+                        &[n_in, n_out] => Some(FastStep::F32MatMul(FastF32MatMul { n_in, n_out })),
+                        _ => None,
+                    };
+                }
                 let rows = Rows::of(w, 2, planes)?;
                 Some(FastStep::MatMul(FastMatMul {
                     n_in: w.ne[0],
@@ -638,6 +654,37 @@ impl WeightProduct for FastHeadMatMul {
                 }
             }
         });
+    }
+}
+
+impl WeightProduct for FastF32MatMul {
+    fn per_token(&self) -> (usize, usize) {
+        (self.n_in, self.n_out)
+    }
+
+    /// `y[t, r] = W[r, :] · x[t, :]` in f32: `x [T, n_in] × Wᵀ [n_in, n_out]` by
+    /// `matrixmultiply::sgemm` (the weight read in place when 4-byte aligned, else copied into
+    /// `buf.wf`).
+    fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut FastBuffers) {
+        let (n_in, n_out) = (self.n_in, self.n_out);
+        let t = x.len() / n_in;
+        let bytes = &w[..n_in * n_out * 4];
+        // SAFETY: `align_to` only reinterprets the aligned middle of `bytes`; every bit pattern
+        // is a valid f32.
+        let (head, wf, _) = unsafe { bytes.align_to::<f32>() };
+        let wf = if head.is_empty() && wf.len() == n_in * n_out {
+            wf
+        } else {
+            buf.wf.clear();
+            buf.wf.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            );
+            &buf.wf[..]
+        };
+        // B = Wᵀ [n_in, n_out]: element (i, r) at wf[r·n_in + i].
+        gemm(t, n_in, n_out, x, n_in, wf, 1, n_in, &mut y[..t * n_out]);
     }
 }
 
@@ -1167,6 +1214,31 @@ mod tests {
                         })
                         .collect();
                     check(y[(tok * heads + h) * n_out + o], &terms);
+                }
+            }
+        }
+    }
+
+    /// The f32 `mat_mul` (the router's F32 weight), read in place and from a misaligned copy:
+    /// every output is the matrix product to f32 summation accuracy.
+    #[test]
+    fn f32_mat_mul_is_the_matrix_product() {
+        let (n_in, n_out, t) = (48, 7, 5);
+        let w = noise(n_in * n_out, 14);
+        let x = noise(t * n_in, 15);
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut shifted = vec![0u8; 1];
+        shifted.extend_from_slice(&bytes);
+        let op = FastF32MatMul { n_in, n_out };
+        for raw in [&bytes[..], &shifted[1..]] {
+            let mut y = vec![f32::NAN; op.output_len(t)];
+            op.run(raw, &x, &mut y, &mut FastBuffers::default());
+            for tok in 0..t {
+                for r in 0..n_out {
+                    let terms: Vec<_> = (0..n_in)
+                        .map(|i| (w[r * n_in + i], x[tok * n_in + i]))
+                        .collect();
+                    check(y[tok * n_out + r], &terms);
                 }
             }
         }

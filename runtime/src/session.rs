@@ -51,6 +51,8 @@ pub struct Session {
     kv_max: usize,
     position: usize,
     steps: u64,
+    /// Most tokens per executor run (0: no limit); see [`Session::set_ubatch`].
+    ubatch: usize,
     logits: ValueId,
     /// `router_ids.{l}` output of each layer.
     router_outputs: Vec<ValueId>,
@@ -129,6 +131,7 @@ impl Session {
             kv_max,
             position: 0,
             steps: 0,
+            ubatch: 0,
             logits,
             router_ids: vec![Vec::new(); router_outputs.len()],
             router_outputs,
@@ -145,7 +148,7 @@ impl Session {
     /// `position + T > kv_max`; [`EngineError::Exec`] when execution fails (e.g. the router
     /// selected no valid expert: NaN activations) — the position does not advance.
     pub fn step(&mut self, tokens: &[u32]) -> Result<Logits, EngineError> {
-        self.run_step(tokens, false)
+        self.run_chunks(tokens, false)
     }
 
     /// [`Session::step`] returning only the last token's row of logits (`[n_vocab]`): the output
@@ -153,7 +156,42 @@ impl Session {
     ///
     /// Errors: as [`Session::step`].
     pub fn step_last(&mut self, tokens: &[u32]) -> Result<Logits, EngineError> {
-        self.run_step(tokens, true)
+        self.run_chunks(tokens, true)
+    }
+
+    /// Runs later steps in executor runs of at most `n` tokens each (llama.cpp's `n_ubatch`;
+    /// 0, the default, runs a step whole). A step of `T > n` tokens is split into
+    /// `⌈T / n⌉` runs of equal size (±1), so that no run is a lone token when `n ≥ 4`. The
+    /// activation buffers are sized for the largest run, so a long prompt's peak memory stays
+    /// bounded. The logits are those of the whole step when every run has at least two tokens:
+    /// every kernel computes a token's row independently of the others in its run, except that a
+    /// one-token run takes the decode kernels of the f32 products (`attn_k_b`, the router: the
+    /// oracle's dot instead of a GEMM, another f32 summation order). An execution error in a
+    /// later run leaves the earlier runs' tokens in the cache (the position past them).
+    pub fn set_ubatch(&mut self, n: usize) {
+        self.ubatch = n;
+    }
+
+    /// [`Session::run_step`] over runs of at most `ubatch` tokens; the input is checked whole
+    /// first (empty, ids, context), so those errors leave the session unchanged.
+    fn run_chunks(&mut self, tokens: &[u32], last_only: bool) -> Result<Logits, EngineError> {
+        if self.ubatch == 0 || tokens.len() <= self.ubatch {
+            return self.run_step(tokens, last_only);
+        }
+        self.check_step(tokens)?;
+        let runs = tokens.len().div_ceil(self.ubatch);
+        let (base, extra) = (tokens.len() / runs, tokens.len() % runs);
+        let mut logits = Vec::new();
+        let mut at = 0;
+        for i in 0..runs {
+            let len = base + usize::from(i < extra);
+            let rows = self.run_step(&tokens[at..at + len], last_only)?;
+            if !last_only || i + 1 == runs {
+                logits.extend_from_slice(&rows);
+            }
+            at += len;
+        }
+        Ok(logits)
     }
 
     /// Selects the kernels of the weight products ([`CpuKernels::Oracle`] by default).
@@ -181,7 +219,8 @@ impl Session {
         self.exec.reset_step_times()
     }
 
-    fn run_step(&mut self, tokens: &[u32], last_only: bool) -> Result<Logits, EngineError> {
+    /// The checks of [`Session::step`] before anything runs: the position after `tokens`.
+    fn check_step(&self, tokens: &[u32]) -> Result<usize, EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyStep);
         }
@@ -194,15 +233,19 @@ impl Session {
             return Err(EngineError::TokenOutOfRange { index, id, n_vocab });
         }
         let t = tokens.len();
-        let end = self
-            .position
+        self.position
             .checked_add(t)
             .filter(|&e| e <= self.kv_max)
             .ok_or(EngineError::ContextFull {
                 tokens: t,
                 position: self.position,
                 kv_max: self.kv_max,
-            })?;
+            })
+    }
+
+    fn run_step(&mut self, tokens: &[u32], last_only: bool) -> Result<Logits, EngineError> {
+        let end = self.check_step(tokens)?;
+        let (t, n_vocab) = (tokens.len(), self.model.config.n_vocab);
         // Ids < n_vocab and positions ≤ kv_max ≤ i32::MAX (checked at open) fit i32.
         let ids: Vec<i32> = tokens.iter().map(|&id| id as i32).collect();
         let pos: Vec<i32> = (self.position..end).map(|p| p as i32).collect();

@@ -320,7 +320,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let store = args.store.options()?;
     let mut session = Session::open_with_store(model.clone(), SessionOptions { kv_max }, &store)?;
-    session.set_cpu_kernels(args.kernels.cpu_kernels);
+    args.kernels.apply(&mut session);
     let params = GenerateParams {
         max_tokens: args.n_gen,
         sampling: SamplingParams {

@@ -23,7 +23,6 @@
 use anyhow::{bail, Context};
 use aubier_compiler::CompileOptions;
 use aubier_runtime::engine::Model;
-use aubier_runtime::fastpath::CpuKernels;
 use aubier_runtime::gguf::{GgufFile, MetaValue};
 use aubier_runtime::model::{read_config, weight_refs};
 use aubier_runtime::session::{Session, SessionOptions};
@@ -295,12 +294,12 @@ pub fn paired_verdict(d: &[f64], margin: f64) -> PairedStats {
 }
 
 /// Teacher-forced NLL of `tokens[i + 1]` at every position `i` (nats), prefilled in chunks, the
-/// weight products on `kernels`.
+/// weight products and prompt pass size of `kernels`.
 ///
 /// Errors: the session (KV capacity, ids outside the vocabulary, execution).
 pub fn teacher_forced_nll(
     model: Arc<Model>,
-    kernels: CpuKernels,
+    kernels: &crate::run::KernelArgs,
     tokens: &[u32],
     chunk: usize,
 ) -> anyhow::Result<Vec<f64>> {
@@ -311,7 +310,7 @@ pub fn teacher_forced_nll(
             kv_max: tokens.len().max(1),
         },
     )?;
-    session.set_cpu_kernels(kernels);
+    kernels.apply(&mut session);
     let mut nll = Vec::with_capacity(tokens.len().saturating_sub(1));
     for (c, part) in tokens.chunks(chunk.max(1)).enumerate() {
         let logits = session.step(part)?;
@@ -373,10 +372,10 @@ pub fn run(args: QualityArgs) -> anyhow::Result<()> {
     };
     let total = tokens.len();
     tokens.truncate(limit);
-    let nll_a = teacher_forced_nll(model_a, flags_a.kernels.cpu_kernels, &tokens, args.chunk)
+    let nll_a = teacher_forced_nll(model_a, &flags_a.kernels, &tokens, args.chunk)
         .context("configuration A")?;
     let model_b = flags_b.load(&args.model).context("configuration B")?;
-    let nll_b = teacher_forced_nll(model_b, flags_b.kernels.cpu_kernels, &tokens, args.chunk)
+    let nll_b = teacher_forced_nll(model_b, &flags_b.kernels, &tokens, args.chunk)
         .context("configuration B")?;
     let d: Vec<f64> = nll_b.iter().zip(&nll_a).map(|(b, a)| b - a).collect();
     let stats = paired_verdict(&d, args.margin);

@@ -80,17 +80,33 @@ pub struct KernelArgs {
     /// less exact) or `oracle` (f32 activations, the numerics reference).
     #[arg(long, default_value_t = DEFAULT_CPU_KERNELS, value_parser = parse_cpu_kernels)]
     pub cpu_kernels: CpuKernels,
+    /// Most prompt tokens per forward pass (llama.cpp's `--ubatch-size`): a longer prompt runs
+    /// in equal passes of at most this many tokens, which bounds its activation memory; the
+    /// logits do not change. 0 runs a prompt in one pass.
+    #[arg(long, default_value_t = DEFAULT_UBATCH)]
+    pub ubatch: usize,
 }
 
 /// The command line's kernels: `q8x2`, the fastest with an EQUIVALENT `aubier quality` verdict.
 const DEFAULT_CPU_KERNELS: CpuKernels = CpuKernels::Q8x2;
+/// The command line's prompt pass size: llama.cpp's default `n_ubatch`.
+const DEFAULT_UBATCH: usize = 512;
 
 impl Default for KernelArgs {
-    /// [`DEFAULT_CPU_KERNELS`], as the command line.
+    /// [`DEFAULT_CPU_KERNELS`] and [`DEFAULT_UBATCH`], as the command line.
     fn default() -> Self {
         KernelArgs {
             cpu_kernels: DEFAULT_CPU_KERNELS,
+            ubatch: DEFAULT_UBATCH,
         }
+    }
+}
+
+impl KernelArgs {
+    /// Sets `session`'s weight-product kernels and prompt pass size.
+    pub fn apply(&self, session: &mut Session) {
+        session.set_cpu_kernels(self.cpu_kernels);
+        session.set_ubatch(self.ubatch);
     }
 }
 
@@ -240,7 +256,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let store = args.store.options()?;
     let mut session = Session::open_with_store(model.clone(), opts, &store)?;
-    session.set_cpu_kernels(args.kernels.cpu_kernels);
+    args.kernels.apply(&mut session);
     let params = GenerateParams {
         max_tokens: args.max_tokens,
         sampling: SamplingParams {

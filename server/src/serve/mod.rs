@@ -224,7 +224,7 @@ fn load_engine(
                 .map_err(|e| load_err(format!("{e:#}")))?;
             let engine = real::RealEngine::open(model, kv_max, &store)
                 .map_err(|e| load_err(e.to_string()))?
-                .with_cpu_kernels(args.kernels.cpu_kernels);
+                .with_kernels(&args.kernels);
             Ok((Arc::new(text), Box::new(engine)))
         }
         EngineKind::Fake => {

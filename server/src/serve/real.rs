@@ -3,7 +3,6 @@
 
 use super::engine::{Engine, EngineFailure};
 use aubier_runtime::engine::{EngineError, Model};
-use aubier_runtime::fastpath::CpuKernels;
 use aubier_runtime::generate::{generate, GenerateOutput, GenerateParams};
 use aubier_runtime::session::{Session, SessionOptions};
 use aubier_runtime::store::expert_store::{StoreOptions, StoreReport};
@@ -38,9 +37,9 @@ impl RealEngine {
         })
     }
 
-    /// This engine with its session's weight products on `kernels`.
-    pub fn with_cpu_kernels(mut self, kernels: CpuKernels) -> RealEngine {
-        self.session.set_cpu_kernels(kernels);
+    /// This engine with its session's weight-product kernels and prompt pass size from `kernels`.
+    pub fn with_kernels(mut self, kernels: &crate::run::KernelArgs) -> RealEngine {
+        kernels.apply(&mut self.session);
         self
     }
 }
