@@ -316,7 +316,7 @@ fn grid<const B: usize, const MINS: bool>(
         }
     }
     // SAFETY: releases this thread's tile state (AMX granted, see above).
-    // unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    unsafe { asm!("tilerelease", options(nostack, nomem)) };
 }
 
 /// Adds block `gb`'s values for one activation group (the stored `C` tile `c`) into `acc`, one
