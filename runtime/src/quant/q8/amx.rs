@@ -3,10 +3,11 @@
 //! scalar kernels, so every output has the single-row kernel's bits.
 //!
 //! Algorithm. Weight rows go 16 at a time (a `C` tile's rows), activation rows 16 at a time (its
-//! columns; [`Q8Tiles`] holds them as `B` tiles). For each 256-element block:
-//! - the block of each of the 16 weight rows is unpacked once into the u8 effective weights of
-//!   the VNNI kernels (`vnni.rs`; Q2_K `q·sc`, Q3_K `(q3 − 4)·(sc − 32) + 127`), one 256-byte row
-//!   of a 16 × 256 buffer, which is loaded as four `A` tiles (`tileloadd`, stride 256);
+//! columns; [`Q8Tiles`] holds them as `B` tiles). The 16 weight rows are first unpacked whole, row
+//! by row (sequential reads of the weights), into the u8 effective weights of the VNNI kernels
+//! (`vnni.rs`; Q2_K `q·sc`, Q3_K `(q3 − 4)·(sc − 32) + 127`), 256 bytes per block. Then for each
+//! 256-element block:
+//! - the block's 16 unpacked rows are loaded as four `A` tiles (`tileloadd`, stride `nb · 256`);
 //! - for each two activation groups, `tdpbusd` (u8 × i8, four products added into each i32,
 //!   exact) four times into two `C` tiles: the block's integer sum for all 16 × 16 pairs of each
 //!   group (Q3_K: before its `−127·Σ x8` offset);
