@@ -156,6 +156,17 @@ fn pack(xq: &[BlockQ8K], t: usize, planes: usize) -> Packed {
     }
 }
 
+/// `dst[j]` = the sum of `src[planes·j ..][..planes]` in plane order (one or two planes).
+fn sum_planes(planes: usize, src: &[f32], dst: &mut [f32]) {
+    if planes == 1 {
+        dst.copy_from_slice(src);
+    } else {
+        for (v, p) in dst.iter_mut().zip(src.chunks_exact(2)) {
+            *v = p[0] + p[1];
+        }
+    }
+}
+
 impl Packed {
     /// `y[i·T + t] = row_i · x_t` by the tile kernel `grid` for the weight rows `w` (back to
     /// back, `row_bytes` each) and the `T` tokens packed: the bits of [`Rows::dot_many`] on each
@@ -171,14 +182,7 @@ impl Packed {
             tmp.resize(n * rows, 0.0);
             grid(w, p, &mut tmp);
             for (src, dst) in tmp.chunks_exact(rows).zip(y.chunks_exact_mut(t)) {
-                let dst = &mut dst[t0..t0 + tt];
-                if self.planes == 1 {
-                    dst.copy_from_slice(src);
-                } else {
-                    for (v, p) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                        *v = p[0] + p[1];
-                    }
-                }
+                sum_planes(self.planes, src, &mut dst[t0..t0 + tt]);
             }
             t0 += tt;
         }
@@ -202,8 +206,9 @@ impl Rows {
         })
     }
 
-    /// `y[j] = row · x_j` for `y.len()` consecutive quantized activation rows in `x` (the bits
-    /// of [`Rows::dot`] on each: the multi-row kernel returns the single-row bits per plane).
+    /// `y[j] = row · x_j` for `y.len()` consecutive quantized activation rows in `x` (each
+    /// `planes` runs of blocks; the multi-row kernel returns the single-row bits per plane, and
+    /// the plane dots are added in plane order).
     fn dot_many(&self, row: &[u8], x: &[BlockQ8K], y: &mut [f32]) {
         if self.planes == 1 {
             (self.many)(row, x, y);
@@ -214,18 +219,8 @@ impl Rows {
         for (ys, xs) in y.chunks_mut(TOKEN_TILE).zip(x.chunks(TOKEN_TILE * per_row)) {
             let planes = &mut tmp[..2 * ys.len()];
             (self.many)(row, xs, planes);
-            for (v, p) in ys.iter_mut().zip(planes.chunks_exact(2)) {
-                *v = p[0] + p[1];
-            }
+            sum_planes(2, planes, ys);
         }
-    }
-
-    /// `row · x` for one quantized activation row (`planes` runs of blocks): the plane dots
-    /// added in plane order ([`Rows::dot_many`] of one row).
-    fn dot(&self, row: &[u8], x: &[BlockQ8K]) -> f32 {
-        let mut y = [0f32];
-        self.dot_many(row, x, &mut y);
-        y[0]
     }
 
     /// `y[i·m + j] = row_{r0 + i} · x_j` for rows `r0..r1` of `bytes` and the `m = y.len() /
@@ -564,13 +559,8 @@ impl WeightProduct for FastMatMul {
                 .par_chunks_mut(chunk)
                 .enumerate()
                 .for_each(|(c, ys)| {
-                    for (i, yr) in ys.iter_mut().enumerate() {
-                        let r = c * chunk + i;
-                        if r + 2 < n_out {
-                            prefetch(self.w.row(w, r + 2));
-                        }
-                        *yr = self.w.dot(self.w.row(w, r), xq);
-                    }
+                    let r0 = c * chunk;
+                    self.w.product(w, r0, r0 + ys.len(), xq, None, ys);
                 });
             return;
         }
