@@ -305,3 +305,26 @@ fn no_shared_expert_when_the_file_states_none() {
         Err(CompileError::MissingWeight { .. })
     ));
 }
+
+/// The attention scores of every layer ([T, H, S], the largest values of a prefill) pass through
+/// scale → causal_mask → softmax; each step reads one and writes the next, so two buffers are
+/// the fewest the chain can use, and the slot assignment uses no more for all layers together.
+#[test]
+fn attention_scores_of_every_layer_share_two_slots() {
+    let plan = compile(
+        &tiny256_config(),
+        &tiny256_q2k_weights(),
+        &CompileOptions::default(),
+    )
+    .unwrap();
+    let mut slots = std::collections::BTreeSet::new();
+    for v in &plan.values {
+        if v.shape.0.len() == 3 && v.shape.0[0] == Dim::Tokens && v.shape.0[2] == Dim::Keys {
+            let Storage::Slot(s) = v.storage else {
+                panic!("{} is not in a slot", v.name)
+            };
+            slots.insert(s);
+        }
+    }
+    assert_eq!(slots.len(), 2, "score slots {slots:?}");
+}
