@@ -120,6 +120,12 @@ impl std::fmt::Debug for Model {
     }
 }
 
+impl crate::executor::MappedPages for Model {
+    fn release(&self, view: &[u8]) -> usize {
+        self.release_host_pages(view)
+    }
+}
+
 impl Model {
     /// Loads the GGUF file at `path`: reads its config, compiles the plan and lowers it to native
     /// code (once; sessions only execute).

@@ -256,6 +256,7 @@ impl Session {
             program: model.program(),
             weights: &weights,
             experts: Some(&self.store),
+            pages: Some(&*model),
         };
         self.exec.run_rows(
             bound,
@@ -408,6 +409,51 @@ mod tests {
 
     fn open(file: &str, kv_max: usize) -> Session {
         open_path(&data(file), kv_max)
+    }
+
+    /// Whole pages of `view` present in this process's page table (bit 63 of each
+    /// `/proc/self/pagemap` entry), 4 KiB pages.
+    fn mapped_pages(view: &[u8]) -> usize {
+        use std::io::{Read, Seek, SeekFrom};
+        let page = 4096;
+        let first = (view.as_ptr() as usize).div_ceil(page);
+        let end = (view.as_ptr() as usize + view.len()) / page;
+        let mut f = std::fs::File::open("/proc/self/pagemap").expect("pagemap");
+        f.seek(SeekFrom::Start(first as u64 * 8)).expect("seek");
+        let mut entries = vec![0u8; (end - first) * 8];
+        f.read_exact(&mut entries).expect("read pagemap");
+        entries
+            .chunks_exact(8)
+            .filter(|e| u64::from_le_bytes((*e).try_into().expect("8 bytes")) >> 63 == 1)
+            .count()
+    }
+
+    /// Reading rows of the embedding table maps its pages in; after a step none of them is
+    /// left mapped (the executor releases them after the `embed` step).
+    #[test]
+    fn a_step_leaves_no_page_of_the_embedding_table_mapped() {
+        let mut s = open_path(&bundled("ms4-tiny256-q2k.gguf"), 256);
+        let model = Arc::clone(s.model());
+        let w = model
+            .plan
+            .weights
+            .iter()
+            .position(|w| w.name == "token_embd.weight")
+            .expect("an embedding table");
+        let view = model.weight_view(w).expect("its bytes");
+        assert!(view.len() > 64 * 4096, "{} bytes", view.len());
+        let read: u64 = view
+            .iter()
+            .step_by(4096)
+            .take(64)
+            .map(|&b| u64::from(b))
+            .sum();
+        std::hint::black_box(read);
+        assert!(mapped_pages(view) >= 63, "the counter sees pages read");
+        s.step(&prompt()).expect("prompt");
+        assert_eq!(mapped_pages(view), 0);
+        s.step(&prompt()[..1]).expect("decode");
+        assert_eq!(mapped_pages(view), 0);
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {
