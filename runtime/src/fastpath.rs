@@ -454,8 +454,10 @@ pub(crate) struct FastBuffers {
     xq: Vec<BlockQ8K>,
     aq: Vec<BlockQ8K>,
     hg: Vec<BlockQ8K>,
-    act: Vec<f32>,
-    part: Vec<f32>,
+    /// `moe_ffn`'s gate/up activations `[slots, n_ff]`, then, once they are quantized, its
+    /// down-projection outputs `[slots, d]` (one buffer: the first is dead when the second is
+    /// written).
+    ffn: Vec<f32>,
     yt: Vec<f32>,
     wf: Vec<f32>,
 }
@@ -801,8 +803,8 @@ impl FastMoe {
                 dst.copy_from_slice(&hq[tok * nb_d..(tok + 1) * nb_d]);
             });
         let hg = &buf.hg[..slots * nb_d];
-        if buf.act.len() < slots * n_ff {
-            buf.act.resize(slots * n_ff, 0.0);
+        if buf.ffn.len() < slots * n_ff.max(d) {
+            buf.ffn.resize(slots * n_ff.max(d), 0.0);
         }
         let items = |n: usize| -> Vec<(usize, usize)> {
             used.iter()
@@ -823,7 +825,7 @@ impl FastMoe {
         };
         let hp = packs(hg, nb_d, self.gate.grid.or(self.up.grid).is_some());
         {
-            let act = SharedOut::new(&mut buf.act[..slots * n_ff]);
+            let act = SharedOut::new(&mut buf.ffn[..slots * n_ff]);
             items(n_ff).into_par_iter().for_each(|(e, f0)| {
                 let (p0, p1, f1) = (start[e], start[e + 1], (f0 + MOE_ROWS).min(n_ff));
                 let (x, m) = (&hg[p0 * nb_d..p1 * nb_d], p1 - p0);
@@ -841,14 +843,12 @@ impl FastMoe {
                 }
             });
         }
-        quantize_rows(&buf.act[..slots * n_ff], n_ff, planes, &mut buf.aq);
+        drop(hp);
+        quantize_rows(&buf.ffn[..slots * n_ff], n_ff, planes, &mut buf.aq);
         let aq = &buf.aq[..slots * nb_f];
-        if buf.part.len() < slots * d {
-            buf.part.resize(slots * d, 0.0);
-        }
         let ap = packs(aq, nb_f, self.down.grid.is_some());
         {
-            let part = SharedOut::new(&mut buf.part[..slots * d]);
+            let part = SharedOut::new(&mut buf.ffn[..slots * d]);
             items(d).into_par_iter().for_each(|(e, o0)| {
                 let (p0, p1, o1) = (start[e], start[e + 1], (o0 + MOE_ROWS).min(d));
                 let (x, m) = (&aq[p0 * nb_f..p1 * nb_f], p1 - p0);
@@ -863,7 +863,7 @@ impl FastMoe {
                 }
             });
         }
-        let part = &buf.part[..slots * d];
+        let part = &buf.ffn[..slots * d];
         y[..t * d]
             .par_chunks_mut(d)
             .enumerate()
