@@ -131,6 +131,11 @@ pub trait ExpertSource: std::fmt::Debug {
     fn fast_copy(&self, weight: WeightId, expert: usize) -> Option<&[u8]>;
 }
 
+/// Tokens per run of an `embed` step whose table's pages are released after each run
+/// ([`Bound::pages`]): each row faults in about 64 KiB of the table (its page and the cached
+/// pages the kernel maps around it), so a run keeps at most ≈ 1 MiB mapped.
+const EMBED_RUN: usize = 16;
+
 /// The mapped file behind the weight views, whose pages can leave the resident set.
 pub trait MappedPages: std::fmt::Debug {
     /// Drops this process's resident pages of `view` (a weight view); the bytes stay readable
@@ -150,10 +155,12 @@ pub struct Bound<'a> {
     pub weights: &'a [&'a [u8]],
     /// Fast-store copies of experts; `None` reads every expert from `weights`.
     pub experts: Option<&'a dyn ExpertSource>,
-    /// The file `weights` are mapped from. After an `embed` step its table's pages are released:
-    /// a step reads a few rows of the [n_vocab, d] table, but each row faults in whole pages
-    /// (and the kernel maps cached neighbours around them), which would otherwise stay resident
-    /// for the rest of the process (≈ 98 MB after a 512-token prompt on the real vocabulary).
+    /// The file `weights` are mapped from. An `embed` step runs in runs of [`EMBED_RUN`] tokens
+    /// and releases its table's pages after each: a step reads a few rows of the [n_vocab, d]
+    /// table, but each row faults in whole pages (and the kernel maps cached neighbours around
+    /// them), which would otherwise stay resident for the rest of the process (≈ 98 MB after a
+    /// 512-token prompt on the real vocabulary) or, released only after the step, still peak
+    /// during it.
     pub pages: Option<&'a dyn MappedPages>,
 }
 
@@ -546,16 +553,38 @@ impl Executor {
                     };
                     crate::fastpath::weighted_sum(p, v, y, w, len);
                 }
+                None if step.op == Op::Embed => {
+                    let width = plan.values[step.out].shape.numel(1, s);
+                    let table = match (pages, step.args.first()) {
+                        (Some(pages), Some(&Operand::Weight(w))) => Some((pages, weights[w])),
+                        _ => None,
+                    };
+                    // Runs of EMBED_RUN tokens, the table's pages released after each (see
+                    // `Bound::pages`): at most one run's pages are mapped at a time.
+                    let run_len = if table.is_some() { EMBED_RUN } else { t_step };
+                    for first in (0..t_step).step_by(run_len.max(1)) {
+                        let n = (t_step - first).min(run_len);
+                        let mut run = args;
+                        run.t = n;
+                        // SAFETY: rows `first..first + n` of the `[T]` ids and the `[T, width]`
+                        // output, both sized by `bind` for `t_step` rows.
+                        unsafe {
+                            run.args[1] = (args.args[1] as *const i32).add(first) as *const u8;
+                            run.out = (args.out as *mut f32).add(first * width) as *mut u8;
+                        }
+                        for kernel in &cs.kernels {
+                            launch(kernel, run, n, s)?;
+                        }
+                        if let Some((pages, view)) = table {
+                            pages.release(view);
+                        }
+                    }
+                }
                 Some(FastStep::HeadGemm(_) | FastStep::F32MatMul(_)) | None => {
                     for kernel in &cs.kernels {
                         launch(kernel, args, t_step, s)?;
                     }
                 }
-            }
-            if let (Op::Embed, Some(pages), Some(&Operand::Weight(w))) =
-                (step.op, pages, step.args.first())
-            {
-                pages.release(weights[w]);
             }
             let spent = started.elapsed().as_secs_f64();
             let time = &mut self.times[i];
