@@ -198,29 +198,23 @@ pub fn schedule(
         })
         .collect();
 
-    // Alias classes: root value → (start, end).
-    let mut class: BTreeMap<ValueId, (usize, usize)> = BTreeMap::new();
-    for v in 0..values.len() {
-        let r = root[v];
-        let e = class.entry(r).or_insert((def[r], last_use[r]));
-        e.0 = e.0.min(def[v]);
-        e.1 = e.1.max(last_use[v]);
-    }
-    let mut size: BTreeMap<ValueId, usize> = BTreeMap::new();
+    // Alias classes: root value → its live range and largest member at the reference extents.
+    let mut class: BTreeMap<ValueId, SlotClass> = BTreeMap::new();
     for (v, value) in values.iter().enumerate() {
-        let n = value.shape.numel(SIZE_REF_T, SIZE_REF_S);
-        let e = size.entry(root[v]).or_insert(0);
-        *e = (*e).max(n);
+        let r = root[v];
+        let c = class.entry(r).or_insert(SlotClass {
+            root: r,
+            start: def[r],
+            end: last_use[r],
+            size: 0,
+        });
+        c.start = c.start.min(def[v]);
+        c.end = c.end.max(last_use[v]);
+        c.size = c.size.max(value.shape.numel(SIZE_REF_T, SIZE_REF_S));
     }
     let slotted: Vec<SlotClass> = class
-        .iter()
-        .filter(|(r, _)| !cache_layer.contains_key(r))
-        .map(|(&r, &(start, end))| SlotClass {
-            root: r,
-            start,
-            end,
-            size: size.get(&r).copied().unwrap_or(0),
-        })
+        .into_values()
+        .filter(|c| !cache_layer.contains_key(&c.root))
         .collect();
     let (slot_of, n_slots) = assign_slots(&slotted);
     for (v, value) in values.iter_mut().enumerate() {

@@ -553,36 +553,19 @@ impl Executor {
                     };
                     crate::fastpath::weighted_sum(p, v, y, w, len);
                 }
-                None if step.op == Op::Embed => {
-                    let width = plan.values[step.out].shape.numel(1, s);
-                    let table = match (pages, step.args.first()) {
-                        (Some(pages), Some(&Operand::Weight(w))) => Some((pages, weights[w])),
-                        _ => None,
-                    };
-                    // Runs of EMBED_RUN tokens, the table's pages released after each (see
-                    // `Bound::pages`): at most one run's pages are mapped at a time.
-                    let run_len = if table.is_some() { EMBED_RUN } else { t_step };
-                    for first in (0..t_step).step_by(run_len.max(1)) {
-                        let n = (t_step - first).min(run_len);
-                        let mut run = args;
-                        run.t = n;
-                        // SAFETY: rows `first..first + n` of the `[T]` ids and the `[T, width]`
-                        // output, both sized by `bind` for `t_step` rows.
-                        unsafe {
-                            run.args[1] = (args.args[1] as *const i32).add(first) as *const u8;
-                            run.out = (args.out as *mut f32).add(first * width) as *mut u8;
-                        }
-                        for kernel in &cs.kernels {
-                            launch(kernel, run, n, s)?;
-                        }
-                        if let Some((pages, view)) = table {
-                            pages.release(view);
-                        }
-                    }
-                }
                 Some(FastStep::HeadGemm(_) | FastStep::F32MatMul(_)) | None => {
-                    for kernel in &cs.kernels {
-                        launch(kernel, args, t_step, s)?;
+                    match (step.op, pages, step.args.first()) {
+                        (Op::Embed, Some(pages), Some(&Operand::Weight(w))) => {
+                            let width = plan.values[step.out].shape.numel(1, s);
+                            embed_in_runs(&cs.kernels, args, t_step, s, width, || {
+                                pages.release(weights[w]);
+                            })?
+                        }
+                        _ => {
+                            for kernel in &cs.kernels {
+                                launch(kernel, args, t_step, s)?;
+                            }
+                        }
                     }
                 }
             }
@@ -844,6 +827,35 @@ impl Shared {
 }
 
 /// Runs all work items of one kernel, split over the current rayon pool.
+/// Runs an `embed` step's kernels over its `t` tokens in runs of [`EMBED_RUN`], calling
+/// `release` (the table's pages, [`Bound::pages`]) after each run, so that at most one run's
+/// pages are mapped at a time. `args` binds the step for `t` tokens: operand 1 the `[T]` ids,
+/// the output `[T, width]`.
+fn embed_in_runs(
+    kernels: &[Kernel],
+    args: StepArgs,
+    t: usize,
+    s: usize,
+    width: usize,
+    release: impl Fn(),
+) -> Result<(), ExecError> {
+    for first in (0..t).step_by(EMBED_RUN) {
+        let n = (t - first).min(EMBED_RUN);
+        let mut run = args;
+        run.t = n;
+        // SAFETY: rows `first..first + n` of the ids and of the output, both bound for `t` rows.
+        unsafe {
+            run.args[1] = (args.args[1] as *const i32).add(first) as *const u8;
+            run.out = (args.out as *mut f32).add(first * width) as *mut u8;
+        }
+        for kernel in kernels {
+            launch(kernel, run, n, s)?;
+        }
+        release();
+    }
+    Ok(())
+}
+
 fn launch(kernel: &Kernel, args: StepArgs, t: usize, s: usize) -> Result<(), ExecError> {
     let work = kernel.work().eval(t, s).ok_or(ExecError::Extents {
         t,
