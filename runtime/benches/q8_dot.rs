@@ -10,6 +10,10 @@
 //! second (criterion's "elements"); `many` also at 2, 4 and 8 activation rows; where the CPU has
 //! AMX, `grid` (Q2_K, Q3_K) is the tile kernel at 2, 4, 8, 16 and 128 activation rows (where it
 //! starts to beat `many` sets `GRID_MIN_ROWS` in `fastpath.rs`).
+//! `q8_decode/<type>` (Q2_K, Q3_K, Q6_K) is the decode shape: the 2048 streamed rows (and the 16
+//! cache-resident ones, `l2_`) against one token of one plane (`q8`) or two (`q8x2`), by the
+//! decode kernel (`rows`) and, for contrast, by the multi-row kernel once per weight row
+//! (`by_row`, the decode path before the decode kernels), in weight bytes per second.
 //! Time is the benchmark thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), not wall time, so
 //! other processes on a shared machine do not inflate it (they still share its caches).
 //! Run: `cargo bench -p aubier-runtime --bench q8_dot`.
@@ -17,7 +21,8 @@
 use aubier_runtime::ggml_type::GgmlType;
 use aubier_runtime::quant::dot_row;
 use aubier_runtime::quant::q8::{
-    q8_dot_fn, q8_dot_many_fn, q8_grid_fn, quantize_row_q8k, BlockQ8K, Q8Tiles, QK_K,
+    q8_dot_fn, q8_dot_many_fn, q8_grid_fn, q8_rows_fn, q8_rows_fn_by_row, quantize_row_q8k,
+    BlockQ8K, Q8Tiles, QK_K,
 };
 use aubier_runtime::quant::random::BlockSampler;
 use criterion::{criterion_group, criterion_main, Bencher, BenchmarkId, Criterion, Throughput};
@@ -134,6 +139,9 @@ fn bench(c: &mut Criterion) {
         ) {
             prefill(c, ty, &w[..PREFILL_ROWS * row], row, &mut rng);
         }
+        if matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K) {
+            decode(c, ty, &w, row, &mut rng);
+        }
     }
 }
 
@@ -209,6 +217,45 @@ fn prefill(c: &mut Criterion, ty: GgmlType, w: &[u8], row: usize, rng: &mut ChaC
                     })
                 },
             );
+        }
+    }
+    g.finish();
+}
+
+/// The decode case of `ty` on the weight rows `w` (`row` bytes each).
+fn decode(c: &mut Criterion, ty: GgmlType, w: &[u8], row: usize, rng: &mut ChaCha8Rng) {
+    let x: Vec<f32> = (0..K).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    let nb = K / QK_K;
+    // Plane 2 is the residual of plane 1 (as the fast path's `q8x2`).
+    let mut xq = vec![BlockQ8K::ZERO; 2 * nb];
+    quantize_row_q8k(&x, &mut xq[..nb]).expect("whole blocks");
+    let r: Vec<f32> = x
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| v - xq[i / QK_K].d * f32::from(xq[i / QK_K].qs[i % QK_K]))
+        .collect();
+    quantize_row_q8k(&r, &mut xq[nb..]).expect("whole blocks");
+    let rows = q8_rows_fn(ty).expect("the type has a kernel");
+    let by_row = q8_rows_fn_by_row(ty).expect("the type has a kernel");
+    let mut g = c.benchmark_group(format!("q8_decode/{ty}"));
+    for (planes, name) in [(1usize, "q8"), (2, "q8x2")] {
+        let xs = &xq[..planes * nb];
+        for (n, shape) in [(ROWS, "4096x2048"), (ROWS_L2, "l2_4096x16")] {
+            let ws = &w[..n * row];
+            let mut y = vec![0.0f32; n];
+            g.throughput(Throughput::Bytes((n * row) as u64));
+            g.bench_function(BenchmarkId::new(format!("rows_{name}"), shape), |b| {
+                iter_cpu(b, || {
+                    rows(black_box(ws), black_box(xs), planes, &mut y);
+                    y[0]
+                })
+            });
+            g.bench_function(BenchmarkId::new(format!("by_row_{name}"), shape), |b| {
+                iter_cpu(b, || {
+                    by_row(black_box(ws), black_box(xs), planes, &mut y);
+                    y[0]
+                })
+            });
         }
     }
     g.finish();

@@ -28,8 +28,9 @@
 //!   pool; a chunk's weight rows are dotted against the quantized rows one tile of 32 tokens at a
 //!   time with the multi-row kernel (each weight block unpacked once per tile), so a weight row is
 //!   read from memory once per step and the chunk and the tile stay in L2 (with the tile kernels:
-//!   `GRID_ROWS` weight rows against all packed tiles). At one token (decode) each row is dotted
-//!   while the row after next is prefetched. `head_mat_mul`: per (head, 64 rows), against that
+//!   `GRID_ROWS` weight rows against all packed tiles). At one token (decode) a chunk's rows go
+//!   to the decode kernel ([`crate::quant::q8::q8_rows_fn`]: groups of rows, each weight block
+//!   unpacked once for both planes). `head_mat_mul`: per (head, 64 rows), against that
 //!   head's rows of every token, gathered (and packed) once per head.
 //! - `moe_ffn`: the `(token, slot)` pairs are grouped by expert (slot order inside a group) and the
 //!   quantized `h` rows gathered in that order (and packed per expert); work items (expert, 64
@@ -51,8 +52,8 @@
 
 use crate::ggml_type::GgmlType;
 use crate::quant::q8::{
-    q8_dot_many_fn, q8_grid_fn, quantize_row_q8k, BlockQ8K, Q8DotManyFn, Q8GridFn, Q8Tiles,
-    Q8_TILE_ROWS,
+    q8_dot_many_fn, q8_grid_fn, q8_rows_fn, quantize_row_q8k, BlockQ8K, Q8DotManyFn, Q8GridFn,
+    Q8RowsFn, Q8Tiles, Q8_TILE_ROWS,
 };
 use aubier_compiler::config::ExpertLayout;
 use aubier_compiler::ops::Op;
@@ -125,6 +126,8 @@ impl std::fmt::Display for CpuKernels {
 pub(crate) struct Rows {
     row_bytes: usize,
     many: Q8DotManyFn,
+    /// The decode kernel: many weight rows against one token's planes.
+    decode: Q8RowsFn,
     /// The tile kernel (AMX), when the CPU has one for the type.
     grid: Option<Q8GridFn>,
     planes: usize,
@@ -201,6 +204,7 @@ impl Rows {
         Some(Rows {
             row_bytes: ty.row_size(n)?,
             many: q8_dot_many_fn(ty)?,
+            decode: q8_rows_fn(ty)?,
             grid: q8_grid_fn(ty),
             planes,
         })
@@ -225,8 +229,8 @@ impl Rows {
 
     /// `y[i·m + j] = row_{r0 + i} · x_j` for rows `r0..r1` of `bytes` and the `m = y.len() /
     /// (r1 − r0)` tokens of `x` (each `planes` runs of blocks): by the tile kernel when `packed`
-    /// holds `x` and the weight has one, else row by row with the multi-row kernel while the row
-    /// after next is prefetched. Either way each value has the bits of [`Rows::dot_many`].
+    /// holds `x` and the weight has one, by the decode kernel at one token, else row by row with
+    /// the multi-row kernel. Either way each value has the bits of [`Rows::dot_many`].
     fn product(
         &self,
         bytes: &[u8],
@@ -241,10 +245,11 @@ impl Rows {
             return;
         }
         let m = y.len() / (r1 - r0).max(1);
+        if m == 1 {
+            (self.decode)(self.rows(bytes, r0, r1), x, self.planes, y);
+            return;
+        }
         for (r, yr) in (r0..r1).zip(y.chunks_exact_mut(m.max(1))) {
-            if r + 2 < r1 {
-                prefetch(self.row(bytes, r + 2));
-            }
             self.dot_many(self.row(bytes, r), x, yr);
         }
     }
@@ -516,23 +521,6 @@ fn quantize_rows(x: &[f32], n: usize, planes: usize, q: &mut Vec<BlockQ8K>) {
                 }
             }
         });
-}
-
-/// Asks the CPU to start loading `bytes` into L1 (one hint per 64-byte line): the weight row
-/// after the next one, while this one is dotted (decode `mat_mul`, the experts' rows). A hint,
-/// never a fault.
-fn prefetch(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in bytes.chunks(64) {
-        // SAFETY: `_mm_prefetch` only hints the cache; the address is inside a live slice.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr().cast(),
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
 }
 
 /// `silu(x) = x / (1 + e^(−x))`, as the oracle writes it.
@@ -976,7 +964,7 @@ pub(crate) fn weighted_sum(p: &[f32], v: &[f32], y: &mut [f32], w: usize, len: u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::q8::q8_dot_fn;
+    use crate::quant::q8::{q8_dot_fn, q8_rows_fn_by_row};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -1032,8 +1020,9 @@ mod tests {
     }
 
     /// Every (token, head, o) of a fast `head_mat_mul` is the single-row kernel's dot of head
-    /// `h`'s row `o` with that token's head-`h` input, planes added in order: with and without
-    /// the tile kernel (where the CPU has one), below and above its `GRID_MIN_ROWS`.
+    /// `h`'s row `o` with that token's head-`h` input, planes added in order: at one token (the
+    /// decode kernel), with and without the tile kernel (where the CPU has one), below and above
+    /// its `GRID_MIN_ROWS`.
     #[test]
     fn head_mat_mul_dots_each_head_row_with_its_own_head() {
         let (n_in, n_out, heads) = (512, 70, 3);
@@ -1046,19 +1035,14 @@ mod tests {
             sampler.fill_row(&mut rng, 0.5, n_in, row).unwrap();
         }
         let dot = q8_dot_fn(ty).unwrap();
-        for (t, planes) in [(2, 1), (9, 1), (5, 2)] {
+        for (t, planes) in [(1, 1), (1, 2), (2, 1), (9, 1), (5, 2)] {
             for grid in [None, q8_grid_fn(ty)] {
                 let x = noise(t * heads * n_in, 5);
                 let op = FastHeadMatMul {
                     n_in,
                     n_out,
                     heads,
-                    w: Rows {
-                        row_bytes: rb,
-                        many: q8_dot_many_fn(ty).unwrap(),
-                        grid,
-                        planes,
-                    },
+                    w: rows(ty, n_in, grid, planes),
                 };
                 let mut y = vec![f32::NAN; op.output_len(t)];
                 op.run(&w, &x, &mut y, &mut FastBuffers::default());
@@ -1103,6 +1087,7 @@ mod tests {
         Rows {
             row_bytes: ty.row_size(k).unwrap(),
             many: q8_dot_many_fn(ty).unwrap(),
+            decode: q8_rows_fn(ty).unwrap(),
             grid,
             planes,
         }
@@ -1172,6 +1157,82 @@ mod tests {
                     assert!(same, "{what} t {t} planes {planes}");
                 }
             }
+        }
+    }
+
+    /// The decode kernels change no bit of a one-token `mat_mul` or `moe_ffn`: the same outputs
+    /// as with their row-by-row fallback (the multi-row kernel per weight row), one and two
+    /// planes, row counts that do and do not fill the kernels' groups.
+    #[test]
+    fn decode_kernels_give_the_row_by_row_bits() {
+        let (q2, q3) = (GgmlType::Q2_K, GgmlType::Q3_K);
+        let (d, n_ff, experts, k) = (512, 256, 5, 3);
+        let gate_up: Vec<Vec<u8>> = (0..experts)
+            .map(|e| matrix(q2, 2 * n_ff, d, 50 + e as u64))
+            .collect();
+        let down: Vec<Vec<u8>> = (0..experts)
+            .map(|e| matrix(q3, d, n_ff, 60 + e as u64))
+            .collect();
+        let tables = vec![
+            gate_up.iter().map(|v| v.as_slice()).collect::<Vec<_>>(),
+            down.iter().map(|v| v.as_slice()).collect(),
+        ];
+        let x = noise(d, 70);
+        let (ids, wts) = (vec![4, 1, 3], noise(k, 71));
+        for planes in [1, 2] {
+            for (ty, n_out) in [(q2, 8), (q2, 37), (q3, 41)] {
+                let w = matrix(ty, n_out, d, 72);
+                let run = |fallback: bool| {
+                    let mut r = rows(ty, d, None, planes);
+                    if fallback {
+                        r.decode = q8_rows_fn_by_row(ty).unwrap();
+                    }
+                    let mm = FastMatMul {
+                        n_in: d,
+                        n_out,
+                        w: r,
+                    };
+                    let mut y = vec![f32::NAN; n_out];
+                    mm.run(&w, &x, &mut y, &mut FastBuffers::default());
+                    y
+                };
+                let (a, b) = (run(false), run(true));
+                assert!(
+                    a.iter().all(|v| v.is_finite()),
+                    "{ty} {n_out} planes {planes}"
+                );
+                assert!(
+                    a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                    "mat_mul {ty} {n_out} planes {planes}"
+                );
+            }
+            let run = |fallback: bool| {
+                let r = |ty, k| {
+                    let mut r = rows(ty, k, None, planes);
+                    if fallback {
+                        r.decode = q8_rows_fn_by_row(ty).unwrap();
+                    }
+                    r
+                };
+                let moe = FastMoe {
+                    d,
+                    n_ff,
+                    gate: r(q2, d),
+                    up: r(q2, d),
+                    down: r(q3, n_ff),
+                    up_off: n_ff,
+                    fused: true,
+                };
+                let mut m = vec![f32::NAN; d];
+                moe.run(&x, &ids, &wts, &tables, &mut m, &mut FastBuffers::default());
+                m
+            };
+            let (a, b) = (run(false), run(true));
+            assert!(a.iter().all(|v| v.is_finite()), "moe planes {planes}");
+            assert!(
+                a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "moe planes {planes}"
+            );
         }
     }
 

@@ -48,6 +48,8 @@ mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod rows;
+#[cfg(target_arch = "x86_64")]
 mod vnni;
 
 pub use tiles::{Q8Tiles, GROUP as Q8_TILE_ROWS};
@@ -238,6 +240,126 @@ pub fn q8_grid_fn(ty: GgmlType) -> Option<Q8GridFn> {
         let _ = ty;
         None
     }
+}
+
+/// `y[i] = Σ_p dot(row_i, x[p·nb .. (p + 1)·nb])` for the `n = y.len()` weight rows stored back
+/// to back in `w` and the `planes` Q8_K planes of one activation row in `x` (plane `p` is blocks
+/// `p·nb .. (p + 1)·nb`): decode, many weight rows against one token. The plane dots are added
+/// in plane order (`d_0 + d_1`), each with exactly the bits of the [`Q8DotFn`] of the same type,
+/// so `y[i]` is what the single-row kernel gives row by row and plane by plane. `planes` is 1
+/// or 2 (the fast path's `q8` and `q8x2`). Lengths: `x.len() = planes · nb`, `w.len() = n · nb ·
+/// block bytes`; a mismatch or another plane count gives NaN in every `y[i]` (`debug_assert` in
+/// debug builds); `y` empty (and `w` empty) is a no-op.
+pub type Q8RowsFn = fn(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]);
+
+/// The most planes a [`Q8RowsFn`] takes.
+pub const MAX_PLANES: usize = 2;
+
+/// The fastest decode kernel for `ty` on this CPU (the types of [`q8_dot_fn`]), or None: for
+/// Q2_K and Q3_K, when `is_x86_feature_detected!` finds the features of [`q8_dot_many_fn`]'s
+/// VNNI kernels, the AVX-512 kernel of `rows.rs` (groups of weight rows, each block unpacked
+/// once for both planes, one reduction per group and block); else [`q8_dot_many_fn`]'s kernel
+/// once per weight row (its planes as activation rows), the row after next prefetched while a
+/// row is dotted. Every kernel gives the same bits.
+pub fn q8_rows_fn(ty: GgmlType) -> Option<Q8RowsFn> {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(f) = rows::rows_fn(ty) {
+        return Some(f);
+    }
+    q8_rows_fn_by_row(ty)
+}
+
+/// The decode fallback of `ty` (the types of [`q8_dot_fn`]), or None: [`q8_dot_many_fn`]'s
+/// kernel once per weight row, its planes as activation rows, with the same prefetch and the
+/// same bits as [`q8_rows_fn`]'s kernel. For tests and benchmarks (the decode path before the
+/// decode kernels).
+pub fn q8_rows_fn_by_row(ty: GgmlType) -> Option<Q8RowsFn> {
+    let at = TYPES.iter().position(|&t| t == ty)?;
+    Some(ROWS_BY_ROW[at])
+}
+
+/// `rows_by_row::<T>` for each type `TYPES[T]`.
+const ROWS_BY_ROW: [Q8RowsFn; 9] = [
+    rows_by_row::<0>,
+    rows_by_row::<1>,
+    rows_by_row::<2>,
+    rows_by_row::<3>,
+    rows_by_row::<4>,
+    rows_by_row::<5>,
+    rows_by_row::<6>,
+    rows_by_row::<7>,
+    rows_by_row::<8>,
+];
+
+/// The decode fallback for `TYPES[T]`: [`q8_dot_many_fn`]'s kernel once per weight row, with
+/// the planes as its activation rows, then the plane dots added in plane order.
+fn rows_by_row<const T: usize>(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
+    let ty = TYPES[T];
+    let (Some(many), Some(bytes)) = (q8_dot_many_fn(ty), ty.row_size(QK_K)) else {
+        y.fill(f32::NAN);
+        return;
+    };
+    let Some((_, rb)) = rows_lengths(w, x, planes, y, bytes) else {
+        return;
+    };
+    let mut parts = [0f32; MAX_PLANES];
+    let parts = &mut parts[..planes];
+    for (i, o) in y.iter_mut().enumerate() {
+        prefetch(clamped(w, (i + 2) * rb, (i + 3) * rb));
+        many(&w[i * rb..(i + 1) * rb], x, parts);
+        *o = parts[1..].iter().fold(parts[0], |a, &v| a + v);
+    }
+}
+
+/// The length check of a [`Q8RowsFn`] with `bytes` per weight block: `Some((nb, row bytes))`,
+/// or None after filling `y` with NaN (`debug_assert` in debug builds).
+#[inline(always)]
+fn rows_lengths(
+    w: &[u8],
+    x: &[BlockQ8K],
+    planes: usize,
+    y: &mut [f32],
+    bytes: usize,
+) -> Option<(usize, usize)> {
+    let nb = x.len() / planes.max(1);
+    let rb = nb * bytes;
+    let ok =
+        (1..=MAX_PLANES).contains(&planes) && x.len() == planes * nb && w.len() == y.len() * rb;
+    debug_assert!(
+        ok,
+        "Q8_K rows: weight bytes {} / x blocks {} / planes {planes} / rows {} (block {bytes} bytes)",
+        w.len(),
+        x.len(),
+        y.len()
+    );
+    if !ok {
+        y.fill(f32::NAN);
+        return None;
+    }
+    Some((nb, rb))
+}
+
+/// `w[from .. to]`, both ends clamped to `w.len()` (empty past the end).
+#[inline(always)]
+fn clamped(w: &[u8], from: usize, to: usize) -> &[u8] {
+    &w[from.min(w.len())..to.min(w.len())]
+}
+
+/// Asks the CPU to start loading `bytes` into L1 (one hint per 64-byte line): the weight rows
+/// after the next ones, while these are dotted. A hint, never a fault.
+#[inline(always)]
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        // SAFETY: `_mm_prefetch` only hints the cache; the address is inside a live slice.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
 }
 
 /// Every type with a Q8_K kernel, in the order of [`BY_ROW`].
@@ -737,6 +859,128 @@ mod tests {
         }
     }
 
+    /// The decode kernels of `ty` to check: the AVX-512 one (None, with a note, when this CPU
+    /// lacks AVX-512 VNNI) and the dispatched one.
+    fn rows_kernels(ty: GgmlType) -> Vec<Q8RowsFn> {
+        #[cfg(target_arch = "x86_64")]
+        let own = rows::rows_fn(ty);
+        #[cfg(not(target_arch = "x86_64"))]
+        let own: Option<Q8RowsFn> = None;
+        if own.is_none() && matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K) {
+            println!(
+                "note: no AVX-512 VNNI (F/BW/VL) on this CPU, {ty}: decode-kernel checks skipped"
+            );
+        }
+        own.into_iter()
+            .chain(q8_rows_fn(ty))
+            .chain(q8_rows_fn_by_row(ty))
+            .collect()
+    }
+
+    /// Every decode kernel of `ty` on the `n` weight rows `w` and the `planes` planes `x`
+    /// against the scalar single-row kernel, row by row and plane by plane, the plane dots
+    /// added in plane order: the same bits (or both NaN).
+    fn check_rows(ty: GgmlType, w: &[u8], x: &[BlockQ8K], planes: usize, n: usize, what: &str) {
+        let slow = q8_dot_fn_scalar(ty).unwrap();
+        let nb = x.len() / planes;
+        let rb = nb * block_bytes(ty);
+        let want: Vec<f32> = (0..n)
+            .map(|i| {
+                let row = &w[i * rb..(i + 1) * rb];
+                let d: Vec<f32> = x.chunks(nb.max(1)).map(|xp| slow(row, xp)).collect();
+                let d = if nb == 0 { vec![0.0; planes] } else { d };
+                d[1..].iter().fold(d[0], |a, &v| a + v)
+            })
+            .collect();
+        for kernel in rows_kernels(ty) {
+            let mut got = vec![1.5f32; n];
+            kernel(w, x, planes, &mut got);
+            for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    same(a, b),
+                    "{ty} {what} planes {planes} rows {n} nb {nb} row {i}: {a} vs {b}"
+                );
+            }
+        }
+    }
+
+    /// Two planes as the fast path makes them: the value, then its rounding residual.
+    fn two_planes(x: &[f32]) -> Vec<BlockQ8K> {
+        let hi = quantize(x);
+        let mut r = x.to_vec();
+        for ((rb, xb), b) in r.chunks_exact_mut(QK_K).zip(x.chunks_exact(QK_K)).zip(&hi) {
+            for ((ri, &xi), &qi) in rb.iter_mut().zip(xb).zip(&b.qs) {
+                *ri = xi - b.d * f32::from(qi);
+            }
+        }
+        let mut out = hi;
+        out.extend(quantize(&r));
+        out
+    }
+
+    #[test]
+    fn rows_match_the_single_row_kernel_bit_for_bit() {
+        let mut rng = ChaCha8Rng::seed_from_u64(12);
+        for &ty in &TYPES {
+            for nb in [1, 2, 16, 17] {
+                // Below, at and past the groups of 4 (two planes) and 8 (one plane).
+                for n in [1, 3, 4, 5, 8, 9, 13, 17] {
+                    let sampled: Vec<u8> = (0..n).flat_map(|_| weights(ty, nb, &mut rng)).collect();
+                    let bytes: Vec<u8> = (0..n)
+                        .flat_map(|_| random_bytes(ty, nb, &mut rng))
+                        .collect();
+                    let a = activations(nb, &mut rng);
+                    let one = quantize(&a);
+                    let two = two_planes(&a);
+                    for (x, planes) in [(&one, 1), (&two, 2)] {
+                        check_rows(ty, &sampled, x, planes, n, "sampler");
+                        check_rows(ty, &bytes, x, planes, n, "random bytes");
+                    }
+                    let mut bad = a.clone();
+                    bad[nb * QK_K - 1] = f32::NAN;
+                    check_rows(ty, &sampled, &two_planes(&bad), 2, n, "NaN activation");
+                }
+            }
+            // No blocks: every row is +0.0; no rows: nothing.
+            check_rows(ty, &[], &[], 2, 0, "empty");
+        }
+    }
+
+    /// A decode call whose lengths or plane count disagree fills `y` with NaN (release) or
+    /// panics in the `debug_assert` (debug); no rows with no weights is a no-op.
+    #[test]
+    fn rows_mismatched_lengths_are_refused() {
+        let x = [BlockQ8K::ZERO; 6];
+        for &ty in &TYPES {
+            for kernel in rows_kernels(ty) {
+                let bb = block_bytes(ty);
+                // (weight bytes, x blocks, planes, rows): weights one byte short, x not planes ×
+                // nb, no planes, three planes, weights for another row count.
+                for (len, nx, planes, rows) in [
+                    (4 * bb - 1, 4, 2, 2),
+                    (2 * bb, 3, 2, 2),
+                    (2 * bb, 2, 0, 2),
+                    (3 * bb, 3, 3, 3),
+                    (3 * bb, 2, 2, 2),
+                ] {
+                    let w = vec![0u8; len];
+                    let got = std::panic::catch_unwind(|| {
+                        let mut y = vec![0.0f32; rows];
+                        kernel(&w, &x[..nx], planes, &mut y);
+                        y
+                    });
+                    if cfg!(debug_assertions) {
+                        assert!(got.is_err(), "{ty} len {len} x {nx} planes {planes}");
+                    } else {
+                        assert!(got.unwrap().iter().all(|v| v.is_nan()), "{ty} len {len}");
+                    }
+                }
+                let mut y: [f32; 0] = [];
+                kernel(&[], &x[..2], 2, &mut y);
+            }
+        }
+    }
+
     /// A multi-row call whose lengths disagree fills `y` with NaN (release) or panics in the
     /// `debug_assert` (debug); an empty `y` with empty `x` is a no-op.
     #[test]
@@ -951,6 +1195,24 @@ mod tests {
                 let y = quantize(&x[..nb * rows * QK_K]);
                 check_grid(ty, grid, &w, &y, n, rows);
             }
+        }
+
+        /// Any bytes and activation values (NaN, inf, subnormal), 1 to 12 weight rows, one or
+        /// two planes: every decode kernel gives the scalar bits, plane dots in plane order.
+        #[test]
+        fn arbitrary_rows_match_the_scalar_kernel(
+            t in 0..TYPES.len(),
+            nb in 1usize..3,
+            n in 1usize..13,
+            planes in 1usize..3,
+            seed in proptest::prelude::any::<u64>(),
+            x in proptest::collection::vec(proptest::prelude::any::<f32>(), 4 * QK_K),
+        ) {
+            let ty = TYPES[t];
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let w: Vec<u8> = (0..n).flat_map(|_| random_bytes(ty, nb, &mut rng)).collect();
+            let y = quantize(&x[..planes * nb * QK_K]);
+            check_rows(ty, &w, &y, planes, n, "proptest");
         }
 
         /// Any bytes and activation values, 1 to 9 activation rows: every multi-row kernel

@@ -1,0 +1,419 @@
+//! Decode kernels (AVX-512, 512-bit vectors): many weight rows against the Q8_K planes of one
+//! token, with the integer sums and f32 expressions of the scalar kernels, so that every row
+//! gets the bits of [`super::q8_dot_fn`] summed over the planes in plane order.
+//!
+//! Algorithm. At decode a weight row meets one activation row, held as one Q8_K plane (`q8`) or
+//! two (`q8x2`: value and residual). Called row by row, the single-row kernels unpack every
+//! weight block once per plane and reduce every block's integer sums to a scalar on their own
+//! (a horizontal add per block and row): for `q8x2` both costs dominate the products. Here a
+//! group of `8 / P` weight rows (`P` the planes) is walked block by block:
+//!
+//! 1. The activation codes of block `b` are loaded once per group, per plane four `__m512i`:
+//!    vector `j` is `qs[32j .. 32j + 32]` then `qs[128 + 32j .. 128 + 32j + 32]`, the element
+//!    order in which Q2_K and Q3_K store the 2-bit codes of one 64-byte run (bits `2j .. 2j + 2`
+//!    of byte `l` are element `32j + l`, of byte `32 + l` element `128 + 32j + l`). So each
+//!    128-bit lane of vector `j` is one 16-element sub-block: `2j`, `2j + 1`, `8 + 2j`,
+//!    `9 + 2j`.
+//! 2. Each row's block is unpacked once (shift and mask per `j`) and dotted with every plane:
+//!    * Q2_K: the codes times the lane's 4-bit scale (`_mm512_mullo_epi16` of the code bytes by
+//!      the scale as an i16: `q·sc ≤ 45`, so the two bytes of each product do not carry), then
+//!      `vpdpbusd` per plane (`S = Σ_j sc_j·Σ_16 q·x8`); the mins `M = Σ_j m_j·bsum_j` by one
+//!      `madd` per plane.
+//!    * Q3_K: the 3-bit codes `q3 = q + 4·hbit` (0..=7; the high bit tested per byte into a
+//!      mask), `maddubs` per plane (|pair| ≤ 2·7·127) and `vpdpwssd` by the lane's signed scale
+//!      `sc − 32` (`vpermw` from the 16 scales); the `− 4` of `q3 − 4` is `− 4·Σ_j s_j·bsum_j`,
+//!      one `madd` per plane that starts the accumulator.
+//! 3. The group's `8` integer sums (`R` rows × `P` planes; Q2_K also its `8` mins) are reduced
+//!    at once by one transpose-and-add tree into the eight i32 lanes `r·P + p`, converted to f32
+//!    (exactly: every sum is below 2^24 in magnitude) and turned into the block's value with the
+//!    scalar kernels' f32 expression evaluated lane-wise (`mul`/`sub` in the same order, no
+//!    FMA): `d8·(d·S − dmin·M)` (Q2_K), `d8·(d·S)` (Q3_K). Each lane adds the value into its own
+//!    f32 accumulator, block after block from `+0.0` — the single-row kernels' order.
+//! 4. Row `r`'s result is its plane accumulators added in plane order (`acc_0 + acc_1`), as the
+//!    fast path adds the plane dots.
+//!
+//! While a group is computed, the next group's bytes are prefetched in address order, one
+//! block's share per block step: a group's rows are read block-major, `R` strided streams that
+//! the hardware prefetchers follow badly (measured on Zen 4, two threads streaming a 512 MiB
+//! Q2_K matrix under `q8x2`: 12.4 GB/s without, 18.9 GB/s with). Rows that do not fill a group
+//! go one at a time through the same code (`R = 1`).
+
+#![allow(non_snake_case)] // the kernels keep ggml's type names (q2_K)
+
+use super::avx2::{bsums, load16, load32};
+use super::vnni::detected;
+use super::{q3_k_raw_scales, BlockQ8K, Q8RowsFn};
+use crate::ggml_type::GgmlType;
+use std::arch::x86_64::*;
+
+/// The AVX-512 decode kernel of `ty` (Q2_K, Q3_K), or None (no kernel for `ty`, or the CPU
+/// lacks a feature of `vnni::detected`).
+pub(super) fn rows_fn(ty: GgmlType) -> Option<Q8RowsFn> {
+    if !detected() {
+        return None;
+    }
+    // SAFETY (both wrappers): the kernels enable exactly the features `detected()` just found
+    // on this CPU; the wrappers are only handed out after that.
+    fn q2(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
+        unsafe { q2_K_rows(w, x, planes, y) }
+    }
+    fn q3(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
+        unsafe { q3_K_rows(w, x, planes, y) }
+    }
+    match ty {
+        GgmlType::Q2_K => Some(q2),
+        GgmlType::Q3_K => Some(q3),
+        _ => None,
+    }
+}
+
+/// A kernel's work on one group of `R` consecutive rows (`rb` bytes each, `nb` blocks of `B`
+/// bytes) against `P` planes of `nb` blocks: row `r`'s planes added in plane order.
+/// `ahead` is the rows `D` groups later, prefetched block by block as this group is computed.
+type Group<const R: usize> = unsafe fn(&[u8], usize, &[BlockQ8K], usize, &[u8]) -> [f32; R];
+
+/// Groups between the one computed and the one prefetched: the next (measured on Zen 4, 2
+/// threads streaming from memory: 1 beats 2 and 4, whose rows no longer fit the 32 KiB L1D).
+const D: usize = 1;
+
+/// The row loop of every kernel: the length check of [`Q8RowsFn`] (NaN in every `y[i]`
+/// otherwise), then groups of `R` rows by `group`, the rest one row at a time by `one`, each
+/// handed the rows [`D`] groups (rows) later to prefetch.
+#[inline(always)]
+fn rows_loop<const B: usize, const R: usize>(
+    w: &[u8],
+    x: &[BlockQ8K],
+    planes: usize,
+    y: &mut [f32],
+    group: Group<R>,
+    one: Group<1>,
+) {
+    let Some((nb, rb)) = super::rows_lengths(w, x, planes, y, B) else {
+        return;
+    };
+    let n = y.len();
+    let full = n - n % R;
+    for g in (0..full).step_by(R) {
+        let ahead = super::clamped(w, (g + D * R) * rb, (g + (D + 1) * R) * rb);
+        // SAFETY: `group` is one of this module's kernels, whose features were detected before
+        // the wrapper that calls this loop was handed out; the rows are in bounds (checked).
+        let v = unsafe { group(&w[g * rb..(g + R) * rb], rb, x, nb, ahead) };
+        y[g..g + R].copy_from_slice(&v);
+    }
+    for i in full..n {
+        let ahead = super::clamped(w, (i + D) * rb, (i + D + 1) * rb);
+        // SAFETY: as above.
+        y[i] = unsafe { one(&w[i * rb..(i + 1) * rb], rb, x, nb, ahead) }[0];
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q2_K_rows(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
+    match planes {
+        1 => rows_loop::<84, 8>(w, x, 1, y, q2_group::<8, 1>, q2_group::<1, 1>),
+        _ => rows_loop::<84, 4>(w, x, planes, y, q2_group::<4, 2>, q2_group::<1, 2>),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q3_K_rows(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
+    match planes {
+        1 => rows_loop::<110, 8>(w, x, 1, y, q3_group::<8, 1>, q3_group::<1, 1>),
+        _ => rows_loop::<110, 4>(w, x, planes, y, q3_group::<4, 2>, q3_group::<1, 2>),
+    }
+}
+
+/// Vector `j` (< 4) of step 1: `qs[32j .. 32j + 32]` then `qs[128 + 32j .. 128 + 32j + 32]`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn x64(y: &BlockQ8K, j: usize) -> __m512i {
+    let lo = load32_i8(&y.qs[32 * j..32 * j + 32]);
+    let hi = load32_i8(&y.qs[128 + 32 * j..128 + 32 * j + 32]);
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// The 32 codes of `s` as a vector.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn load32_i8(s: &[i8]) -> __m256i {
+    let s = &s[..32];
+    // SAFETY: `s` has exactly 32 readable bytes; loadu needs no alignment.
+    unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
+}
+
+/// The 64 bytes of `s` as a vector.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn load64(s: &[u8]) -> __m512i {
+    let s = &s[..64];
+    // SAFETY: `s` has exactly 64 readable bytes; loadu needs no alignment.
+    unsafe { _mm512_loadu_si512(s.as_ptr().cast()) }
+}
+
+/// The 2-bit codes of vector `j` (step 1's order) from the 64 code bytes `q`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn crumbs(q: __m512i, j: usize) -> __m512i {
+    let s = match j {
+        0 => q,
+        1 => _mm512_srli_epi16::<2>(q),
+        2 => _mm512_srli_epi16::<4>(q),
+        _ => _mm512_srli_epi16::<6>(q),
+    };
+    _mm512_and_si512(s, _mm512_set1_epi8(3))
+}
+
+/// The sub-block of 128-bit lane `l` of vector `j` (step 1).
+const fn sub_block(j: usize, l: usize) -> usize {
+    [2 * j, 2 * j + 1, 8 + 2 * j, 9 + 2 * j][l]
+}
+
+/// Per vector `j`: the `vpshufb` indices that put byte `sub_block(j, l)` of a 16-byte lane into
+/// the low byte of each i16 of lane `l` and zero its high byte (index bit 7).
+static Q2_SCALE_PICK: [[u16; 32]; 4] = {
+    let mut t = [[0u16; 32]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut i = 0;
+        while i < 32 {
+            t[j][i] = 0x8000 | sub_block(j, i / 8) as u16;
+            i += 1;
+        }
+        j += 1;
+    }
+    t
+};
+
+/// Per vector `j`: the `vpermw` indices that put i16 `sub_block(j, l)` in every i16 of lane `l`.
+static Q3_SCALE_PICK: [[u16; 32]; 4] = {
+    let mut t = [[0u16; 32]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut i = 0;
+        while i < 32 {
+            t[j][i] = sub_block(j, i / 8) as u16;
+            i += 1;
+        }
+        j += 1;
+    }
+    t
+};
+
+/// Per vector `j`: the Q3_K high-bit mask bit of its two halves, `1 << j` in bytes 0..32 and
+/// `1 << (4 + j)` in bytes 32..64 (groups `j` and `4 + j` of the 32-byte `hmask`).
+static Q3_HIGH_BIT: [[u8; 64]; 4] = {
+    let mut t = [[0u8; 64]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut i = 0;
+        while i < 64 {
+            t[j][i] = if i < 32 { 1 << j } else { 1 << (4 + j) };
+            i += 1;
+        }
+        j += 1;
+    }
+    t
+};
+
+/// The 32 i16 of `t` as a vector.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn table16(t: &[u16; 32]) -> __m512i {
+    // SAFETY: `t` is 32 u16 = 64 readable bytes; loadu needs no alignment.
+    unsafe { _mm512_loadu_si512(t.as_ptr().cast()) }
+}
+
+/// The eight i32 lane sums of `v[0..8]` as the lanes of one vector (a transpose-and-add tree).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn sum_lanes8(v: [__m256i; 8]) -> __m256i {
+    let a01 = _mm256_hadd_epi32(v[0], v[1]);
+    let a23 = _mm256_hadd_epi32(v[2], v[3]);
+    let a45 = _mm256_hadd_epi32(v[4], v[5]);
+    let a67 = _mm256_hadd_epi32(v[6], v[7]);
+    // Per 128-bit half: [Σv0, Σv1, Σv2, Σv3] of that half's lanes (resp. v4..v8).
+    let b0 = _mm256_hadd_epi32(a01, a23);
+    let b1 = _mm256_hadd_epi32(a45, a67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(b0, b1),
+        _mm256_permute2x128_si256::<0x31>(b0, b1),
+    )
+}
+
+/// The 16 i32 lanes of `v` added pairwise into 8 (low half + high half; exact).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn fold(v: __m512i) -> __m256i {
+    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
+}
+
+/// `f(r, p)` in lane `r·P + p` (lanes past `R·P` zero): the lane order of step 3.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn lanes<const R: usize, const P: usize, T: Copy + Default>(
+    f: impl Fn(usize, usize) -> T,
+) -> [T; 8] {
+    let mut out = [T::default(); 8];
+    for r in 0..R {
+        for p in 0..P {
+            out[r * P + p] = f(r, p);
+        }
+    }
+    out
+}
+
+/// The f16 `bits` of each lane widened to f32 (exact).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn widen(bits: [u16; 8]) -> __m256 {
+    // SAFETY: `bits` is 8 u16 = 16 readable bytes; loadu needs no alignment.
+    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(bits.as_ptr().cast()) })
+}
+
+/// The f32 `v` of each lane as a vector.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn load8(v: [f32; 8]) -> __m256 {
+    // SAFETY: `v` is 8 f32 = 32 readable bytes; loadu needs no alignment.
+    unsafe { _mm256_loadu_ps(v.as_ptr()) }
+}
+
+/// The f16 at bytes `at .. at + 2` of `b` as raw bits.
+#[inline(always)]
+fn f16_bits(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+/// Row `r`'s result of step 4: its `P` lane accumulators added in plane order.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn finish<const R: usize, const P: usize>(acc: __m256) -> [f32; R] {
+    let mut a = [0f32; 8];
+    // SAFETY: `a` is 8 f32 = 32 writable bytes; storeu needs no alignment.
+    unsafe { _mm256_storeu_ps(a.as_mut_ptr(), acc) };
+    std::array::from_fn(|r| {
+        let mut v = a[r * P];
+        for p in 1..P {
+            v += a[r * P + p];
+        }
+        v
+    })
+}
+
+/// The `R` rows' blocks (`nb` of `B` bytes each) of the group `w` (`rb` bytes per row).
+#[inline(always)]
+fn row_blocks<const B: usize, const R: usize>(w: &[u8], rb: usize, nb: usize) -> [&[[u8; B]]; R] {
+    std::array::from_fn(|r| {
+        let (blocks, _) = w[r * rb..(r + 1) * rb].as_chunks::<B>();
+        &blocks[..nb]
+    })
+}
+
+/// Q2_K, `R` rows × `P` planes (`R·P ≤ 8`).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q2_group<const R: usize, const P: usize>(
+    w: &[u8],
+    rb: usize,
+    x: &[BlockQ8K],
+    nb: usize,
+    ahead: &[u8],
+) -> [f32; R] {
+    let rows = row_blocks::<84, R>(w, rb, nb);
+    let planes: [&[BlockQ8K]; P] = std::array::from_fn(|p| &x[p * nb..(p + 1) * nb]);
+    let pick: [__m512i; 4] = std::array::from_fn(|j| table16(&Q2_SCALE_PICK[j]));
+    let m4 = _mm_set1_epi8(0x0f);
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..nb {
+        super::prefetch(&ahead[b * ahead.len() / nb..(b + 1) * ahead.len() / nb]);
+        let ys: [&BlockQ8K; P] = planes.map(|p| &p[b]);
+        let xv: [[__m512i; 4]; P] = ys.map(|y| std::array::from_fn(|j| x64(y, j)));
+        let bs: [__m256i; P] = ys.map(|y| bsums(y));
+        let mut s = [_mm256_setzero_si256(); 8];
+        let mut m = [_mm256_setzero_si256(); 8];
+        for r in 0..R {
+            let blk = &rows[r][b];
+            let raw = load16(&blk[0..16]);
+            let scales = _mm512_broadcast_i32x4(_mm_and_si128(raw, m4));
+            let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(raw), m4));
+            let q = load64(&blk[16..80]);
+            let mut acc_p = [_mm512_setzero_si512(); P];
+            for j in 0..4 {
+                let wj = _mm512_mullo_epi16(crumbs(q, j), _mm512_shuffle_epi8(scales, pick[j]));
+                for p in 0..P {
+                    acc_p[p] = _mm512_dpbusd_epi32(acc_p[p], wj, xv[p][j]);
+                }
+            }
+            for p in 0..P {
+                s[r * P + p] = fold(acc_p[p]);
+                m[r * P + p] = _mm256_madd_epi16(mins, bs[p]);
+            }
+        }
+        let sv = _mm256_cvtepi32_ps(sum_lanes8(s));
+        let mv = _mm256_cvtepi32_ps(sum_lanes8(m));
+        let d8 = load8(lanes::<R, P, f32>(|_, p| ys[p].d));
+        let d = widen(lanes::<R, P, u16>(|r, _| f16_bits(&rows[r][b], 80)));
+        let dmin = widen(lanes::<R, P, u16>(|r, _| f16_bits(&rows[r][b], 82)));
+        // d8·(d·S − dmin·M), as `value_dmin`.
+        let value = _mm256_mul_ps(
+            d8,
+            _mm256_sub_ps(_mm256_mul_ps(d, sv), _mm256_mul_ps(dmin, mv)),
+        );
+        acc = _mm256_add_ps(acc, value);
+    }
+    finish::<R, P>(acc)
+}
+
+/// Q3_K, `R` rows × `P` planes (`R·P ≤ 8`).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q3_group<const R: usize, const P: usize>(
+    w: &[u8],
+    rb: usize,
+    x: &[BlockQ8K],
+    nb: usize,
+    ahead: &[u8],
+) -> [f32; R] {
+    let rows = row_blocks::<110, R>(w, rb, nb);
+    let planes: [&[BlockQ8K]; P] = std::array::from_fn(|p| &x[p * nb..(p + 1) * nb]);
+    let pick: [__m512i; 4] = std::array::from_fn(|j| table16(&Q3_SCALE_PICK[j]));
+    let high: [__m512i; 4] = std::array::from_fn(|j| load64(&Q3_HIGH_BIT[j]));
+    let (four, minus4) = (_mm512_set1_epi8(4), _mm256_set1_epi16(-4));
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..nb {
+        super::prefetch(&ahead[b * ahead.len() / nb..(b + 1) * ahead.len() / nb]);
+        let ys: [&BlockQ8K; P] = planes.map(|p| &p[b]);
+        let xv: [[__m512i; 4]; P] = ys.map(|y| std::array::from_fn(|j| x64(y, j)));
+        let bs: [__m256i; P] = ys.map(|y| bsums(y));
+        let mut s = [_mm256_setzero_si256(); 8];
+        for r in 0..R {
+            let blk = &rows[r][b];
+            let raw = q3_k_raw_scales(&blk[96..108]);
+            let scales = _mm256_cvtepi8_epi16(_mm_sub_epi8(load16(&raw), _mm_set1_epi8(32)));
+            let scales_z = _mm512_zextsi256_si512(scales);
+            let m4s = _mm256_mullo_epi16(scales, minus4);
+            let hmask = _mm512_broadcast_i64x4(load32(&blk[0..32]));
+            let q = load64(&blk[32..96]);
+            // Σ s·(q3 − 4)·x8 = Σ s·q3·x8 − 4·Σ_j s_j·bsum_j.
+            let mut acc_p: [__m512i; P] =
+                bs.map(|v| _mm512_zextsi256_si512(_mm256_madd_epi16(v, m4s)));
+            for j in 0..4 {
+                let c = crumbs(q, j);
+                let hbit = _mm512_test_epi8_mask(hmask, high[j]);
+                let q3 = _mm512_mask_add_epi8(c, hbit, c, four);
+                let sj = _mm512_permutexvar_epi16(pick[j], scales_z);
+                for p in 0..P {
+                    let pairs = _mm512_maddubs_epi16(q3, xv[p][j]);
+                    acc_p[p] = _mm512_dpwssd_epi32(acc_p[p], pairs, sj);
+                }
+            }
+            for p in 0..P {
+                s[r * P + p] = fold(acc_p[p]);
+            }
+        }
+        let sv = _mm256_cvtepi32_ps(sum_lanes8(s));
+        let d8 = load8(lanes::<R, P, f32>(|_, p| ys[p].d));
+        let d = widen(lanes::<R, P, u16>(|r, _| f16_bits(&rows[r][b], 108)));
+        // d8·(d·S), as `value_d`.
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(d8, _mm256_mul_ps(d, sv)));
+    }
+    finish::<R, P>(acc)
+}
