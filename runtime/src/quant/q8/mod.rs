@@ -256,7 +256,7 @@ pub type Q8RowsFn = fn(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]);
 pub const MAX_PLANES: usize = 2;
 
 /// The fastest decode kernel for `ty` on this CPU (the types of [`q8_dot_fn`]), or None: for
-/// Q2_K and Q3_K, when `is_x86_feature_detected!` finds the features of [`q8_dot_many_fn`]'s
+/// Q2_K, Q3_K and Q6_K, when `is_x86_feature_detected!` finds the features of [`q8_dot_many_fn`]'s
 /// VNNI kernels, the AVX-512 kernel of `rows.rs` (groups of weight rows, each block unpacked
 /// once for both planes, one reduction per group and block); else [`q8_dot_many_fn`]'s kernel
 /// once per weight row (its planes as activation rows), the row after next prefetched while a
@@ -866,7 +866,7 @@ mod tests {
         let own = rows::rows_fn(ty);
         #[cfg(not(target_arch = "x86_64"))]
         let own: Option<Q8RowsFn> = None;
-        if own.is_none() && matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K) {
+        if own.is_none() && matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K) {
             println!(
                 "note: no AVX-512 VNNI (F/BW/VL) on this CPU, {ty}: decode-kernel checks skipped"
             );

@@ -23,11 +23,16 @@
 //!      mask), `maddubs` per plane (|pair| ≤ 2·7·127) and `vpdpwssd` by the lane's signed scale
 //!      `sc − 32` (`vpermw` from the 16 scales); the `− 4` of `q3 − 4` is `− 4·Σ_j s_j·bsum_j`,
 //!      one `madd` per plane that starts the accumulator.
-//! 3. The group's `8` integer sums (`R` rows × `P` planes; Q2_K also its `8` mins) are reduced
-//!    at once by one transpose-and-add tree into the eight i32 lanes `r·P + p`, converted to f32
-//!    (exactly: every sum is below 2^24 in magnitude) and turned into the block's value with the
-//!    scalar kernels' f32 expression evaluated lane-wise (`mul`/`sub` in the same order, no
-//!    FMA): `d8·(d·S − dmin·M)` (Q2_K), `d8·(d·S)` (Q3_K). Each lane adds the value into its own
+//!    * Q6_K: the same with the 6-bit codes (0..=63, |pair| ≤ 2·63·127), the signed 8-bit
+//!      scales and the `− 32` of `q − 32` as `− 32·Σ_j sc_j·bsum_j`. Its `ql` and `qh` bytes hold
+//!      the same element order per 128-element half as Q2_K's codes, so vector `j` is built
+//!      from two 32-byte runs of `ql` and the 64 `qh` bytes.
+//! 3. The group's `8` integer sums (`R` rows × `P` planes; Q2_K also its `8` mins), exact i32s
+//!    equal to the scalar kernels', are reduced at once by one transpose-and-add tree into the
+//!    eight i32 lanes `r·P + p`, converted to f32 as the scalar kernels convert them (round to
+//!    nearest) and turned into the block's value with their f32 expression evaluated lane-wise
+//!    (`mul`/`sub` in the same order, no FMA): `d8·(d·S − dmin·M)` (Q2_K), `d8·(d·S)` (Q3_K,
+//!    Q6_K). Each lane adds the value into its own
 //!    f32 accumulator, block after block from `+0.0` — the single-row kernels' order.
 //! 4. Row `r`'s result is its plane accumulators added in plane order (`acc_0 + acc_1`), as the
 //!    fast path adds the plane dots.
@@ -46,13 +51,13 @@ use super::{q3_k_raw_scales, BlockQ8K, Q8RowsFn};
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
-/// The AVX-512 decode kernel of `ty` (Q2_K, Q3_K), or None (no kernel for `ty`, or the CPU
+/// The AVX-512 decode kernel of `ty` (Q2_K, Q3_K, Q6_K), or None (no kernel for `ty`, or the CPU
 /// lacks a feature of `vnni::detected`).
 pub(super) fn rows_fn(ty: GgmlType) -> Option<Q8RowsFn> {
     if !detected() {
         return None;
     }
-    // SAFETY (both wrappers): the kernels enable exactly the features `detected()` just found
+    // SAFETY (every wrapper): the kernels enable exactly the features `detected()` just found
     // on this CPU; the wrappers are only handed out after that.
     fn q2(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
         unsafe { q2_K_rows(w, x, planes, y) }
@@ -60,9 +65,13 @@ pub(super) fn rows_fn(ty: GgmlType) -> Option<Q8RowsFn> {
     fn q3(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
         unsafe { q3_K_rows(w, x, planes, y) }
     }
+    fn q6(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
+        unsafe { q6_K_rows(w, x, planes, y) }
+    }
     match ty {
         GgmlType::Q2_K => Some(q2),
         GgmlType::Q3_K => Some(q3),
+        GgmlType::Q6_K => Some(q6),
         _ => None,
     }
 }
@@ -117,9 +126,27 @@ fn q2_K_rows(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn q3_K_rows(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
+    signed_rows::<110>(w, x, planes, y)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q6_K_rows(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
+    signed_rows::<210>(w, x, planes, y)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn signed_rows<const B: usize>(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
     match planes {
-        1 => rows_loop::<110, 8>(w, x, 1, y, q3_group::<8, 1>, q3_group::<1, 1>),
-        _ => rows_loop::<110, 4>(w, x, planes, y, q3_group::<4, 2>, q3_group::<1, 2>),
+        1 => rows_loop::<B, 8>(w, x, 1, y, signed_group::<B, 8, 1>, signed_group::<B, 1, 1>),
+        _ => rows_loop::<B, 4>(
+            w,
+            x,
+            planes,
+            y,
+            signed_group::<B, 4, 2>,
+            signed_group::<B, 1, 2>,
+        ),
     }
 }
 
@@ -185,7 +212,7 @@ static Q2_SCALE_PICK: [[u16; 32]; 4] = {
 };
 
 /// Per vector `j`: the `vpermw` indices that put i16 `sub_block(j, l)` in every i16 of lane `l`.
-static Q3_SCALE_PICK: [[u16; 32]; 4] = {
+static SCALE_PICK16: [[u16; 32]; 4] = {
     let mut t = [[0u16; 32]; 4];
     let mut j = 0;
     while j < 4 {
@@ -363,20 +390,89 @@ fn q2_group<const R: usize, const P: usize>(
     finish::<R, P>(acc)
 }
 
-/// Q3_K, `R` rows × `P` planes (`R·P ≤ 8`).
+/// One Q3_K or Q6_K block unpacked for [`signed_group`]: the codes of the four vectors of step
+/// 1 (u8), the 16 signed sub-block scales (i16), the i16 multipliers of the block sums that
+/// start the accumulator, and the f16 `d` at byte `d_at`.
+struct Signed {
+    codes: [__m512i; 4],
+    scales: __m256i,
+    offset: __m256i,
+}
+
+/// Q3_K: codes `q3 = q + 4·hbit` (0..=7), scales `sc − 32`, offset `−4·s` (the `− 4` of
+/// `q3 − 4`).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn q3_group<const R: usize, const P: usize>(
+#[inline]
+fn q3_unpack(blk: &[u8]) -> Signed {
+    let raw = q3_k_raw_scales(&blk[96..108]);
+    let scales = _mm256_cvtepi8_epi16(_mm_sub_epi8(load16(&raw), _mm_set1_epi8(32)));
+    let hmask = _mm512_broadcast_i64x4(load32(&blk[0..32]));
+    let q = load64(&blk[32..96]);
+    let codes = std::array::from_fn(|j| {
+        let c = crumbs(q, j);
+        let hbit = _mm512_test_epi8_mask(hmask, load64(&Q3_HIGH_BIT[j]));
+        _mm512_mask_add_epi8(c, hbit, c, _mm512_set1_epi8(4))
+    });
+    Signed {
+        codes,
+        scales,
+        offset: _mm256_mullo_epi16(scales, _mm256_set1_epi16(-4)),
+    }
+}
+
+/// Q6_K: codes `q` (0..=63: the low four bits from `ql`, the high two from `qh`), scales `sc`
+/// (i8), offset `−32·sc` (the `− 32` of `q − 32`). Vector `j` of step 1 takes `ql` bytes `32·(j
+/// mod 2)` of each half (low nibbles for `j < 2`, high for `j ≥ 2`) and bits `2j .. 2j + 2` of
+/// that half's 32 `qh` bytes (ggml's `block_q6_K` order, as `avx2::q6k_codes`).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn q6_unpack(blk: &[u8]) -> Signed {
+    let halves = |at: usize| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(load32(&blk[at..])),
+            load32(&blk[64 + at..]),
+        )
+    };
+    let (ql0, ql1) = (halves(0), halves(32));
+    let qh = load64(&blk[128..192]);
+    let (m4, m30) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
+    let high = [
+        _mm512_slli_epi16::<4>(qh),
+        _mm512_slli_epi16::<2>(qh),
+        qh,
+        _mm512_srli_epi16::<2>(qh),
+    ];
+    let low = [
+        ql0,
+        ql1,
+        _mm512_srli_epi16::<4>(ql0),
+        _mm512_srli_epi16::<4>(ql1),
+    ];
+    let codes = std::array::from_fn(|j| {
+        _mm512_or_si512(_mm512_and_si512(low[j], m4), _mm512_and_si512(high[j], m30))
+    });
+    let scales = _mm256_cvtepi8_epi16(load16(&blk[192..208]));
+    Signed {
+        codes,
+        scales,
+        offset: _mm256_mullo_epi16(scales, _mm256_set1_epi16(-32)),
+    }
+}
+
+/// Q3_K (`B` = 110) or Q6_K (`B` = 210), `R` rows × `P` planes (`R·P ≤ 8`): per row and plane
+/// `S = Σ_j s_j·Σ_16 c·x8 + Σ_j offset_j·bsum_j` (`maddubs`: |pair| ≤ 2·63·127; `vpdpwssd` by
+/// the lane's scale), then `d8·(d·S)` as `value_d`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn signed_group<const B: usize, const R: usize, const P: usize>(
     w: &[u8],
     rb: usize,
     x: &[BlockQ8K],
     nb: usize,
     ahead: &[u8],
 ) -> [f32; R] {
-    let rows = row_blocks::<110, R>(w, rb, nb);
+    let rows = row_blocks::<B, R>(w, rb, nb);
     let planes: [&[BlockQ8K]; P] = std::array::from_fn(|p| &x[p * nb..(p + 1) * nb]);
-    let pick: [__m512i; 4] = std::array::from_fn(|j| table16(&Q3_SCALE_PICK[j]));
-    let high: [__m512i; 4] = std::array::from_fn(|j| load64(&Q3_HIGH_BIT[j]));
-    let (four, minus4) = (_mm512_set1_epi8(4), _mm256_set1_epi16(-4));
+    let pick: [__m512i; 4] = std::array::from_fn(|j| table16(&SCALE_PICK16[j]));
     let mut acc = _mm256_setzero_ps();
     for b in 0..nb {
         super::prefetch(&ahead[b * ahead.len() / nb..(b + 1) * ahead.len() / nb]);
@@ -385,23 +481,18 @@ fn q3_group<const R: usize, const P: usize>(
         let bs: [__m256i; P] = ys.map(|y| bsums(y));
         let mut s = [_mm256_setzero_si256(); 8];
         for r in 0..R {
-            let blk = &rows[r][b];
-            let raw = q3_k_raw_scales(&blk[96..108]);
-            let scales = _mm256_cvtepi8_epi16(_mm_sub_epi8(load16(&raw), _mm_set1_epi8(32)));
-            let scales_z = _mm512_zextsi256_si512(scales);
-            let m4s = _mm256_mullo_epi16(scales, minus4);
-            let hmask = _mm512_broadcast_i64x4(load32(&blk[0..32]));
-            let q = load64(&blk[32..96]);
-            // Σ s·(q3 − 4)·x8 = Σ s·q3·x8 − 4·Σ_j s_j·bsum_j.
+            let u = if B == 210 {
+                q6_unpack(&rows[r][b])
+            } else {
+                q3_unpack(&rows[r][b])
+            };
+            let scales = _mm512_zextsi256_si512(u.scales);
             let mut acc_p: [__m512i; P] =
-                bs.map(|v| _mm512_zextsi256_si512(_mm256_madd_epi16(v, m4s)));
+                bs.map(|v| _mm512_zextsi256_si512(_mm256_madd_epi16(v, u.offset)));
             for j in 0..4 {
-                let c = crumbs(q, j);
-                let hbit = _mm512_test_epi8_mask(hmask, high[j]);
-                let q3 = _mm512_mask_add_epi8(c, hbit, c, four);
-                let sj = _mm512_permutexvar_epi16(pick[j], scales_z);
+                let sj = _mm512_permutexvar_epi16(pick[j], scales);
                 for p in 0..P {
-                    let pairs = _mm512_maddubs_epi16(q3, xv[p][j]);
+                    let pairs = _mm512_maddubs_epi16(u.codes[j], xv[p][j]);
                     acc_p[p] = _mm512_dpwssd_epi32(acc_p[p], pairs, sj);
                 }
             }
@@ -411,7 +502,7 @@ fn q3_group<const R: usize, const P: usize>(
         }
         let sv = _mm256_cvtepi32_ps(sum_lanes8(s));
         let d8 = load8(lanes::<R, P, f32>(|_, p| ys[p].d));
-        let d = widen(lanes::<R, P, u16>(|r, _| f16_bits(&rows[r][b], 108)));
+        let d = widen(lanes::<R, P, u16>(|r, _| f16_bits(&rows[r][b], B - 2)));
         // d8·(d·S), as `value_d`.
         acc = _mm256_add_ps(acc, _mm256_mul_ps(d8, _mm256_mul_ps(d, sv)));
     }
