@@ -48,6 +48,8 @@ mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod grid;
+#[cfg(target_arch = "x86_64")]
 mod rows;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
@@ -229,12 +231,13 @@ pub fn q8_dot_many_fn(ty: GgmlType) -> Option<Q8DotManyFn> {
 /// (`debug_assert` in debug builds).
 pub type Q8GridFn = fn(w: &[u8], x: &Q8Tiles, y: &mut [f32]);
 
-/// The tile kernel for `ty` on this CPU, or None: for Q2_K and Q3_K when the CPU has AMX-TILE and
-/// AMX-INT8 (with the AVX-512 features of [`q8_dot_many_fn`]'s VNNI kernels) and Linux grants
-/// the tile state (`amx.rs`); None elsewhere, where [`q8_dot_many_fn`] serves.
+/// The grid kernel for `ty` on this CPU (`grid.rs`), or None: for Q2_K and Q3_K, the AMX backend
+/// when the CPU has AMX-TILE and AMX-INT8 (with the AVX-512 features of [`q8_dot_many_fn`]'s
+/// VNNI kernels) and Linux grants the tile state (`amx.rs`), else the AVX-512 VNNI backend when
+/// the CPU has those features; None elsewhere, where [`q8_dot_many_fn`] serves.
 pub fn q8_grid_fn(ty: GgmlType) -> Option<Q8GridFn> {
     #[cfg(target_arch = "x86_64")]
-    return amx::grid_fn(ty);
+    return grid::grid_fn(ty);
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = ty;
@@ -1050,14 +1053,18 @@ mod tests {
         }
     }
 
-    /// The tile kernel of `ty`, or None (with a note for Q2_K and Q3_K) when this CPU or OS has
-    /// no AMX.
-    fn grid_kernel(ty: GgmlType) -> Option<Q8GridFn> {
-        let f = q8_grid_fn(ty);
-        if f.is_none() && matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K) {
-            println!("note: no AMX on this CPU or OS, {ty}: tile checks skipped");
+    /// The grid kernels of `ty` to check: the dispatched one (AMX where the CPU and OS have
+    /// it) and the VNNI backend; none (with a note for Q2_K and Q3_K) without AVX-512 VNNI.
+    fn grid_kernels(ty: GgmlType) -> Vec<Q8GridFn> {
+        #[cfg(target_arch = "x86_64")]
+        let vnni = grid::vnni_grid_fn(ty);
+        #[cfg(not(target_arch = "x86_64"))]
+        let vnni: Option<Q8GridFn> = None;
+        if vnni.is_none() && matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K) {
+            println!("note: no AVX-512 VNNI on this CPU, {ty}: grid checks skipped");
         }
-        f
+        // The dispatched kernel (AMX where the CPU and OS have it), then the VNNI backend.
+        q8_grid_fn(ty).into_iter().chain(vnni).collect()
     }
 
     /// `n` weight rows of `nb` blocks (sampled, or random bytes) against `rows` activation rows
@@ -1085,29 +1092,28 @@ mod tests {
     fn grid_matches_the_single_row_kernel_bit_for_bit() {
         let mut rng = ChaCha8Rng::seed_from_u64(8);
         for &ty in &TYPES {
-            let Some(grid) = grid_kernel(ty) else {
-                continue;
-            };
-            // Weight rows and activation rows below, at and past the 16 of a tile, one and two
-            // groups, an odd group count.
-            for (nb, n, rows) in [
-                (1, 1, 1),
-                (2, 5, 2),
-                (1, 16, 16),
-                (17, 17, 17),
-                (2, 33, 40),
-                (16, 3, 33),
-            ] {
-                let sampled: Vec<u8> = (0..n).flat_map(|_| weights(ty, nb, &mut rng)).collect();
-                let bytes: Vec<u8> = (0..n)
-                    .flat_map(|_| random_bytes(ty, nb, &mut rng))
-                    .collect();
-                let mut a = activations(nb * rows, &mut rng);
-                let x = quantize(&a);
-                check_grid(ty, grid, &sampled, &x, n, rows);
-                check_grid(ty, grid, &bytes, &x, n, rows);
-                a[nb * QK_K * (rows - 1) + 5] = f32::NAN;
-                check_grid(ty, grid, &sampled, &quantize(&a), n, rows);
+            for grid in grid_kernels(ty) {
+                // Weight rows and activation rows below, at and past the 16 of a tile, one and two
+                // groups, an odd group count.
+                for (nb, n, rows) in [
+                    (1, 1, 1),
+                    (2, 5, 2),
+                    (1, 16, 16),
+                    (17, 17, 17),
+                    (2, 33, 40),
+                    (16, 3, 33),
+                ] {
+                    let sampled: Vec<u8> = (0..n).flat_map(|_| weights(ty, nb, &mut rng)).collect();
+                    let bytes: Vec<u8> = (0..n)
+                        .flat_map(|_| random_bytes(ty, nb, &mut rng))
+                        .collect();
+                    let mut a = activations(nb * rows, &mut rng);
+                    let x = quantize(&a);
+                    check_grid(ty, grid, &sampled, &x, n, rows);
+                    check_grid(ty, grid, &bytes, &x, n, rows);
+                    a[nb * QK_K * (rows - 1) + 5] = f32::NAN;
+                    check_grid(ty, grid, &sampled, &quantize(&a), n, rows);
+                }
             }
         }
     }
@@ -1118,27 +1124,26 @@ mod tests {
     fn grid_mismatched_lengths_are_refused() {
         let x = Q8Tiles::pack(&[BlockQ8K::ZERO; 4], 2).unwrap();
         for &ty in &TYPES {
-            let Some(grid) = grid_kernel(ty) else {
-                continue;
-            };
-            let bb = block_bytes(ty);
-            // (weight bytes, outputs): a row one byte short, outputs not a multiple of the rows.
-            for (len, outs) in [(2 * bb - 1, 2), (4 * bb, 3), (2 * bb, 4)] {
-                let w = vec![0u8; len];
-                let got = std::panic::catch_unwind(|| {
-                    let mut y = vec![0.0f32; outs];
-                    grid(&w, &x, &mut y);
-                    y
-                });
-                if cfg!(debug_assertions) {
-                    assert!(got.is_err(), "{ty} len {len} outs {outs}");
-                } else {
-                    assert!(got.unwrap().iter().all(|v| v.is_nan()), "{ty} len {len}");
+            for grid in grid_kernels(ty) {
+                let bb = block_bytes(ty);
+                // (weight bytes, outputs): a row one byte short, outputs not a multiple of the rows.
+                for (len, outs) in [(2 * bb - 1, 2), (4 * bb, 3), (2 * bb, 4)] {
+                    let w = vec![0u8; len];
+                    let got = std::panic::catch_unwind(|| {
+                        let mut y = vec![0.0f32; outs];
+                        grid(&w, &x, &mut y);
+                        y
+                    });
+                    if cfg!(debug_assertions) {
+                        assert!(got.is_err(), "{ty} len {len} outs {outs}");
+                    } else {
+                        assert!(got.unwrap().iter().all(|v| v.is_nan()), "{ty} len {len}");
+                    }
                 }
+                let mut y: [f32; 0] = [];
+                grid(&[], &Q8Tiles::pack(&[], 0).unwrap(), &mut y);
+                grid(&[], &x, &mut y);
             }
-            let mut y: [f32; 0] = [];
-            grid(&[], &Q8Tiles::pack(&[], 0).unwrap(), &mut y);
-            grid(&[], &x, &mut y);
         }
     }
 
@@ -1189,7 +1194,7 @@ mod tests {
             x in proptest::collection::vec(proptest::prelude::any::<f32>(), 40 * QK_K),
         ) {
             let ty = TYPES[t];
-            if let Some(grid) = q8_grid_fn(ty) {
+            for grid in grid_kernels(ty) {
                 let mut rng = ChaCha8Rng::seed_from_u64(seed);
                 let w: Vec<u8> = (0..n).flat_map(|_| random_bytes(ty, nb, &mut rng)).collect();
                 let y = quantize(&x[..nb * rows * QK_K]);

@@ -1,0 +1,306 @@
+//! Grid kernels: many weight rows against many packed Q8_K activation rows ([`Q8Tiles`]), with
+//! the integer sums and f32 expressions of the scalar kernels, so every output has the
+//! single-row kernel's bits. Two backends compute the integer sums: Intel AMX's tile unit
+//! (`tdpbusd`, `amx.rs`) where the CPU and OS have it, else AVX-512 VNNI (`vpdpbusd`).
+//!
+//! Algorithm. Weight rows go 16 at a time (a `C` tile's rows), activation rows 16 at a time (its
+//! columns; [`Q8Tiles`] holds them as `B` tiles: tile `c` of a group and block, row `rr`, holds
+//! each activation row's codes `64c + 4rr .. 64c + 4rr + 4` as one 32-bit word, lane `t` for row
+//! `t`). The 16 weight rows are first unpacked whole, row by row (sequential reads of the
+//! weights), into the u8 effective weights of the VNNI kernels (`vnni.rs`; Q2_K `q·sc`, Q3_K
+//! `(q3 − 4)·(sc − 32) + 127`), 256 bytes per block in element order. Then for each 256-element
+//! block and activation group:
+//! - the block's integer sum for all 16 × 16 (weight row, activation row) pairs (Q3_K: before
+//!   its `−127·Σ x8` offset):
+//!   * AMX: the 16 unpacked rows are loaded once per block as four `A` tiles, and `tdpbusd`
+//!     (u8 × i8, four products added into each i32, exact) runs four times per group into a
+//!     `C` tile (two groups at a time), which is stored;
+//!   * VNNI: for each of the 64 words `k` of the block, the group's tile row (16 activation
+//!     rows' words `k`, one `__m512i`) is loaded once, and each weight row's word `k` is
+//!     broadcast and `vpdpbusd`-ed with it into that row's 16 lanes: after 64 steps lane `t` of
+//!     row `r` is the pair's whole sum — no horizontal reduction;
+//! - epilogue: per weight row, 16 lanes of AVX-512 compute the block's value exactly as the
+//!   scalar helper does per pair (`d8·(d·f32(S) − dmin·f32(M))` with `M = Σ_j m_j·bsum_j` by
+//!   eight `vpdpwssd`, or `d8·(d·f32(S))`), added into the pair's f32 accumulator, blocks in
+//!   order from `+0.0`.
+//!
+//! The unpacking is paid once per weight block for all activation rows of the call. The VNNI
+//! backend issues one `vpdpbusd` (64 multiply-adds) per broadcast word, with the activation
+//! tile row shared by the 16 weight rows.
+
+use super::tiles::{Q8Tiles, GROUP};
+use super::vnni::{q2_prep, q3_prep};
+use super::Q8GridFn;
+use crate::ggml_type::GgmlType;
+use std::arch::x86_64::*;
+
+/// The grid kernel of `ty` (Q2_K, Q3_K) on this CPU, or None (another type, or neither AMX nor
+/// the AVX-512 features of `vnni::detected`).
+pub(super) fn grid_fn(ty: GgmlType) -> Option<Q8GridFn> {
+    if super::amx::detected() {
+        kernel::<true>(ty)
+    } else if super::vnni::detected() {
+        kernel::<false>(ty)
+    } else {
+        None
+    }
+}
+
+/// The VNNI grid kernel of `ty` even on a CPU with AMX (for tests), or None.
+#[cfg(test)]
+pub(super) fn vnni_grid_fn(ty: GgmlType) -> Option<Q8GridFn> {
+    super::vnni::detected()
+        .then(|| kernel::<false>(ty))
+        .flatten()
+}
+
+/// The kernel of `ty` with the AMX (`AMX`) or the VNNI backend; the caller has checked that the
+/// backend's features (and, for AMX, the OS permission) are there.
+fn kernel<const AMX: bool>(ty: GgmlType) -> Option<Q8GridFn> {
+    // SAFETY (every wrapper below): `kernel` enables exactly the AVX-512 features of
+    // `vnni::detected()`, which `grid_fn` saw (`amx::detected()` includes them), and the AMX
+    // instructions run only when `amx::detected()` saw them and got the OS permission.
+    macro_rules! wrap {
+        ($b:literal, $mins:literal, $prep:ident) => {{
+            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+            fn kernel<const AMX: bool>(w: &[u8], x: &Q8Tiles, y: &mut [f32]) {
+                grid::<$b, $mins, AMX>(w, x, y, |block, dst| {
+                    let p = $prep(block);
+                    for (k, v) in p.w.iter().enumerate() {
+                        // SAFETY: 32 bytes at `32k`, inside the 256-byte row.
+                        unsafe { _mm256_storeu_si256(dst[32 * k..].as_mut_ptr().cast(), *v) };
+                    }
+                    p.into()
+                })
+            }
+            fn w<const AMX: bool>(w: &[u8], x: &Q8Tiles, y: &mut [f32]) {
+                // SAFETY: see above.
+                unsafe { kernel::<AMX>(w, x, y) }
+            }
+            w::<AMX> as Q8GridFn
+        }};
+    }
+    match ty {
+        GgmlType::Q2_K => Some(wrap!(84, true, q2_prep)),
+        GgmlType::Q3_K => Some(wrap!(110, false, q3_prep)),
+        _ => None,
+    }
+}
+
+/// A weight block's scales for the epilogue: `d`, `dmin` and the 16 mins as eight i32 words of
+/// two i16 (Q2_K), or `d` alone (Q3_K).
+#[derive(Clone, Copy)]
+struct Scales {
+    d: f32,
+    dmin: f32,
+    mins: [i32; 8],
+}
+
+impl Scales {
+    const ZERO: Scales = Scales {
+        d: 0.0,
+        dmin: 0.0,
+        mins: [0; 8],
+    };
+}
+
+impl From<super::vnni::Q2> for Scales {
+    fn from(p: super::vnni::Q2) -> Scales {
+        let mut mins = [0i32; 8];
+        // SAFETY: 32 bytes into an [i32; 8].
+        unsafe { _mm256_storeu_si256(mins.as_mut_ptr().cast(), p.mins) };
+        Scales {
+            d: p.d,
+            dmin: p.dmin,
+            mins,
+        }
+    }
+}
+
+impl From<super::vnni::Q3> for Scales {
+    fn from(p: super::vnni::Q3) -> Scales {
+        Scales {
+            d: p.d,
+            ..Scales::ZERO
+        }
+    }
+}
+
+/// One unpacked weight block (256 effective weights).
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub(super) struct Unpacked(pub(super) [u8; 256]);
+
+/// Two `C` tiles (16 × 16 i32 each, weight row major).
+#[repr(C, align(64))]
+pub(super) struct CBuf(pub(super) [[i32; GROUP * GROUP]; 2]);
+
+/// The rows of `w` for a grid call with block bytes `bytes`: `Some(n)`, or None after filling `y`
+/// with NaN when the lengths disagree (`debug_assert` in debug builds) — see
+/// [`super::Q8GridFn`].
+fn grid_rows(w: &[u8], x: &Q8Tiles, y: &mut [f32], bytes: usize) -> Option<usize> {
+    let rows = x.rows();
+    let n = y.len().checked_div(rows).unwrap_or(0);
+    let ok = n * rows == y.len() && w.len() == n * x.blocks() * bytes;
+    debug_assert!(
+        ok,
+        "Q8_K grid: weight bytes {} / packed rows {} of {} blocks / outputs {} (block {bytes} bytes)",
+        w.len(),
+        rows,
+        x.blocks(),
+        y.len()
+    );
+    if !ok {
+        y.fill(f32::NAN);
+        return None;
+    }
+    Some(n)
+}
+
+/// The grid loop (module note) for blocks of `B` bytes, `unpack` writing a block's effective
+/// weights and returning its scales; `MINS` selects Q2_K's epilogue, else Q3_K's; `AMX` the
+/// backend.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn grid<const B: usize, const MINS: bool, const AMX: bool>(
+    w: &[u8],
+    x: &Q8Tiles,
+    y: &mut [f32],
+    mut unpack: impl FnMut(&[u8; B], &mut [u8; 256]) -> Scales,
+) {
+    let Some(n) = grid_rows(w, x, y, B) else {
+        return;
+    };
+    let (rows, nb, groups) = (x.rows(), x.blocks(), x.groups());
+    if y.is_empty() {
+        return;
+    }
+    // The 16 rows of a row group unpacked whole, row by row (sequential reads of the weights):
+    // block `b` of row `r` at `a[b·16 + r]`, its scales at `sc[b·16 + r]` (block-major, so that
+    // a block's 16 rows are 4 KiB in a row: row-major rows of 4096 elements lie 4 KiB apart and
+    // share the L1 cache sets).
+    let mut a = vec![Unpacked([0; 256]); GROUP * nb];
+    let mut sc = vec![Scales::ZERO; GROUP * nb];
+    let mut c = CBuf([[0; GROUP * GROUP]; 2]);
+    let mut acc = vec![[_mm512_setzero_ps(); GROUP]; groups];
+    if AMX {
+        // SAFETY: the CPU has AMX and the OS granted it (checked before this kernel was handed
+        // out).
+        unsafe { super::amx::configure() };
+    }
+    for r0 in (0..n).step_by(GROUP) {
+        let nr = GROUP.min(n - r0);
+        for g in acc.iter_mut() {
+            *g = [_mm512_setzero_ps(); GROUP];
+        }
+        let row_blocks = w[r0 * nb * B..(r0 + nr) * nb * B].as_chunks::<B>().0;
+        for (i, block) in row_blocks.iter().enumerate() {
+            let at = (i % nb) * GROUP + i / nb;
+            sc[at] = unpack(block, &mut a[at].0);
+        }
+        for b in 0..nb {
+            a[b * GROUP + nr..(b + 1) * GROUP].fill(Unpacked([0; 256]));
+            sc[b * GROUP + nr..(b + 1) * GROUP].fill(Scales::ZERO);
+        }
+        for b in 0..nb {
+            if AMX {
+                // SAFETY: as above; `a` holds 16 rows of `nb` blocks.
+                unsafe { super::amx::load_weights(&a[b * GROUP..(b + 1) * GROUP]) };
+            }
+            let mut g = 0;
+            while g < groups {
+                let done = if AMX {
+                    // SAFETY: as above; groups `g` (and `g + 1`) exist in `x`.
+                    unsafe { super::amx::sums(x, g, b, &mut c) }
+                } else {
+                    vnni_sums(&a[b * GROUP..(b + 1) * GROUP], b, x, g, &mut c);
+                    1
+                };
+                for (h, cg) in c.0.iter().enumerate().take(done) {
+                    let scales = sc[b * GROUP..b * GROUP + nr].iter();
+                    epilogue::<MINS>(cg, x, (g + h) * nb + b, scales, &mut acc[g + h]);
+                }
+                g += done;
+            }
+        }
+        let mut lanes = [0f32; GROUP];
+        for (g, accg) in acc.iter().enumerate() {
+            let t0 = g * GROUP;
+            let valid = GROUP.min(rows - t0);
+            for (r, v) in accg.iter().enumerate().take(nr) {
+                // SAFETY: 16 f32 into a [f32; 16].
+                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
+                let at = (r0 + r) * rows + t0;
+                y[at..at + valid].copy_from_slice(&lanes[..valid]);
+            }
+        }
+    }
+    if AMX {
+        // SAFETY: releases this thread's tile state (AMX granted, see above).
+        unsafe { super::amx::release() };
+    }
+}
+
+/// The VNNI backend's integer sums of block `b` for activation group `g` into `c.0[0]` (row `r`
+/// of the block's 16 unpacked weight rows `a[r]`, lane `t` for activation row `t`; module
+/// note).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn vnni_sums(a: &[Unpacked], b: usize, x: &Q8Tiles, g: usize, c: &mut CBuf) {
+    let nb = x.blocks();
+    let tiles = &x.tiles[(g * nb + b) * 4..(g * nb + b) * 4 + 4];
+    let rows: [&[u8; 256]; GROUP] = std::array::from_fn(|r| &a[r].0);
+    let mut acc = [_mm512_setzero_si512(); GROUP];
+    for (ci, tile) in tiles.iter().enumerate() {
+        for rr in 0..GROUP {
+            // SAFETY: 64 bytes of row `rr` of a 1 KiB tile.
+            let xv = unsafe { _mm512_loadu_si512(tile.0[64 * rr..].as_ptr().cast()) };
+            let at = 64 * ci + 4 * rr;
+            for (acc_r, row) in acc.iter_mut().zip(&rows) {
+                let word = &row[at..at + 4];
+                // SAFETY: 4 readable bytes (a bounds-checked slice); unaligned reads are allowed.
+                let word = unsafe { std::ptr::read_unaligned(word.as_ptr().cast::<i32>()) };
+                *acc_r = _mm512_dpbusd_epi32(*acc_r, _mm512_set1_epi32(word), xv);
+            }
+        }
+    }
+    for (dst, v) in c.0[0].chunks_exact_mut(GROUP).zip(acc) {
+        // SAFETY: 16 i32 into a chunk of 16.
+        unsafe { _mm512_storeu_si512(dst.as_mut_ptr().cast(), v) };
+    }
+}
+
+/// Adds block `gb`'s values for one activation group (the `C` tile `c`) into `acc`, one zmm of
+/// 16 activation rows per weight row with scales `sc` (module note).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn epilogue<'s, const MINS: bool>(
+    c: &[i32; GROUP * GROUP],
+    x: &Q8Tiles,
+    gb: usize,
+    sc: impl Iterator<Item = &'s Scales>,
+    acc: &mut [__m512; GROUP],
+) {
+    // SAFETY (loads): each reads 16 lanes from an array of 16.
+    let d8 = unsafe { _mm512_loadu_ps(x.d8[gb].as_ptr()) };
+    let pairs: [__m512i; 8] =
+        std::array::from_fn(|i| unsafe { _mm512_loadu_si512(x.pairs[gb][i].as_ptr().cast()) });
+    let neg127 = unsafe { _mm512_loadu_si512(x.neg127[gb].as_ptr().cast()) };
+    for ((s, a), cr) in sc.zip(acc.iter_mut()).zip(c.chunks_exact(GROUP)) {
+        let sum = unsafe { _mm512_loadu_si512(cr.as_ptr().cast()) };
+        let d = _mm512_set1_ps(s.d);
+        let v = if MINS {
+            let mut m = _mm512_setzero_si512();
+            for (p, &mn) in pairs.iter().zip(&s.mins) {
+                m = _mm512_dpwssd_epi32(m, *p, _mm512_set1_epi32(mn));
+            }
+            _mm512_sub_ps(
+                _mm512_mul_ps(d, _mm512_cvtepi32_ps(sum)),
+                _mm512_mul_ps(_mm512_set1_ps(s.dmin), _mm512_cvtepi32_ps(m)),
+            )
+        } else {
+            _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_add_epi32(sum, neg127)))
+        };
+        *a = _mm512_add_ps(*a, _mm512_mul_ps(d8, v));
+    }
+}
