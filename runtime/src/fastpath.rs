@@ -19,10 +19,10 @@
 //!   output head one plane: its error lands on the logits directly instead of being carried
 //!   through the remaining layers, and the head is 65 % of a decoded token's bytes (the verdict
 //!   in docs/BENCHMARKS.md is measured with it).
-//! - Tile kernels: where the CPU has AMX ([`crate::quant::q8::q8_grid_fn`], Q2_K and Q3_K) and a
-//!   product has at least `GRID_MIN_ROWS` activation rows (tokens × planes), the quantized rows
-//!   are packed once (`pack`, `GRID_TOKENS` tokens per tile) and 16 weight rows meet 16
-//!   activation rows per tile operation. They return the multi-row kernels' bits, so every
+//! - Tile kernels: where the CPU has AMX or AVX-512 VNNI ([`crate::quant::q8::q8_grid_fn`], Q2_K
+//!   and Q3_K) and a product has at least `GRID_MIN_ROWS` activation rows (tokens × planes), the
+//!   quantized rows are packed once (`pack`, `GRID_TOKENS` tokens per tile) and 16 weight rows
+//!   meet 16 activation rows per tile operation (`tdpbusd`, or 64 `vpdpbusd`). They return the multi-row kernels' bits, so every
 //!   statement below holds with or without them.
 //! - `mat_mul`, `y[t, r] = W[r, :] · x[t, :]`: output rows are split into chunks over the rayon
 //!   pool; a chunk's weight rows are dotted against the quantized rows one tile of 32 tokens at a
@@ -71,8 +71,9 @@ const MOE_ROWS: usize = 64;
 /// elements 512 KiB of codes, which stay in L2 while a chunk of weight rows passes).
 const GRID_TOKENS: usize = 64;
 /// Activation rows (tokens × planes) from which the tile kernels beat the multi-row ones
-/// (measured: `cargo bench -p aubier-runtime --bench q8_dot`, `q8_prefill/Q2_K`, equal at 2 rows,
-/// slower at 4, 2.4× faster at 8).
+/// (measured: `cargo bench -p aubier-runtime --bench q8_dot`, `q8_prefill/Q2_K`; AMX on
+/// Sapphire Rapids: equal at 2 rows, slower at 4, 2.4× faster at 8; VNNI on Zen 4: 0.5× at 4,
+/// equal at 8, 1.9× at 16).
 const GRID_MIN_ROWS: usize = 8;
 /// Weight rows per parallel work item of a tiled `mat_mul` (a multiple of 16).
 const GRID_ROWS: usize = 64;
