@@ -826,7 +826,6 @@ impl Shared {
     }
 }
 
-/// Runs all work items of one kernel, split over the current rayon pool.
 /// Runs an `embed` step's kernels over its `t` tokens in runs of [`EMBED_RUN`], calling
 /// `release` (the table's pages, [`Bound::pages`]) after each run, so that at most one run's
 /// pages are mapped at a time. `args` binds the step for `t` tokens: operand 1 the `[T]` ids,
@@ -856,6 +855,7 @@ fn embed_in_runs(
     Ok(())
 }
 
+/// Runs all work items of one kernel, split over the current rayon pool.
 fn launch(kernel: &Kernel, args: StepArgs, t: usize, s: usize) -> Result<(), ExecError> {
     let work = kernel.work().eval(t, s).ok_or(ExecError::Extents {
         t,

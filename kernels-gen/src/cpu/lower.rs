@@ -335,7 +335,7 @@ pub(crate) const ROW_BUF_MAX: usize = 16384;
 /// Work items per call below which splitting elementwise work does not pay.
 const ELEMENT_GRAIN: usize = 4096;
 /// The same for short rows (norms, rope, masks).
-const ROW_GRAIN: usize = 8;
+const ROW_GRAIN: usize = 64;
 
 /// Lowers one step (see the module note).
 pub(crate) fn lower_step<'p>(cx: &Cx<'p>, idx: usize, step: &'p Step) -> R<StepSpec<'p>> {

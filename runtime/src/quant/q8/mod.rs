@@ -349,7 +349,10 @@ fn clamped(w: &[u8], from: usize, to: usize) -> &[u8] {
 }
 
 /// Asks the CPU to start loading `bytes` into L1 (one hint per 64-byte line): the weight rows
-/// after the next ones, while these are dotted. A hint, never a fault.
+/// after the next ones, while these are dotted. A hint, never a fault. The loop over `chunks`
+/// stays a loop (one hint per iteration): the same hints unrolled into a burst of eight
+/// back-to-back `prefetcht0` measured 10–30 % slower streams on Zen 4 (the decode kernels at
+/// two threads, 512 MiB matrices).
 #[inline(always)]
 fn prefetch(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]

@@ -78,7 +78,8 @@ pub(super) fn rows_fn(ty: GgmlType) -> Option<Q8RowsFn> {
 
 /// A kernel's work on one group of `R` consecutive rows (`rb` bytes each, `nb` blocks of `B`
 /// bytes) against `P` planes of `nb` blocks: row `r`'s planes added in plane order.
-/// `ahead` is the rows `D` groups later, prefetched block by block as this group is computed.
+/// `ahead` is the rows `D` groups later, prefetched as this group is computed: at block `b` its
+/// bytes `b·R·B .. (b + 1)·R·B`, a block's share in address order.
 type Group<const R: usize> = unsafe fn(&[u8], usize, &[BlockQ8K], usize, &[u8]) -> [f32; R];
 
 /// Groups between the one computed and the one prefetched: the next (measured on Zen 4, 2
@@ -351,7 +352,7 @@ fn q2_group<const R: usize, const P: usize>(
     let m4 = _mm_set1_epi8(0x0f);
     let mut acc = _mm256_setzero_ps();
     for b in 0..nb {
-        super::prefetch(&ahead[b * ahead.len() / nb..(b + 1) * ahead.len() / nb]);
+        super::prefetch(super::clamped(ahead, b * R * 84, (b + 1) * R * 84));
         let ys: [&BlockQ8K; P] = planes.map(|p| &p[b]);
         let xv: [[__m512i; 4]; P] = ys.map(|y| std::array::from_fn(|j| x64(y, j)));
         let bs: [__m256i; P] = ys.map(|y| bsums(y));
@@ -475,7 +476,7 @@ fn signed_group<const B: usize, const R: usize, const P: usize>(
     let pick: [__m512i; 4] = std::array::from_fn(|j| table16(&SCALE_PICK16[j]));
     let mut acc = _mm256_setzero_ps();
     for b in 0..nb {
-        super::prefetch(&ahead[b * ahead.len() / nb..(b + 1) * ahead.len() / nb]);
+        super::prefetch(super::clamped(ahead, b * R * B, (b + 1) * R * B));
         let ys: [&BlockQ8K; P] = planes.map(|p| &p[b]);
         let xv: [[__m512i; 4]; P] = ys.map(|y| std::array::from_fn(|j| x64(y, j)));
         let bs: [__m256i; P] = ys.map(|y| bsums(y));
