@@ -50,6 +50,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod grid;
 #[cfg(target_arch = "x86_64")]
+mod lanes;
+#[cfg(target_arch = "x86_64")]
 mod rows;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
@@ -356,16 +358,28 @@ fn clamped(w: &[u8], from: usize, to: usize) -> &[u8] {
 #[inline(always)]
 fn prefetch(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]
-    for line in bytes.chunks(64) {
-        // SAFETY: `_mm_prefetch` only hints the cache; the address is inside a live slice.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr().cast(),
-            )
-        };
-    }
+    prefetch_hint::<{ std::arch::x86_64::_MM_HINT_T0 }>(bytes);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = bytes;
+}
+
+/// [`prefetch`] into L2 (`_MM_HINT_T1`): for rows further ahead than L1 holds next to the rows
+/// being read.
+#[inline(always)]
+fn prefetch_l2(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    prefetch_hint::<{ std::arch::x86_64::_MM_HINT_T1 }>(bytes);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_hint<const HINT: i32>(bytes: &[u8]) {
+    for line in bytes.chunks(64) {
+        // SAFETY: `_mm_prefetch` only hints the cache; the address is inside a live slice.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(line.as_ptr().cast()) };
+    }
 }
 
 /// Every type with a Q8_K kernel, in the order of [`BY_ROW`].
@@ -929,8 +943,9 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(12);
         for &ty in &TYPES {
             for nb in [1, 2, 16, 17] {
-                // Below, at and past the groups of 4 (two planes) and 8 (one plane).
-                for n in [1, 3, 4, 5, 8, 9, 13, 17] {
+                // Below, at and past the groups of 4 (two planes), 8 (one plane) and 16 (rows in
+                // the lanes).
+                for n in [1, 3, 4, 5, 8, 9, 13, 16, 17, 32, 35] {
                     let sampled: Vec<u8> = (0..n).flat_map(|_| weights(ty, nb, &mut rng)).collect();
                     let bytes: Vec<u8> = (0..n)
                         .flat_map(|_| random_bytes(ty, nb, &mut rng))
@@ -1205,13 +1220,13 @@ mod tests {
             }
         }
 
-        /// Any bytes and activation values (NaN, inf, subnormal), 1 to 12 weight rows, one or
+        /// Any bytes and activation values (NaN, inf, subnormal), 1 to 40 weight rows, one or
         /// two planes: every decode kernel gives the scalar bits, plane dots in plane order.
         #[test]
         fn arbitrary_rows_match_the_scalar_kernel(
             t in 0..TYPES.len(),
             nb in 1usize..3,
-            n in 1usize..13,
+            n in 1usize..41,
             planes in 1usize..3,
             seed in proptest::prelude::any::<u64>(),
             x in proptest::collection::vec(proptest::prelude::any::<f32>(), 4 * QK_K),

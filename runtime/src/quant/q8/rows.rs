@@ -119,6 +119,14 @@ fn rows_loop<const B: usize, const R: usize>(
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn q2_K_rows(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
+    // Whole groups of 16 rows with the rows in the lanes (`lanes.rs`), the rest here.
+    // SAFETY: this function's features are those `lanes` requires.
+    let done = unsafe { super::lanes::q2_K_lanes(w, x, planes, y) };
+    if done == y.len() {
+        return;
+    }
+    let rb = w.len() / y.len();
+    let (w, y) = (&w[done * rb..], &mut y[done..]);
     match planes {
         1 => rows_loop::<84, 8>(w, x, 1, y, q2_group::<8, 1>, q2_group::<1, 1>),
         _ => rows_loop::<84, 4>(w, x, planes, y, q2_group::<4, 2>, q2_group::<1, 2>),

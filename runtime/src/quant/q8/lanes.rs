@@ -1,0 +1,327 @@
+//! Decode kernels with the weight rows in the vector lanes (AVX-512): 16 Q2_K weight rows against
+//! the two Q8_K planes of one token (`q8x2`), with the integer sums and f32 expressions of the scalar kernels,
+//! so that every row gets the bits of [`super::q8_dot_fn`] summed over the planes in plane order.
+//!
+//! Algorithm. `rows.rs` keeps a row's 256 codes in the lanes of four vectors and so has to
+//! reduce each block's lanes to one sum per row and plane. Here lane `r` of every vector belongs
+//! to weight row `r` of a group of 16, so a block's sums come out whole in the lanes, with no
+//! horizontal reduction, and the activation side is a broadcast:
+//!
+//! 1. Per block, each row's bytes `0 .. 64` (the 16 scale bytes and code bytes `0 .. 48`) and
+//!    `20 .. 84` (code bytes `4 .. 64`, then `d` and `dmin`) are loaded as 16 32-bit words and
+//!    the 16 × 16 words transposed (`unpack` 32 / 64-bit, then two `shuffle_i32x4` stages; of the
+//!    second load only the five words needed), so that vector `q` holds code word `q` (bytes
+//!    `4q .. 4q + 4` of the 64 code bytes) of all 16 rows, and likewise the scale words and the
+//!    `(d, dmin)` word.
+//! 2. Code word `q` holds, at bits `2j .. 2j + 2` of its four bytes, the elements
+//!    `128·(q / 8) + 32j + 4·(q mod 8) ..` + 4 (Q2_K's order), all in sub-block
+//!    `8·(q / 8) + 2j + (q mod 8) / 4`. Shift and mask give the codes, `_mm512_mullo_epi16` by
+//!    the row's scale of that sub-block (placed in the low byte of both 16-bit halves of its
+//!    lane, `q·sc ≤ 45`, so nothing carries) the effective weights, and per plane `vpdpbusd`
+//!    with the broadcast activation word of the same four elements adds them into the row's
+//!    lane: `S = Σ_j sc_j·Σ_16 q·x8`. The mins: `M = Σ_j m_j·bsum_j` by eight `vpdpwssd` per
+//!    plane of the rows' min pairs `(m_2t, m_2t+1)` (16-bit halves of a lane) with the broadcast
+//!    pair `(bsum_2t, bsum_2t+1)`.
+//! 3. Per plane the block's value `d8·(d·f32(S) − dmin·f32(M))` is evaluated in the 16 lanes with
+//!    the scalar helper's operations in its order (`mul`/`sub`, no FMA; `S`, `M` exact i32s
+//!    converted to nearest), and added into the plane's f32 accumulator, blocks in order from
+//!    `+0.0`; the row's result is its plane accumulators added in plane order.
+//!
+//! As in `rows.rs`, the next group's bytes are prefetched in address order while a group is
+//! computed, here into L2 (a group is 21 KiB at 4096 elements: two of them do not fit the
+//! 32 KiB L1D of Zen 4). Fewer than 16 rows go to `rows.rs`.
+
+#![allow(non_snake_case)] // the kernels keep ggml's type names (q2_K)
+
+use super::{rows_lengths, BlockQ8K};
+use std::arch::x86_64::*;
+
+/// Weight rows per group: the i32 lanes of a vector.
+pub(super) const LANES: usize = 16;
+
+/// `y[i] = dot(row_i, x_0) + dot(row_i, x_1)` for the whole groups of 16 rows of `w` and two
+/// planes (`Q8RowsFn`'s contract for Q2_K); returns the rows done (a multiple of 16, or all of
+/// them after a failed length check), the rest left to the caller. One plane goes to the
+/// caller whole: `rows.rs`'s groups of eight measured faster there (Zen 4, cache-resident rows:
+/// 16.5 against 15.4 GB/s; at two planes these kernels 13.7 against 9.6).
+///
+/// # Safety
+/// The CPU has the features of `vnni::detected` (checked by the caller).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q2_K_lanes(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) -> usize {
+    if planes != 2 {
+        return 0;
+    }
+    let Some((nb, rb)) = rows_lengths(w, x, planes, y, 84) else {
+        return y.len();
+    };
+    let n = y.len() - y.len() % LANES;
+    for g in (0..n).step_by(LANES) {
+        let ahead = super::clamped(w, (g + LANES) * rb, (g + 2 * LANES) * rb);
+        let rows = &w[g * rb..(g + LANES) * rb];
+        let v = q2_group::<2>(rows, rb, x, nb, ahead);
+        y[g..g + LANES].copy_from_slice(&v);
+    }
+    n
+}
+
+/// The 64 bytes of `s` from `at` as 16 32-bit words.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn load64(s: &[u8], at: usize) -> __m512i {
+    let s = &s[at..at + 64];
+    // SAFETY: `s` has exactly 64 readable bytes; loadu needs no alignment.
+    unsafe { _mm512_loadu_si512(s.as_ptr().cast()) }
+}
+
+/// Stages 1 and 2 of the 16 × 16 word transpose: `u[4g + k]`, in 128-bit chunk `c`, holds word
+/// `4c + k` of rows `4g .. 4g + 4`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn quads(v: &[__m512i; 16]) -> [__m512i; 16] {
+    let mut u = [_mm512_setzero_si512(); 16];
+    for g in 0..4 {
+        let r = 4 * g;
+        let t0 = _mm512_unpacklo_epi32(v[r], v[r + 1]);
+        let t1 = _mm512_unpackhi_epi32(v[r], v[r + 1]);
+        let t2 = _mm512_unpacklo_epi32(v[r + 2], v[r + 3]);
+        let t3 = _mm512_unpackhi_epi32(v[r + 2], v[r + 3]);
+        u[r] = _mm512_unpacklo_epi64(t0, t2);
+        u[r + 1] = _mm512_unpackhi_epi64(t0, t2);
+        u[r + 2] = _mm512_unpacklo_epi64(t1, t3);
+        u[r + 3] = _mm512_unpackhi_epi64(t1, t3);
+    }
+    u
+}
+
+/// Word `i` (`4c + k`) of all 16 rows from the stage-2 quads `u`: chunk `g` of the result is
+/// chunk `c` of `u[4g + k]`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn column(u: &[__m512i; 16], i: usize) -> __m512i {
+    let (c, k) = (i / 4, i % 4);
+    // Chunks (c of u[k], c of u[4 + k]) and (c of u[8 + k], c of u[12 + k]) side by side.
+    let (lo, hi) = match c {
+        0 | 1 => (
+            _mm512_shuffle_i32x4::<0x44>(u[k], u[4 + k]),
+            _mm512_shuffle_i32x4::<0x44>(u[8 + k], u[12 + k]),
+        ),
+        _ => (
+            _mm512_shuffle_i32x4::<0xee>(u[k], u[4 + k]),
+            _mm512_shuffle_i32x4::<0xee>(u[8 + k], u[12 + k]),
+        ),
+    };
+    match c % 2 {
+        0 => _mm512_shuffle_i32x4::<0x88>(lo, hi),
+        _ => _mm512_shuffle_i32x4::<0xdd>(lo, hi),
+    }
+}
+
+/// The full 16 × 16 word transpose: result `i`, lane `r` = `v[r]`, lane `i`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn transpose(v: &[__m512i; 16]) -> [__m512i; 16] {
+    let u = quads(v);
+    let mut out = [_mm512_setzero_si512(); 16];
+    for k in 0..4 {
+        let a = _mm512_shuffle_i32x4::<0x44>(u[k], u[4 + k]);
+        let b = _mm512_shuffle_i32x4::<0x44>(u[8 + k], u[12 + k]);
+        let c = _mm512_shuffle_i32x4::<0xee>(u[k], u[4 + k]);
+        let d = _mm512_shuffle_i32x4::<0xee>(u[8 + k], u[12 + k]);
+        out[k] = _mm512_shuffle_i32x4::<0x88>(a, b);
+        out[4 + k] = _mm512_shuffle_i32x4::<0xdd>(a, b);
+        out[8 + k] = _mm512_shuffle_i32x4::<0x88>(c, d);
+        out[12 + k] = _mm512_shuffle_i32x4::<0xdd>(c, d);
+    }
+    out
+}
+
+/// `vpshufb` indices that put byte `m` (< 4) of each 32-bit lane into bytes 0 and 2 of that
+/// lane and zero bytes 1 and 3 (index bit 7).
+const fn pick_twice(m: usize) -> [u8; 64] {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        let lane = i / 4 * 4 % 16;
+        t[i] = match i % 4 {
+            0 | 2 => (lane + m) as u8,
+            _ => 0x80,
+        };
+        i += 1;
+    }
+    t
+}
+
+/// `vpshufb` indices that put bytes `m` and `m + 1` (`m` even) of each 32-bit lane into bytes 0
+/// and 2 of that lane and zero bytes 1 and 3.
+const fn pick_pair(m: usize) -> [u8; 64] {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        let lane = i / 4 * 4 % 16;
+        t[i] = match i % 4 {
+            0 => (lane + m) as u8,
+            2 => (lane + m + 1) as u8,
+            _ => 0x80,
+        };
+        i += 1;
+    }
+    t
+}
+
+static PICK_TWICE: [[u8; 64]; 4] = [pick_twice(0), pick_twice(1), pick_twice(2), pick_twice(3)];
+static PICK_PAIR: [[u8; 64]; 2] = [pick_pair(0), pick_pair(2)];
+
+/// The 64 bytes of a table as a vector.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn table(t: &[u8; 64]) -> __m512i {
+    load64(t, 0)
+}
+
+/// The 32-bit word `k` of the array `words` broadcast to every lane (`k` checked against the
+/// array's size, a constant).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn word<T, const A: usize>(words: &[T; A], k: usize) -> __m512i {
+    assert!(
+        4 * k + 4 <= std::mem::size_of::<[T; A]>(),
+        "word {k} outside the array"
+    );
+    // SAFETY: the 4 bytes at `4k` lie inside `words` (asserted); unaligned reads are allowed.
+    let w =
+        unsafe { std::ptr::read_unaligned(words.as_ptr().cast::<u8>().add(4 * k).cast::<i32>()) };
+    _mm512_set1_epi32(w)
+}
+
+/// Q2_K, 16 rows (`rb` bytes each, `nb` blocks) × `P` planes.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q2_group<const P: usize>(
+    w: &[u8],
+    rb: usize,
+    x: &[BlockQ8K],
+    nb: usize,
+    ahead: &[u8],
+) -> [f32; LANES] {
+    let rows: [&[[u8; 84]]; LANES] = std::array::from_fn(|r| {
+        let (blocks, _) = w[r * rb..(r + 1) * rb].as_chunks::<84>();
+        &blocks[..nb]
+    });
+    let planes: [&[BlockQ8K]; P] = std::array::from_fn(|p| &x[p * nb..(p + 1) * nb]);
+    let mut acc = [_mm512_setzero_ps(); P];
+    for b in 0..nb {
+        super::prefetch_l2(super::clamped(ahead, b * LANES * 84, (b + 1) * LANES * 84));
+        let head = transpose(&std::array::from_fn(|r| load64(&rows[r][b][..64], 0)));
+        let tail = quads(&std::array::from_fn(|r| load64(&rows[r][b][20..], 0)));
+        let ys: [&BlockQ8K; P] = planes.map(|p| &p[b]);
+        let mut s = [_mm512_setzero_si512(); P];
+        q2_quarter::<0, 0, P>(&head, &tail, ys, &mut s);
+        q2_quarter::<0, 1, P>(&head, &tail, ys, &mut s);
+        q2_quarter::<1, 0, P>(&head, &tail, ys, &mut s);
+        q2_quarter::<1, 1, P>(&head, &tail, ys, &mut s);
+        let mut m = [_mm512_setzero_si512(); P];
+        for t in 0..8 {
+            let pick = table(&PICK_PAIR[t % 2]);
+            let mins = _mm512_srli_epi16::<4>(_mm512_shuffle_epi8(head[t / 2], pick));
+            for p in 0..P {
+                m[p] = _mm512_dpwssd_epi32(m[p], mins, word(&ys[p].bsums, t));
+            }
+        }
+        let dd = column(&tail, 15);
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+        let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
+        for p in 0..P {
+            // d8·(d·S − dmin·M), as `value_dmin`.
+            let v = _mm512_sub_ps(
+                _mm512_mul_ps(d, _mm512_cvtepi32_ps(s[p])),
+                _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m[p])),
+            );
+            acc[p] = _mm512_add_ps(acc[p], _mm512_mul_ps(_mm512_set1_ps(ys[p].d), v));
+        }
+    }
+    let mut sum = acc[0];
+    for a in &acc[1..] {
+        sum = _mm512_add_ps(sum, *a);
+    }
+    let mut out = [0f32; LANES];
+    // SAFETY: 16 f32 into a [f32; 16].
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), sum) };
+    out
+}
+
+/// Step 2 for code words `8N + 4H .. 8N + 4H + 4` (they share sub-block `8N + 2j + H` at every
+/// shift `j`): their effective weights dotted with each plane into `s`. Code word `q < 12` is
+/// word `4 + q` of the first load (`head`), else word `q − 1` of the second (`tail`'s quads).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn q2_quarter<const N: usize, const H: usize, const P: usize>(
+    head: &[__m512i; 16],
+    tail: &[__m512i; 16],
+    ys: [&BlockQ8K; P],
+    s: &mut [__m512i; P],
+) {
+    let (m3, m15) = (_mm512_set1_epi8(3), _mm512_set1_epi32(0x000f_000f));
+    let cw: [__m512i; 4] = std::array::from_fn(|i| {
+        let q = 8 * N + 4 * H + i;
+        if q < 12 {
+            head[4 + q]
+        } else {
+            column(tail, q - 1)
+        }
+    });
+    for j in 0..4 {
+        let sub = 8 * N + 2 * j + H;
+        let pick = table(&PICK_TWICE[sub % 4]);
+        let sc = _mm512_and_si512(_mm512_shuffle_epi8(head[sub / 4], pick), m15);
+        for (i, &c) in cw.iter().enumerate() {
+            let c = match j {
+                0 => c,
+                1 => _mm512_srli_epi16::<2>(c),
+                2 => _mm512_srli_epi16::<4>(c),
+                _ => _mm512_srli_epi16::<6>(c),
+            };
+            let wq = _mm512_mullo_epi16(_mm512_and_si512(c, m3), sc);
+            let kx = 32 * N + 8 * j + 4 * H + i;
+            for p in 0..P {
+                s[p] = _mm512_dpbusd_epi32(s[p], wq, word(&ys[p].qs, kx));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The transpose moves lane `i` of vector `r` to lane `r` of vector `i`, and `column` picks
+    /// the same vectors from the quads.
+    #[test]
+    fn transpose_and_column_move_every_word() {
+        if !super::super::vnni::detected() {
+            println!("note: no AVX-512 VNNI on this CPU: transpose check skipped");
+            return;
+        }
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        fn check() {
+            let words: [[i32; 16]; 16] =
+                std::array::from_fn(|r| std::array::from_fn(|i| (100 * r + i) as i32));
+            // SAFETY: 16 i32 = 64 readable bytes each.
+            let v: [__m512i; 16] =
+                std::array::from_fn(|r| unsafe { _mm512_loadu_si512(words[r].as_ptr().cast()) });
+            let t = transpose(&v);
+            let u = quads(&v);
+            for i in 0..16 {
+                let mut got = [0i32; 16];
+                let mut col = [0i32; 16];
+                // SAFETY: 64 writable bytes each.
+                unsafe { _mm512_storeu_si512(got.as_mut_ptr().cast(), t[i]) };
+                unsafe { _mm512_storeu_si512(col.as_mut_ptr().cast(), column(&u, i)) };
+                let want: [i32; 16] = std::array::from_fn(|r| words[r][i]);
+                assert_eq!(got, want, "vector {i}");
+                assert_eq!(col, want, "column {i}");
+            }
+        }
+        // SAFETY: the features were detected above.
+        unsafe { check() }
+    }
+}
