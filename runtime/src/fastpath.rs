@@ -588,11 +588,20 @@ impl WeightProduct for FastMatMul {
                     }
                 });
         }
-        for (r, col) in buf.yt[..n_out * t].chunks(t).enumerate() {
-            for (tok, &v) in col.iter().enumerate() {
-                y[tok * n_out + r] = v;
-            }
-        }
+        // The transpose in blocks of 16 tokens (in parallel): each weight row's 16 values are
+        // one 64-byte read, and each of the 16 output rows is written in order.
+        let yt = &buf.yt[..n_out * t];
+        y[..t * n_out]
+            .par_chunks_mut(16 * n_out)
+            .enumerate()
+            .for_each(|(blk, ys)| {
+                let t0 = 16 * blk;
+                for (r, col) in yt.chunks_exact(t).enumerate() {
+                    for (i, &v) in col[t0..t0 + ys.len() / n_out].iter().enumerate() {
+                        ys[i * n_out + r] = v;
+                    }
+                }
+            });
     }
 }
 
