@@ -219,6 +219,12 @@ impl Model {
         self.file.release_pages(view)
     }
 
+    /// Maps this process's pages of `view`, a slice of a weight view, now
+    /// ([`GgufFile::populate_pages`]); returns the bytes populated.
+    pub fn populate_host_pages(&self, view: &[u8]) -> usize {
+        self.file.populate_pages(view)
+    }
+
     /// Byte views of every plan weight in the map, indexed by `WeightId` (zero-copy).
     pub fn weight_views(&self) -> Vec<&[u8]> {
         self.tensors

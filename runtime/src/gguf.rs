@@ -413,25 +413,41 @@ impl GgufFile {
         let Bytes::Mapped(map) = &self.bytes else {
             return 0;
         };
-        let base = map.as_ptr() as usize;
-        let start = (view.as_ptr() as usize).wrapping_sub(base);
-        if view.is_empty() || start >= map.len() || start + view.len() > map.len() {
+        let Some((first, len)) = whole_pages(map.as_ptr() as usize, map.len(), view) else {
             return 0;
-        }
-        let page = page_size();
-        let first = start.div_ceil(page) * page;
-        let end = (start + view.len()) / page * page;
-        if end <= first {
-            return 0;
-        }
+        };
         // SAFETY: the map is a read-only shared mapping of a file, so MADV_DONTNEED only drops
         // page-table entries; later reads fault the same file bytes back in. No `&mut` to these
-        // bytes exists, and `[first, end)` lies inside the map.
-        match unsafe {
-            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, end - first)
-        } {
-            Ok(()) => end - first,
+        // bytes exists, and `[first, first + len)` lies inside the map.
+        match unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, len) }
+        {
+            Ok(()) => len,
             Err(_) => 0,
+        }
+    }
+
+    /// Maps this process's pages of `view` (a slice of [`GgufFile::bytes`]) now, reading them from
+    /// the page cache or the file (`madvise(MADV_POPULATE_READ)`, Linux 5.14+), so that the first
+    /// request does not fault them in one by one: the tensors every token reads in full. Only
+    /// whole pages inside `view` are populated. Returns the bytes populated; 0 for an owned
+    /// buffer, a view from elsewhere, another OS, or when the kernel refuses the advice (the
+    /// pages are then faulted in on first read, as without it).
+    pub fn populate_pages(&self, view: &[u8]) -> usize {
+        let Bytes::Mapped(map) = &self.bytes else {
+            return 0;
+        };
+        let Some((first, len)) = whole_pages(map.as_ptr() as usize, map.len(), view) else {
+            return 0;
+        };
+        #[cfg(target_os = "linux")]
+        match map.advise_range(memmap2::Advice::PopulateRead, first, len) {
+            Ok(()) => len,
+            Err(_) => 0,
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = (first, len);
+            0
         }
     }
 
@@ -1248,6 +1264,19 @@ fn check_overlaps(tensors: &[TensorInfo]) -> Result<(), GgufError> {
     Ok(())
 }
 
+/// The whole pages of `view` inside a map of `len` bytes at address `base`: `(offset in the map,
+/// bytes)`, or None when `view` is empty, lies outside the map or holds no whole page.
+fn whole_pages(base: usize, len: usize, view: &[u8]) -> Option<(usize, usize)> {
+    let start = (view.as_ptr() as usize).wrapping_sub(base);
+    if view.is_empty() || start >= len || start + view.len() > len {
+        return None;
+    }
+    let page = page_size();
+    let first = start.div_ceil(page) * page;
+    let end = (start + view.len()) / page * page;
+    (end > first).then_some((first, end - first))
+}
+
 /// The size of a memory page in bytes (`sysconf(_SC_PAGESIZE)`; 4096 if it cannot be read).
 fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
@@ -1276,8 +1305,8 @@ mod tests {
         GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
 
-    /// Released pages read back the file's bytes; only whole pages inside the view are released;
-    /// views from elsewhere and owned buffers release nothing.
+    /// Released pages read back the file's bytes; only whole pages inside the view are released
+    /// (and populated); views from elsewhere and owned buffers release and populate nothing.
     #[test]
     fn release_pages_keeps_the_bytes() {
         let path = bundled_q2k();
@@ -1298,6 +1327,13 @@ mod tests {
         assert_eq!(f.release_pages(&view[..1]), 0);
         let owned = GgufFile::from_bytes(std::fs::read(&path).expect("read")).expect("parse");
         assert_eq!(owned.release_pages(owned.tensor_data(t)), 0);
+        // Populating maps the same whole pages back, bytes unchanged; nothing outside the map.
+        if cfg!(target_os = "linux") {
+            assert_eq!(f.populate_pages(view), released);
+        }
+        assert_eq!(f.tensor_data(t), &before[..]);
+        assert_eq!(f.populate_pages(&before), 0);
+        assert_eq!(owned.populate_pages(owned.tensor_data(t)), 0);
     }
 
     /// The data of every tensor lies back to back, each start aligned, in the order the writers

@@ -20,7 +20,8 @@ use crate::fastpath::CpuKernels;
 use crate::kv_cache::LatentKvCache;
 use crate::store::expert_store::{ExpertStore, StoreOptions, StoreReport};
 use aubier_compiler::config::Mistral4Config;
-use aubier_compiler::plan::ValueId;
+use aubier_compiler::ops::Op;
+use aubier_compiler::plan::{Operand, ValueId};
 use std::sync::Arc;
 
 /// Logits of one step: `[T × n_vocab]` f32, row-major, one row per input token.
@@ -124,6 +125,7 @@ impl Session {
         let cache = LatentKvCache::new(cfg.n_layer, kv_max, cfg.kv_cache_width())?;
         let exec = Executor::new(&model.plan, model.program())?;
         let store = ExpertStore::new(Arc::clone(&model), store)?;
+        map_dense_weights(&model, &store);
         Ok(Session {
             store,
             exec,
@@ -372,6 +374,31 @@ impl Session {
     }
 }
 
+/// Maps the pages of every weight a token reads in full (everything but the stacked experts,
+/// which the store copies or reads a few of, and the embedding tables, read a row at a time and
+/// released by the executor) when the session opens, so that the first request does not fault
+/// them in page by page ([`Model::populate_host_pages`]). They stay mapped from the first
+/// request on either way, so this moves no peak: it only moves the faults out of the first
+/// prefill.
+fn map_dense_weights(model: &Model, store: &ExpertStore) {
+    let embeds: Vec<usize> = model
+        .plan
+        .steps
+        .iter()
+        .filter(|s| s.op == Op::Embed)
+        .filter_map(|s| match s.args.first() {
+            Some(&Operand::Weight(w)) => Some(w),
+            _ => None,
+        })
+        .collect();
+    let bytes: usize = (0..model.plan.weights.len())
+        .filter(|&w| !store.holds(w) && !embeds.contains(&w))
+        .filter_map(|w| model.weight_view(w))
+        .map(|view| model.populate_host_pages(view))
+        .sum();
+    tracing::debug!(bytes, "dense weights mapped");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -426,6 +453,27 @@ mod tests {
             .chunks_exact(8)
             .filter(|e| u64::from_le_bytes((*e).try_into().expect("8 bytes")) >> 63 == 1)
             .count()
+    }
+
+    /// Opening a session maps the pages of the weights every token reads in full (the output
+    /// head here), and not those of the embedding table (but for the kernel's fault-around
+    /// window, 16 pages, at the ends next to populated tensors).
+    #[test]
+    fn opening_a_session_maps_the_dense_weights() {
+        let s = open_path(&bundled("ms4-tiny256-q2k.gguf"), 256);
+        let model = Arc::clone(s.model());
+        let view = |name: &str| {
+            let w = model.plan.weights.iter().position(|w| w.name == name);
+            model.weight_view(w.expect(name)).expect("its bytes")
+        };
+        let head = view("output.weight");
+        let whole =
+            (head.as_ptr() as usize + head.len()) / 4096 - (head.as_ptr() as usize).div_ceil(4096);
+        assert!(whole > 16, "{} bytes", head.len());
+        assert_eq!(mapped_pages(head), whole);
+        let embd = view("token_embd.weight");
+        assert!(embd.len() > 128 * 4096, "{} bytes", embd.len());
+        assert!(mapped_pages(embd) <= 2 * 16, "{}", mapped_pages(embd));
     }
 
     /// Reading rows of the embedding table maps its pages in; after a step none of them is

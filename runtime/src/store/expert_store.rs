@@ -643,6 +643,11 @@ impl ExpertStore {
         true
     }
 
+    /// Whether plan weight `weight` holds a layer's stacked experts (read through the store).
+    pub fn holds(&self, weight: WeightId) -> bool {
+        matches!(self.by_weight.get(weight), Some(Some(_)))
+    }
+
     /// The host-alias bytes of expert `e` of part `p`.
     fn host(&self, p: &Part, e: u32) -> Option<&[u8]> {
         self.model
