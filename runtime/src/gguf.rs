@@ -1274,7 +1274,7 @@ fn whole_pages(base: usize, len: usize, view: &[u8]) -> Option<(usize, usize)> {
     let page = page_size();
     let first = start.div_ceil(page) * page;
     let end = (start + view.len()) / page * page;
-    (end > first).then_some((first, end - first))
+    (end > first).then(|| (first, end - first))
 }
 
 /// The size of a memory page in bytes (`sysconf(_SC_PAGESIZE)`; 4096 if it cannot be read).
