@@ -1108,6 +1108,27 @@ mod tests {
         w
     }
 
+    /// `experts` fused gate/up matrices (Q2_K, `2·n_ff` rows of `d`) and down matrices (Q3_K,
+    /// `d` rows of `n_ff`), seeds from `seed`.
+    fn expert_matrices(d: usize, n_ff: usize, experts: usize, seed: u64) -> [Vec<Vec<u8>>; 2] {
+        let (q2, q3) = (GgmlType::Q2_K, GgmlType::Q3_K);
+        [
+            (0..experts)
+                .map(|e| matrix(q2, 2 * n_ff, d, seed + e as u64))
+                .collect(),
+            (0..experts)
+                .map(|e| matrix(q3, d, n_ff, seed + 10 + e as u64))
+                .collect(),
+        ]
+    }
+
+    /// `moe_ffn`'s expert tables over [`expert_matrices`].
+    fn expert_tables(m: &[Vec<Vec<u8>>; 2]) -> Vec<Vec<&[u8]>> {
+        m.iter()
+            .map(|t| t.iter().map(|v| v.as_slice()).collect())
+            .collect()
+    }
+
     fn rows(ty: GgmlType, k: usize, grid: Option<Q8GridFn>, planes: usize) -> Rows {
         Rows {
             row_bytes: ty.row_size(k).unwrap(),
@@ -1131,16 +1152,8 @@ mod tests {
         };
         let (d, n_ff, n_out, experts, k) = (512, 256, 40, 5, 2);
         let w = matrix(q2, n_out, d, 7);
-        let gate_up: Vec<Vec<u8>> = (0..experts)
-            .map(|e| matrix(q2, 2 * n_ff, d, 10 + e as u64))
-            .collect();
-        let down: Vec<Vec<u8>> = (0..experts)
-            .map(|e| matrix(q3, d, n_ff, 20 + e as u64))
-            .collect();
-        let tables = vec![
-            gate_up.iter().map(|v| v.as_slice()).collect::<Vec<_>>(),
-            down.iter().map(|v| v.as_slice()).collect(),
-        ];
+        let bytes = expert_matrices(d, n_ff, experts, 10);
+        let tables = expert_tables(&bytes);
         for planes in [1, 2] {
             for t in [1, 3, 8, 70] {
                 let x = noise(t * d, 30 + t as u64);
@@ -1192,16 +1205,8 @@ mod tests {
     fn decode_kernels_give_the_row_by_row_bits() {
         let (q2, q3) = (GgmlType::Q2_K, GgmlType::Q3_K);
         let (d, n_ff, experts, k) = (512, 256, 5, 3);
-        let gate_up: Vec<Vec<u8>> = (0..experts)
-            .map(|e| matrix(q2, 2 * n_ff, d, 50 + e as u64))
-            .collect();
-        let down: Vec<Vec<u8>> = (0..experts)
-            .map(|e| matrix(q3, d, n_ff, 60 + e as u64))
-            .collect();
-        let tables = vec![
-            gate_up.iter().map(|v| v.as_slice()).collect::<Vec<_>>(),
-            down.iter().map(|v| v.as_slice()).collect(),
-        ];
+        let bytes = expert_matrices(d, n_ff, experts, 50);
+        let tables = expert_tables(&bytes);
         let x = noise(d, 70);
         let (ids, wts) = (vec![4, 1, 3], noise(k, 71));
         for planes in [1, 2] {

@@ -459,19 +459,27 @@ fn iq2_xs(row: &[u8], x: &[BlockQ8K]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) fn hsum8(v: [__m256i; 8]) -> [i32; 8] {
+    let mut out = [0i32; 8];
+    // SAFETY: `out` is 8 i32 = 32 writable bytes; storeu needs no alignment.
+    unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), sum_lanes8(v)) };
+    out
+}
+
+/// The eight i32 lane sums of `v[0..8]` as the lanes of one vector: [`hsum8`] before the store.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn sum_lanes8(v: [__m256i; 8]) -> __m256i {
     let a01 = _mm256_hadd_epi32(v[0], v[1]);
     let a23 = _mm256_hadd_epi32(v[2], v[3]);
     let a45 = _mm256_hadd_epi32(v[4], v[5]);
     let a67 = _mm256_hadd_epi32(v[6], v[7]);
-    // Per 128-bit half: [Σv0, Σv1, Σv2, Σv3] of that half's lanes.
+    // Per 128-bit half: [Σv0, Σv1, Σv2, Σv3] of that half's lanes (resp. v4..v8).
     let b0 = _mm256_hadd_epi32(a01, a23);
     let b1 = _mm256_hadd_epi32(a45, a67);
-    let lo = _mm256_permute2x128_si256::<0x20>(b0, b1);
-    let hi = _mm256_permute2x128_si256::<0x31>(b0, b1);
-    let mut out = [0i32; 8];
-    // SAFETY: `out` is 8 i32 = 32 writable bytes; storeu needs no alignment.
-    unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), _mm256_add_epi32(lo, hi)) };
-    out
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(b0, b1),
+        _mm256_permute2x128_si256::<0x31>(b0, b1),
+    )
 }
 
 /// The f16 scales at bytes `k · BK` (k < 8) of `b`, widened to f32 at once.

@@ -142,19 +142,14 @@ fn grid_rows(w: &[u8], x: &Q8Tiles, y: &mut [f32], bytes: usize) -> Option<usize
     let rows = x.rows();
     let n = y.len().checked_div(rows).unwrap_or(0);
     let ok = n * rows == y.len() && w.len() == n * x.blocks() * bytes;
-    debug_assert!(
-        ok,
-        "Q8_K grid: weight bytes {} / packed rows {} of {} blocks / outputs {} (block {bytes} bytes)",
-        w.len(),
-        rows,
-        x.blocks(),
-        y.len()
-    );
-    if !ok {
-        y.fill(f32::NAN);
-        return None;
-    }
-    Some(n)
+    let (wl, nb) = (w.len(), x.blocks());
+    super::lengths_ok(ok, y, |outs| {
+        format!(
+            "Q8_K grid: weight bytes {wl} / packed rows {rows} of {nb} blocks / outputs {outs} \
+             (block {bytes} bytes)"
+        )
+    })
+    .then_some(n)
 }
 
 /// The grid loop (module note) for blocks of `B` bytes, `unpack` writing a block's effective

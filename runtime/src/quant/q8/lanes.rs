@@ -136,15 +136,16 @@ fn transpose(v: &[__m512i; 16]) -> [__m512i; 16] {
     out
 }
 
-/// `vpshufb` indices that put byte `m` (< 4) of each 32-bit lane into bytes 0 and 2 of that
-/// lane and zero bytes 1 and 3 (index bit 7).
-const fn pick_twice(m: usize) -> [u8; 64] {
+/// `vpshufb` indices that put bytes `lo` and `hi` (< 4) of each 32-bit lane into bytes 0 and 2
+/// of that lane and zero bytes 1 and 3 (index bit 7).
+const fn pick(lo: usize, hi: usize) -> [u8; 64] {
     let mut t = [0u8; 64];
     let mut i = 0;
     while i < 64 {
         let lane = i / 4 * 4 % 16;
         t[i] = match i % 4 {
-            0 | 2 => (lane + m) as u8,
+            0 => (lane + lo) as u8,
+            2 => (lane + hi) as u8,
             _ => 0x80,
         };
         i += 1;
@@ -152,25 +153,10 @@ const fn pick_twice(m: usize) -> [u8; 64] {
     t
 }
 
-/// `vpshufb` indices that put bytes `m` and `m + 1` (`m` even) of each 32-bit lane into bytes 0
-/// and 2 of that lane and zero bytes 1 and 3.
-const fn pick_pair(m: usize) -> [u8; 64] {
-    let mut t = [0u8; 64];
-    let mut i = 0;
-    while i < 64 {
-        let lane = i / 4 * 4 % 16;
-        t[i] = match i % 4 {
-            0 => (lane + m) as u8,
-            2 => (lane + m + 1) as u8,
-            _ => 0x80,
-        };
-        i += 1;
-    }
-    t
-}
-
-static PICK_TWICE: [[u8; 64]; 4] = [pick_twice(0), pick_twice(1), pick_twice(2), pick_twice(3)];
-static PICK_PAIR: [[u8; 64]; 2] = [pick_pair(0), pick_pair(2)];
+/// Byte `m` of each lane twice (a row's scale in both 16-bit halves).
+static PICK_TWICE: [[u8; 64]; 4] = [pick(0, 0), pick(1, 1), pick(2, 2), pick(3, 3)];
+/// Bytes `m`, `m + 1` of each lane (a row's two mins, one per 16-bit half).
+static PICK_PAIR: [[u8; 64]; 2] = [pick(0, 1), pick(2, 3)];
 
 /// The 64 bytes of a table as a vector.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]

@@ -330,18 +330,14 @@ fn rows_lengths(
     let rb = nb * bytes;
     let ok =
         (1..=MAX_PLANES).contains(&planes) && x.len() == planes * nb && w.len() == y.len() * rb;
-    debug_assert!(
-        ok,
-        "Q8_K rows: weight bytes {} / x blocks {} / planes {planes} / rows {} (block {bytes} bytes)",
-        w.len(),
-        x.len(),
-        y.len()
-    );
-    if !ok {
-        y.fill(f32::NAN);
-        return None;
-    }
-    Some((nb, rb))
+    let (wl, n) = (w.len(), x.len());
+    lengths_ok(ok, y, |rows| {
+        format!(
+            "Q8_K rows: weight bytes {wl} / x blocks {n} / planes {planes} / rows {rows} \
+             (block {bytes} bytes)"
+        )
+    })
+    .then_some((nb, rb))
 }
 
 /// `w[from .. to]`, both ends clamped to `w.len()` (empty past the end).
@@ -429,18 +425,22 @@ fn by_row<const T: usize>(row: &[u8], x: &[BlockQ8K], y: &mut [f32]) {
 fn many_blocks(row: &[u8], x: &[BlockQ8K], y: &mut [f32], bytes: usize) -> Option<usize> {
     let nb = row.len() / bytes;
     let ok = row.len() == nb * bytes && x.len() == nb * y.len();
-    debug_assert!(
-        ok,
-        "Q8_K dot: row bytes {} / x blocks {} / rows {} (block {bytes} bytes)",
-        row.len(),
-        x.len(),
-        y.len()
-    );
+    let (r, n) = (row.len(), x.len());
+    lengths_ok(ok, y, |rows| {
+        format!("Q8_K dot: row bytes {r} / x blocks {n} / rows {rows} (block {bytes} bytes)")
+    })
+    .then_some(nb)
+}
+
+/// The end of every kernel's length check: `ok`, or else NaN in every `y` entry, after a
+/// `debug_assert` (debug builds) with the message `what(y.len())`.
+#[inline(always)]
+fn lengths_ok(ok: bool, y: &mut [f32], what: impl FnOnce(usize) -> String) -> bool {
+    debug_assert!(ok, "{}", what(y.len()));
     if !ok {
         y.fill(f32::NAN);
-        return None;
     }
-    Some(nb)
+    ok
 }
 
 /// The portable scalar kernel (for tests and non-x86); the types of [`q8_dot_fn`].

@@ -45,7 +45,7 @@
 
 #![allow(non_snake_case)] // the kernels keep ggml's type names (q2_K)
 
-use super::avx2::{bsums, load16, load32};
+use super::avx2::{bsums, load16, load32, sum_lanes8};
 use super::vnni::detected;
 use super::{q3_k_raw_scales, BlockQ8K, Q8RowsFn};
 use crate::ggml_type::GgmlType;
@@ -204,36 +204,27 @@ const fn sub_block(j: usize, l: usize) -> usize {
     [2 * j, 2 * j + 1, 8 + 2 * j, 9 + 2 * j][l]
 }
 
+/// Per vector `j`: `base | sub_block(j, l)` in every i16 of lane `l`.
+const fn by_sub_block(base: u16) -> [[u16; 32]; 4] {
+    let mut t = [[0u16; 32]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut i = 0;
+        while i < 32 {
+            t[j][i] = base | sub_block(j, i / 8) as u16;
+            i += 1;
+        }
+        j += 1;
+    }
+    t
+}
+
 /// Per vector `j`: the `vpshufb` indices that put byte `sub_block(j, l)` of a 16-byte lane into
 /// the low byte of each i16 of lane `l` and zero its high byte (index bit 7).
-static Q2_SCALE_PICK: [[u16; 32]; 4] = {
-    let mut t = [[0u16; 32]; 4];
-    let mut j = 0;
-    while j < 4 {
-        let mut i = 0;
-        while i < 32 {
-            t[j][i] = 0x8000 | sub_block(j, i / 8) as u16;
-            i += 1;
-        }
-        j += 1;
-    }
-    t
-};
+static Q2_SCALE_PICK: [[u16; 32]; 4] = by_sub_block(0x8000);
 
 /// Per vector `j`: the `vpermw` indices that put i16 `sub_block(j, l)` in every i16 of lane `l`.
-static SCALE_PICK16: [[u16; 32]; 4] = {
-    let mut t = [[0u16; 32]; 4];
-    let mut j = 0;
-    while j < 4 {
-        let mut i = 0;
-        while i < 32 {
-            t[j][i] = sub_block(j, i / 8) as u16;
-            i += 1;
-        }
-        j += 1;
-    }
-    t
-};
+static SCALE_PICK16: [[u16; 32]; 4] = by_sub_block(0);
 
 /// Per vector `j`: the Q3_K high-bit mask bit of its two halves, `1 << j` in bytes 0..32 and
 /// `1 << (4 + j)` in bytes 32..64 (groups `j` and `4 + j` of the 32-byte `hmask`).
@@ -257,23 +248,6 @@ static Q3_HIGH_BIT: [[u8; 64]; 4] = {
 fn table16(t: &[u16; 32]) -> __m512i {
     // SAFETY: `t` is 32 u16 = 64 readable bytes; loadu needs no alignment.
     unsafe { _mm512_loadu_si512(t.as_ptr().cast()) }
-}
-
-/// The eight i32 lane sums of `v[0..8]` as the lanes of one vector (a transpose-and-add tree).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-fn sum_lanes8(v: [__m256i; 8]) -> __m256i {
-    let a01 = _mm256_hadd_epi32(v[0], v[1]);
-    let a23 = _mm256_hadd_epi32(v[2], v[3]);
-    let a45 = _mm256_hadd_epi32(v[4], v[5]);
-    let a67 = _mm256_hadd_epi32(v[6], v[7]);
-    // Per 128-bit half: [Σv0, Σv1, Σv2, Σv3] of that half's lanes (resp. v4..v8).
-    let b0 = _mm256_hadd_epi32(a01, a23);
-    let b1 = _mm256_hadd_epi32(a45, a67);
-    _mm256_add_epi32(
-        _mm256_permute2x128_si256::<0x20>(b0, b1),
-        _mm256_permute2x128_si256::<0x31>(b0, b1),
-    )
 }
 
 /// The 16 i32 lanes of `v` added pairwise into 8 (low half + high half; exact).
