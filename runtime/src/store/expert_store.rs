@@ -363,6 +363,12 @@ impl ExpertStore {
                 bytes: total,
                 source,
             })?;
+            // Transparent huge pages where the kernel allows them (`madvise` mode included): the
+            // decode kernels stream the experts' rows, and with 2 MiB pages a Q2_K matrix
+            // streamed 21.3 -> 22.9 GB/s on two threads (Zen 4). Advice only: refused, the
+            // arena stays in 4 KiB pages.
+            #[cfg(target_os = "linux")]
+            let _ = map.advise(memmap2::Advice::HugePage);
             if let Err(e) = map.lock() {
                 tracing::warn!(
                     bytes = total,

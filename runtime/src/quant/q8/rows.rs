@@ -40,8 +40,9 @@
 //! While a group is computed, the next group's bytes are prefetched in address order, one
 //! block's share per block step: a group's rows are read block-major, `R` strided streams that
 //! the hardware prefetchers follow badly (measured on Zen 4, two threads streaming a 512 MiB
-//! Q2_K matrix under `q8x2`: 12.4 GB/s without, 18.9 GB/s with). Rows that do not fill a group
-//! go one at a time through the same code (`R = 1`).
+//! Q2_K matrix under `q8x2`: 12.4 GB/s without, 18.9 GB/s with), into L1 when two groups fit
+//! it, else into L2 (the Q6_K head's groups of 27 KiB). Rows that do not fill a group go one at
+//! a time through the same code (`R = 1`).
 
 #![allow(non_snake_case)] // the kernels keep ggml's type names (q2_K)
 
@@ -310,6 +311,23 @@ fn finish<const R: usize, const P: usize>(acc: __m256) -> [f32; R] {
     })
 }
 
+/// Bytes of a prefetched group beyond which it goes to L2 instead of L1: two groups (the one
+/// read and the one prefetched) must fit the 32 KiB L1D of Zen 4 for L1 to pay (measured: the
+/// Q6_K output head, 8 rows of 3360 bytes, streamed 29 -> 33 GB/s into L2 on two threads;
+/// two-plane Q2_K's 5 KiB groups are faster into L1).
+const L1_GROUP_MAX: usize = 12 * 1024;
+
+/// The `b`-th share (`share` bytes) of the next group `ahead` prefetched (module note).
+#[inline(always)]
+fn prefetch_share(ahead: &[u8], b: usize, share: usize) {
+    let part = super::clamped(ahead, b * share, (b + 1) * share);
+    if ahead.len() > L1_GROUP_MAX {
+        super::prefetch_l2(part);
+    } else {
+        super::prefetch(part);
+    }
+}
+
 /// The `R` rows' blocks (`nb` of `B` bytes each) of the group `w` (`rb` bytes per row).
 #[inline(always)]
 fn row_blocks<const B: usize, const R: usize>(w: &[u8], rb: usize, nb: usize) -> [&[[u8; B]]; R] {
@@ -334,7 +352,7 @@ fn q2_group<const R: usize, const P: usize>(
     let m4 = _mm_set1_epi8(0x0f);
     let mut acc = _mm256_setzero_ps();
     for b in 0..nb {
-        super::prefetch(super::clamped(ahead, b * R * 84, (b + 1) * R * 84));
+        prefetch_share(ahead, b, R * 84);
         let ys: [&BlockQ8K; P] = planes.map(|p| &p[b]);
         let xv: [[__m512i; 4]; P] = ys.map(|y| std::array::from_fn(|j| x64(y, j)));
         let bs: [__m256i; P] = ys.map(|y| bsums(y));
@@ -458,7 +476,7 @@ fn signed_group<const B: usize, const R: usize, const P: usize>(
     let pick: [__m512i; 4] = std::array::from_fn(|j| table16(&SCALE_PICK16[j]));
     let mut acc = _mm256_setzero_ps();
     for b in 0..nb {
-        super::prefetch(super::clamped(ahead, b * R * B, (b + 1) * R * B));
+        prefetch_share(ahead, b, R * B);
         let ys: [&BlockQ8K; P] = planes.map(|p| &p[b]);
         let xv: [[__m512i; 4]; P] = ys.map(|y| std::array::from_fn(|j| x64(y, j)));
         let bs: [__m256i; P] = ys.map(|y| bsums(y));
