@@ -1,6 +1,7 @@
-//! Decode kernels with the weight rows in the vector lanes (AVX-512): 16 Q2_K weight rows against
-//! the two Q8_K planes of one token (`q8x2`), with the integer sums and f32 expressions of the scalar kernels,
-//! so that every row gets the bits of [`super::q8_dot_fn`] summed over the planes in plane order.
+//! Decode kernels with the weight rows in the vector lanes (AVX-512): 16 Q2_K or Q3_K weight
+//! rows against the two Q8_K planes of one token (`q8x2`), with the integer sums and f32
+//! expressions of the scalar kernels, so that every row gets the bits of
+//! [`super::q8_dot_fn`] summed over the planes in plane order (steps 1–3 as written for Q2_K).
 //!
 //! Algorithm. `rows.rs` keeps a row's 256 codes in the lanes of four vectors and so has to
 //! reduce each block's lanes to one sum per row and plane. Here lane `r` of every vector belongs
@@ -27,6 +28,9 @@
 //!    converted to nearest), and added into the plane's f32 accumulator, blocks in order from
 //!    `+0.0`; the row's result is its plane accumulators added in plane order.
 //!
+//! Q3_K follows the same three steps with its own unpacking ([`q3_group`]: 3-bit codes,
+//! signed 6-bit scales, `maddubs` + `vpdpwssd` as in `rows.rs`, no mins).
+//!
 //! As in `rows.rs`, the next group's bytes are prefetched in address order while a group is
 //! computed, here into L2 (a group is 21 KiB at 4096 elements: two of them do not fit the
 //! 32 KiB L1D of Zen 4). Fewer than 16 rows go to `rows.rs`.
@@ -40,26 +44,36 @@ use std::arch::x86_64::*;
 pub(super) const LANES: usize = 16;
 
 /// `y[i] = dot(row_i, x_0) + dot(row_i, x_1)` for the whole groups of 16 rows of `w` and two
-/// planes (`Q8RowsFn`'s contract for Q2_K); returns the rows done (a multiple of 16, or all of
-/// them after a failed length check), the rest left to the caller. One plane goes to the
-/// caller whole: `rows.rs`'s groups of eight measured faster there (Zen 4, cache-resident rows:
-/// 16.5 against 15.4 GB/s; at two planes these kernels 13.7 against 9.6).
+/// planes (`Q8RowsFn`'s contract for Q2_K, `B` = 84, or Q3_K, `B` = 110); returns the rows done
+/// (a multiple of 16, or all of them after a failed length check), the rest left to the caller.
+/// One plane goes to the caller whole: `rows.rs`'s groups of eight measured faster there (Zen
+/// 4, cache-resident Q2_K rows: 16.5 against 15.4 GB/s; at two planes these kernels 13.7
+/// against 9.6).
 ///
 /// # Safety
 /// The CPU has the features of `vnni::detected` (checked by the caller).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q2_K_lanes(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) -> usize {
+pub(super) unsafe fn two_planes<const B: usize>(
+    w: &[u8],
+    x: &[BlockQ8K],
+    planes: usize,
+    y: &mut [f32],
+) -> usize {
     if planes != 2 {
         return 0;
     }
-    let Some((nb, rb)) = rows_lengths(w, x, planes, y, 84) else {
+    let Some((nb, rb)) = rows_lengths(w, x, planes, y, B) else {
         return y.len();
     };
     let n = y.len() - y.len() % LANES;
     for g in (0..n).step_by(LANES) {
         let ahead = super::clamped(w, (g + LANES) * rb, (g + 2 * LANES) * rb);
         let rows = &w[g * rb..(g + LANES) * rb];
-        let v = q2_group::<2>(rows, rb, x, nb, ahead);
+        let v = if B == 110 {
+            q3_group::<2>(rows, rb, x, nb, ahead)
+        } else {
+            q2_group::<2>(rows, rb, x, nb, ahead)
+        };
         y[g..g + LANES].copy_from_slice(&v);
     }
     n
@@ -270,6 +284,142 @@ fn q2_quarter<const N: usize, const H: usize, const P: usize>(
             let kx = 32 * N + 8 * j + 4 * H + i;
             for p in 0..P {
                 s[p] = _mm512_dpbusd_epi32(s[p], wq, word(&ys[p].qs, kx));
+            }
+        }
+    }
+}
+
+/// `v`'s 16-bit lanes shifted right by `n` (a constant after inlining; 0, 2, 4 or 6).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn srl16(v: __m512i, n: usize) -> __m512i {
+    match n {
+        0 => v,
+        2 => _mm512_srli_epi16::<2>(v),
+        4 => _mm512_srli_epi16::<4>(v),
+        _ => _mm512_srli_epi16::<6>(v),
+    }
+}
+
+/// The 32-bit words of a row that start two bytes into word `w` of the columns `c` (`c[w]`'s
+/// high half, then `c[w + 1]`'s low half).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn straddle(c: &[__m512i], w: usize) -> __m512i {
+    _mm512_or_si512(
+        _mm512_srli_epi32::<16>(c[w]),
+        _mm512_slli_epi32::<16>(c[w + 1]),
+    )
+}
+
+/// Q3_K, 16 rows (`rb` bytes each, `nb` blocks) × `P` planes. Per block each row's bytes
+/// `0 .. 64` (`hmask`, then code bytes `0 .. 32`) and `46 .. 110` are loaded; of the second, the
+/// words two bytes off give code words `8 ..`, the three scale words and `d`. Sub-block `j`'s
+/// signed scale `sc_j − 32` (low four bits in scale byte `j mod 8`, nibble `j / 8`, high two in
+/// byte `8 + j mod 4`, pair `j / 4`) sits in both 16-bit halves of its row's lane; the 3-bit codes
+/// `q3 = q + 4·hbit` (the high bit of element `32k + l` is bit `k` of `hmask[l]`) go through
+/// `maddubs` with the broadcast activation word and `vpdpwssd` by that scale, and the `− 4` of
+/// `q3 − 4` is `− 4·Σ_j s_j·bsum_j`, eight `vpdpwssd` per plane of the scale pairs.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q3_group<const P: usize>(
+    w: &[u8],
+    rb: usize,
+    x: &[BlockQ8K],
+    nb: usize,
+    ahead: &[u8],
+) -> [f32; LANES] {
+    let rows: [&[[u8; 110]]; LANES] = std::array::from_fn(|r| {
+        let (blocks, _) = w[r * rb..(r + 1) * rb].as_chunks::<110>();
+        &blocks[..nb]
+    });
+    let planes: [&[BlockQ8K]; P] = std::array::from_fn(|p| &x[p * nb..(p + 1) * nb]);
+    let mut acc = [_mm512_setzero_ps(); P];
+    for b in 0..nb {
+        super::prefetch_l2(super::clamped(
+            ahead,
+            b * LANES * 110,
+            (b + 1) * LANES * 110,
+        ));
+        let head = transpose(&std::array::from_fn(|r| load64(&rows[r][b][..64], 0)));
+        let tail = quads(&std::array::from_fn(|r| load64(&rows[r][b][46..], 0)));
+        // Columns 4 .. 16 of the second load: words 46 + 4·(4 + i) .. of each row.
+        let cols: [__m512i; 12] = std::array::from_fn(|i| column(&tail, 4 + i));
+        let scale_words = [straddle(&cols, 8), straddle(&cols, 9), straddle(&cols, 10)];
+        let (m15, m3) = (_mm512_set1_epi16(0x0f), _mm512_set1_epi16(3));
+        let sc: [__m512i; 16] = std::array::from_fn(|j| {
+            let pick = table(&PICK_TWICE[j % 4]);
+            let lo = _mm512_shuffle_epi8(scale_words[(j % 8) / 4], pick);
+            let hi = _mm512_shuffle_epi8(scale_words[2], pick);
+            let lo = _mm512_and_si512(srl16(lo, 4 * (j / 8)), m15);
+            let hi = _mm512_and_si512(srl16(hi, 2 * (j / 4)), m3);
+            let raw = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi));
+            _mm512_sub_epi16(raw, _mm512_set1_epi16(32))
+        });
+        let ys: [&BlockQ8K; P] = planes.map(|p| &p[b]);
+        let mut s = [_mm512_setzero_si512(); P];
+        q3_quarter::<0, 0, P>(&head, &cols, &sc, ys, &mut s);
+        q3_quarter::<0, 1, P>(&head, &cols, &sc, ys, &mut s);
+        q3_quarter::<1, 0, P>(&head, &cols, &sc, ys, &mut s);
+        q3_quarter::<1, 1, P>(&head, &cols, &sc, ys, &mut s);
+        let mut corr = [_mm512_setzero_si512(); P];
+        for t in 0..8 {
+            // (s_2t, s_2t+1) in the low and high halves of each lane.
+            let pair = _mm512_mask_blend_epi16(0xaaaa_aaaa, sc[2 * t], sc[2 * t + 1]);
+            for p in 0..P {
+                corr[p] = _mm512_dpwssd_epi32(corr[p], pair, word(&ys[p].bsums, t));
+            }
+        }
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(cols[11])));
+        for p in 0..P {
+            let sum = _mm512_sub_epi32(s[p], _mm512_slli_epi32::<2>(corr[p]));
+            // d8·(d·S), as `value_d`.
+            let v = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sum));
+            acc[p] = _mm512_add_ps(acc[p], _mm512_mul_ps(_mm512_set1_ps(ys[p].d), v));
+        }
+    }
+    let mut sum = acc[0];
+    for a in &acc[1..] {
+        sum = _mm512_add_ps(sum, *a);
+    }
+    let mut out = [0f32; LANES];
+    // SAFETY: 16 f32 into a [f32; 16].
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), sum) };
+    out
+}
+
+/// [`q3_group`]'s products for code words `8N + 4H .. 8N + 4H + 4` (sub-block `8N + 2j + H` at
+/// shift `j`, as for Q2_K): word `q < 8` is word `8 + q` of the first load, else the words two
+/// bytes into column `q − 4` of the second (`cols[q − 8]`).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn q3_quarter<const N: usize, const H: usize, const P: usize>(
+    head: &[__m512i; 16],
+    cols: &[__m512i; 12],
+    sc: &[__m512i; 16],
+    ys: [&BlockQ8K; P],
+    s: &mut [__m512i; P],
+) {
+    let m3 = _mm512_set1_epi8(3);
+    let cw: [__m512i; 4] = std::array::from_fn(|i| {
+        let q = 8 * N + 4 * H + i;
+        if q < 8 {
+            head[8 + q]
+        } else {
+            straddle(cols, q - 8)
+        }
+    });
+    for j in 0..4 {
+        let sub = 8 * N + 2 * j + H;
+        let bit = _mm512_set1_epi8((1u8 << (4 * N + j)) as i8);
+        for (i, &c) in cw.iter().enumerate() {
+            let low = _mm512_and_si512(srl16(c, 2 * j), m3);
+            // The high bits of elements 128N + 32j + l: bit 4N + j of hmask bytes l.
+            let high = _mm512_test_epi8_mask(head[4 * H + i], bit);
+            let q3 = _mm512_mask_add_epi8(low, high, low, _mm512_set1_epi8(4));
+            let kx = 32 * N + 8 * j + 4 * H + i;
+            for p in 0..P {
+                let pairs = _mm512_maddubs_epi16(q3, word(&ys[p].qs, kx));
+                s[p] = _mm512_dpwssd_epi32(s[p], pairs, sc[sub]);
             }
         }
     }

@@ -122,7 +122,7 @@ fn rows_loop<const B: usize, const R: usize>(
 fn q2_K_rows(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
     // Whole groups of 16 rows with the rows in the lanes (`lanes.rs`), the rest here.
     // SAFETY: this function's features are those `lanes` requires.
-    let done = unsafe { super::lanes::q2_K_lanes(w, x, planes, y) };
+    let done = unsafe { super::lanes::two_planes::<84>(w, x, planes, y) };
     if done == y.len() {
         return;
     }
@@ -136,7 +136,14 @@ fn q2_K_rows(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn q3_K_rows(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
-    signed_rows::<110>(w, x, planes, y)
+    // As Q2_K: whole groups of 16 rows at two planes in `lanes.rs`, the rest here.
+    // SAFETY: this function's features are those `lanes` requires.
+    let done = unsafe { super::lanes::two_planes::<110>(w, x, planes, y) };
+    if done == y.len() {
+        return;
+    }
+    let rb = w.len() / y.len();
+    signed_rows::<110>(&w[done * rb..], x, planes, &mut y[done..])
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
