@@ -37,6 +37,7 @@
 
 #![allow(non_snake_case)] // the kernels keep ggml's type names (q2_K)
 
+use super::rows::row_blocks;
 use super::{rows_lengths, BlockQ8K};
 use std::arch::x86_64::*;
 
@@ -194,6 +195,20 @@ fn word<T, const A: usize>(words: &[T; A], k: usize) -> __m512i {
     _mm512_set1_epi32(w)
 }
 
+/// Each row's result: its plane accumulators (lanes of `acc`) added in plane order.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn planes_added<const P: usize>(acc: [__m512; P]) -> [f32; LANES] {
+    let mut sum = acc[0];
+    for a in &acc[1..] {
+        sum = _mm512_add_ps(sum, *a);
+    }
+    let mut out = [0f32; LANES];
+    // SAFETY: 16 f32 into a [f32; 16].
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), sum) };
+    out
+}
+
 /// Q2_K, 16 rows (`rb` bytes each, `nb` blocks) × `P` planes.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn q2_group<const P: usize>(
@@ -203,10 +218,7 @@ fn q2_group<const P: usize>(
     nb: usize,
     ahead: &[u8],
 ) -> [f32; LANES] {
-    let rows: [&[[u8; 84]]; LANES] = std::array::from_fn(|r| {
-        let (blocks, _) = w[r * rb..(r + 1) * rb].as_chunks::<84>();
-        &blocks[..nb]
-    });
+    let rows = row_blocks::<84, LANES>(w, rb, nb);
     let planes: [&[BlockQ8K]; P] = std::array::from_fn(|p| &x[p * nb..(p + 1) * nb]);
     let mut acc = [_mm512_setzero_ps(); P];
     for b in 0..nb {
@@ -239,14 +251,7 @@ fn q2_group<const P: usize>(
             acc[p] = _mm512_add_ps(acc[p], _mm512_mul_ps(_mm512_set1_ps(ys[p].d), v));
         }
     }
-    let mut sum = acc[0];
-    for a in &acc[1..] {
-        sum = _mm512_add_ps(sum, *a);
-    }
-    let mut out = [0f32; LANES];
-    // SAFETY: 16 f32 into a [f32; 16].
-    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), sum) };
-    out
+    planes_added(acc)
 }
 
 /// Step 2 for code words `8N + 4H .. 8N + 4H + 4` (they share sub-block `8N + 2j + H` at every
@@ -328,10 +333,7 @@ fn q3_group<const P: usize>(
     nb: usize,
     ahead: &[u8],
 ) -> [f32; LANES] {
-    let rows: [&[[u8; 110]]; LANES] = std::array::from_fn(|r| {
-        let (blocks, _) = w[r * rb..(r + 1) * rb].as_chunks::<110>();
-        &blocks[..nb]
-    });
+    let rows = row_blocks::<110, LANES>(w, rb, nb);
     let planes: [&[BlockQ8K]; P] = std::array::from_fn(|p| &x[p * nb..(p + 1) * nb]);
     let mut acc = [_mm512_setzero_ps(); P];
     for b in 0..nb {
@@ -377,14 +379,7 @@ fn q3_group<const P: usize>(
             acc[p] = _mm512_add_ps(acc[p], _mm512_mul_ps(_mm512_set1_ps(ys[p].d), v));
         }
     }
-    let mut sum = acc[0];
-    for a in &acc[1..] {
-        sum = _mm512_add_ps(sum, *a);
-    }
-    let mut out = [0f32; LANES];
-    // SAFETY: 16 f32 into a [f32; 16].
-    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), sum) };
-    out
+    planes_added(acc)
 }
 
 /// [`q3_group`]'s products for code words `8N + 4H .. 8N + 4H + 4` (sub-block `8N + 2j + H` at

@@ -120,14 +120,9 @@ fn rows_loop<const B: usize, const R: usize>(
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn q2_K_rows(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
-    // Whole groups of 16 rows with the rows in the lanes (`lanes.rs`), the rest here.
-    // SAFETY: this function's features are those `lanes` requires.
-    let done = unsafe { super::lanes::two_planes::<84>(w, x, planes, y) };
-    if done == y.len() {
+    let Some((w, y)) = after_lanes::<84>(w, x, planes, y) else {
         return;
-    }
-    let rb = w.len() / y.len();
-    let (w, y) = (&w[done * rb..], &mut y[done..]);
+    };
     match planes {
         1 => rows_loop::<84, 8>(w, x, 1, y, q2_group::<8, 1>, q2_group::<1, 1>),
         _ => rows_loop::<84, 4>(w, x, planes, y, q2_group::<4, 2>, q2_group::<1, 2>),
@@ -136,14 +131,28 @@ fn q2_K_rows(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn q3_K_rows(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
-    // As Q2_K: whole groups of 16 rows at two planes in `lanes.rs`, the rest here.
+    if let Some((w, y)) = after_lanes::<110>(w, x, planes, y) {
+        signed_rows::<110>(w, x, planes, y);
+    }
+}
+
+/// Whole groups of 16 rows at two planes by `lanes.rs` (Q2_K, `B` = 84, or Q3_K, `B` = 110):
+/// the rows it left (weights and outputs) for this module's groups, or None when none are left.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn after_lanes<'a, const B: usize>(
+    w: &'a [u8],
+    x: &[BlockQ8K],
+    planes: usize,
+    y: &'a mut [f32],
+) -> Option<(&'a [u8], &'a mut [f32])> {
     // SAFETY: this function's features are those `lanes` requires.
-    let done = unsafe { super::lanes::two_planes::<110>(w, x, planes, y) };
+    let done = unsafe { super::lanes::two_planes::<B>(w, x, planes, y) };
     if done == y.len() {
-        return;
+        return None;
     }
     let rb = w.len() / y.len();
-    signed_rows::<110>(&w[done * rb..], x, planes, &mut y[done..])
+    Some((&w[done * rb..], &mut y[done..]))
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -337,7 +346,11 @@ fn prefetch_share(ahead: &[u8], b: usize, share: usize) {
 
 /// The `R` rows' blocks (`nb` of `B` bytes each) of the group `w` (`rb` bytes per row).
 #[inline(always)]
-fn row_blocks<const B: usize, const R: usize>(w: &[u8], rb: usize, nb: usize) -> [&[[u8; B]]; R] {
+pub(super) fn row_blocks<const B: usize, const R: usize>(
+    w: &[u8],
+    rb: usize,
+    nb: usize,
+) -> [&[[u8; B]]; R] {
     std::array::from_fn(|r| {
         let (blocks, _) = w[r * rb..(r + 1) * rb].as_chunks::<B>();
         &blocks[..nb]
