@@ -145,6 +145,10 @@ fn fast_paths_do_not_depend_on_threads_or_placement() {
         budget: FastBudget::Slots(16),
         ..StoreOptions::default()
     };
+    let interleaved = StoreOptions {
+        interleave: true,
+        ..resident.clone()
+    };
     let pool = |n| {
         rayon::ThreadPoolBuilder::new()
             .num_threads(n)
@@ -161,8 +165,18 @@ fn fast_paths_do_not_depend_on_threads_or_placement() {
             one == three_resident,
             "{kernels}: host vs resident experts differ"
         );
+        let two_interleaved = pool(2).install(|| run_bits(kernels, &interleaved));
+        assert!(
+            one == two_interleaved,
+            "{kernels}: experts in the file's vs the interleaved layout differ"
+        );
         assert!(one != oracle, "{kernels}: computed the oracle's bits");
     }
+    // The oracle reads interleaved experts from the host alias: its own bits.
+    assert!(
+        run_bits(CpuKernels::Oracle, &interleaved) == oracle,
+        "oracle with an interleaved store"
+    );
 }
 
 #[test]

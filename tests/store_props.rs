@@ -3,7 +3,8 @@
 //! counts and seeds,
 //! * the fast store never holds more than `n_res` experts per layer, and its size never exceeds
 //!   the byte budget it was given;
-//! * every resident slot holds exactly the file's bytes of its expert (each stacked tensor's slice);
+//! * every resident slot holds exactly the file's bytes of its expert (each stacked tensor's slice),
+//!   in the file's layout or, with `interleave`, in the interleaved one;
 //! * with one token per step, the fast hits are what an independent replay of the same policy over
 //!   the same sequence counts (`Policy::access_step`: a hit is a resident expert);
 //! * `reset` with `exact` returns membership and policy state to the boot state, so a sequence
@@ -60,23 +61,27 @@ fn options() -> impl Strategy<Value = StoreOptions> {
         0.0f64..1.5,
         prop::option::of(0usize..3),
         any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(policy, n_res, a1in, a1out, max_promotions, seeded)| {
-            let resident_set = seeded.then(|| HotSet {
-                layers: (0..3)
-                    .map(|l| (0..N_EXPERT as u32).rev().skip(l).collect())
-                    .collect(),
-            });
-            StoreOptions {
-                budget: FastBudget::Slots(n_res),
-                resident_set,
-                policy,
-                a1in,
-                a1out,
-                max_promotions,
-                reset: ResetMode::Exact,
-            }
-        })
+        .prop_map(
+            |(policy, n_res, a1in, a1out, max_promotions, seeded, interleave)| {
+                let resident_set = seeded.then(|| HotSet {
+                    layers: (0..3)
+                        .map(|l| (0..N_EXPERT as u32).rev().skip(l).collect())
+                        .collect(),
+                });
+                StoreOptions {
+                    budget: FastBudget::Slots(n_res),
+                    resident_set,
+                    policy,
+                    a1in,
+                    a1out,
+                    max_promotions,
+                    reset: ResetMode::Exact,
+                    interleave,
+                }
+            },
+        )
 }
 
 /// Asserts the store's invariants: at most `n_res` residents per layer, every copy equal to the
@@ -95,7 +100,7 @@ fn check_store(store: &ExpertStore) -> Result<(), TestCaseError> {
         );
         for (e, w, fast, host) in copies {
             prop_assert!(
-                fast == host,
+                fast.as_slice() == host,
                 "layer {i} expert {e} weight {w}: copy differs"
             );
         }

@@ -13,7 +13,8 @@
 //! `q8_decode/<type>` (Q2_K, Q3_K, Q6_K) is the decode shape: the 2048 streamed rows (and the 16
 //! cache-resident ones, `l2_`) against one token of one plane (`q8`) or two (`q8x2`), by the
 //! decode kernel (`rows`) and, for contrast, by the multi-row kernel once per weight row
-//! (`by_row`, the decode path before the decode kernels), in weight bytes per second.
+//! (`by_row`, the decode path before the decode kernels), and (Q2_K, Q3_K) by the decode kernel
+//! of the interleaved layout (`interleaved`), in weight bytes per second.
 //! Time is the benchmark thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), not wall time, so
 //! other processes on a shared machine do not inflate it (they still share its caches).
 //! Run: `cargo bench -p aubier-runtime --bench q8_dot`.
@@ -21,8 +22,8 @@
 use aubier_runtime::ggml_type::GgmlType;
 use aubier_runtime::quant::dot_row;
 use aubier_runtime::quant::q8::{
-    q8_dot_fn, q8_dot_many_fn, q8_grid_fn, q8_rows_fn, q8_rows_fn_by_row, quantize_row_q8k,
-    BlockQ8K, Q8Tiles, QK_K,
+    interleave_rows, q8_dot_fn, q8_dot_many_fn, q8_grid_fn, q8_interleaved_fn, q8_rows_fn,
+    q8_rows_fn_by_row, quantize_row_q8k, BlockQ8K, Q8Tiles, QK_K,
 };
 use aubier_runtime::quant::random::BlockSampler;
 use criterion::{criterion_group, criterion_main, Bencher, BenchmarkId, Criterion, Throughput};
@@ -237,6 +238,11 @@ fn decode(c: &mut Criterion, ty: GgmlType, w: &[u8], row: usize, rng: &mut ChaCh
     quantize_row_q8k(&r, &mut xq[nb..]).expect("whole blocks");
     let rows = q8_rows_fn(ty).expect("the type has a kernel");
     let by_row = q8_rows_fn_by_row(ty).expect("the type has a kernel");
+    let lanes = q8_interleaved_fn(ty).map(|f| {
+        let mut packed = vec![0u8; w.len()];
+        interleave_rows(ty, w, &mut packed, row).expect("whole groups");
+        (f, packed)
+    });
     let mut g = c.benchmark_group(format!("q8_decode/{ty}"));
     for (planes, name) in [(1usize, "q8"), (2, "q8x2")] {
         let xs = &xq[..planes * nb];
@@ -256,6 +262,18 @@ fn decode(c: &mut Criterion, ty: GgmlType, w: &[u8], row: usize, rng: &mut ChaCh
                     y[0]
                 })
             });
+            if let Some((f, packed)) = &lanes {
+                let ps = &packed[..n * row];
+                g.bench_function(
+                    BenchmarkId::new(format!("interleaved_{name}"), shape),
+                    |b| {
+                        iter_cpu(b, || {
+                            f(black_box(ps), black_box(xs), planes, &mut y);
+                            y[0]
+                        })
+                    },
+                );
+            }
         }
     }
     g.finish();

@@ -22,7 +22,9 @@
 //! (the host alias). The copy's length is checked; its bytes equal the file's (the store's
 //! contract), so the placement never changes a bit of the result.
 
-use crate::fastpath::{plan_fast_steps, CpuKernels, FastBuffers, FastStep, WeightProduct};
+use crate::fastpath::{
+    plan_fast_steps, CpuKernels, ExpertRows, FastBuffers, FastStep, WeightProduct,
+};
 use crate::kv_cache::LatentKvCache;
 use aubier_compiler::ops::Op;
 use aubier_compiler::plan::WeightId;
@@ -129,6 +131,14 @@ pub trait ExpertSource: std::fmt::Debug {
     /// `row_bytes · ne[1]` bytes, equal to the file's; `None` when the expert is not resident
     /// (it is then read from the host alias, the weight view).
     fn fast_copy(&self, weight: WeightId, expert: usize) -> Option<&[u8]>;
+
+    /// Whether the fast copies of `weight` are in the interleaved layout
+    /// ([`crate::quant::q8::interleave_rows`]): only the fast `moe_ffn` reads them then, and the
+    /// oracle's kernels read those experts from the host alias.
+    fn interleaved(&self, weight: WeightId) -> bool {
+        let _ = weight;
+        false
+    }
 }
 
 /// Tokens per run of an `embed` step whose table's pages are released after each run
@@ -449,7 +459,7 @@ impl Executor {
             }
             // The fast `moe_ffn` reads the experts as slices; the oracle's kernels only the tables.
             let fast_moe = matches!(self.fast.get(i), Some(Some(FastStep::Moe(_))));
-            let mut expert_slices: Vec<Vec<&[u8]>> = Vec::new();
+            let mut expert_slices: Vec<Vec<ExpertRows>> = Vec::new();
             for (table, spec) in self.tables.iter_mut().zip(&cs.expert_tables) {
                 let bad = |detail: String| ExecError::ExpertTable {
                     step: i,
@@ -470,8 +480,11 @@ impl Executor {
                 }
                 table.clear();
                 let mut slices = Vec::new();
+                let interleaved = experts.is_some_and(|x| x.interleaved(w));
                 for (e, slice) in host.chunks_exact(spec.expert_bytes.max(1)).enumerate() {
-                    let src = match experts.and_then(|x| x.fast_copy(w, e)) {
+                    let fast = experts.and_then(|x| x.fast_copy(w, e));
+                    let il = interleaved && fast.is_some();
+                    let src = match fast {
                         Some(copy) if copy.len() == spec.expert_bytes => copy,
                         Some(copy) => {
                             return Err(bad(format!(
@@ -482,9 +495,13 @@ impl Executor {
                         }
                         None => slice,
                     };
-                    table.push(src.as_ptr() as u64);
+                    // The oracle's kernels read the file's layout.
+                    table.push(if il { slice.as_ptr() } else { src.as_ptr() } as u64);
                     if fast_moe {
-                        slices.push(src);
+                        slices.push(ExpertRows {
+                            bytes: src,
+                            interleaved: il,
+                        });
                     }
                 }
                 table.resize(spec.n_expert, host.as_ptr() as u64);
@@ -527,18 +544,43 @@ impl Executor {
                     };
                     m.run(h, ids, wts, &expert_slices, y, &mut self.fast_buf);
                 }
-                Some(FastStep::Scores { w }) => {
+                Some(FastStep::Scores { w, causal }) => {
                     let rows = plan.values[self.value_id(step, 0)?].shape.numel(t_step, s) / w;
+                    let pos = match causal {
+                        Some(id)
+                            if plan.values[id].dtype == DType::I32
+                                && plan.values[id].shape.numel(t_step, s) == t_step =>
+                        {
+                            Some(self.value_ptr(plan, cache, id, s)? as *const i32)
+                        }
+                        _ => None,
+                    };
                     // SAFETY: q `[rows, w]` in its slot, the keys `[S, w]` in the latent cache
-                    // (checked by `check_cache`), the output `[rows, S]` in its own slot.
-                    let (q, k, y) = unsafe {
+                    // (checked by `check_cache`), the output `[rows, S]` in its own slot; the
+                    // positions `[T]` (i32) in theirs, live until the `causal_mask` that reads
+                    // them after this step.
+                    let (q, k, y, pos) = unsafe {
                         (
                             std::slice::from_raw_parts(args.args[0] as *const f32, rows * w),
                             std::slice::from_raw_parts(args.args[1] as *const f32, s * w),
                             std::slice::from_raw_parts_mut(args.out as *mut f32, rows * s),
+                            pos.map(|p| std::slice::from_raw_parts(p, t_step)),
                         )
                     };
-                    crate::fastpath::scores(q, k, y, w);
+                    crate::fastpath::scores(q, k, y, w, pos);
+                }
+                Some(FastStep::Softmax { n }) => {
+                    let n = n.unwrap_or(s);
+                    let numel = plan.values[step.out].shape.numel(t_step, s);
+                    // SAFETY: input and output `[rows, n]` (`numel` elements each) in distinct
+                    // slots (the lowering refuses a step whose output aliases an operand).
+                    let (x, y) = unsafe {
+                        (
+                            std::slice::from_raw_parts(args.args[0] as *const f32, numel),
+                            std::slice::from_raw_parts_mut(args.out as *mut f32, numel),
+                        )
+                    };
+                    crate::fastpath::softmax(x, y, n);
                 }
                 Some(FastStep::WeightedSum { w, len }) => {
                     let rows = plan.values[self.value_id(step, 0)?].shape.numel(t_step, s) / s;

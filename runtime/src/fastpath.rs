@@ -12,7 +12,7 @@
 //!   up and down experts all qualify, every `scores_qk` and `weighted_sum`, and (at more than one
 //!   token) a `head_mat_mul` whose rows are whole blocks of another shape (`attn_k_b`, 64
 //!   elements); every other step (and every step under [`CpuKernels::Oracle`]) runs the oracle's
-//!   cranelift kernels.
+//!   cranelift kernels; every `softmax` runs the fast path's, which has the oracle's bits.
 //! - Activations: each row is quantized once per step (rows in parallel) to one Q8_K plane
 //!   (`q8`) or two (`q8x2`: the value, then its rounding residual `x − d·q`, whose step is at most
 //!   1/254 of the first's); a dot is the sum of the plane dots, in plane order. `q8x2` gives the
@@ -39,11 +39,20 @@
 //!   activation rows are quantized; work items (expert, 64 down rows) compute each pair's
 //!   `down · act`; the output sums the slots in slot order, `y = Σ_j w[t, j] · part[t, j]`, as the
 //!   oracle does.
+//! - Interleaved experts: the fast store may hold Q2_K / Q3_K experts in the interleaved layout
+//!   of [`crate::quant::q8::interleave_rows`] (groups of 16 rows, a block's words row by row);
+//!   `moe_ffn` then takes them by the interleaved decode kernel (one token, or once per token
+//!   for a few) and the interleaved tile kernel, with the same bits ([`Rows::expert_product`]).
 //! - `scores_qk`, `weighted_sum` and the f32 `head_mat_mul`: f32 matrix products `[rows, w] × [w,
 //!   S]`, `[rows, S] × [S, len]` and per head `[T, n_in] × [n_in, n_out]` (the weight dequantized
 //!   exactly, as the oracle does) by `matrixmultiply::sgemm` (FMA, its own blocking and summation
 //!   order), split over the rayon pool by rows, or by columns below `GEMM_COLUMN_SPLIT_ROWS`
-//!   rows (decode), or by head.
+//!   rows (decode), or by head. At prefill the causal mask cuts both: `scores_qk` leaves the
+//!   keys after a block of tokens' last position uncomputed when the plan masks them next
+//!   (`causal_reader`), and `weighted_sum` stops each block of rows at its last nonzero weight
+//!   (the masked weights are exactly `+0.0`); the computed sums keep their bits.
+//! - `softmax`: the oracle's expression in its order, rows in parallel, with `exp` skipped for
+//!   the masked (−∞) entries whose `exp` is `+0.0`: the oracle's bits.
 //!
 //! Numerics: not the oracle's. One plane rounds each activation to 8 bits per 256-element block
 //! (error ≤ 1/254 of the block's largest magnitude); two planes to about 1/64,516; the dots are
@@ -53,12 +62,13 @@
 
 use crate::ggml_type::GgmlType;
 use crate::quant::q8::{
-    q8_dot_many_fn, q8_grid_fn, q8_rows_fn, quantize_row_q8k, BlockQ8K, Q8DotManyFn, Q8GridFn,
-    Q8RowsFn, Q8Tiles, Q8_TILE_ROWS,
+    deinterleave_rows, q8_dot_many_fn, q8_grid_fn, q8_grid_interleaved_fn, q8_interleaved_fn,
+    q8_rows_fn, quantize_row_q8k, BlockQ8K, Q8DotManyFn, Q8GridFn, Q8RowsFn, Q8Tiles,
+    INTERLEAVE_ROWS, Q8_TILE_ROWS,
 };
 use aubier_compiler::config::ExpertLayout;
 use aubier_compiler::ops::Op;
-use aubier_compiler::plan::{Operand, Plan};
+use aubier_compiler::plan::{Operand, Plan, ValueId};
 use aubier_compiler::types::{Attrs, Dim, WeightRef};
 use rayon::prelude::*;
 
@@ -125,16 +135,27 @@ impl std::fmt::Display for CpuKernels {
     }
 }
 
+/// One expert's slice of a stacked expert tensor as the fast `moe_ffn` reads it: its bytes, and
+/// whether they are the fast store's interleaved copy ([`crate::quant::q8::interleave_rows`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ExpertRows<'a> {
+    pub(crate) bytes: &'a [u8],
+    pub(crate) interleaved: bool,
+}
+
 /// A weight the fast path can read: its rows' byte length and multi-row dot kernel, and the Q8_K planes
 /// of the activations it is dotted with (1: `q8`; 2: `q8x2`, value and residual).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Rows {
+    ty: GgmlType,
     row_bytes: usize,
     many: Q8DotManyFn,
     /// The decode kernel: many weight rows against one token's planes.
     decode: Q8RowsFn,
     /// The tile kernel (AMX), when the CPU has one for the type.
     grid: Option<Q8GridFn>,
+    /// The decode and tile kernels of the interleaved layout, where the CPU has them.
+    interleaved: Option<(Q8RowsFn, Q8GridFn)>,
     planes: usize,
 }
 
@@ -207,10 +228,12 @@ impl Rows {
             return None;
         }
         Some(Rows {
+            ty,
             row_bytes: ty.row_size(n)?,
             many: q8_dot_many_fn(ty)?,
             decode: q8_rows_fn(ty)?,
             grid: q8_grid_fn(ty),
+            interleaved: q8_interleaved_fn(ty).zip(q8_grid_interleaved_fn(ty)),
             planes,
         })
     }
@@ -256,6 +279,56 @@ impl Rows {
         }
         for (r, yr) in (r0..r1).zip(y.chunks_exact_mut(m.max(1))) {
             self.dot_many(self.row(bytes, r), x, yr);
+        }
+    }
+
+    /// [`Rows::product`] for an expert's rows, which may be in the interleaved layout: there the
+    /// interleaved tile kernel, or the interleaved decode kernel once per token, takes whole
+    /// groups of rows in place, and any other case (a cut inside a group, no such kernels) reads
+    /// the groups deinterleaved. The same bits.
+    fn expert_product(
+        &self,
+        e: ExpertRows<'_>,
+        r0: usize,
+        r1: usize,
+        x: &[BlockQ8K],
+        packed: Option<&Packed>,
+        y: &mut [f32],
+    ) {
+        if !e.interleaved {
+            return self.product(e.bytes, r0, r1, x, packed, y);
+        }
+        let m = y.len() / (r1 - r0).max(1);
+        let whole = r0.is_multiple_of(INTERLEAVE_ROWS) && r1.is_multiple_of(INTERLEAVE_ROWS);
+        match (self.interleaved, packed) {
+            (Some((_, grid)), Some(p)) if whole && self.grid.is_some() => {
+                p.product(grid, self.rows(e.bytes, r0, r1), self.row_bytes, y)
+            }
+            (Some((decode, _)), _) if whole && m == 1 => {
+                decode(self.rows(e.bytes, r0, r1), x, self.planes, y)
+            }
+            (Some((decode, _)), None) if whole => {
+                // A few tokens: the decode kernel once per token (the rows stay in L2).
+                let per_token = x.len() / m.max(1);
+                let mut v = vec![0f32; r1 - r0];
+                for (j, xj) in x.chunks_exact(per_token.max(1)).enumerate() {
+                    decode(self.rows(e.bytes, r0, r1), xj, self.planes, &mut v);
+                    for (i, &vi) in v.iter().enumerate() {
+                        y[i * m + j] = vi;
+                    }
+                }
+            }
+            _ => {
+                let (g0, g1) = (
+                    r0 / INTERLEAVE_ROWS * INTERLEAVE_ROWS,
+                    r1.div_ceil(INTERLEAVE_ROWS) * INTERLEAVE_ROWS,
+                );
+                let src = self.rows(e.bytes, g0, g1);
+                let mut own = vec![0u8; src.len()];
+                deinterleave_rows(self.ty, src, &mut own, self.row_bytes)
+                    .expect("whole groups of whole rows, as the store interleaved them");
+                self.product(&own, r0 - g0, r1 - g0, x, packed, y);
+            }
         }
     }
 
@@ -347,15 +420,52 @@ pub(crate) enum FastStep {
     /// Taken at more than one token only.
     F32MatMul(FastF32MatMul),
     Moe(FastMoe),
-    /// `scores_qk` over latent-cache rows of `w` values.
+    /// `scores_qk` over latent-cache rows of `w` values. `causal`: the positions value of the
+    /// `causal_mask` that (after a `scale`) is the scores' only reader, so the scores of the keys
+    /// after a token's position may be left uncomputed ([`scores`]).
     Scores {
         w: usize,
+        causal: Option<ValueId>,
     },
     /// `weighted_sum` of the first `len` of latent-cache rows of `w` values.
     WeightedSum {
         w: usize,
         len: usize,
     },
+    /// `softmax` over a last axis of `n` elements (None: `S`, the keys).
+    Softmax {
+        n: Option<usize>,
+    },
+}
+
+/// The positions value `pos` when the scores value `scores` is read only by a `scale` whose
+/// output is read only by a `causal_mask(·, pos)`, neither of them a plan output: then the
+/// mask replaces every score of a key after its token's position, whatever it was.
+fn causal_reader(plan: &Plan, scores: ValueId) -> Option<ValueId> {
+    let only_reader = |v: ValueId| {
+        if plan.outputs.iter().any(|&(_, o)| o == v) {
+            return None;
+        }
+        let mut readers = plan
+            .steps
+            .iter()
+            .filter(|s| s.args.contains(&Operand::Value(v)));
+        let first = readers.next()?;
+        readers.next().is_none().then_some(first)
+    };
+    let scale = only_reader(scores)?;
+    if scale.op != Op::Scale || scale.args.first() != Some(&Operand::Value(scores)) {
+        return None;
+    }
+    let mask = only_reader(scale.out)?;
+    match mask.args.as_slice() {
+        [Operand::Value(x), Operand::Value(pos)]
+            if mask.op == Op::CausalMask && *x == scale.out =>
+        {
+            Some(*pos)
+        }
+        _ => None,
+    }
 }
 
 /// For each plan step, the fast kernel that replaces its oracle kernels, if any.
@@ -448,7 +558,13 @@ pub(crate) fn plan_fast_steps(plan: &Plan, planes: usize) -> Vec<Option<FastStep
             }
             (Op::ScoresQk, _) => Some(FastStep::Scores {
                 w: cache_width(step.args.get(1))?,
+                causal: causal_reader(plan, step.out),
             }),
+            (Op::Softmax, _) => match plan.values.get(step.out)?.shape.0.last()? {
+                Dim::Fixed(n) => Some(FastStep::Softmax { n: Some(*n) }),
+                Dim::Keys => Some(FastStep::Softmax { n: None }),
+                _ => None,
+            },
             (Op::WeightedSum, Attrs::WeightedSum { len }) => Some(FastStep::WeightedSum {
                 w: cache_width(step.args.get(1))?,
                 len: *len,
@@ -689,7 +805,18 @@ impl WeightProduct for FastF32MatMul {
             &buf.wf[..]
         };
         // B = Wᵀ [n_in, n_out]: element (i, r) at wf[r·n_in + i].
-        gemm(t, n_in, n_out, x, n_in, wf, 1, n_in, &mut y[..t * n_out]);
+        gemm(
+            t,
+            n_in,
+            n_out,
+            x,
+            n_in,
+            wf,
+            1,
+            n_in,
+            &mut y[..t * n_out],
+            split(t, n_in, n_out),
+        );
     }
 }
 
@@ -766,7 +893,7 @@ impl FastMoe {
         h: &[f32],
         ids: &[i32],
         wts: &[f32],
-        tables: &[Vec<&[u8]>],
+        tables: &[Vec<ExpertRows<'_>>],
         y: &mut [f32],
         buf: &mut FastBuffers,
     ) {
@@ -845,9 +972,10 @@ impl FastMoe {
                 let mut gv = vec![0f32; (f1 - f0) * m];
                 let mut uv = vec![0f32; (f1 - f0) * m];
                 self.gate
-                    .product(gate_t[e], f0, f1, x, hp[e].as_ref(), &mut gv);
+                    .expert_product(gate_t[e], f0, f1, x, hp[e].as_ref(), &mut gv);
                 let (u0, u1) = (self.up_off + f0, self.up_off + f1);
-                self.up.product(up_t[e], u0, u1, x, hp[e].as_ref(), &mut uv);
+                self.up
+                    .expert_product(up_t[e], u0, u1, x, hp[e].as_ref(), &mut uv);
                 for (f, (gr, ur)) in (f0..f1).zip(gv.chunks_exact(m).zip(uv.chunks_exact(m))) {
                     for (pi, (&g, &u)) in gr.iter().zip(ur).enumerate() {
                         // SAFETY: (group position, f) pairs are disjoint across work items.
@@ -867,7 +995,7 @@ impl FastMoe {
                 let (x, m) = (&aq[p0 * nb_f..p1 * nb_f], p1 - p0);
                 let mut v = vec![0f32; (o1 - o0) * m];
                 self.down
-                    .product(down_t[e], o0, o1, x, ap[e].as_ref(), &mut v);
+                    .expert_product(down_t[e], o0, o1, x, ap[e].as_ref(), &mut v);
                 for (o, vr) in (o0..o1).zip(v.chunks_exact(m)) {
                     for (pi, &vp) in vr.iter().enumerate() {
                         // SAFETY: (group position, o) pairs are disjoint across work items.
@@ -897,11 +1025,65 @@ impl FastMoe {
 /// instead of its rows, so that no task packs the whole right-hand matrix again.
 const GEMM_COLUMN_SPLIT_ROWS: usize = 64;
 
-/// `C[m, n] = A[m, k] × B[k, n]` by `matrixmultiply::sgemm` over the rayon pool, split into row
-/// blocks (or column blocks below [`GEMM_COLUMN_SPLIT_ROWS`] rows). Strides in elements: `A` row
-/// `rsa` (column 1), `B` row `rsb` / column `csb`, `C` row `n` (column 1). Every element is the
-/// same sum in the same order whatever the split (sgemm's order along `k` does not depend on the
-/// block of `C` it computes).
+/// One task's block of `C`: rows `r0 .. r0 + rows`, columns `c0 .. c0 + cols`, of which the first
+/// `live` are computed over the first `k` elements of the inner axis and the rest written `0.0`.
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    r0: usize,
+    rows: usize,
+    c0: usize,
+    cols: usize,
+    live: usize,
+    k: usize,
+}
+
+/// The blocks of an `[m, n]` product over an inner axis of `k`: row blocks, or column blocks
+/// below [`GEMM_COLUMN_SPLIT_ROWS`] rows.
+fn split(m: usize, k: usize, n: usize) -> Vec<Block> {
+    let threads = rayon::current_num_threads();
+    let block = |r0, rows, c0, cols| Block {
+        r0,
+        rows,
+        c0,
+        cols,
+        live: cols,
+        k,
+    };
+    if m < GEMM_COLUMN_SPLIT_ROWS {
+        let cols = n.div_ceil(threads * 2).max(1);
+        (0..n)
+            .step_by(cols)
+            .map(|c0| block(0, m, c0, cols.min(n - c0)))
+            .collect()
+    } else {
+        let rows = m.div_ceil(threads * 4).max(1);
+        (0..m)
+            .step_by(rows)
+            .map(|r0| block(r0, rows.min(m - r0), 0, n))
+            .collect()
+    }
+}
+
+/// Row blocks of at least [`GEMM_COLUMN_SPLIT_ROWS`] rows of an `[m, n]` product, eight per
+/// thread, each `(r0, rows)` and a whole number of `unit` rows: the rows cut where a causal
+/// product's extent changes.
+fn causal_row_blocks(m: usize, unit: usize) -> Vec<(usize, usize)> {
+    let rows = m
+        .div_ceil(rayon::current_num_threads() * 8)
+        .max(GEMM_COLUMN_SPLIT_ROWS)
+        .next_multiple_of(unit.max(1));
+    (0..m)
+        .step_by(rows)
+        .map(|r0| (r0, rows.min(m - r0)))
+        .collect()
+}
+
+/// `C[m, n] = A[m, k] × B[k, n]` by `matrixmultiply::sgemm` over the rayon pool, one task per
+/// block (default: [`split`]), the blocks covering `C` without overlapping, each inside `[m, n]`
+/// with its `k` at most `k`. Strides in elements: `A` row `rsa` (column 1), `B` row `rsb` /
+/// column `csb`, `C` row `n` (column 1). Every computed element is the same sum in the same order
+/// whatever the blocks (sgemm's order along `k` does not depend on the block of `C` it computes;
+/// a block's `k` cuts that order short, so terms after it are simply not added).
 #[allow(clippy::too_many_arguments)]
 fn gemm(
     m: usize,
@@ -913,6 +1095,7 @@ fn gemm(
     rsb: usize,
     csb: usize,
     c: &mut [f32],
+    blocks: Vec<Block>,
 ) {
     let last = |rows: usize, rs: usize, cols: usize, cs: usize| {
         if rows == 0 || cols == 0 {
@@ -925,65 +1108,163 @@ fn gemm(
         a.len() >= last(m, rsa, k, 1) && b.len() >= last(k, rsb, n, csb) && c.len() >= m * n,
         "gemm extents"
     );
+    assert!(
+        blocks
+            .iter()
+            .all(|b| b.r0 + b.rows <= m && b.c0 + b.cols <= n && b.live <= b.cols && b.k <= k),
+        "gemm blocks"
+    );
     if m == 0 || n == 0 {
         return;
     }
     let out = SharedOut::new(&mut c[..m * n]);
-    let threads = rayon::current_num_threads();
-    // (first row, rows, first column, columns) of each task's block of C.
-    let blocks: Vec<(usize, usize, usize, usize)> = if m < GEMM_COLUMN_SPLIT_ROWS {
-        let cols = n.div_ceil(threads * 2).max(1);
-        (0..n)
-            .step_by(cols)
-            .map(|c0| (0, m, c0, cols.min(n - c0)))
-            .collect()
-    } else {
-        let rows = m.div_ceil(threads * 4).max(1);
-        (0..m)
-            .step_by(rows)
-            .map(|r0| (r0, rows.min(m - r0), 0, n))
-            .collect()
-    };
-    blocks.into_par_iter().for_each(|(r0, rows, c0, cols)| {
-        // SAFETY: A rows r0.. and B columns c0.. are inside the slices (extents asserted above);
-        // C block (r0.., c0..) is inside `c` and disjoint from every other task's; beta = 0, so
-        // C is only written.
+    blocks.into_par_iter().for_each(|blk| {
+        // SAFETY: A rows r0.. (first `blk.k` columns) and B rows ..blk.k, columns c0.. are inside
+        // the slices (extents and blocks asserted above); C block (r0.., c0..) is inside `c` and
+        // disjoint from every other task's; beta = 0, so C is only written.
         unsafe {
             matrixmultiply::sgemm(
-                rows,
-                k,
-                cols,
+                blk.rows,
+                blk.k,
+                blk.live,
                 1.0,
-                a.as_ptr().add(r0 * rsa),
+                a.as_ptr().add(blk.r0 * rsa),
                 rsa as isize,
                 1,
-                b.as_ptr().add(c0 * csb),
+                b.as_ptr().add(blk.c0 * csb),
                 rsb as isize,
                 csb as isize,
                 0.0,
-                out.base().add(r0 * n + c0),
+                out.base().add(blk.r0 * n + blk.c0),
                 n as isize,
                 1,
             );
+        }
+        for r in blk.r0..blk.r0 + blk.rows {
+            for j in blk.c0 + blk.live..blk.c0 + blk.cols {
+                // SAFETY: inside this task's block.
+                unsafe { out.put(r * n + j, 0.0) };
+            }
         }
     });
 }
 
 /// `scores_qk`: `y[r, j] = q[r, :] · k[j, :]`, `q` `[rows, w]`, `k` `[S, w]`, `y` `[rows, S]`.
-pub(crate) fn scores(q: &[f32], k: &[f32], y: &mut [f32], w: usize) {
+///
+/// `causal = Some(pos)`: `pos` `[T]`, the rows token-major (`rows / T` a token), and a
+/// `causal_mask` by `pos` replaces every score of a key `j > pos[t]` (checked by the caller,
+/// [`FastStep::Scores`]). The rows go in blocks of whole tokens, and a block's keys after the
+/// last position of its tokens are written `0.0` instead of computed: at prefill about half the
+/// product. Every score computed has the bits it has without `causal`.
+pub(crate) fn scores(q: &[f32], k: &[f32], y: &mut [f32], w: usize, causal: Option<&[i32]>) {
     let (rows, s) = (q.len() / w, k.len() / w);
     assert!(y.len() == rows * s, "scores_qk extents");
+    let blocks = match causal {
+        Some(pos) if rows >= GEMM_COLUMN_SPLIT_ROWS && !pos.is_empty() => {
+            let heads = rows / pos.len();
+            // Whole tokens per block, each block over the keys up to its tokens' last position.
+            let mut blocks = Vec::new();
+            for (r0, n) in causal_row_blocks(rows, heads) {
+                let (t0, t1) = (r0 / heads, (r0 + n).div_ceil(heads));
+                let seen = pos[t0..t1.min(pos.len())]
+                    .iter()
+                    .map(|&p| usize::try_from(i64::from(p) + 1).unwrap_or(0).min(s))
+                    .max()
+                    .unwrap_or(s);
+                blocks.push(Block {
+                    r0,
+                    rows: n,
+                    c0: 0,
+                    cols: s,
+                    live: seen,
+                    k: w,
+                });
+            }
+            blocks
+        }
+        _ => split(rows, w, s),
+    };
     // B = kᵀ [w, S]: element (i, j) at k[j·w + i].
-    gemm(rows, w, s, q, w, k, 1, w, y);
+    gemm(rows, w, s, q, w, k, 1, w, y, blocks);
 }
 
 /// `weighted_sum`: `y[r, :] = Σ_j p[r, j] · v[j, 0..len]`, `p` `[rows, S]`, `v` `[S, w]`, `y`
 /// `[rows, len]`.
+///
+/// At prefill a block of rows stops at its last key with a nonzero weight: the causal mask makes
+/// the weights of later keys exactly `+0.0`, and adding their `+0.0 · v` terms changes no sum
+/// (but the sign of a zero sum) while those `v` are finite — so the cut stops no earlier than the
+/// last key whose row of `v` is not finite.
 pub(crate) fn weighted_sum(p: &[f32], v: &[f32], y: &mut [f32], w: usize, len: usize) {
     let (rows, s) = (y.len() / len, v.len() / w);
     assert!(p.len() == rows * s && len <= w, "weighted_sum extents");
+    let blocks = if rows >= GEMM_COLUMN_SPLIT_ROWS && s > 0 {
+        // Keys `0 .. finite_from` are the ones a cut may not skip.
+        let finite_from = (0..s)
+            .rev()
+            .find(|&j| !v[j * w..j * w + len].iter().all(|x| x.is_finite()))
+            .map_or(0, |j| j + 1);
+        causal_row_blocks(rows, 1)
+            .into_par_iter()
+            .map(|(r0, n)| {
+                let used = p[r0 * s..(r0 + n) * s]
+                    .chunks_exact(s)
+                    .map(|row| row.iter().rposition(|&x| x != 0.0).map_or(0, |j| j + 1))
+                    .max()
+                    .unwrap_or(s);
+                Block {
+                    r0,
+                    rows: n,
+                    c0: 0,
+                    cols: len,
+                    live: len,
+                    k: used.max(finite_from),
+                }
+            })
+            .collect()
+    } else {
+        split(rows, s, len)
+    };
     // B = v[:, 0..len] [S, len] (row stride w).
-    gemm(rows, s, len, p, s, v, w, 1, y);
+    gemm(rows, s, len, p, s, v, w, 1, y, blocks);
+}
+
+/// `softmax` of each row of `n` elements of `x` into `y` (rows in parallel), with the oracle's
+/// operations in its order (`kernels-gen/src/cpu/lower.rs`): the row's maximum (NaN when an
+/// element is NaN, as cranelift's `fmax`), `e = exp(x − max)` by the `f32::exp` the oracle calls,
+/// summed from `+0.0` in index order, then `e / sum`. An `x − max` of −∞ (a masked score) gives
+/// its `e = +0.0` without the call, which is `exp(−∞)`: the results are the oracle's bits.
+pub(crate) fn softmax(x: &[f32], y: &mut [f32], n: usize) {
+    assert!(x.len() == y.len(), "softmax extents");
+    if n == 0 {
+        return;
+    }
+    y.par_chunks_mut(n)
+        .zip(x.par_chunks(n))
+        .with_min_len(4)
+        .for_each(|(yr, xr)| {
+            let mut m = f32::NEG_INFINITY;
+            for &v in xr {
+                m = if v.is_nan() || m.is_nan() {
+                    f32::NAN
+                } else {
+                    m.max(v)
+                };
+            }
+            let mut sum = 0.0f32;
+            for (e, &v) in yr.iter_mut().zip(xr) {
+                let dv = v - m;
+                *e = if dv == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    dv.exp()
+                };
+                sum += *e;
+            }
+            for e in yr.iter_mut() {
+                *e /= sum;
+            }
+        });
 }
 
 #[cfg(test)]
@@ -1025,7 +1306,7 @@ mod tests {
             let q = noise(rows * w, 1);
             let k = noise(s * w, 2);
             let mut y = vec![f32::NAN; rows * s];
-            scores(&q, &k, &mut y, w);
+            scores(&q, &k, &mut y, w, None);
             for r in 0..rows {
                 for j in 0..s {
                     let terms: Vec<_> = (0..w).map(|i| (q[r * w + i], k[j * w + i])).collect();
@@ -1042,6 +1323,108 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// With causal positions, every score `scores` computes has the bits of the full product and
+    /// every skipped one (a key after its token's position) is `0.0`; a `weighted_sum` whose
+    /// rows end in zero weights (a causal softmax) has the full product's bits, and a non-finite
+    /// value after them still reaches the sums (`0 · ∞` is NaN in the full product too).
+    #[test]
+    fn causal_cuts_keep_the_full_products_bits() {
+        let (t, heads, w, len) = (70, 3, 24, 9);
+        for p0 in [0usize, 5] {
+            let s = p0 + t;
+            let pos: Vec<i32> = (0..t).map(|i| (p0 + i) as i32).collect();
+            let (q, k) = (noise(t * heads * w, 7), noise(s * w, 8));
+            let (mut full, mut cut) =
+                (vec![f32::NAN; t * heads * s], vec![f32::NAN; t * heads * s]);
+            scores(&q, &k, &mut full, w, None);
+            scores(&q, &k, &mut cut, w, Some(&pos));
+            let mut skipped = 0;
+            for (r, (fr, cr)) in full.chunks(s).zip(cut.chunks(s)).enumerate() {
+                let p = pos[r / heads] as usize;
+                assert!(fr[..=p]
+                    .iter()
+                    .zip(&cr[..=p])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()));
+                for (a, b) in fr[p + 1..].iter().zip(&cr[p + 1..]) {
+                    assert!(a.to_bits() == b.to_bits() || b.to_bits() == 0, "row {r}");
+                    skipped += usize::from(a.to_bits() != b.to_bits());
+                }
+            }
+            assert!(skipped > t * heads * t / 4, "{skipped} scores skipped");
+            let mut p = noise(t * heads * s, 9);
+            for (r, row) in p.chunks_mut(s).enumerate() {
+                row[pos[r / heads] as usize + 1..].fill(0.0);
+            }
+            let mut v = noise(s * w, 10);
+            let dense = |p: &[f32], v: &[f32]| {
+                let mut o = vec![f32::NAN; t * heads * len];
+                gemm(
+                    t * heads,
+                    s,
+                    len,
+                    p,
+                    s,
+                    v,
+                    w,
+                    1,
+                    &mut o,
+                    split(t * heads, s, len),
+                );
+                o
+            };
+            let mut o = vec![f32::NAN; t * heads * len];
+            weighted_sum(&p, &v, &mut o, w, len);
+            assert!(o
+                .iter()
+                .zip(dense(&p, &v))
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+            v[(s - 1) * w] = f32::INFINITY;
+            weighted_sum(&p, &v, &mut o, w, len);
+            let want = dense(&p, &v);
+            assert!(want[0].is_nan() && o[0].is_nan(), "0 · ∞ reaches row 0");
+            assert!(o
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())));
+        }
+    }
+
+    /// `softmax` is the oracle's expression (lower.rs) in its order: a masked entry is exactly
+    /// `+0.0`, a row with a NaN is NaN throughout, a fully masked row is NaN (−∞ − (−∞)).
+    #[test]
+    fn softmax_is_the_oracle_expression() {
+        let n = 37;
+        let mut x = noise(5 * n, 11);
+        x[n + 3..2 * n].fill(f32::NEG_INFINITY);
+        x[2 * n + 4] = f32::NAN;
+        x[3 * n..4 * n].fill(f32::NEG_INFINITY);
+        let mut y = vec![0.0f32; x.len()];
+        softmax(&x, &mut y, n);
+        for (r, (xr, yr)) in x.chunks(n).zip(y.chunks(n)).enumerate() {
+            let mut m = f32::NEG_INFINITY;
+            let mut nan = false;
+            for &v in xr {
+                nan |= v.is_nan();
+                m = m.max(v);
+            }
+            let m = if nan { f32::NAN } else { m };
+            let e: Vec<f32> = xr.iter().map(|&v| (v - m).exp()).collect();
+            let mut sum = 0.0f32;
+            for &v in &e {
+                sum += v;
+            }
+            for (i, (&got, &ei)) in yr.iter().zip(&e).enumerate() {
+                let want = ei / sum;
+                assert!(
+                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                    "row {r} col {i}: {got} vs {want}"
+                );
+            }
+        }
+        assert!(y[n + 3..2 * n].iter().all(|&v| v.to_bits() == 0));
+        assert!(y[2 * n..4 * n].iter().all(|v| v.is_nan()));
     }
 
     /// Every (token, head, o) of a fast `head_mat_mul` is the single-row kernel's dot of head
@@ -1122,20 +1505,87 @@ mod tests {
         ]
     }
 
-    /// `moe_ffn`'s expert tables over [`expert_matrices`].
-    fn expert_tables(m: &[Vec<Vec<u8>>; 2]) -> Vec<Vec<&[u8]>> {
+    /// `moe_ffn`'s expert tables over [`expert_matrices`] (or their [`interleaved`] copies).
+    fn expert_tables(m: &[Vec<Vec<u8>>; 2], interleaved: bool) -> Vec<Vec<ExpertRows<'_>>> {
         m.iter()
-            .map(|t| t.iter().map(|v| v.as_slice()).collect())
+            .map(|t| {
+                t.iter()
+                    .map(|v| ExpertRows {
+                        bytes: v,
+                        interleaved,
+                    })
+                    .collect()
+            })
             .collect()
+    }
+
+    /// [`expert_matrices`] in the interleaved layout, as the fast store copies them.
+    fn interleaved(m: &[Vec<Vec<u8>>; 2], d: usize, n_ff: usize) -> [Vec<Vec<u8>>; 2] {
+        let il = |ty: GgmlType, k: usize, v: &Vec<u8>| {
+            let mut out = vec![0u8; v.len()];
+            crate::quant::q8::interleave_rows(ty, v, &mut out, ty.row_size(k).unwrap()).unwrap();
+            out
+        };
+        [
+            m[0].iter().map(|v| il(GgmlType::Q2_K, d, v)).collect(),
+            m[1].iter().map(|v| il(GgmlType::Q3_K, n_ff, v)).collect(),
+        ]
     }
 
     fn rows(ty: GgmlType, k: usize, grid: Option<Q8GridFn>, planes: usize) -> Rows {
         Rows {
+            ty,
             row_bytes: ty.row_size(k).unwrap(),
             many: q8_dot_many_fn(ty).unwrap(),
             decode: q8_rows_fn(ty).unwrap(),
             grid,
+            interleaved: q8_interleaved_fn(ty).zip(q8_grid_interleaved_fn(ty)),
             planes,
+        }
+    }
+
+    /// Experts in the fast store's interleaved layout give a `moe_ffn` the bits of the file's
+    /// layout: at one token (the interleaved decode kernel), a few (it once per token) and many
+    /// (the interleaved tile kernel, where the CPU has tile kernels), one and two planes.
+    #[test]
+    fn interleaved_experts_give_the_same_bits() {
+        let (q2, q3) = (GgmlType::Q2_K, GgmlType::Q3_K);
+        if q8_interleaved_fn(q2).is_none() {
+            println!("note: no AVX-512 VNNI on this CPU: interleaved checks skipped");
+            return;
+        }
+        let (d, n_ff, experts, k) = (512, 256, 5, 2);
+        let own = expert_matrices(d, n_ff, experts, 20);
+        let il = interleaved(&own, d, n_ff);
+        for planes in [1, 2] {
+            for t in [1, 2, 8, 70] {
+                let x = noise(t * d, 50 + t as u64);
+                let ids: Vec<i32> = (0..t * k)
+                    .map(|i| ((i * 3 + i / 4) % experts) as i32)
+                    .collect();
+                let wts = noise(t * k, 60);
+                let run = |m: &[Vec<Vec<u8>>; 2], interleaved: bool| {
+                    let moe = FastMoe {
+                        d,
+                        n_ff,
+                        gate: rows(q2, d, q8_grid_fn(q2), planes),
+                        up: rows(q2, d, q8_grid_fn(q2), planes),
+                        down: rows(q3, n_ff, q8_grid_fn(q3), planes),
+                        up_off: n_ff,
+                        fused: true,
+                    };
+                    let mut y = vec![f32::NAN; t * d];
+                    let tables = expert_tables(m, interleaved);
+                    moe.run(&x, &ids, &wts, &tables, &mut y, &mut FastBuffers::default());
+                    y
+                };
+                let (a, b) = (run(&own, false), run(&il, true));
+                assert!(
+                    a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "planes {planes} tokens {t}"
+                );
+                assert!(a.iter().all(|v| v.is_finite()));
+            }
         }
     }
 
@@ -1153,7 +1603,7 @@ mod tests {
         let (d, n_ff, n_out, experts, k) = (512, 256, 40, 5, 2);
         let w = matrix(q2, n_out, d, 7);
         let bytes = expert_matrices(d, n_ff, experts, 10);
-        let tables = expert_tables(&bytes);
+        let tables = expert_tables(&bytes, false);
         for planes in [1, 2] {
             for t in [1, 3, 8, 70] {
                 let x = noise(t * d, 30 + t as u64);
@@ -1206,7 +1656,7 @@ mod tests {
         let (q2, q3) = (GgmlType::Q2_K, GgmlType::Q3_K);
         let (d, n_ff, experts, k) = (512, 256, 5, 3);
         let bytes = expert_matrices(d, n_ff, experts, 50);
-        let tables = expert_tables(&bytes);
+        let tables = expert_tables(&bytes, false);
         let x = noise(d, 70);
         let (ids, wts) = (vec![4, 1, 3], noise(k, 71));
         for planes in [1, 2] {

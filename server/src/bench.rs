@@ -318,7 +318,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             model.config.n_ctx_train
         );
     }
-    let store = args.store.options()?;
+    let store = args.kernels.store_options(args.store.options()?);
     let mut session = Session::open_with_store(model.clone(), SessionOptions { kv_max }, &store)?;
     args.kernels.apply(&mut session);
     let params = GenerateParams {

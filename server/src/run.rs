@@ -103,6 +103,15 @@ impl Default for KernelArgs {
 }
 
 impl KernelArgs {
+    /// `store` with the fast store's expert copies interleaved for the fast path's decode
+    /// kernels, unless the kernels are the oracle's (which read the file's layout).
+    pub fn store_options(&self, store: StoreOptions) -> StoreOptions {
+        StoreOptions {
+            interleave: self.cpu_kernels != CpuKernels::Oracle,
+            ..store
+        }
+    }
+
     /// Sets `session`'s weight-product kernels and prompt pass size.
     pub fn apply(&self, session: &mut Session) {
         session.set_cpu_kernels(self.cpu_kernels);
@@ -148,7 +157,8 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
-    /// The runtime options. Errors: the resident-set file cannot be read or parsed.
+    /// The runtime options (copies in the file's layout: [`KernelArgs::store_options`] decides
+    /// the interleaving). Errors: the resident-set file cannot be read or parsed.
     pub fn options(&self) -> anyhow::Result<StoreOptions> {
         let budget = match (self.n_res, self.fast_budget) {
             (Some(n), _) => FastBudget::Slots(n),
@@ -170,6 +180,7 @@ impl StoreArgs {
             a1out: self.a1out,
             max_promotions: self.max_promotions,
             reset: self.reset,
+            interleave: false,
         })
     }
 }
@@ -254,7 +265,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(kv_max) => SessionOptions { kv_max },
         None => SessionOptions::for_config(&model.config),
     };
-    let store = args.store.options()?;
+    let store = args.kernels.store_options(args.store.options()?);
     let mut session = Session::open_with_store(model.clone(), opts, &store)?;
     args.kernels.apply(&mut session);
     let params = GenerateParams {

@@ -68,6 +68,15 @@ pub enum QuantError {
         /// `src.len()` in bytes.
         actual: usize,
     },
+    /// Bytes that are not whole groups of rows of the interleaved layout
+    /// ([`q8::interleave_rows`]).
+    #[error("{ty}: {detail}")]
+    Interleave {
+        /// The rows' type.
+        ty: GgmlType,
+        /// What did not fit.
+        detail: String,
+    },
     /// `ggml_row_size(ty, n)` does not fit in `usize`.
     #[error("{ty}: the byte size of a row of {n} elements overflows usize")]
     RowSizeOverflow {

@@ -33,9 +33,11 @@ use super::policy::{
 };
 use crate::engine::Model;
 use crate::executor::ExpertSource;
+use crate::ggml_type::GgmlType;
+use crate::quant::q8::{deinterleave_rows, interleave_rows, q8_interleaved_fn, INTERLEAVE_ROWS};
 use aubier_compiler::ops::Op;
 use aubier_compiler::plan::{Operand, WeightId};
-use aubier_compiler::types::Attrs;
+use aubier_compiler::types::{Attrs, WeightRef};
 use memmap2::MmapMut;
 use std::fmt;
 use std::str::FromStr;
@@ -114,10 +116,16 @@ pub struct StoreOptions {
     pub max_promotions: Option<usize>,
     /// Between requests.
     pub reset: ResetMode,
+    /// Copies of Q2_K / Q3_K expert tensors in the interleaved layout of the decode kernels
+    /// ([`crate::quant::q8::interleave_rows`]) where the CPU has them: for the fast path
+    /// (`--cpu-kernels q8x2 | q8`), whose decode then streams each group of rows in address
+    /// order with no transpose. The oracle reads such experts from the host alias instead.
+    pub interleave: bool,
 }
 
 impl Default for StoreOptions {
-    /// [`FastBudget::Auto`], identity seed, 2Q with the paper's fractions, no cap, exact reset.
+    /// [`FastBudget::Auto`], identity seed, 2Q with the paper's fractions, no cap, exact reset,
+    /// copies in the file's layout.
     fn default() -> Self {
         StoreOptions {
             budget: FastBudget::Auto,
@@ -127,6 +135,7 @@ impl Default for StoreOptions {
             a1out: TwoQParams::PAPER_A1OUT,
             max_promotions: None,
             reset: ResetMode::Exact,
+            interleave: false,
         }
     }
 }
@@ -207,6 +216,8 @@ struct Part {
     expert_bytes: usize,
     /// Offset of this tensor's slice within a slot.
     offset: usize,
+    /// The type and row bytes of a tensor whose copies are interleaved.
+    interleave: Option<(GgmlType, usize)>,
 }
 
 /// The store of one MoE layer.
@@ -316,6 +327,10 @@ impl ExpertStore {
                     weight,
                     expert_bytes: t.expert_bytes,
                     offset,
+                    interleave: opts
+                        .interleave
+                        .then(|| interleavable(&model.plan.weights[weight], t.expert_bytes))
+                        .flatten(),
                 });
                 offset += t.expert_bytes;
             }
@@ -475,8 +490,9 @@ impl ExpertStore {
     }
 
     /// Every resident copy of the `i`-th MoE layer as `(expert, weight, fast bytes, host bytes)`,
-    /// for checking that each copy equals the file.
-    pub fn copies(&self, i: usize) -> Vec<(u32, WeightId, &[u8], &[u8])> {
+    /// the fast bytes in the file's layout (deinterleaved where [`StoreOptions::interleave`]
+    /// interleaved them), for checking that each copy equals the file.
+    pub fn copies(&self, i: usize) -> Vec<(u32, WeightId, Vec<u8>, &[u8])> {
         let Some(l) = self.layers.get(i) else {
             return Vec::new();
         };
@@ -486,7 +502,13 @@ impl ExpertStore {
                 if let (Some(fast), Some(host)) =
                     (self.fast_copy(p.weight, e as usize), self.host(p, e))
                 {
-                    out.push((e, p.weight, fast, host));
+                    let mut own = fast.to_vec();
+                    if let Some((ty, row_bytes)) = p.interleave {
+                        if deinterleave_rows(ty, fast, &mut own, row_bytes).is_err() {
+                            continue;
+                        }
+                    }
+                    out.push((e, p.weight, own, host));
                 }
             }
         }
@@ -640,7 +662,15 @@ impl ExpertStore {
                 return false;
             };
             let src = &host[e as usize * p.expert_bytes..][..p.expert_bytes];
-            arena[start + p.offset..][..p.expert_bytes].copy_from_slice(src);
+            let dst = &mut arena[start + p.offset..][..p.expert_bytes];
+            match p.interleave {
+                Some((ty, row_bytes)) => {
+                    if interleave_rows(ty, src, dst, row_bytes).is_err() {
+                        return false;
+                    }
+                }
+                None => dst.copy_from_slice(src),
+            }
             model.release_host_pages(src);
         }
         let l = &mut self.layers[li];
@@ -663,7 +693,24 @@ impl ExpertStore {
     }
 }
 
+/// The type and row bytes of the expert tensor `w` (`expert_bytes` per expert) when its rows have
+/// an interleaved decode kernel on this CPU and each expert is whole groups of them.
+fn interleavable(w: &WeightRef, expert_bytes: usize) -> Option<(GgmlType, usize)> {
+    let ty = GgmlType::from_name(&w.ggml_type)?;
+    q8_interleaved_fn(ty)?;
+    let row_bytes = ty.row_size(*w.ne.first()?)?;
+    let group = INTERLEAVE_ROWS.checked_mul(row_bytes)?;
+    (group > 0 && expert_bytes.is_multiple_of(group)).then_some((ty, row_bytes))
+}
+
 impl ExpertSource for ExpertStore {
+    fn interleaved(&self, weight: WeightId) -> bool {
+        matches!(
+            self.by_weight.get(weight),
+            Some(Some((li, pi))) if self.layers[*li].parts[*pi].interleave.is_some()
+        )
+    }
+
     fn fast_copy(&self, weight: WeightId, expert: usize) -> Option<&[u8]> {
         let (li, pi) = (*self.by_weight.get(weight)?)?;
         let l = &self.layers[li];

@@ -218,10 +218,11 @@ fn load_engine(
             let kv_max = args
                 .kv_max
                 .unwrap_or_else(|| model.config.n_ctx_train.min(DEFAULT_KV_MAX));
-            let store = args
-                .store
-                .options()
-                .map_err(|e| load_err(format!("{e:#}")))?;
+            let store = args.kernels.store_options(
+                args.store
+                    .options()
+                    .map_err(|e| load_err(format!("{e:#}")))?,
+            );
             let engine = real::RealEngine::open(model, kv_max, &store)
                 .map_err(|e| load_err(e.to_string()))?
                 .with_kernels(&args.kernels);

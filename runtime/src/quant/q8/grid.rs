@@ -37,10 +37,22 @@ use std::arch::x86_64::*;
 /// The grid kernel of `ty` (Q2_K, Q3_K) on this CPU, or None (another type, or neither AMX nor
 /// the AVX-512 features of `vnni::detected`).
 pub(super) fn grid_fn(ty: GgmlType) -> Option<Q8GridFn> {
+    backend_kernel::<false>(ty)
+}
+
+/// [`grid_fn`] for weight rows in the interleaved layout (`super::interleave_rows`): a group of
+/// 16 rows is one row group here, and each row's block is gathered from the group's words before
+/// it is unpacked; the same bits.
+pub(super) fn grid_interleaved_fn(ty: GgmlType) -> Option<Q8GridFn> {
+    backend_kernel::<true>(ty)
+}
+
+/// The kernel of the CPU's backend for rows in their own layout or interleaved (`IL`).
+fn backend_kernel<const IL: bool>(ty: GgmlType) -> Option<Q8GridFn> {
     if super::amx::detected() {
-        kernel::<true>(ty)
+        kernel::<true, IL>(ty)
     } else if super::vnni::detected() {
-        kernel::<false>(ty)
+        kernel::<false, IL>(ty)
     } else {
         None
     }
@@ -50,21 +62,22 @@ pub(super) fn grid_fn(ty: GgmlType) -> Option<Q8GridFn> {
 #[cfg(test)]
 pub(super) fn vnni_grid_fn(ty: GgmlType) -> Option<Q8GridFn> {
     super::vnni::detected()
-        .then(|| kernel::<false>(ty))
+        .then(|| kernel::<false, false>(ty))
         .flatten()
 }
 
-/// The kernel of `ty` with the AMX (`AMX`) or the VNNI backend; the caller has checked that the
-/// backend's features (and, for AMX, the OS permission) are there.
-fn kernel<const AMX: bool>(ty: GgmlType) -> Option<Q8GridFn> {
+/// The kernel of `ty` with the AMX (`AMX`) or the VNNI backend, for rows in their own layout or
+/// interleaved (`IL`); the caller has checked that the backend's features (and, for AMX, the OS
+/// permission) are there.
+fn kernel<const AMX: bool, const IL: bool>(ty: GgmlType) -> Option<Q8GridFn> {
     // SAFETY (every wrapper below): `kernel` enables exactly the AVX-512 features of
     // `vnni::detected()`, which `grid_fn` saw (`amx::detected()` includes them), and the AMX
     // instructions run only when `amx::detected()` saw them and got the OS permission.
     macro_rules! wrap {
         ($b:literal, $mins:literal, $prep:ident) => {{
             #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-            fn kernel<const AMX: bool>(w: &[u8], x: &Q8Tiles, y: &mut [f32]) {
-                grid::<$b, $mins, AMX>(w, x, y, |block, dst| {
+            fn kernel<const AMX: bool, const IL: bool>(w: &[u8], x: &Q8Tiles, y: &mut [f32]) {
+                grid::<$b, $mins, AMX, IL>(w, x, y, |block, dst| {
                     let p = $prep(block);
                     for (k, v) in p.w.iter().enumerate() {
                         // SAFETY: 32 bytes at `32k`, inside the 256-byte row.
@@ -73,11 +86,11 @@ fn kernel<const AMX: bool>(ty: GgmlType) -> Option<Q8GridFn> {
                     p.into()
                 })
             }
-            fn w<const AMX: bool>(w: &[u8], x: &Q8Tiles, y: &mut [f32]) {
+            fn w<const AMX: bool, const IL: bool>(w: &[u8], x: &Q8Tiles, y: &mut [f32]) {
                 // SAFETY: see above.
-                unsafe { kernel::<AMX>(w, x, y) }
+                unsafe { kernel::<AMX, IL>(w, x, y) }
             }
-            w::<AMX> as Q8GridFn
+            w::<AMX, IL> as Q8GridFn
         }};
     }
     match ty {
@@ -154,10 +167,10 @@ fn grid_rows(w: &[u8], x: &Q8Tiles, y: &mut [f32], bytes: usize) -> Option<usize
 
 /// The grid loop (module note) for blocks of `B` bytes, `unpack` writing a block's effective
 /// weights and returning its scales; `MINS` selects Q2_K's epilogue, else Q3_K's; `AMX` the
-/// backend.
+/// backend; `IL` weight rows in the interleaved layout.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-fn grid<const B: usize, const MINS: bool, const AMX: bool>(
+fn grid<const B: usize, const MINS: bool, const AMX: bool, const IL: bool>(
     w: &[u8],
     x: &Q8Tiles,
     y: &mut [f32],
@@ -166,6 +179,13 @@ fn grid<const B: usize, const MINS: bool, const AMX: bool>(
     let Some(n) = grid_rows(w, x, y, B) else {
         return;
     };
+    if IL
+        && !super::lengths_ok(n.is_multiple_of(GROUP), y, |outs| {
+            format!("Q8_K grid: {n} interleaved rows ({outs} outputs) are not whole groups")
+        })
+    {
+        return;
+    }
     let (rows, nb, groups) = (x.rows(), x.blocks(), x.groups());
     if y.is_empty() {
         return;
@@ -188,10 +208,29 @@ fn grid<const B: usize, const MINS: bool, const AMX: bool>(
         for g in acc.iter_mut() {
             *g = [_mm512_setzero_ps(); GROUP];
         }
-        let row_blocks = w[r0 * nb * B..(r0 + nr) * nb * B].as_chunks::<B>().0;
-        for (i, block) in row_blocks.iter().enumerate() {
-            let at = (i % nb) * GROUP + i / nb;
-            sc[at] = unpack(block, &mut a[at].0);
+        let group = &w[r0 * nb * B..(r0 + nr) * nb * B];
+        if IL {
+            // Row `r`'s block `b`, gathered from the group's block `b` (module note of
+            // `lanes.rs`'s layout): whole words at `64k + 4r`, the rest at `64·⌊B/4⌋ + r·(B mod
+            // 4)`.
+            let (words, rest) = (B / 4, B % 4);
+            let mut block = [0u8; B];
+            for (b, g) in group.chunks_exact(GROUP * B).enumerate() {
+                for r in 0..GROUP {
+                    for k in 0..words {
+                        let at = 64 * k + 4 * r;
+                        block[4 * k..4 * k + 4].copy_from_slice(&g[at..at + 4]);
+                    }
+                    let at = 64 * words + r * rest;
+                    block[4 * words..].copy_from_slice(&g[at..at + rest]);
+                    sc[b * GROUP + r] = unpack(&block, &mut a[b * GROUP + r].0);
+                }
+            }
+        } else {
+            for (i, block) in group.as_chunks::<B>().0.iter().enumerate() {
+                let at = (i % nb) * GROUP + i / nb;
+                sc[at] = unpack(block, &mut a[at].0);
+            }
         }
         for b in 0..nb {
             a[b * GROUP + nr..(b + 1) * GROUP].fill(Unpacked([0; 256]));

@@ -34,11 +34,19 @@
 //! As in `rows.rs`, the next group's bytes are prefetched in address order while a group is
 //! computed, here into L2 (a group is 21 KiB at 4096 elements: two of them do not fit the
 //! 32 KiB L1D of Zen 4). Fewer than 16 rows go to `rows.rs`.
+//!
+//! Weights in the interleaved layout (`super::interleave_rows`, the fast store's expert copies)
+//! hold each group's block words already in step 1's order, so [`interleaved`] replaces the
+//! loads and the transpose by 21 (Q2_K) or 27 (Q3_K, and its 16 `d`) plain loads per block and
+//! runs the same block functions ([`q2_block`], [`q3_block`]), for one or two planes. Zen 4,
+//! one thread, two planes, streamed / L2-resident rows: Q2_K 12.5 / 13.4 → 16.4 / 18.4 GB/s,
+//! Q3_K 9.3 / 10.4 → 12.0 / 13.1 GB/s (`cargo bench --bench q8_dot -- q8_decode`).
 
 #![allow(non_snake_case)] // the kernels keep ggml's type names (q2_K)
 
 use super::rows::row_blocks;
 use super::{rows_lengths, BlockQ8K};
+use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
 /// Weight rows per group: the i32 lanes of a vector.
@@ -78,6 +86,106 @@ pub(super) unsafe fn two_planes<const B: usize>(
         y[g..g + LANES].copy_from_slice(&v);
     }
     n
+}
+
+/// `y[i] = Σ_p dot(row_i, x_p)` for the rows of `w` in the interleaved layout
+/// ([`super::interleave_rows`]; Q2_K, `B` = 84, or Q3_K, `B` = 110) and one or two planes: `Q8RowsFn`'s
+/// contract, the rows a whole number of groups of 16 (else NaN in every `y[i]`). The group's
+/// block words are plain loads, one stream in address order; each row gets the bits of
+/// [`two_planes`] (the same block functions).
+///
+/// # Safety
+/// The CPU has the features of `vnni::detected` (checked by the caller).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn interleaved<const B: usize>(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
+    let whole = y.len().is_multiple_of(LANES);
+    if !super::lengths_ok(whole, y, |rows| {
+        format!("interleaved rows: {rows} rows are not whole groups of {LANES}")
+    }) {
+        return;
+    }
+    let Some((nb, rb)) = rows_lengths(w, x, planes, y, B) else {
+        return;
+    };
+    for g in (0..y.len()).step_by(LANES) {
+        let ahead = super::clamped(w, (g + LANES) * rb, (g + 2 * LANES) * rb);
+        let group = &w[g * rb..(g + LANES) * rb];
+        let v = match (B, planes) {
+            (110, 1) => q3_interleaved::<1>(group, x, nb, ahead),
+            (110, _) => q3_interleaved::<2>(group, x, nb, ahead),
+            (_, 1) => q2_interleaved::<1>(group, x, nb, ahead),
+            _ => q2_interleaved::<2>(group, x, nb, ahead),
+        };
+        y[g..g + LANES].copy_from_slice(&v);
+    }
+}
+
+/// The interleaved decode kernel of `ty` (Q2_K, Q3_K) on a CPU with the features of
+/// `vnni::detected`, or None.
+pub(super) fn interleaved_fn(ty: GgmlType) -> Option<super::Q8RowsFn> {
+    if !super::vnni::detected() {
+        return None;
+    }
+    // SAFETY (both wrappers): the features were detected just above.
+    fn q2(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
+        unsafe { interleaved::<84>(w, x, planes, y) }
+    }
+    fn q3(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
+        unsafe { interleaved::<110>(w, x, planes, y) }
+    }
+    match ty {
+        GgmlType::Q2_K => Some(q2),
+        GgmlType::Q3_K => Some(q3),
+        _ => None,
+    }
+}
+
+/// [`q2_group`] on an interleaved group: word `k` of block `b` is 64 bytes at `1344b + 64k`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q2_interleaved<const P: usize>(
+    g: &[u8],
+    x: &[BlockQ8K],
+    nb: usize,
+    ahead: &[u8],
+) -> [f32; LANES] {
+    let planes: [&[BlockQ8K]; P] = std::array::from_fn(|p| &x[p * nb..(p + 1) * nb]);
+    let mut acc = [_mm512_setzero_ps(); P];
+    for (b, blk) in g.chunks_exact(LANES * 84).take(nb).enumerate() {
+        super::prefetch_l2(super::clamped(ahead, b * LANES * 84, (b + 1) * LANES * 84));
+        // Loaded up front: measured faster here than loads where used (Q3_K: the reverse).
+        let words: [__m512i; 21] = std::array::from_fn(|k| load64(blk, 64 * k));
+        q2_block(&|k| words[k], planes.map(|p| &p[b]), &mut acc);
+    }
+    planes_added(acc)
+}
+
+/// [`q3_group`] on an interleaved group: the 27 words of block `b` at `1760b + 64k`, then the
+/// 16 `d` (f16) at `1760b + 1728`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q3_interleaved<const P: usize>(
+    g: &[u8],
+    x: &[BlockQ8K],
+    nb: usize,
+    ahead: &[u8],
+) -> [f32; LANES] {
+    let planes: [&[BlockQ8K]; P] = std::array::from_fn(|p| &x[p * nb..(p + 1) * nb]);
+    let mut acc = [_mm512_setzero_ps(); P];
+    for (b, blk) in g.chunks_exact(LANES * 110).take(nb).enumerate() {
+        super::prefetch_l2(super::clamped(
+            ahead,
+            b * LANES * 110,
+            (b + 1) * LANES * 110,
+        ));
+        let d = &blk[64 * Q3_WORDS..64 * Q3_WORDS + 32];
+        // SAFETY: 32 readable bytes (a bounds-checked slice); loadu needs no alignment.
+        let d = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(d.as_ptr().cast()) });
+        // The `hmask` words (each read at four shifts) loaded up front, the rest where used:
+        // measured faster than either all up front or all where used.
+        let hmask: [__m512i; 8] = std::array::from_fn(|k| load64(blk, 64 * k));
+        let words = |k: usize| if k < 8 { hmask[k] } else { load64(blk, 64 * k) };
+        q3_block(&words, d, planes.map(|p| &p[b]), &mut acc);
+    }
+    planes_added(acc)
 }
 
 /// The 64 bytes of `s` from `at` as 16 32-bit words.
@@ -225,59 +333,73 @@ fn q2_group<const P: usize>(
         super::prefetch_l2(super::clamped(ahead, b * LANES * 84, (b + 1) * LANES * 84));
         let head = transpose(&std::array::from_fn(|r| load64(&rows[r][b][..64], 0)));
         let tail = quads(&std::array::from_fn(|r| load64(&rows[r][b][20..], 0)));
-        let ys: [&BlockQ8K; P] = planes.map(|p| &p[b]);
-        let mut s = [_mm512_setzero_si512(); P];
-        q2_quarter::<0, 0, P>(&head, &tail, ys, &mut s);
-        q2_quarter::<0, 1, P>(&head, &tail, ys, &mut s);
-        q2_quarter::<1, 0, P>(&head, &tail, ys, &mut s);
-        q2_quarter::<1, 1, P>(&head, &tail, ys, &mut s);
-        let mut m = [_mm512_setzero_si512(); P];
-        for t in 0..8 {
-            let pick = table(&PICK_PAIR[t % 2]);
-            let mins = _mm512_srli_epi16::<4>(_mm512_shuffle_epi8(head[t / 2], pick));
-            for p in 0..P {
-                m[p] = _mm512_dpwssd_epi32(m[p], mins, word(&ys[p].bsums, t));
+        // Words 0 .. 16 from the first load, 16 .. 21 (bytes 64 .. 84) from the second's
+        // columns 11 .. 16.
+        let words = |k: usize| {
+            if k < 16 {
+                head[k]
+            } else {
+                column(&tail, k - 5)
             }
-        }
-        let dd = column(&tail, 15);
-        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
-        let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
-        for p in 0..P {
-            // d8·(d·S − dmin·M), as `value_dmin`.
-            let v = _mm512_sub_ps(
-                _mm512_mul_ps(d, _mm512_cvtepi32_ps(s[p])),
-                _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m[p])),
-            );
-            acc[p] = _mm512_add_ps(acc[p], _mm512_mul_ps(_mm512_set1_ps(ys[p].d), v));
-        }
+        };
+        q2_block(&words, planes.map(|p| &p[b]), &mut acc);
     }
     planes_added(acc)
 }
 
+/// Steps 2 and 3 for one Q2_K block of 16 rows, `words(k)` giving word `k` of every row's block
+/// (the 16 scale bytes in words 0 .. 4, the 64 code bytes in 4 .. 20, `(d, dmin)` in 20; taken
+/// where used, so that no more vectors are live than the arithmetic needs), against the block
+/// `ys` of each plane, added into the plane accumulators `acc`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn q2_block<const P: usize>(
+    words: &impl Fn(usize) -> __m512i,
+    ys: [&BlockQ8K; P],
+    acc: &mut [__m512; P],
+) {
+    let mut s = [_mm512_setzero_si512(); P];
+    q2_quarter::<0, 0, P>(words, ys, &mut s);
+    q2_quarter::<0, 1, P>(words, ys, &mut s);
+    q2_quarter::<1, 0, P>(words, ys, &mut s);
+    q2_quarter::<1, 1, P>(words, ys, &mut s);
+    let mut m = [_mm512_setzero_si512(); P];
+    for t in 0..8 {
+        let pick = table(&PICK_PAIR[t % 2]);
+        let mins = _mm512_srli_epi16::<4>(_mm512_shuffle_epi8(words(t / 2), pick));
+        for p in 0..P {
+            m[p] = _mm512_dpwssd_epi32(m[p], mins, word(&ys[p].bsums, t));
+        }
+    }
+    let dd = words(20);
+    let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+    let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
+    for p in 0..P {
+        // d8·(d·S − dmin·M), as `value_dmin`.
+        let v = _mm512_sub_ps(
+            _mm512_mul_ps(d, _mm512_cvtepi32_ps(s[p])),
+            _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m[p])),
+        );
+        acc[p] = _mm512_add_ps(acc[p], _mm512_mul_ps(_mm512_set1_ps(ys[p].d), v));
+    }
+}
+
 /// Step 2 for code words `8N + 4H .. 8N + 4H + 4` (they share sub-block `8N + 2j + H` at every
-/// shift `j`): their effective weights dotted with each plane into `s`. Code word `q < 12` is
-/// word `4 + q` of the first load (`head`), else word `q − 1` of the second (`tail`'s quads).
+/// shift `j`): their effective weights dotted with each plane into `s`. Code word `q` is block
+/// word `4 + q`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 fn q2_quarter<const N: usize, const H: usize, const P: usize>(
-    head: &[__m512i; 16],
-    tail: &[__m512i; 16],
+    words: &impl Fn(usize) -> __m512i,
     ys: [&BlockQ8K; P],
     s: &mut [__m512i; P],
 ) {
     let (m3, m15) = (_mm512_set1_epi8(3), _mm512_set1_epi32(0x000f_000f));
-    let cw: [__m512i; 4] = std::array::from_fn(|i| {
-        let q = 8 * N + 4 * H + i;
-        if q < 12 {
-            head[4 + q]
-        } else {
-            column(tail, q - 1)
-        }
-    });
+    let cw: [__m512i; 4] = std::array::from_fn(|i| words(4 + 8 * N + 4 * H + i));
     for j in 0..4 {
         let sub = 8 * N + 2 * j + H;
         let pick = table(&PICK_TWICE[sub % 4]);
-        let sc = _mm512_and_si512(_mm512_shuffle_epi8(head[sub / 4], pick), m15);
+        let sc = _mm512_and_si512(_mm512_shuffle_epi8(words(sub / 4), pick), m15);
         for (i, &c) in cw.iter().enumerate() {
             let c = match j {
                 0 => c,
@@ -344,72 +466,88 @@ fn q3_group<const P: usize>(
         ));
         let head = transpose(&std::array::from_fn(|r| load64(&rows[r][b][..64], 0)));
         let tail = quads(&std::array::from_fn(|r| load64(&rows[r][b][46..], 0)));
-        // Columns 4 .. 16 of the second load: words 46 + 4·(4 + i) .. of each row.
+        // Columns 4 .. 16 of the second load: words 46 + 4·(4 + i) .. of each row; the words two
+        // bytes into them are block words 16 .. 27, and `d` is the high half of the last.
         let cols: [__m512i; 12] = std::array::from_fn(|i| column(&tail, 4 + i));
-        let scale_words = [straddle(&cols, 8), straddle(&cols, 9), straddle(&cols, 10)];
-        let (m15, m3) = (_mm512_set1_epi16(0x0f), _mm512_set1_epi16(3));
-        let sc: [__m512i; 16] = std::array::from_fn(|j| {
-            let pick = table(&PICK_TWICE[j % 4]);
-            let lo = _mm512_shuffle_epi8(scale_words[(j % 8) / 4], pick);
-            let hi = _mm512_shuffle_epi8(scale_words[2], pick);
-            let lo = _mm512_and_si512(srl16(lo, 4 * (j / 8)), m15);
-            let hi = _mm512_and_si512(srl16(hi, 2 * (j / 4)), m3);
-            let raw = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi));
-            _mm512_sub_epi16(raw, _mm512_set1_epi16(32))
-        });
-        let ys: [&BlockQ8K; P] = planes.map(|p| &p[b]);
-        let mut s = [_mm512_setzero_si512(); P];
-        q3_quarter::<0, 0, P>(&head, &cols, &sc, ys, &mut s);
-        q3_quarter::<0, 1, P>(&head, &cols, &sc, ys, &mut s);
-        q3_quarter::<1, 0, P>(&head, &cols, &sc, ys, &mut s);
-        q3_quarter::<1, 1, P>(&head, &cols, &sc, ys, &mut s);
-        let mut corr = [_mm512_setzero_si512(); P];
-        for t in 0..8 {
-            // (s_2t, s_2t+1) in the low and high halves of each lane.
-            let pair = _mm512_mask_blend_epi16(0xaaaa_aaaa, sc[2 * t], sc[2 * t + 1]);
-            for p in 0..P {
-                corr[p] = _mm512_dpwssd_epi32(corr[p], pair, word(&ys[p].bsums, t));
+        let words = |k: usize| {
+            if k < 16 {
+                head[k]
+            } else {
+                straddle(&cols, k - 16)
             }
-        }
+        };
         let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(cols[11])));
-        for p in 0..P {
-            let sum = _mm512_sub_epi32(s[p], _mm512_slli_epi32::<2>(corr[p]));
-            // d8·(d·S), as `value_d`.
-            let v = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sum));
-            acc[p] = _mm512_add_ps(acc[p], _mm512_mul_ps(_mm512_set1_ps(ys[p].d), v));
-        }
+        q3_block(&words, d, planes.map(|p| &p[b]), &mut acc);
     }
     planes_added(acc)
 }
 
-/// [`q3_group`]'s products for code words `8N + 4H .. 8N + 4H + 4` (sub-block `8N + 2j + H` at
-/// shift `j`, as for Q2_K): word `q < 8` is word `8 + q` of the first load, else the words two
-/// bytes into column `q − 4` of the second (`cols[q − 8]`).
+/// Whole 32-bit words of a Q3_K block (110 bytes: `hmask` in words 0 .. 8, the code bytes in
+/// 8 .. 24, the 12 scale bytes in 24 .. 27, then `d`).
+const Q3_WORDS: usize = 27;
+
+/// [`q3_group`]'s work on one block of 16 rows, `words(k)` giving word `k` of every row's block
+/// (where used, as for [`q2_block`]) and `d` their `d`, against the block `ys` of each plane,
+/// added into `acc`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn q3_block<const P: usize>(
+    words: &impl Fn(usize) -> __m512i,
+    d: __m512,
+    ys: [&BlockQ8K; P],
+    acc: &mut [__m512; P],
+) {
+    let scale_words = [words(24), words(25), words(26)];
+    let (m15, m3) = (_mm512_set1_epi16(0x0f), _mm512_set1_epi16(3));
+    let sc: [__m512i; 16] = std::array::from_fn(|j| {
+        let pick = table(&PICK_TWICE[j % 4]);
+        let lo = _mm512_shuffle_epi8(scale_words[(j % 8) / 4], pick);
+        let hi = _mm512_shuffle_epi8(scale_words[2], pick);
+        let lo = _mm512_and_si512(srl16(lo, 4 * (j / 8)), m15);
+        let hi = _mm512_and_si512(srl16(hi, 2 * (j / 4)), m3);
+        let raw = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi));
+        _mm512_sub_epi16(raw, _mm512_set1_epi16(32))
+    });
+    let mut s = [_mm512_setzero_si512(); P];
+    q3_quarter::<0, 0, P>(words, &sc, ys, &mut s);
+    q3_quarter::<0, 1, P>(words, &sc, ys, &mut s);
+    q3_quarter::<1, 0, P>(words, &sc, ys, &mut s);
+    q3_quarter::<1, 1, P>(words, &sc, ys, &mut s);
+    let mut corr = [_mm512_setzero_si512(); P];
+    for t in 0..8 {
+        // (s_2t, s_2t+1) in the low and high halves of each lane.
+        let pair = _mm512_mask_blend_epi16(0xaaaa_aaaa, sc[2 * t], sc[2 * t + 1]);
+        for p in 0..P {
+            corr[p] = _mm512_dpwssd_epi32(corr[p], pair, word(&ys[p].bsums, t));
+        }
+    }
+    for p in 0..P {
+        let sum = _mm512_sub_epi32(s[p], _mm512_slli_epi32::<2>(corr[p]));
+        // d8·(d·S), as `value_d`.
+        let v = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sum));
+        acc[p] = _mm512_add_ps(acc[p], _mm512_mul_ps(_mm512_set1_ps(ys[p].d), v));
+    }
+}
+
+/// [`q3_block`]'s products for code words `8N + 4H .. 8N + 4H + 4` (sub-block `8N + 2j + H` at
+/// shift `j`, as for Q2_K): code word `q` is block word `8 + q`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 fn q3_quarter<const N: usize, const H: usize, const P: usize>(
-    head: &[__m512i; 16],
-    cols: &[__m512i; 12],
+    words: &impl Fn(usize) -> __m512i,
     sc: &[__m512i; 16],
     ys: [&BlockQ8K; P],
     s: &mut [__m512i; P],
 ) {
     let m3 = _mm512_set1_epi8(3);
-    let cw: [__m512i; 4] = std::array::from_fn(|i| {
-        let q = 8 * N + 4 * H + i;
-        if q < 8 {
-            head[8 + q]
-        } else {
-            straddle(cols, q - 8)
-        }
-    });
+    let cw: [__m512i; 4] = std::array::from_fn(|i| words(8 + 8 * N + 4 * H + i));
     for j in 0..4 {
         let sub = 8 * N + 2 * j + H;
         let bit = _mm512_set1_epi8((1u8 << (4 * N + j)) as i8);
         for (i, &c) in cw.iter().enumerate() {
             let low = _mm512_and_si512(srl16(c, 2 * j), m3);
             // The high bits of elements 128N + 32j + l: bit 4N + j of hmask bytes l.
-            let high = _mm512_test_epi8_mask(head[4 * H + i], bit);
+            let high = _mm512_test_epi8_mask(words(4 * H + i), bit);
             let q3 = _mm512_mask_add_epi8(low, high, low, _mm512_set1_epi8(4));
             let kx = 32 * N + 8 * j + 4 * H + i;
             for p in 0..P {

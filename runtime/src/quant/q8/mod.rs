@@ -247,6 +247,18 @@ pub fn q8_grid_fn(ty: GgmlType) -> Option<Q8GridFn> {
     }
 }
 
+/// [`q8_grid_fn`] for weight rows in the interleaved layout ([`interleave_rows`]; the rows whole
+/// groups of [`INTERLEAVE_ROWS`], else NaN in every `y` entry): the same backends and bits.
+pub fn q8_grid_interleaved_fn(ty: GgmlType) -> Option<Q8GridFn> {
+    #[cfg(target_arch = "x86_64")]
+    return grid::grid_interleaved_fn(ty);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        None
+    }
+}
+
 /// `y[i] = Σ_p dot(row_i, x[p·nb .. (p + 1)·nb])` for the `n = y.len()` weight rows stored back
 /// to back in `w` and the `planes` Q8_K planes of one activation row in `x` (plane `p` is blocks
 /// `p·nb .. (p + 1)·nb`): decode, many weight rows against one token. The plane dots are added
@@ -338,6 +350,107 @@ fn rows_lengths(
         )
     })
     .then_some((nb, rb))
+}
+
+/// Weight rows per group of the interleaved layout ([`interleave_rows`]).
+pub const INTERLEAVE_ROWS: usize = 16;
+
+/// The decode kernel of `ty` for weights in the interleaved layout ([`interleave_rows`]), or
+/// None: Q2_K and Q3_K where the CPU has AVX-512 VNNI. [`Q8RowsFn`]'s contract with the rows a
+/// whole number of groups of [`INTERLEAVE_ROWS`], one or two planes; each row gets the bits of
+/// [`q8_rows_fn`] on the rows in their own layout. A group's block words are plain loads (no
+/// transpose in registers, one stream in address order).
+pub fn q8_interleaved_fn(ty: GgmlType) -> Option<Q8RowsFn> {
+    #[cfg(target_arch = "x86_64")]
+    return lanes::interleaved_fn(ty);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        None
+    }
+}
+
+/// `src`'s rows of `ty` (whole groups of [`INTERLEAVE_ROWS`] rows of whole blocks) into `dst` in
+/// the interleaved layout, group by group, and per group block by block: the block's whole
+/// 32-bit words, word `k` of the 16 rows as 64 bytes (lane `r` for row `r`), then the rows'
+/// remaining `block bytes mod 4` bytes in row order (Q3_K: the 16 `d`). A permutation of the
+/// bytes (same length), undone by [`deinterleave_rows`]; the layout the lanes decode kernels
+/// read without transposing (llama.cpp's CPU "repack" does the like for its own kernels).
+///
+/// Errors: [`QuantError`] when `ty` has no blocks, `dst` differs in length, or `src` is not
+/// whole groups of whole blocks.
+pub fn interleave_rows(
+    ty: GgmlType,
+    src: &[u8],
+    dst: &mut [u8],
+    row_bytes: usize,
+) -> Result<(), QuantError> {
+    permute_groups(ty, src, dst, row_bytes, false)
+}
+
+/// [`interleave_rows`]'s inverse: interleaved groups `src` back into rows of `ty` in `dst`.
+///
+/// Errors: as [`interleave_rows`].
+pub fn deinterleave_rows(
+    ty: GgmlType,
+    src: &[u8],
+    dst: &mut [u8],
+    row_bytes: usize,
+) -> Result<(), QuantError> {
+    permute_groups(ty, src, dst, row_bytes, true)
+}
+
+/// Both directions of the interleaved layout: byte `i` of block `b` of row `r` of a group sits
+/// in the interleaved group at `b·16·bytes + (⌊i/4⌋·16 + r)·4 + i mod 4` for its whole words,
+/// else at `b·16·bytes + 64·⌊bytes/4⌋ + r·(bytes mod 4) + (i − 4·⌊bytes/4⌋)`.
+fn permute_groups(
+    ty: GgmlType,
+    src: &[u8],
+    dst: &mut [u8],
+    row_bytes: usize,
+    back: bool,
+) -> Result<(), QuantError> {
+    let bytes = ty.type_size();
+    let group = INTERLEAVE_ROWS * row_bytes;
+    if bytes == 0
+        || row_bytes == 0
+        || !row_bytes.is_multiple_of(bytes)
+        || src.len() != dst.len()
+        || !src.len().is_multiple_of(group)
+    {
+        return Err(QuantError::Interleave {
+            ty,
+            detail: format!(
+                "{} bytes into {} are not groups of {INTERLEAVE_ROWS} rows of {row_bytes} bytes \
+                 ({bytes}-byte blocks)",
+                src.len(),
+                dst.len()
+            ),
+        });
+    }
+    let nb = row_bytes / bytes;
+    let (words, rest) = (bytes / 4, bytes % 4);
+    for (s, d) in src.chunks_exact(group).zip(dst.chunks_exact_mut(group)) {
+        for r in 0..INTERLEAVE_ROWS {
+            for b in 0..nb {
+                let row_at = r * row_bytes + b * bytes;
+                let block_at = b * INTERLEAVE_ROWS * bytes;
+                for i in 0..bytes {
+                    let at = if i < 4 * words {
+                        block_at + ((i / 4) * INTERLEAVE_ROWS + r) * 4 + i % 4
+                    } else {
+                        block_at + 4 * words * INTERLEAVE_ROWS + r * rest + (i - 4 * words)
+                    };
+                    if back {
+                        d[row_at + i] = s[at];
+                    } else {
+                        d[at] = s[row_at + i];
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `w[from .. to]`, both ends clamped to `w.len()` (empty past the end).
@@ -922,6 +1035,24 @@ mod tests {
                 );
             }
         }
+        // The same rows interleaved, where they are whole groups.
+        if let Some(kernel) =
+            q8_interleaved_fn(ty).filter(|_| n > 0 && n.is_multiple_of(INTERLEAVE_ROWS))
+        {
+            let mut packed = vec![0u8; w.len()];
+            interleave_rows(ty, w, &mut packed, rb).unwrap();
+            let mut back = vec![0u8; w.len()];
+            deinterleave_rows(ty, &packed, &mut back, rb).unwrap();
+            assert!(back == w, "{ty} interleave round trip");
+            let mut got = vec![1.5f32; n];
+            kernel(&packed, x, planes, &mut got);
+            for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    same(a, b),
+                    "{ty} interleaved {what} planes {planes} rows {n} nb {nb} row {i}: {a} vs {b}"
+                );
+            }
+        }
     }
 
     /// Two planes as the fast path makes them: the value, then its rounding residual.
@@ -1132,6 +1263,32 @@ mod tests {
                     a[nb * QK_K * (rows - 1) + 5] = f32::NAN;
                     check_grid(ty, grid, &sampled, &quantize(&a), n, rows);
                 }
+            }
+        }
+    }
+
+    /// The interleaved grid kernel on interleaved rows gives every pair the bits the grid kernel
+    /// gives on the rows in their own layout (one and two groups of 16 rows).
+    #[test]
+    fn interleaved_grid_matches_the_grid_bit_for_bit() {
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        for &ty in &TYPES {
+            let (Some(grid), Some(il)) = (q8_grid_fn(ty), q8_grid_interleaved_fn(ty)) else {
+                continue;
+            };
+            for (nb, n, rows) in [(1, 16, 1), (2, 32, 17), (16, 16, 40)] {
+                let w: Vec<u8> = (0..n).flat_map(|_| weights(ty, nb, &mut rng)).collect();
+                let mut packed = vec![0u8; w.len()];
+                interleave_rows(ty, &w, &mut packed, nb * block_bytes(ty)).unwrap();
+                let tiles = Q8Tiles::pack(&quantize(&activations(nb * rows, &mut rng)), rows);
+                let tiles = tiles.unwrap();
+                let (mut want, mut got) = (vec![1.5f32; n * rows], vec![2.5f32; n * rows]);
+                grid(&w, &tiles, &mut want);
+                il(&packed, &tiles, &mut got);
+                assert!(
+                    want.iter().zip(&got).all(|(&a, &b)| same(a, b)),
+                    "{ty} nb {nb} n {n} rows {rows}"
+                );
             }
         }
     }
