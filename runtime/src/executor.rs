@@ -1004,6 +1004,64 @@ mod tests {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
 
+    /// Appends a value named `v{id}` (in its own slot unless `storage` says otherwise) to
+    /// `values`; returns its id.
+    fn push_value(
+        values: &mut Vec<Value>,
+        dtype: DType,
+        dims: Vec<Dim>,
+        storage: Option<Storage>,
+    ) -> ValueId {
+        let id = values.len();
+        values.push(Value {
+            dtype,
+            shape: Shape(dims),
+            storage: storage.unwrap_or(Storage::Slot(id)),
+            name: format!("v{id}"),
+        });
+        id
+    }
+
+    fn step(op: Op, attrs: Attrs, args: Vec<Operand>, out: ValueId) -> Step {
+        Step {
+            op,
+            attrs,
+            args,
+            out,
+        }
+    }
+
+    /// Cache write of `kv` at `pos`, then `scores_qk` of `q` (scale 0.35), `causal_mask`,
+    /// `softmax` and `weighted_sum` of `len` values into the values `[sc, scs, msk, p, o]`.
+    fn attention_steps(
+        q: ValueId,
+        kv: ValueId,
+        pos: ValueId,
+        cache: ValueId,
+        [sc, scs, msk, p, o]: [ValueId; 5],
+        len: usize,
+    ) -> Vec<Step> {
+        let v = Operand::Value;
+        vec![
+            step(
+                Op::CacheWrite,
+                Attrs::CacheWrite { layer: 0 },
+                vec![v(kv), v(pos)],
+                cache,
+            ),
+            step(Op::ScoresQk, Attrs::None, vec![v(q), v(cache)], sc),
+            step(Op::Scale, Attrs::Scale(0.35), vec![v(sc)], scs),
+            step(Op::CausalMask, Attrs::None, vec![v(scs), v(pos)], msk),
+            step(Op::Softmax, Attrs::None, vec![v(msk)], p),
+            step(
+                Op::WeightedSum,
+                Attrs::WeightedSum { len },
+                vec![v(p), v(cache)],
+                o,
+            ),
+        ]
+    }
+
     /// A hand-built plan touching every unfused op kind: embed, norms, F32 and Q8_0 mat-vecs,
     /// per-head mat-vec, latent cache write/read, attention, router, MoE, residual.
     struct Built {
@@ -1013,16 +1071,7 @@ mod tests {
 
     fn build() -> Built {
         let mut values: Vec<Value> = Vec::new();
-        let mut val = |dtype, dims: Vec<Dim>, storage: Option<Storage>| {
-            let id = values.len();
-            values.push(Value {
-                dtype,
-                shape: Shape(dims),
-                storage: storage.unwrap_or(Storage::Slot(id)),
-                name: format!("v{id}"),
-            });
-            id
-        };
+        let mut val = |dtype, dims, storage| push_value(&mut values, dtype, dims, storage);
         let f = Dim::Fixed;
         let (t, s) = (Dim::Tokens, Dim::Keys);
         let tokens = val(DType::I32, vec![t], None);
@@ -1084,13 +1133,8 @@ mod tests {
         ];
         let v = Operand::Value;
         let w = Operand::Weight;
-        let st = |op, attrs, args: Vec<Operand>, out| Step {
-            op,
-            attrs,
-            args,
-            out,
-        };
-        let steps = vec![
+        let st = step;
+        let mut steps = vec![
             st(Op::Embed, Attrs::None, vec![w(0), v(tokens)], x),
             st(Op::RmsNorm, Attrs::Eps(1e-6), vec![v(x), w(1)], h),
             st(Op::MatMul, Attrs::None, vec![w(2), v(h)], q),
@@ -1108,22 +1152,9 @@ mod tests {
             ),
             st(Op::HeadMatMul, Attrs::None, vec![w(4), v(qr)], qk),
             st(Op::MatMul, Attrs::None, vec![w(3), v(h)], kv),
-            st(
-                Op::CacheWrite,
-                Attrs::CacheWrite { layer: 0 },
-                vec![v(kv), v(pos)],
-                cache,
-            ),
-            st(Op::ScoresQk, Attrs::None, vec![v(qk), v(cache)], sc),
-            st(Op::Scale, Attrs::Scale(0.35), vec![v(sc)], scs),
-            st(Op::CausalMask, Attrs::None, vec![v(scs), v(pos)], msk),
-            st(Op::Softmax, Attrs::None, vec![v(msk)], p),
-            st(
-                Op::WeightedSum,
-                Attrs::WeightedSum { len: 8 },
-                vec![v(p), v(cache)],
-                o,
-            ),
+        ];
+        steps.extend(attention_steps(qk, kv, pos, cache, [sc, scs, msk, p, o], 8));
+        steps.extend([
             st(Op::MatMul, Attrs::None, vec![w(5), v(h)], logits_r),
             st(Op::Softmax, Attrs::None, vec![v(logits_r)], probs),
             st(Op::TopK, Attrs::TopK { k: 2 }, vec![v(probs)], ids),
@@ -1147,7 +1178,7 @@ mod tests {
                 moe,
             ),
             st(Op::Add, Attrs::None, vec![v(x), v(moe)], y),
-        ];
+        ]);
         Built {
             plan: Plan {
                 config: config(),
@@ -1234,6 +1265,143 @@ mod tests {
             });
         }
         Ok(outs)
+    }
+
+    /// An attention-only plan (queries and keys are F32 embedding rows, so no quantization
+    /// touches them) over `heads` heads of `w` latent values, `len` of them weighted; with
+    /// `scores_out` the raw scores are an output too (which keeps the causal cut away).
+    fn attention_plan(heads: usize, w: usize, len: usize, scores_out: bool) -> Built {
+        let mut values: Vec<Value> = Vec::new();
+        let mut val = |dtype, dims, storage| push_value(&mut values, dtype, dims, storage);
+        let f = Dim::Fixed;
+        let (t, s) = (Dim::Tokens, Dim::Keys);
+        let tokens = val(DType::I32, vec![t], None);
+        let pos = val(DType::I32, vec![t], None);
+        let qe = val(DType::F32, vec![t, f(heads * w)], None);
+        let q = val(DType::F32, vec![t, f(heads), f(w)], Some(Storage::Slot(qe)));
+        let kv = val(DType::F32, vec![t, f(w)], None);
+        let cache = val(
+            DType::F32,
+            vec![s, f(w)],
+            Some(Storage::KvCache { layer: 0 }),
+        );
+        let sc = val(DType::F32, vec![t, f(heads), s], None);
+        let scs = val(DType::F32, vec![t, f(heads), s], None);
+        let msk = val(DType::F32, vec![t, f(heads), s], None);
+        let p = val(DType::F32, vec![t, f(heads), s], None);
+        let o = val(DType::F32, vec![t, f(heads), f(len)], None);
+        let n_values = values.len();
+        let vocab = 10;
+        let wref = |name: &str, ne: Vec<usize>| WeightRef {
+            name: name.into(),
+            ggml_type: "F32".into(),
+            ne,
+        };
+        let v = Operand::Value;
+        let st = step;
+        let mut steps = vec![
+            st(
+                Op::Embed,
+                Attrs::None,
+                vec![Operand::Weight(0), v(tokens)],
+                qe,
+            ),
+            st(
+                Op::Reshape,
+                Attrs::Reshape(Shape(vec![t, f(heads), f(w)])),
+                vec![v(qe)],
+                q,
+            ),
+            st(
+                Op::Embed,
+                Attrs::None,
+                vec![Operand::Weight(1), v(tokens)],
+                kv,
+            ),
+        ];
+        steps.extend(attention_steps(
+            q,
+            kv,
+            pos,
+            cache,
+            [sc, scs, msk, p, o],
+            len,
+        ));
+        let mut outputs = vec![("p".to_string(), p), ("o".to_string(), o)];
+        if scores_out {
+            outputs.push(("sc".into(), sc));
+        }
+        Built {
+            plan: Plan {
+                config: config(),
+                stages: vec!["hand".into()],
+                weights: vec![
+                    wref("q_emb", vec![heads * w, vocab]),
+                    wref("kv_emb", vec![w, vocab]),
+                ],
+                values,
+                n_slots: n_values,
+                inputs: vec![("tokens".into(), tokens), ("pos".into(), pos)],
+                outputs,
+                steps,
+            },
+            weights: vec![
+                f32_bytes(&noise(heads * w * vocab, 21)),
+                f32_bytes(&noise(w * vocab, 22)),
+            ],
+        }
+    }
+
+    /// The fast path's `scores_qk`, `softmax` and `weighted_sum` give the oracle's bits: at
+    /// prefill (with and without the causal cut) and at decode over a longer cache, for widths
+    /// and lengths that leave tails in every vector loop.
+    #[test]
+    fn fast_attention_steps_give_the_oracles_bits() {
+        let (heads, w, len) = (4, 43, 37);
+        for scores_out in [false, true] {
+            let b = attention_plan(heads, w, len, scores_out);
+            let prog = CpuProgram::compile(&b.plan, &host_symbols()).expect("lowering");
+            let views: Vec<&[u8]> = b.weights.iter().map(Vec::as_slice).collect();
+            let mut outs = Vec::new();
+            for kernels in [CpuKernels::Oracle, CpuKernels::Q8x2] {
+                let mut exec = Executor::new(&b.plan, &prog).expect("exec");
+                exec.set_cpu_kernels(&b.plan, kernels);
+                let fast = if kernels == CpuKernels::Oracle { 0 } else { 3 };
+                assert_eq!(exec.fast_step_count(), fast, "{kernels}");
+                let mut cache = LatentKvCache::new(1, 64, w).expect("cache");
+                let mut got = Vec::new();
+                // A 20-token prompt (80 score rows: the causal cut), then one token at 20.
+                for (p0, t) in [(0usize, 20usize), (20, 1)] {
+                    let tokens: Vec<i32> = (0..t).map(|i| ((p0 + i) * 7 % 10) as i32).collect();
+                    let pos: Vec<i32> = (p0..p0 + t).map(|p| p as i32).collect();
+                    let bound = Bound {
+                        plan: &b.plan,
+                        program: &prog,
+                        weights: &views,
+                        experts: None,
+                        pages: None,
+                    };
+                    exec.run(
+                        bound,
+                        &mut cache,
+                        &[("tokens", &tokens), ("pos", &pos)],
+                        t,
+                        p0 + t,
+                    )
+                    .expect("run");
+                    for (_, id) in &b.plan.outputs {
+                        let v = exec.f32_value(&b.plan, *id).expect("value");
+                        got.push(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+                    }
+                }
+                outs.push(got);
+            }
+            assert!(outs[0]
+                .iter()
+                .flatten()
+                .all(|&v| f32::from_bits(v).is_finite()));
+            assert_eq!(outs[0], outs[1], "scores as an output: {scores_out}");
+        }
     }
 
     #[test]

@@ -1,0 +1,697 @@
+//! The fast path's attention over the latent cache — `scores_qk`, `weighted_sum`, `softmax` —
+//! with the oracle's operations in the oracle's order (`kernels-gen/src/cpu/lower.rs`,
+//! `emit.rs`'s `dot_f32`), so that every result has the oracle's bits (NaN payloads aside), in
+//! vector lanes instead of scalar loops.
+//!
+//! Algorithm.
+//! - `scores_qk`, `y[r, j] = q[r, :] · k[j, :]`: the oracle's dot keeps eight partial sums
+//!   (element `i` into sum `i mod 8`, each product rounded, then added, from `+0.0`), adds a tail
+//!   of `w mod 8` elements into sums `0 ..`, and reduces `((s0 + s1) + (s2 + s3)) + ((s4 + s5) +
+//!   (s6 + s7))`. Here lane `l` of a vector is query row `r0 + l` of a group of 16: the group's
+//!   rows are transposed once (`qt[i]` holds element `i` of the 16 rows), and for each pair of
+//!   keys the eight sums of all 16 rows are eight vectors per key, each step a multiply of `qt[i]`
+//!   by the broadcast key element and an add — no horizontal reduction. Work items are (row
+//!   group, key range); with the causal cut, a group's keys after the last position of its rows'
+//!   tokens are written `0.0` instead of computed (the plan's `causal_mask` replaces them).
+//! - `weighted_sum`, `y[r, c] = Σ_j p[r, j] · v[j, c]`, `j` ascending from `+0.0`, multiply then
+//!   add: lanes are 16 columns `c`; a work item is eight rows × 32 columns (sixteen vectors of
+//!   sums), each key step two loads of `v[j]` shared by the eight rows and one broadcast of each
+//!   row's `p[r, j]`. At prefill a block of rows stops at its last nonzero weight, never before
+//!   a value row that is not finite: the skipped terms are `±0.0` added to a sum that started at
+//!   `+0.0`, which leave it unchanged.
+//! - `softmax`: the row's maximum (NaN if an element is; vector compares), `e = exp(x − max)` by
+//!   `f32::exp` (the oracle's call) summed from `+0.0` in index order (scalar, as the oracle's
+//!   chain), then `e / sum` in vectors. An `x − max` of −∞ (a masked score) gives `e = +0.0`
+//!   without the call, which is `exp(−∞)`.
+//!
+//! Vectors are AVX-512 where the CPU has it, else `[f32; 16]` arrays with the same operations
+//! ([`V16`]): the two give the same bits.
+
+use super::SharedOut;
+use rayon::prelude::*;
+
+/// Sixteen f32 lanes: the operations the kernels use, each the IEEE operation per lane.
+trait V16: Copy {
+    fn zero() -> Self;
+    fn splat(x: f32) -> Self;
+    /// The first `min(16, s.len())` elements of `s`, the rest `0.0`.
+    fn load(s: &[f32]) -> Self;
+    fn add(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn div(self, o: Self) -> Self;
+    /// Per lane `self > o ? self : o` (so `o` where either is NaN).
+    fn max(self, o: Self) -> Self;
+    /// Whether a lane is NaN.
+    fn has_nan(self) -> bool;
+    /// Lanes `0 .. d.len().min(16)` into `d`.
+    fn store(self, d: &mut [f32]);
+}
+
+impl V16 for [f32; 16] {
+    #[inline(always)]
+    fn zero() -> Self {
+        [0.0; 16]
+    }
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        [x; 16]
+    }
+    #[inline(always)]
+    fn load(s: &[f32]) -> Self {
+        let mut v = [0.0; 16];
+        let n = s.len().min(16);
+        v[..n].copy_from_slice(&s[..n]);
+        v
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        std::array::from_fn(|i| self[i] + o[i])
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        std::array::from_fn(|i| self[i] * o[i])
+    }
+    #[inline(always)]
+    fn div(self, o: Self) -> Self {
+        std::array::from_fn(|i| self[i] / o[i])
+    }
+    #[inline(always)]
+    fn max(self, o: Self) -> Self {
+        std::array::from_fn(|i| if self[i] > o[i] { self[i] } else { o[i] })
+    }
+    #[inline(always)]
+    fn has_nan(self) -> bool {
+        self.iter().any(|x| x.is_nan())
+    }
+    #[inline(always)]
+    fn store(self, d: &mut [f32]) {
+        let n = d.len().min(16);
+        d[..n].copy_from_slice(&self[..n]);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// AVX-512F lanes; only constructed inside functions compiled with `avx512f`, on a CPU
+    /// that has it ([`super::avx512_detected`]).
+    #[derive(Clone, Copy)]
+    pub(super) struct Z(__m512);
+
+    /// The mask of the first `n.min(16)` lanes.
+    #[inline(always)]
+    fn first(n: usize) -> __mmask16 {
+        if n >= 16 {
+            0xffff
+        } else {
+            ((1u32 << n) - 1) as __mmask16
+        }
+    }
+
+    impl super::V16 for Z {
+        #[inline(always)]
+        fn zero() -> Self {
+            // SAFETY (every intrinsic here): the CPU has AVX-512F (the type's contract).
+            Z(unsafe { _mm512_setzero_ps() })
+        }
+        #[inline(always)]
+        fn splat(x: f32) -> Self {
+            Z(unsafe { _mm512_set1_ps(x) })
+        }
+        #[inline(always)]
+        fn load(s: &[f32]) -> Self {
+            // SAFETY: 16 elements of `s`, or (masked) only its first `len`.
+            Z(unsafe {
+                if s.len() >= 16 {
+                    _mm512_loadu_ps(s.as_ptr())
+                } else {
+                    _mm512_maskz_loadu_ps(first(s.len()), s.as_ptr())
+                }
+            })
+        }
+        #[inline(always)]
+        fn add(self, o: Self) -> Self {
+            Z(unsafe { _mm512_add_ps(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn mul(self, o: Self) -> Self {
+            Z(unsafe { _mm512_mul_ps(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn div(self, o: Self) -> Self {
+            Z(unsafe { _mm512_div_ps(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn max(self, o: Self) -> Self {
+            Z(unsafe { _mm512_max_ps(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn has_nan(self) -> bool {
+            unsafe { _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(self.0, self.0) != 0 }
+        }
+        #[inline(always)]
+        fn store(self, d: &mut [f32]) {
+            // SAFETY: 16 elements of `d`, or (masked) only its first `len`.
+            unsafe {
+                if d.len() >= 16 {
+                    _mm512_storeu_ps(d.as_mut_ptr(), self.0)
+                } else {
+                    _mm512_mask_storeu_ps(d.as_mut_ptr(), first(d.len()), self.0)
+                }
+            }
+        }
+    }
+}
+
+/// Whether the AVX-512 lanes may be used on this CPU.
+fn avx512_detected() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `$generic::<lanes>(args)` with the AVX-512 lanes, inside a function compiled for AVX-512F,
+/// when `$wide` (which implies [`avx512_detected`]), else with arrays.
+macro_rules! lanes_call {
+    ($wide:expr, $generic:ident $(::<$($c:tt),*>)?, ($($a:ident: $t:ty),* $(,)?)) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx512f")]
+            fn with_avx512($($a: $t),*) {
+                $generic::<avx512::Z $($(, $c)*)?>($($a),*)
+            }
+            if $wide {
+                // SAFETY: `$wide` is true only where the CPU has AVX-512F.
+                unsafe { with_avx512($($a),*) };
+            } else {
+                $generic::<[f32; 16] $($(, $c)*)?>($($a),*);
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = $wide;
+            $generic::<[f32; 16] $($(, $c)*)?>($($a),*);
+        }
+    }};
+}
+
+/// Query rows per group of `scores_qk`: the lanes.
+const ROWS: usize = 16;
+/// Keys per pass over a group's transposed rows.
+const KEYS: usize = 2;
+/// Rows and 16-column vectors per work item of `weighted_sum`.
+const WS_ROWS: usize = 4;
+const WS_VECS: usize = 4;
+
+/// Below this many rows of `scores_qk` / `weighted_sum` (decode) the keys or columns are also
+/// split among the threads.
+const SPLIT_ROWS: usize = 64;
+
+/// `scores_qk`: `y[r, j] = q[r, :] · k[j, :]`, `q` `[rows, w]`, `k` `[S, w]`, `y` `[rows, S]`,
+/// each the oracle's dot (module note).
+///
+/// `causal = Some(pos)`: `pos` `[T]`, the rows token-major (`rows / T` a token), and a
+/// `causal_mask` by `pos` replaces every score of a key `j > pos[t]` (checked by the caller,
+/// `FastStep::Scores`): a row group's keys after its tokens' last position are written `0.0`
+/// instead of computed.
+///
+/// # Panics
+/// If `y.len() != rows · S`.
+pub(crate) fn scores(q: &[f32], k: &[f32], y: &mut [f32], w: usize, causal: Option<&[i32]>) {
+    scores_with(q, k, y, w, causal, avx512_detected());
+}
+
+fn scores_with(q: &[f32], k: &[f32], y: &mut [f32], w: usize, causal: Option<&[i32]>, wide: bool) {
+    if w == 0 {
+        y.fill(0.0);
+        return;
+    }
+    let (rows, s) = (q.len() / w, k.len() / w);
+    assert!(y.len() == rows * s, "scores_qk extents");
+    if rows == 0 || s == 0 {
+        return;
+    }
+    // Keys each row needs: all, or up to its token's position.
+    let seen = |r: usize| match causal {
+        Some(pos) if !pos.is_empty() && rows.is_multiple_of(pos.len()) => {
+            let p = i64::from(pos[r / (rows / pos.len())]);
+            usize::try_from(p + 1).unwrap_or(0).min(s)
+        }
+        _ => s,
+    };
+    let groups = rows.div_ceil(ROWS);
+    let threads = rayon::current_num_threads();
+    let key_chunk = if rows < SPLIT_ROWS {
+        s.div_ceil((threads * 4).div_ceil(groups))
+            .next_multiple_of(KEYS)
+    } else {
+        s
+    };
+    let out = SharedOut::new(y);
+    let items: Vec<(usize, usize)> = (0..groups)
+        .flat_map(|g| (0..s).step_by(key_chunk).map(move |j0| (g, j0)))
+        .collect();
+    items.into_par_iter().for_each(|(g, j0)| {
+        let r0 = g * ROWS;
+        let nr = ROWS.min(rows - r0);
+        let j1 = (j0 + key_chunk).min(s);
+        let live = (r0..r0 + nr).map(seen).max().unwrap_or(s).clamp(j0, j1);
+        let qg = &q[r0 * w..(r0 + nr) * w];
+        let keys = (j0, live);
+        let at = (r0, s);
+        let out = &out;
+        lanes_call!(
+            wide,
+            scores_group,
+            (qg: &[f32], k: &[f32], w: usize, keys: (usize, usize), out: &SharedOut, at: (usize, usize))
+        );
+        for r in r0..r0 + nr {
+            for j in live..j1 {
+                // SAFETY: (r, j) belongs to this item only.
+                unsafe { out.put(r * s + j, 0.0) };
+            }
+        }
+    });
+}
+
+/// Scores of the ≤ 16 rows `qg` (`[nr, w]`, rows `r0 ..` of the output with `s` keys per row)
+/// against keys `j0 .. j1` of `k`, into `out`.
+#[inline(always)]
+fn scores_group<V: V16>(
+    qg: &[f32],
+    k: &[f32],
+    w: usize,
+    (j0, j1): (usize, usize),
+    out: &SharedOut,
+    (r0, s): (usize, usize),
+) {
+    let nr = qg.len() / w;
+    // qt[i] = element i of the group's rows (lanes past `nr` 0.0).
+    let mut qt = vec![[0f32; ROWS]; w];
+    for (r, row) in qg.chunks_exact(w).enumerate() {
+        for (t, &x) in qt.iter_mut().zip(row) {
+            t[r] = x;
+        }
+    }
+    let qt: Vec<V> = qt.iter().map(|t| V::load(t)).collect();
+    let n8 = w - w % 8;
+    let mut lanes = [0f32; ROWS];
+    let mut put = |j: usize, d: V| {
+        d.store(&mut lanes);
+        for (r, &v) in lanes.iter().enumerate().take(nr) {
+            // SAFETY: (r0 + r, j) belongs to the calling item only.
+            unsafe { out.put((r0 + r) * s + j, v) };
+        }
+    };
+    let mut j = j0;
+    while j + KEYS <= j1 {
+        let ks: [&[f32]; KEYS] = std::array::from_fn(|c| &k[(j + c) * w..(j + c + 1) * w]);
+        for (c, d) in dots::<V, KEYS>(&qt, ks, n8).into_iter().enumerate() {
+            put(j + c, d);
+        }
+        j += KEYS;
+    }
+    for j in j..j1 {
+        let [d] = dots::<V, 1>(&qt, [&k[j * w..(j + 1) * w]], n8);
+        put(j, d);
+    }
+}
+
+/// The oracle's dot of the transposed rows `qt` with each of the `N` key rows `ks`: eight
+/// partial sums (element `i` into sum `i mod 8`), the tail after `n8` into sums `0 ..`, then
+/// `((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))`.
+#[inline(always)]
+fn dots<V: V16, const N: usize>(qt: &[V], ks: [&[f32]; N], n8: usize) -> [V; N] {
+    let mut acc = [[V::zero(); 8]; N];
+    for (i, qc) in qt[..n8].chunks_exact(8).enumerate() {
+        for l in 0..8 {
+            for (a, kr) in acc.iter_mut().zip(&ks) {
+                a[l] = a[l].add(qc[l].mul(V::splat(kr[8 * i + l])));
+            }
+        }
+    }
+    for (l, qv) in qt[n8..].iter().enumerate() {
+        for (a, kr) in acc.iter_mut().zip(&ks) {
+            a[l] = a[l].add(qv.mul(V::splat(kr[n8 + l])));
+        }
+    }
+    // A loop rather than `map`: a closure may stay outside the AVX-512 function, uninlined.
+    let mut out = [V::zero(); N];
+    for (o, a) in out.iter_mut().zip(&acc) {
+        let s01 = a[0].add(a[1]);
+        let s23 = a[2].add(a[3]);
+        let s45 = a[4].add(a[5]);
+        let s67 = a[6].add(a[7]);
+        *o = s01.add(s23).add(s45.add(s67));
+    }
+    out
+}
+
+/// `weighted_sum`: `y[r, :] = Σ_j p[r, j] · v[j, 0..len]`, `p` `[rows, S]`, `v` `[S, w]`, `y`
+/// `[rows, len]`, `j` ascending (module note); at prefill each block of rows stops at its last
+/// nonzero weight, never before the last value row that is not finite.
+///
+/// # Panics
+/// If the extents disagree (`p.len() != rows · S` or `len > w`).
+pub(crate) fn weighted_sum(p: &[f32], v: &[f32], y: &mut [f32], w: usize, len: usize) {
+    weighted_sum_with(p, v, y, w, len, avx512_detected());
+}
+
+fn weighted_sum_with(p: &[f32], v: &[f32], y: &mut [f32], w: usize, len: usize, wide: bool) {
+    if len == 0 || w == 0 {
+        return;
+    }
+    let (rows, s) = (y.len() / len, v.len() / w);
+    assert!(p.len() == rows * s && len <= w, "weighted_sum extents");
+    if rows == 0 {
+        return;
+    }
+    // Keys `0 .. finite_from` are the ones a cut may not skip (only cut at prefill).
+    let finite_from = if rows >= SPLIT_ROWS {
+        (0..s)
+            .rev()
+            .find(|&j| !v[j * w..j * w + len].iter().all(|x| x.is_finite()))
+            .map_or(0, |j| j + 1)
+    } else {
+        s
+    };
+    let cols = 16 * WS_VECS;
+    let threads = rayon::current_num_threads();
+    let col_chunk = if rows < SPLIT_ROWS {
+        let blocks = rows.div_ceil(WS_ROWS);
+        len.div_ceil((threads * 4).div_ceil(blocks))
+            .next_multiple_of(cols)
+    } else {
+        len.next_multiple_of(cols)
+    };
+    let out = SharedOut::new(y);
+    let items: Vec<(usize, usize)> = (0..rows)
+        .step_by(WS_ROWS)
+        .flat_map(|r0| (0..len).step_by(col_chunk).map(move |c0| (r0, c0)))
+        .collect();
+    items.into_par_iter().for_each(|(r0, c0)| {
+        let nr = WS_ROWS.min(rows - r0);
+        let pr = &p[r0 * s..(r0 + nr) * s];
+        let used = if rows >= SPLIT_ROWS {
+            pr.chunks_exact(s)
+                .map(|row| row.iter().rposition(|&x| x != 0.0).map_or(0, |j| j + 1))
+                .max()
+                .unwrap_or(s)
+                .max(finite_from)
+        } else {
+            s
+        };
+        let cs = (c0, (c0 + col_chunk).min(len));
+        let out = &out;
+        if nr == WS_ROWS {
+            let at = (r0, len);
+            lanes_call!(
+                wide,
+                weighted_block::<WS_ROWS>,
+                (pr: &[f32], v: &[f32], w: usize, used: usize, cs: (usize, usize), out: &SharedOut, at: (usize, usize))
+            );
+        } else {
+            for (r, pr) in pr.chunks_exact(s).enumerate() {
+                let at = (r0 + r, len);
+                lanes_call!(
+                    wide,
+                    weighted_block::<1>,
+                    (pr: &[f32], v: &[f32], w: usize, used: usize, cs: (usize, usize), out: &SharedOut, at: (usize, usize))
+                );
+            }
+        }
+    });
+}
+
+/// The `R` rows `pr` (`[R, S]`, output rows `r0 ..` of `len` columns) of `weighted_sum` over
+/// keys `0 .. used`, columns `c0 .. c1`, into `out`.
+#[inline(always)]
+fn weighted_block<V: V16, const R: usize>(
+    pr: &[f32],
+    v: &[f32],
+    w: usize,
+    used: usize,
+    (c0, c1): (usize, usize),
+    out: &SharedOut,
+    (r0, len): (usize, usize),
+) {
+    let s = pr.len() / R;
+    let mut lanes = [0f32; 16];
+    for cb in (c0..c1).step_by(16 * WS_VECS) {
+        let nc = (c1 - cb).min(16 * WS_VECS);
+        let mut acc = [[V::zero(); WS_VECS]; R];
+        for j in 0..used {
+            let vr = &v[j * w + cb..j * w + cb + nc];
+            let mut vv = [V::zero(); WS_VECS];
+            for (c, x) in vv.iter_mut().enumerate() {
+                *x = V::load(vr.get(16 * c..).unwrap_or(&[]));
+            }
+            for (r, a) in acc.iter_mut().enumerate() {
+                let pv = V::splat(pr[r * s + j]);
+                for (ac, x) in a.iter_mut().zip(&vv) {
+                    *ac = ac.add(pv.mul(*x));
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            for (c, ac) in a.iter().enumerate() {
+                let n = nc.saturating_sub(16 * c).min(16);
+                ac.store(&mut lanes[..n]);
+                for (i, &x) in lanes[..n].iter().enumerate() {
+                    // SAFETY: (r0 + r, cb + 16c + i) belongs to the calling item only.
+                    unsafe { out.put((r0 + r) * len + cb + 16 * c + i, x) };
+                }
+            }
+        }
+    }
+}
+
+/// `softmax` of each row of `n` elements of `x` into `y` (rows in parallel), the oracle's bits
+/// (module note).
+///
+/// # Panics
+/// If `x` and `y` differ in length.
+pub(crate) fn softmax(x: &[f32], y: &mut [f32], n: usize) {
+    softmax_with(x, y, n, avx512_detected());
+}
+
+fn softmax_with(x: &[f32], y: &mut [f32], n: usize, wide: bool) {
+    assert!(x.len() == y.len(), "softmax extents");
+    if n == 0 {
+        return;
+    }
+    y.par_chunks_mut(n)
+        .zip(x.par_chunks(n))
+        .with_min_len(4)
+        .for_each(|(yr, xr)| lanes_call!(wide, softmax_row, (xr: &[f32], yr: &mut [f32])));
+}
+
+#[inline(always)]
+fn softmax_row<V: V16>(xr: &[f32], yr: &mut [f32]) {
+    // The maximum: a NaN anywhere makes it NaN (cranelift's `fmax`); otherwise the largest
+    // value (of equal zeros either one: `x − max` is then the same for every `x`).
+    let (full, tail) = xr.split_at(xr.len() - xr.len() % 16);
+    let mut mv = V::splat(f32::NEG_INFINITY);
+    let mut nan = false;
+    for c in full.chunks_exact(16) {
+        let v = V::load(c);
+        nan |= v.has_nan();
+        mv = v.max(mv);
+    }
+    let mut lanes = [0f32; 16];
+    mv.store(&mut lanes);
+    let mut m = lanes.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &v| {
+        nan |= v.is_nan();
+        if v > m {
+            v
+        } else {
+            m
+        }
+    });
+    if nan {
+        m = f32::NAN;
+    }
+    let mut sum = 0.0f32;
+    for (e, &v) in yr.iter_mut().zip(xr) {
+        let dv = v - m;
+        *e = if dv == f32::NEG_INFINITY {
+            0.0
+        } else {
+            dv.exp()
+        };
+        sum += *e;
+    }
+    let sv = V::splat(sum);
+    for c in yr.chunks_mut(16) {
+        V::load(c).div(sv).store(c);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    fn noise(n: usize, seed: u64) -> Vec<f32> {
+        let mut r = ChaCha8Rng::seed_from_u64(seed);
+        (0..n).map(|_| r.random_range(-1.0f32..1.0)).collect()
+    }
+
+    /// `emit.rs`'s `dot_f32`, written out scalar: sums `i mod 8`, the tail into sums `0 ..`,
+    /// then the pairwise reduction.
+    fn oracle_dot(a: &[f32], b: &[f32]) -> f32 {
+        let n8 = a.len() - a.len() % 8;
+        let mut s = [0f32; 8];
+        for i in 0..n8 {
+            s[i % 8] += a[i] * b[i];
+        }
+        for i in n8..a.len() {
+            s[i - n8] += a[i] * b[i];
+        }
+        ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+    }
+
+    fn same(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
+    }
+
+    /// Both lanes (where the CPU has AVX-512) against the scalar oracle order, over shapes with
+    /// every kind of tail: rows not a multiple of 16 or 8, widths not a multiple of 8 or 16.
+    #[test]
+    fn scores_and_weighted_sum_are_the_oracles_sums() {
+        for (rows, s, w, len) in [
+            (1, 1, 1, 1),
+            (32, 7, 320, 256),
+            (5, 300, 20, 3),
+            (70, 9, 43, 37),
+            (16, 33, 8, 8),
+        ] {
+            let q = noise(rows * w, 1);
+            let k = noise(s * w, 2);
+            let p = noise(rows * s, 3);
+            let mut want_y = vec![0f32; rows * s];
+            for r in 0..rows {
+                for j in 0..s {
+                    want_y[r * s + j] = oracle_dot(&q[r * w..(r + 1) * w], &k[j * w..(j + 1) * w]);
+                }
+            }
+            let mut want_o = vec![0f32; rows * len];
+            for r in 0..rows {
+                for j in 0..s {
+                    for c in 0..len {
+                        want_o[r * len + c] += p[r * s + j] * k[j * w + c];
+                    }
+                }
+            }
+            for wide in [false, avx512_detected()] {
+                let mut y = vec![f32::NAN; rows * s];
+                scores_with(&q, &k, &mut y, w, None, wide);
+                assert!(same(&y, &want_y), "scores {rows}x{s}x{w} wide {wide}");
+                let mut o = vec![f32::NAN; rows * len];
+                weighted_sum_with(&p, &k, &mut o, w, len, wide);
+                assert!(
+                    same(&o, &want_o),
+                    "weighted_sum {rows}x{s}x{len} wide {wide}"
+                );
+            }
+        }
+    }
+
+    /// With causal positions every score a token's position reaches has the full product's
+    /// bits, and the rest is the full product's or `0.0`; a `weighted_sum` whose rows end in zero
+    /// weights (a causal softmax) has the full product's bits, and a non-finite value after them
+    /// still reaches the sums (`0 · ∞` is NaN in the full product too).
+    #[test]
+    fn causal_cuts_keep_the_full_products_bits() {
+        let (t, heads, w, len) = (70, 3, 24, 9);
+        for wide in [false, avx512_detected()] {
+            for p0 in [0usize, 5] {
+                let s = p0 + t;
+                let pos: Vec<i32> = (0..t).map(|i| (p0 + i) as i32).collect();
+                let (q, k) = (noise(t * heads * w, 7), noise(s * w, 8));
+                let mut full = vec![f32::NAN; t * heads * s];
+                let mut cut = full.clone();
+                scores_with(&q, &k, &mut full, w, None, wide);
+                scores_with(&q, &k, &mut cut, w, Some(&pos), wide);
+                let mut skipped = 0;
+                for (r, (fr, cr)) in full.chunks(s).zip(cut.chunks(s)).enumerate() {
+                    let p = pos[r / heads] as usize;
+                    assert!(same(&fr[..=p], &cr[..=p]), "row {r}");
+                    for (a, b) in fr[p + 1..].iter().zip(&cr[p + 1..]) {
+                        assert!(a.to_bits() == b.to_bits() || b.to_bits() == 0, "row {r}");
+                        skipped += usize::from(a.to_bits() != b.to_bits());
+                    }
+                }
+                assert!(skipped > t * heads * t / 4, "{skipped} scores skipped");
+                let mut p = noise(t * heads * s, 9);
+                for (r, row) in p.chunks_mut(s).enumerate() {
+                    row[pos[r / heads] as usize + 1..].fill(0.0);
+                }
+                let mut v = noise(s * w, 10);
+                let dense = |p: &[f32], v: &[f32]| {
+                    let mut o = vec![0f32; t * heads * len];
+                    for (r, orow) in o.chunks_mut(len).enumerate() {
+                        for j in 0..s {
+                            for (c, oc) in orow.iter_mut().enumerate() {
+                                *oc += p[r * s + j] * v[j * w + c];
+                            }
+                        }
+                    }
+                    o
+                };
+                let mut o = vec![f32::NAN; t * heads * len];
+                weighted_sum_with(&p, &v, &mut o, w, len, wide);
+                assert!(same(&o, &dense(&p, &v)));
+                v[(s - 1) * w] = f32::INFINITY;
+                weighted_sum_with(&p, &v, &mut o, w, len, wide);
+                let want = dense(&p, &v);
+                assert!(want[0].is_nan() && o[0].is_nan(), "0 · ∞ reaches row 0");
+                assert!(same(&o, &want));
+            }
+        }
+    }
+
+    /// `softmax` is the oracle's expression (lower.rs) in its order: a masked entry is exactly
+    /// `+0.0`, a row with a NaN is NaN throughout, a fully masked row is NaN (−∞ − (−∞)).
+    #[test]
+    fn softmax_is_the_oracle_expression() {
+        for n in [37, 64, 5] {
+            let mut x = noise(5 * n, 11);
+            x[n + 3..2 * n].fill(f32::NEG_INFINITY);
+            x[2 * n + 4] = f32::NAN;
+            x[3 * n..4 * n].fill(f32::NEG_INFINITY);
+            for wide in [false, avx512_detected()] {
+                let mut y = vec![0.0f32; x.len()];
+                softmax_with(&x, &mut y, n, wide);
+                for (xr, yr) in x.chunks(n).zip(y.chunks(n)) {
+                    let mut m = f32::NEG_INFINITY;
+                    let mut nan = false;
+                    for &v in xr {
+                        nan |= v.is_nan();
+                        m = m.max(v);
+                    }
+                    let m = if nan { f32::NAN } else { m };
+                    let e: Vec<f32> = xr.iter().map(|&v| (v - m).exp()).collect();
+                    let mut sum = 0.0f32;
+                    for &v in &e {
+                        sum += v;
+                    }
+                    let want: Vec<f32> = e.iter().map(|&ei| ei / sum).collect();
+                    assert!(same(yr, &want), "n {n} wide {wide}");
+                }
+                assert!(y[n + 3..2 * n].iter().all(|&v| v.to_bits() == 0));
+                assert!(y[2 * n..4 * n].iter().all(|v| v.is_nan()));
+            }
+        }
+    }
+}
