@@ -166,9 +166,11 @@ fn fast_paths_do_not_depend_on_threads_or_placement() {
             "{kernels}: host vs resident experts differ"
         );
         let two_interleaved = pool(2).install(|| run_bits(kernels, &interleaved));
+        let copies = session(kernels, &interleaved).store_report().dense_bytes;
+        assert!(copies > 0, "no dense weight interleaved");
         assert!(
             one == two_interleaved,
-            "{kernels}: experts in the file's vs the interleaved layout differ"
+            "{kernels}: experts and dense weights in the file's vs the interleaved layout differ"
         );
         assert!(one != oracle, "{kernels}: computed the oracle's bits");
     }

@@ -23,7 +23,7 @@
 //! contract), so the placement never changes a bit of the result.
 
 use crate::fastpath::{
-    plan_fast_steps, CpuKernels, ExpertRows, FastBuffers, FastStep, WeightProduct,
+    plan_fast_steps, CpuKernels, FastBuffers, FastStep, WeightProduct, WeightRows,
 };
 use crate::kv_cache::LatentKvCache;
 use aubier_compiler::ops::Op;
@@ -138,6 +138,14 @@ pub trait ExpertSource: std::fmt::Debug {
     fn interleaved(&self, weight: WeightId) -> bool {
         let _ = weight;
         false
+    }
+
+    /// An interleaved copy of the dense weight `weight` ([`crate::quant::q8::interleave_rows`]
+    /// over all its rows), which the fast `mat_mul` reads instead of the weight view; `None`
+    /// reads the view.
+    fn dense_interleaved(&self, weight: WeightId) -> Option<&[u8]> {
+        let _ = weight;
+        None
     }
 }
 
@@ -459,7 +467,7 @@ impl Executor {
             }
             // The fast `moe_ffn` reads the experts as slices; the oracle's kernels only the tables.
             let fast_moe = matches!(self.fast.get(i), Some(Some(FastStep::Moe(_))));
-            let mut expert_slices: Vec<Vec<ExpertRows>> = Vec::new();
+            let mut expert_slices: Vec<Vec<WeightRows>> = Vec::new();
             for (table, spec) in self.tables.iter_mut().zip(&cs.expert_tables) {
                 let bad = |detail: String| ExecError::ExpertTable {
                     step: i,
@@ -498,7 +506,7 @@ impl Executor {
                     // The oracle's kernels read the file's layout.
                     table.push(if il { slice.as_ptr() } else { src.as_ptr() } as u64);
                     if fast_moe {
-                        slices.push(ExpertRows {
+                        slices.push(WeightRows {
                             bytes: src,
                             interleaved: il,
                         });
@@ -518,7 +526,23 @@ impl Executor {
             };
             match self.fast.get(i).copied().flatten() {
                 Some(FastStep::MatMul(m)) => {
-                    weight_product(&m, step, weights, &args, t_step, &mut self.fast_buf)
+                    let copy = match step.args.first() {
+                        Some(&Operand::Weight(w)) => experts.and_then(|e| e.dense_interleaved(w)),
+                        _ => None,
+                    };
+                    match copy {
+                        Some(bytes) => {
+                            let rows = WeightRows {
+                                bytes,
+                                interleaved: true,
+                            };
+                            let (x, y) = product_io(&m, &args, t_step);
+                            m.run_rows(rows, x, y, &mut self.fast_buf);
+                        }
+                        None => {
+                            weight_product(&m, step, weights, &args, t_step, &mut self.fast_buf)
+                        }
+                    }
                 }
                 Some(FastStep::HeadMatMul(m)) => {
                     weight_product(&m, step, weights, &args, t_step, &mut self.fast_buf)
@@ -837,17 +861,26 @@ fn weight_product<P: WeightProduct>(
     let Some(&Operand::Weight(w)) = step.args.first() else {
         unreachable!("plan_fast_steps takes weight products of a weight only")
     };
+    let (x, y) = product_io(p, args, t);
+    p.run(weights[w], x, y, buf);
+}
+
+/// The input `[t, n_in]` and output `[t, n_out]` of a weight product's step.
+fn product_io<'a, P: WeightProduct>(
+    p: &P,
+    args: &StepArgs,
+    t: usize,
+) -> (&'a [f32], &'a mut [f32]) {
     let (x, y) = (p.input_len(t), p.output_len(t));
     // SAFETY: `bind` sized the input's and the output's slots for their values at (T, S) (at
     // least `t` rows); the CPU lowering refused a step whose output aliases an operand, so the
-    // two do not overlap.
-    let (x, y) = unsafe {
+    // two do not overlap; the slots outlive the step that uses these slices.
+    unsafe {
         (
             std::slice::from_raw_parts(args.args[1] as *const f32, x),
             std::slice::from_raw_parts_mut(args.out as *mut f32, y),
         )
-    };
-    p.run(weights[w], x, y, buf);
+    }
 }
 
 /// The argument block shared by the threads of one launch. Every thread only reads it (and

@@ -42,7 +42,9 @@
 //! - Interleaved experts: the fast store may hold Q2_K / Q3_K experts in the interleaved layout
 //!   of [`crate::quant::q8::interleave_rows`] (groups of 16 rows, a block's words row by row);
 //!   `moe_ffn` then takes them by the interleaved decode kernel (one token, or once per token
-//!   for a few) and the interleaved tile kernel, with the same bits ([`Rows::expert_product`]).
+//!   for a few) and the interleaved tile kernel, with the same bits ([`Rows::layout_product`]).
+//!   Likewise the dense `mat_mul` weights the store copies interleaved
+//!   (`ExpertSource::dense_interleaved`), in chunks of whole groups of rows.
 //! - The f32 `head_mat_mul` (per head `[T, n_in] × [n_in, n_out]`, the weight dequantized
 //!   exactly, as the oracle does) and the F32 router at prefill: `matrixmultiply::sgemm` (FMA,
 //!   its own blocking and summation order), split over the rayon pool by rows, or by columns
@@ -137,10 +139,11 @@ impl std::fmt::Display for CpuKernels {
     }
 }
 
-/// One expert's slice of a stacked expert tensor as the fast `moe_ffn` reads it: its bytes, and
-/// whether they are the fast store's interleaved copy ([`crate::quant::q8::interleave_rows`]).
+/// Weight rows as the fast path reads them — one expert's slice of a stacked expert tensor, or a
+/// dense weight: their bytes, and whether they are the fast store's interleaved copy
+/// ([`crate::quant::q8::interleave_rows`]).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct ExpertRows<'a> {
+pub(crate) struct WeightRows<'a> {
     pub(crate) bytes: &'a [u8],
     pub(crate) interleaved: bool,
 }
@@ -284,13 +287,13 @@ impl Rows {
         }
     }
 
-    /// [`Rows::product`] for an expert's rows, which may be in the interleaved layout: there the
+    /// [`Rows::product`] for rows that may be in the interleaved layout: there the
     /// interleaved tile kernel, or the interleaved decode kernel once per token, takes whole
     /// groups of rows in place, and any other case (a cut inside a group, no such kernels) reads
     /// the groups deinterleaved. The same bits.
-    fn expert_product(
+    fn layout_product(
         &self,
-        e: ExpertRows<'_>,
+        e: WeightRows<'_>,
         r0: usize,
         r1: usize,
         x: &[BlockQ8K],
@@ -659,21 +662,42 @@ impl WeightProduct for FastMatMul {
     /// `y[t, r] = W[r, :] · q8(x[t, :])`: `w` the raw `n_out` rows, `x` `[T, n_in]`, `y`
     /// `[T, n_out]` (T = `x.len() / n_in`).
     fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut FastBuffers) {
+        let rows = WeightRows {
+            bytes: w,
+            interleaved: false,
+        };
+        self.run_rows(rows, x, y, buf);
+    }
+}
+
+impl FastMatMul {
+    /// [`WeightProduct::run`] for rows in the file's layout or interleaved (the fast store's
+    /// copy of a dense weight, [`Rows::layout_product`]): the same bits either way.
+    pub(crate) fn run_rows(
+        &self,
+        w: WeightRows<'_>,
+        x: &[f32],
+        y: &mut [f32],
+        buf: &mut FastBuffers,
+    ) {
         let (n_in, n_out) = (self.n_in, self.n_out);
         let t = x.len() / n_in;
         let nb = self.w.planes * n_in / QK;
         quantize_rows(x, n_in, self.w.planes, &mut buf.xq);
         let xq = &buf.xq[..t * nb];
+        // Interleaved rows go in whole groups.
+        let unit = if w.interleaved { INTERLEAVE_ROWS } else { 1 };
         let chunk = n_out
             .div_ceil(rayon::current_num_threads() * 8)
-            .clamp(1, 256);
+            .clamp(1, 256)
+            .next_multiple_of(unit);
         if t == 1 {
             y[..n_out]
                 .par_chunks_mut(chunk)
                 .enumerate()
                 .for_each(|(c, ys)| {
                     let r0 = c * chunk;
-                    self.w.product(w, r0, r0 + ys.len(), xq, None, ys);
+                    self.w.layout_product(w, r0, r0 + ys.len(), xq, None, ys);
                 });
             return;
         }
@@ -684,13 +708,22 @@ impl WeightProduct for FastMatMul {
         if buf.yt.len() < n_out * t {
             buf.yt.resize(n_out * t, 0.0);
         }
-        if let Some(grid) = self.w.grid.filter(|_| t * self.w.planes >= GRID_MIN_ROWS) {
-            let packed = pack(xq, t, self.w.planes);
-            let rb = self.w.row_bytes;
+        let packed = (self.w.grid.is_some() && t * self.w.planes >= GRID_MIN_ROWS)
+            .then(|| pack(xq, t, self.w.planes));
+        if packed.is_some() || w.interleaved {
+            let per_item = if packed.is_some() {
+                GRID_ROWS
+            } else {
+                chunk.min(64).next_multiple_of(unit)
+            };
             buf.yt[..n_out * t]
-                .par_chunks_mut(GRID_ROWS * t)
-                .zip(w[..n_out * rb].par_chunks(GRID_ROWS * rb))
-                .for_each(|(ys, wc)| packed.product(grid, wc, rb, ys));
+                .par_chunks_mut(per_item * t)
+                .enumerate()
+                .for_each(|(c, ys)| {
+                    let r0 = c * per_item;
+                    let r1 = r0 + ys.len() / t;
+                    self.w.layout_product(w, r0, r1, xq, packed.as_ref(), ys)
+                });
         } else {
             let chunk = chunk.min(64);
             buf.yt[..n_out * t]
@@ -700,7 +733,7 @@ impl WeightProduct for FastMatMul {
                     for t0 in (0..t).step_by(TOKEN_TILE) {
                         let t1 = (t0 + TOKEN_TILE).min(t);
                         for (i, yr) in ys.chunks_mut(t).enumerate() {
-                            let row = self.w.row(w, c * chunk + i);
+                            let row = self.w.row(w.bytes, c * chunk + i);
                             self.w.dot_many(row, &xq[t0 * nb..t1 * nb], &mut yr[t0..t1]);
                         }
                     }
@@ -884,7 +917,7 @@ impl FastMoe {
         h: &[f32],
         ids: &[i32],
         wts: &[f32],
-        tables: &[Vec<ExpertRows<'_>>],
+        tables: &[Vec<WeightRows<'_>>],
         y: &mut [f32],
         buf: &mut FastBuffers,
     ) {
@@ -963,10 +996,10 @@ impl FastMoe {
                 let mut gv = vec![0f32; (f1 - f0) * m];
                 let mut uv = vec![0f32; (f1 - f0) * m];
                 self.gate
-                    .expert_product(gate_t[e], f0, f1, x, hp[e].as_ref(), &mut gv);
+                    .layout_product(gate_t[e], f0, f1, x, hp[e].as_ref(), &mut gv);
                 let (u0, u1) = (self.up_off + f0, self.up_off + f1);
                 self.up
-                    .expert_product(up_t[e], u0, u1, x, hp[e].as_ref(), &mut uv);
+                    .layout_product(up_t[e], u0, u1, x, hp[e].as_ref(), &mut uv);
                 for (f, (gr, ur)) in (f0..f1).zip(gv.chunks_exact(m).zip(uv.chunks_exact(m))) {
                     for (pi, (&g, &u)) in gr.iter().zip(ur).enumerate() {
                         // SAFETY: (group position, f) pairs are disjoint across work items.
@@ -986,7 +1019,7 @@ impl FastMoe {
                 let (x, m) = (&aq[p0 * nb_f..p1 * nb_f], p1 - p0);
                 let mut v = vec![0f32; (o1 - o0) * m];
                 self.down
-                    .expert_product(down_t[e], o0, o1, x, ap[e].as_ref(), &mut v);
+                    .layout_product(down_t[e], o0, o1, x, ap[e].as_ref(), &mut v);
                 for (o, vr) in (o0..o1).zip(v.chunks_exact(m)) {
                     for (pi, &vp) in vr.iter().enumerate() {
                         // SAFETY: (group position, o) pairs are disjoint across work items.
@@ -1217,11 +1250,11 @@ mod tests {
     }
 
     /// `moe_ffn`'s expert tables over [`expert_matrices`] (or their [`interleaved`] copies).
-    fn expert_tables(m: &[Vec<Vec<u8>>; 2], interleaved: bool) -> Vec<Vec<ExpertRows<'_>>> {
+    fn expert_tables(m: &[Vec<Vec<u8>>; 2], interleaved: bool) -> Vec<Vec<WeightRows<'_>>> {
         m.iter()
             .map(|t| {
                 t.iter()
-                    .map(|v| ExpertRows {
+                    .map(|v| WeightRows {
                         bytes: v,
                         interleaved,
                     })
@@ -1296,6 +1329,50 @@ mod tests {
                     "planes {planes} tokens {t}"
                 );
                 assert!(a.iter().all(|v| v.is_finite()));
+            }
+        }
+    }
+
+    /// A dense `mat_mul` weight in the interleaved layout (the store's copy) gives the bits of
+    /// the file's layout: at one token (decode kernel, chunks of whole groups), at a few tokens
+    /// (decode kernel per token) and with the tile kernel, one and two planes, for row counts
+    /// whose parallel chunks are not multiples of 16 in the file's layout (320 = `kv_a`).
+    #[test]
+    fn interleaved_dense_weights_give_the_same_bits() {
+        if q8_interleaved_fn(GgmlType::Q2_K).is_none() {
+            println!("note: no AVX-512 VNNI on this CPU: interleaved checks skipped");
+            return;
+        }
+        let d = 512;
+        for (ty, n_out) in [
+            (GgmlType::Q2_K, 320),
+            (GgmlType::Q3_K, 48),
+            (GgmlType::Q2_K, 1040),
+        ] {
+            let own = matrix(ty, n_out, d, 80 + n_out as u64);
+            let mut il = vec![0u8; own.len()];
+            crate::quant::q8::interleave_rows(ty, &own, &mut il, ty.row_size(d).unwrap()).unwrap();
+            for planes in [1, 2] {
+                let m = FastMatMul {
+                    n_in: d,
+                    n_out,
+                    w: rows(ty, d, q8_grid_fn(ty), planes),
+                };
+                for t in [1, 2, 3, 8, 70] {
+                    let x = noise(t * d, 90 + t as u64);
+                    let (mut a, mut b) = (vec![f32::NAN; t * n_out], vec![f32::NAN; t * n_out]);
+                    m.run(&own, &x, &mut a, &mut FastBuffers::default());
+                    let copy = WeightRows {
+                        bytes: &il,
+                        interleaved: true,
+                    };
+                    m.run_rows(copy, &x, &mut b, &mut FastBuffers::default());
+                    assert!(a.iter().all(|v| v.is_finite()), "{ty} {n_out} t {t}");
+                    assert!(
+                        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{ty} {n_out} rows, planes {planes}, tokens {t}"
+                    );
+                }
             }
         }
     }

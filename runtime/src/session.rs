@@ -374,9 +374,9 @@ impl Session {
     }
 }
 
-/// Maps the pages of every weight a token reads in full (everything but the stacked experts,
-/// which the store copies or reads a few of, and the embedding tables, read a row at a time and
-/// released by the executor) when the session opens, so that the first request does not fault
+/// Maps the pages of every weight a token reads in full (everything but what the store holds —
+/// the stacked experts, which it copies or reads a few of, and the dense weights it copies
+/// interleaved — and the embedding tables, read a row at a time and released by the executor) when the session opens, so that the first request does not fault
 /// them in page by page ([`Model::populate_host_pages`]). They stay mapped from the first
 /// request on either way, so this moves no peak: it only moves the faults out of the first
 /// prefill.

@@ -197,6 +197,8 @@ pub struct StoreReport {
     pub n_res: usize,
     /// Bytes of the fast store (all layers).
     pub fast_bytes: u64,
+    /// Bytes of the interleaved copies of dense weights ([`StoreOptions::interleave`]).
+    pub dense_bytes: u64,
     /// `fast_hits ÷ routed` (0 when nothing was routed).
     pub served_fraction: f64,
     /// Routed (token, layer, expert) slots served from the fast store.
@@ -256,6 +258,10 @@ pub struct ExpertStore {
     /// `[n_weights]`: `(layer index, part)` of every stacked expert weight.
     by_weight: Vec<Option<(usize, usize)>>,
     arena: Option<MmapMut>,
+    /// Interleaved copies of dense weights ([`StoreOptions::interleave`]): their bytes, and
+    /// `[n_weights]` the range of each copied weight in them.
+    dense: Option<MmapMut>,
+    dense_at: Vec<Option<(usize, usize)>>,
     n_res: usize,
     n_expert: usize,
     policy: PolicyKind,
@@ -374,16 +380,7 @@ impl ExpertStore {
             total += l.slot_bytes * n_res;
         }
         let arena = if total > 0 {
-            let mut map = MmapMut::map_anon(total).map_err(|source| StoreError::Alloc {
-                bytes: total,
-                source,
-            })?;
-            // Transparent huge pages where the kernel allows them (`madvise` mode included): the
-            // decode kernels stream the experts' rows, and with 2 MiB pages a Q2_K matrix
-            // streamed 21.3 -> 22.9 GB/s on two threads (Zen 4). Advice only: refused, the
-            // arena stays in 4 KiB pages.
-            #[cfg(target_os = "linux")]
-            let _ = map.advise(memmap2::Advice::HugePage);
+            let mut map = anon_arena(total)?;
             if let Err(e) = map.lock() {
                 tracing::warn!(
                     bytes = total,
@@ -397,11 +394,19 @@ impl ExpertStore {
             None
         };
 
+        let (dense, dense_at) = if opts.interleave {
+            dense_copies(&model, &by_weight)?
+        } else {
+            (None, vec![None; n_weights])
+        };
+        let dense_bytes = dense_at.iter().flatten().map(|&(_, len)| len as u64).sum();
         let mut store = ExpertStore {
             model,
             layers,
             by_weight,
             arena,
+            dense,
+            dense_at,
             n_res,
             n_expert,
             policy: opts.policy,
@@ -409,6 +414,7 @@ impl ExpertStore {
             report: StoreReport {
                 n_res,
                 fast_bytes: total as u64,
+                dense_bytes,
                 ..StoreReport::default()
             },
             access: Vec::new(),
@@ -548,6 +554,7 @@ impl ExpertStore {
         self.report = StoreReport {
             n_res: self.n_res,
             fast_bytes: self.report.fast_bytes,
+            dense_bytes: self.report.dense_bytes,
             reset_ms: ms,
             ..StoreReport::default()
         };
@@ -679,9 +686,11 @@ impl ExpertStore {
         true
     }
 
-    /// Whether plan weight `weight` holds a layer's stacked experts (read through the store).
+    /// Whether the fast path reads plan weight `weight` through the store: a layer's stacked
+    /// experts, or a dense weight it holds an interleaved copy of.
     pub fn holds(&self, weight: WeightId) -> bool {
         matches!(self.by_weight.get(weight), Some(Some(_)))
+            || matches!(self.dense_at.get(weight), Some(Some(_)))
     }
 
     /// The host-alias bytes of expert `e` of part `p`.
@@ -691,6 +700,85 @@ impl ExpertStore {
             .get(e as usize * p.expert_bytes..)?
             .get(..p.expert_bytes)
     }
+}
+
+/// An anonymous mapping of `bytes` for copies the decode kernels stream, in transparent huge
+/// pages where the kernel allows them (`madvise` mode included): with 2 MiB pages a Q2_K matrix
+/// streamed 21.3 -> 22.9 GB/s on two threads (Zen 4). Advice only: refused, the mapping stays in
+/// 4 KiB pages.
+///
+/// Errors: [`StoreError::Alloc`].
+fn anon_arena(bytes: usize) -> Result<MmapMut, StoreError> {
+    let map = MmapMut::map_anon(bytes).map_err(|source| StoreError::Alloc { bytes, source })?;
+    #[cfg(target_os = "linux")]
+    let _ = map.advise(memmap2::Advice::HugePage);
+    Ok(map)
+}
+
+/// Interleaved copies of the dense weights the fast path's `mat_mul` reads: every weight that is
+/// not an expert tensor (`by_weight`), is read only as the weight of `mat_mul` steps, and is
+/// [`interleavable`] as one block of rows. Each is copied in turn and its mapped pages released
+/// ([`Model::release_host_pages`]), so the copies replace the file's pages in the resident set
+/// instead of doubling them. Returns the copies and `[n_weights]` each one's range.
+///
+/// Errors: [`StoreError::Alloc`].
+#[allow(clippy::type_complexity)]
+fn dense_copies(
+    model: &Model,
+    by_weight: &[Option<(usize, usize)>],
+) -> Result<(Option<MmapMut>, Vec<Option<(usize, usize)>>), StoreError> {
+    let plan = &model.plan;
+    let n = plan.weights.len();
+    // Weights read by something other than a `mat_mul`'s weight operand are left alone.
+    let mut only_mat_mul = vec![true; n];
+    let mut mat_mul = vec![false; n];
+    for step in &plan.steps {
+        for (i, a) in step.args.iter().enumerate() {
+            if let &Operand::Weight(w) = a {
+                if step.op == Op::MatMul && i == 0 {
+                    mat_mul[w] = true;
+                } else {
+                    only_mat_mul[w] = false;
+                }
+            }
+        }
+    }
+    let mut at = vec![None; n];
+    let mut chosen = Vec::new();
+    let mut total = 0usize;
+    for (w, r) in plan.weights.iter().enumerate() {
+        let Some(view) = model.weight_view(w) else {
+            continue;
+        };
+        if by_weight[w].is_some() || !mat_mul[w] || !only_mat_mul[w] || r.ne.len() != 2 {
+            continue;
+        }
+        if let Some((ty, row_bytes)) = interleavable(r, view.len()) {
+            at[w] = Some((total, view.len()));
+            chosen.push((w, ty, row_bytes));
+            total += view.len().next_multiple_of(64);
+        }
+    }
+    if total == 0 {
+        return Ok((None, at));
+    }
+    let mut map = anon_arena(total)?;
+    for (w, ty, row_bytes) in chosen {
+        let (Some(src), Some((start, len))) = (model.weight_view(w), at[w]) else {
+            continue;
+        };
+        if interleave_rows(ty, src, &mut map[start..start + len], row_bytes).is_err() {
+            at[w] = None;
+            continue;
+        }
+        model.release_host_pages(src);
+    }
+    tracing::info!(
+        weights = at.iter().flatten().count(),
+        bytes = total,
+        "dense weights interleaved for the fast path"
+    );
+    Ok((Some(map), at))
 }
 
 /// The type and row bytes of the expert tensor `w` (`expert_bytes` per expert) when its rows have
@@ -704,6 +792,11 @@ fn interleavable(w: &WeightRef, expert_bytes: usize) -> Option<(GgmlType, usize)
 }
 
 impl ExpertSource for ExpertStore {
+    fn dense_interleaved(&self, weight: WeightId) -> Option<&[u8]> {
+        let (start, len) = (*self.dense_at.get(weight)?)?;
+        self.dense.as_ref()?.get(start..start + len)
+    }
+
     fn interleaved(&self, weight: WeightId) -> bool {
         matches!(
             self.by_weight.get(weight),

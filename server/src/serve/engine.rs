@@ -318,6 +318,7 @@ fn run_job(
                     promotions = r.promotions,
                     n_res = r.n_res,
                     fast_bytes = r.fast_bytes,
+                    dense_bytes = r.dense_bytes,
                     reset_ms = r.reset_ms,
                     "expert store, request done"
                 );
