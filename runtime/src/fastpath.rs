@@ -803,10 +803,12 @@ impl WeightProduct for FastHeadMatMul {
             let mut v = vec![0f32; (o1 - o0) * t];
             let (r0, r1) = (h * n_out + o0, h * n_out + o1);
             self.w.product(w, r0, r1, xh, packed.as_ref(), &mut v);
-            for (o, vo) in (o0..o1).zip(v.chunks_exact(t.max(1))) {
-                for (tok, &vt) in vo.iter().enumerate() {
+            // Token by token, so that each token's outputs are written in order (by output row,
+            // they would be writes `heads · n_out` floats apart).
+            for tok in 0..t {
+                for (o, vo) in (o0..o1).zip(v.chunks_exact(t.max(1))) {
                     // SAFETY: (token, head, o) triples are disjoint across work items.
-                    unsafe { out.put((tok * heads + h) * n_out + o, vt) };
+                    unsafe { out.put((tok * heads + h) * n_out + o, vo[tok]) };
                 }
             }
         });
