@@ -611,6 +611,32 @@ impl Executor {
                     };
                     crate::fastpath::softmax(x, y, n);
                 }
+                Some(FastStep::Scale { c }) => {
+                    let numel = plan.values[step.out].shape.numel(t_step, s);
+                    // SAFETY: input and output of `numel` elements in distinct slots (the
+                    // lowering refuses a step whose output aliases an operand).
+                    let (x, y) = unsafe {
+                        (
+                            std::slice::from_raw_parts(args.args[0] as *const f32, numel),
+                            std::slice::from_raw_parts_mut(args.out as *mut f32, numel),
+                        )
+                    };
+                    crate::fastpath::scale(x, y, c);
+                }
+                Some(FastStep::CausalMask) => {
+                    let numel = plan.values[step.out].shape.numel(t_step, s);
+                    // SAFETY: scores and output `[T, .., S]` (`numel` elements) in distinct
+                    // slots, the positions `[T]` (i32) in theirs (the lowering checked the
+                    // shapes).
+                    let (x, pos, y) = unsafe {
+                        (
+                            std::slice::from_raw_parts(args.args[0] as *const f32, numel),
+                            std::slice::from_raw_parts(args.args[1] as *const i32, t_step),
+                            std::slice::from_raw_parts_mut(args.out as *mut f32, numel),
+                        )
+                    };
+                    crate::fastpath::causal_mask(x, pos, y, s);
+                }
                 Some(FastStep::WeightedSum { w, len }) => {
                     let rows = plan.values[self.value_id(step, 0)?].shape.numel(t_step, s) / s;
                     // SAFETY: p `[rows, S]` in its slot, the values `[S, w]` in the latent cache,
@@ -1415,7 +1441,7 @@ mod tests {
             for kernels in [CpuKernels::Oracle, CpuKernels::Q8x2] {
                 let mut exec = Executor::new(&b.plan, &prog).expect("exec");
                 exec.set_cpu_kernels(&b.plan, kernels);
-                let fast = if kernels == CpuKernels::Oracle { 0 } else { 3 };
+                let fast = if kernels == CpuKernels::Oracle { 0 } else { 5 };
                 assert_eq!(exec.fast_step_count(), fast, "{kernels}");
                 let mut cache = LatentKvCache::new(1, 64, w).expect("cache");
                 let mut got = Vec::new();

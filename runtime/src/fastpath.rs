@@ -49,8 +49,8 @@
 //!   exactly, as the oracle does) and the F32 router at prefill: `matrixmultiply::sgemm` (FMA,
 //!   its own blocking and summation order), split over the rayon pool by rows, or by columns
 //!   below `GEMM_COLUMN_SPLIT_ROWS` rows, or by head.
-//! - `scores_qk`, `weighted_sum`, `softmax` ([`attn`]): the oracle's operations in its order in
-//!   vector lanes, so the oracle's bits. At prefill the causal mask cuts the first two:
+//! - `scores_qk`, `weighted_sum`, `softmax`, `scale`, `causal_mask` ([`attn`]): the oracle's
+//!   operations in its order in vector lanes, so the oracle's bits. At prefill the causal mask cuts the first two:
 //!   `scores_qk` leaves the keys after a group of rows' last position uncomputed when the plan
 //!   masks them next (`causal_reader`), and `weighted_sum` stops each block of rows at its last
 //!   nonzero weight (the masked weights are exactly `+0.0`).
@@ -74,7 +74,7 @@ use aubier_compiler::types::{Attrs, Dim, WeightRef};
 use rayon::prelude::*;
 
 mod attn;
-pub(crate) use attn::{scores, softmax, weighted_sum};
+pub(crate) use attn::{causal_mask, scale, scores, softmax, weighted_sum};
 
 /// Elements of one Q8_K block.
 const QK: usize = 256;
@@ -441,6 +441,12 @@ pub(crate) enum FastStep {
     Softmax {
         n: Option<usize>,
     },
+    /// `scale` by `c`.
+    Scale {
+        c: f32,
+    },
+    /// `causal_mask` of `[T, .., S]` scores by `[T]` positions.
+    CausalMask,
 }
 
 /// The positions value `pos` when the scores value `scores` is read only by a `scale` whose
@@ -570,6 +576,8 @@ pub(crate) fn plan_fast_steps(plan: &Plan, planes: usize) -> Vec<Option<FastStep
                 Dim::Keys => Some(FastStep::Softmax { n: None }),
                 _ => None,
             },
+            (Op::Scale, Attrs::Scale(c)) => Some(FastStep::Scale { c: *c }),
+            (Op::CausalMask, _) => Some(FastStep::CausalMask),
             (Op::WeightedSum, Attrs::WeightedSum { len }) => Some(FastStep::WeightedSum {
                 w: cache_width(step.args.get(1))?,
                 len: *len,

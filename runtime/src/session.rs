@@ -500,7 +500,10 @@ mod tests {
         std::hint::black_box(read);
         assert!(mapped_pages(view) >= 63, "the counter sees pages read");
         let ids = prompt();
-        assert!(!ids.len().is_multiple_of(16), "a prompt that leaves rows pending");
+        assert!(
+            !ids.len().is_multiple_of(16),
+            "a prompt that leaves rows pending"
+        );
         s.step(&ids).expect("prompt");
         // Each row maps at most 64 KiB (its page and the kernel's fault-around).
         let bound = (ids.len() % 16) * 16;
