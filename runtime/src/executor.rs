@@ -552,7 +552,7 @@ impl Executor {
                 Some(FastStep::HeadMatMul(m)) => {
                     weight_product(&m, step, weights, &args, t_step, &mut self.fast_buf)
                 }
-                Some(FastStep::HeadGemm(m)) if t_step > 1 => {
+                Some(FastStep::HeadGemm(m)) => {
                     weight_product(&m, step, weights, &args, t_step, &mut self.fast_buf)
                 }
                 Some(FastStep::F32MatMul(m)) if t_step > 1 => {
@@ -650,25 +650,23 @@ impl Executor {
                     };
                     crate::fastpath::weighted_sum(p, v, y, w, len);
                 }
-                Some(FastStep::HeadGemm(_) | FastStep::F32MatMul(_)) | None => {
-                    match (step.op, pages, step.args.first()) {
-                        (Op::Embed, Some(pages), Some(&Operand::Weight(w))) => {
-                            let width = plan.values[step.out].shape.numel(1, s);
-                            if self.embedded.len() <= w {
-                                self.embedded.resize(w + 1, 0);
-                            }
-                            let pending = &mut self.embedded[w];
-                            embed_in_runs(&cs.kernels, args, t_step, s, width, pending, || {
-                                pages.release(weights[w]);
-                            })?
+                Some(FastStep::F32MatMul(_)) | None => match (step.op, pages, step.args.first()) {
+                    (Op::Embed, Some(pages), Some(&Operand::Weight(w))) => {
+                        let width = plan.values[step.out].shape.numel(1, s);
+                        if self.embedded.len() <= w {
+                            self.embedded.resize(w + 1, 0);
                         }
-                        _ => {
-                            for kernel in &cs.kernels {
-                                launch(kernel, args, t_step, s)?;
-                            }
+                        let pending = &mut self.embedded[w];
+                        embed_in_runs(&cs.kernels, args, t_step, s, width, pending, || {
+                            pages.release(weights[w]);
+                        })?
+                    }
+                    _ => {
+                        for kernel in &cs.kernels {
+                            launch(kernel, args, t_step, s)?;
                         }
                     }
-                }
+                },
             }
             let spent = started.elapsed().as_secs_f64();
             let time = &mut self.times[i];

@@ -9,10 +9,11 @@
 //! Algorithm.
 //! - Selection (`plan_fast_steps`, once per executor): a `mat_mul` / `head_mat_mul` whose weight
 //!   is a quantized tensor with a Q8_K dot and `ne[0]` a multiple of 256, a `moe_ffn` whose gate,
-//!   up and down experts all qualify, every `scores_qk` and `weighted_sum`, and (at more than one
-//!   token) a `head_mat_mul` whose rows are whole blocks of another shape (`attn_k_b`, 64
-//!   elements); every other step (and every step under [`CpuKernels::Oracle`]) runs the oracle's
-//!   cranelift kernels; every `softmax` runs the fast path's, which has the oracle's bits.
+//!   up and down experts all qualify, every `scores_qk`, `weighted_sum`, `softmax`, `scale` and
+//!   `causal_mask` (with the oracle's bits), a `head_mat_mul` whose rows are whole blocks of
+//!   another shape (`attn_k_b`, 64 elements; at one token the oracle's bits too) and (at more
+//!   than one token) an F32 `mat_mul`; every other step (and every step under
+//!   [`CpuKernels::Oracle`]) runs the oracle's cranelift kernels.
 //! - Activations: each row is quantized once per step (rows in parallel) to one Q8_K plane
 //!   (`q8`) or two (`q8x2`: the value, then its rounding residual `x − d·q`, whose step is at most
 //!   1/254 of the first's); a dot is the sum of the plane dots, in plane order. `q8x2` gives the
@@ -384,7 +385,7 @@ pub(crate) struct FastHeadMatMul {
 
 /// A `head_mat_mul` whose rows are not whole Q8_K blocks (`attn_k_b`, 64 elements): at more
 /// than one token, the weight dequantized to f32 (exactly, as the oracle does) and one f32 GEMM
-/// per head; at one token the oracle's kernel.
+/// per head; at one token the type's dot per row (the oracle's bits).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct FastHeadGemm {
     n_in: usize,
@@ -420,7 +421,6 @@ pub(crate) struct FastMoe {
 pub(crate) enum FastStep {
     MatMul(FastMatMul),
     HeadMatMul(FastHeadMatMul),
-    /// Taken at more than one token only.
     HeadGemm(FastHeadGemm),
     /// Taken at more than one token only.
     F32MatMul(FastF32MatMul),
@@ -860,17 +860,33 @@ impl WeightProduct for FastHeadGemm {
         (self.heads * self.n_in, self.heads * self.n_out)
     }
 
-    /// `y[t, h, o] = W[h][o, :] · x[t, h, :]` in f32: `w` dequantized into `buf.wf` (rows in
-    /// parallel), then per head (in parallel) `x_h [T, n_in] × W_hᵀ [n_in, n_out]` by
-    /// `matrixmultiply::sgemm`.
+    /// `y[t, h, o] = W[h][o, :] · x[t, h, :]` in f32. At one token each output is
+    /// [`crate::quant::dot_row`] of its row (rows in parallel): the oracle's value, which
+    /// dequantizes the row and takes the dot in the same order. At more: `w` dequantized into
+    /// `buf.wf` (rows in parallel), then per head (in parallel) `x_h [T, n_in] × W_hᵀ [n_in,
+    /// n_out]` by `matrixmultiply::sgemm`.
     fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut FastBuffers) {
         let (n_in, n_out, heads) = (self.n_in, self.n_out, self.heads);
         let t = x.len() / (heads * n_in);
         let rows = heads * n_out;
+        let rb = w.len() / rows.max(1);
+        if t == 1 {
+            y[..rows]
+                .par_chunks_mut(n_out.max(1))
+                .zip(w.par_chunks((rb * n_out).max(1)))
+                .zip(x.par_chunks(n_in.max(1)))
+                .for_each(|((yh, wh), xh)| {
+                    for (v, row) in yh.iter_mut().zip(wh.chunks_exact(rb.max(1))) {
+                        *v = crate::quant::dot_row(self.ty, row, xh).expect(
+                            "whole rows of a type with a dot kernel, checked by plan_fast_steps",
+                        );
+                    }
+                });
+            return;
+        }
         if buf.wf.len() < rows * n_in {
             buf.wf.resize(rows * n_in, 0.0);
         }
-        let rb = w.len() / rows.max(1);
         buf.wf[..rows * n_in]
             .par_chunks_mut(n_in)
             .zip(w.par_chunks(rb.max(1)))
@@ -1543,6 +1559,35 @@ mod tests {
                         })
                         .collect();
                     check(y[(tok * heads + h) * n_out + o], &terms);
+                }
+            }
+        }
+    }
+
+    /// At one token the f32 `head_mat_mul` gives each output the type's dot of its row with its
+    /// head's input bit for bit ([`crate::quant::dot_row`], the oracle's value: the executor's
+    /// `quantized_mat_mul_equals_the_quant_dot_bitwise`), for Q4_0 and Q8_0.
+    #[test]
+    fn head_gemm_at_one_token_is_the_row_dot() {
+        let (n_in, n_out, heads) = (64, 40, 3);
+        for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+            let w = matrix(ty, heads * n_out, n_in, 16);
+            let x = noise(heads * n_in, 17);
+            let op = FastHeadGemm {
+                n_in,
+                n_out,
+                heads,
+                ty,
+            };
+            let mut y = vec![f32::NAN; op.output_len(1)];
+            op.run(&w, &x, &mut y, &mut FastBuffers::default());
+            let rb = ty.row_size(n_in).unwrap();
+            for h in 0..heads {
+                for o in 0..n_out {
+                    let r = h * n_out + o;
+                    let xh = &x[h * n_in..(h + 1) * n_in];
+                    let want = crate::quant::dot_row(ty, &w[r * rb..(r + 1) * rb], xh).unwrap();
+                    assert_eq!(y[r].to_bits(), want.to_bits(), "{ty} head {h} row {o}");
                 }
             }
         }

@@ -33,6 +33,8 @@ mod float;
 mod iquants;
 mod kquants;
 mod legacy;
+#[cfg(target_arch = "x86_64")]
+mod legacy_avx512;
 pub mod q8;
 pub mod random;
 mod ternary;
@@ -282,11 +284,9 @@ unsafe extern "C" fn dequant_raw_elems<const B: usize, F: ElemFormat<B>>(
 /// [`GgmlType::block_size`] / [`GgmlType::type_size`] by a unit test.
 macro_rules! formats {
     ($( $ty:ident => $kind:ident($($arg:tt)*); )*) => {
-        /// The unchecked dot kernel of `ty`, or `None` when [`is_supported`] is false.
-        ///
-        /// The kernel computes the same value, bit for bit, as [`dot_row`]; its safety contract
-        /// is [`DotFn`]'s. Meant to be imported as a host function by generated mat-vec code.
-        pub fn dot_fn(ty: GgmlType) -> Option<DotFn> {
+        /// The scalar dot kernel of `ty` (the reference the vector kernels of [`dot_fn`]
+        /// reproduce), or `None` when [`is_supported`] is false.
+        fn scalar_dot_fn(ty: GgmlType) -> Option<DotFn> {
             match ty {
                 $( GgmlType::$ty => Some(formats!(@dot $kind $($arg)*)), )*
                 _ => None,
@@ -347,6 +347,20 @@ formats! {
     IQ4_XS => block(256, 136, iquants::IQ4_XS);
     TQ1_0 => block(256, 54, ternary::TQ1_0);
     TQ2_0 => block(256, 66, ternary::TQ2_0);
+}
+
+/// The unchecked dot kernel of `ty`, or `None` when [`is_supported`] is false: the AVX-512
+/// kernel of Q4_0 and Q8_0 where the CPU has it (`legacy_avx512`, the scalar kernel's bits),
+/// else the scalar one.
+///
+/// The kernel computes the same value, bit for bit, as [`dot_row`]; its safety contract is
+/// [`DotFn`]'s. Meant to be imported as a host function by generated mat-vec code.
+pub fn dot_fn(ty: GgmlType) -> Option<DotFn> {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(f) = legacy_avx512::dot_fn(ty) {
+        return Some(f);
+    }
+    scalar_dot_fn(ty)
 }
 
 /// Whether `ty` has dequantize and dot kernels: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
