@@ -373,6 +373,11 @@ fn weighted_sum_with(p: &[f32], v: &[f32], y: &mut [f32], w: usize, len: usize, 
     }
     let (rows, s) = (y.len() / len, v.len() / w);
     assert!(p.len() == rows * s && len <= w, "weighted_sum extents");
+    if s == 0 {
+        // No keys: every sum is its `+0.0` start, as the oracle's.
+        y.fill(0.0);
+        return;
+    }
     if rows == 0 {
         return;
     }
@@ -622,6 +627,7 @@ mod tests {
     fn scores_and_weighted_sum_are_the_oracles_sums() {
         for (rows, s, w, len) in [
             (1, 1, 1, 1),
+            (70, 0, 8, 3),
             (32, 7, 320, 256),
             (5, 300, 20, 3),
             (70, 9, 43, 37),
