@@ -623,6 +623,22 @@ impl Executor {
                     };
                     crate::fastpath::scale(x, y, c);
                 }
+                Some(FastStep::RmsNorm { n, eps }) => {
+                    let numel = plan.values[step.out].shape.numel(t_step, s);
+                    let Some(&Operand::Weight(w)) = step.args.get(1) else {
+                        unreachable!("plan_fast_steps takes an rms_norm by a weight only")
+                    };
+                    // SAFETY: input and output of `numel` elements in distinct slots (the
+                    // lowering refuses a step whose output aliases an operand).
+                    let (x, y) = unsafe {
+                        (
+                            std::slice::from_raw_parts(args.args[0] as *const f32, numel),
+                            std::slice::from_raw_parts_mut(args.out as *mut f32, numel),
+                        )
+                    };
+                    let g = self.fast_buf.f32_weight(&weights[w][..n * 4]);
+                    crate::fastpath::rms_norm(x, g, y, eps);
+                }
                 Some(FastStep::CausalMask) => {
                     let numel = plan.values[step.out].shape.numel(t_step, s);
                     // SAFETY: scores and output `[T, .., S]` (`numel` elements) in distinct
@@ -1340,9 +1356,10 @@ mod tests {
         Ok(outs)
     }
 
-    /// An attention-only plan (queries and keys are F32 embedding rows, so no quantization
-    /// touches them) over `heads` heads of `w` latent values, `len` of them weighted; with
-    /// `scores_out` the raw scores are an output too (which keeps the causal cut away).
+    /// An attention-only plan (queries and keys are F32 embedding rows, the keys RMS-normed, so
+    /// no quantization touches them) over `heads` heads of `w` latent values, `len` of them
+    /// weighted; with `scores_out` the raw scores are an output too (which keeps the causal cut
+    /// away).
     fn attention_plan(heads: usize, w: usize, len: usize, scores_out: bool) -> Built {
         let mut values: Vec<Value> = Vec::new();
         let mut val = |dtype, dims, storage| push_value(&mut values, dtype, dims, storage);
@@ -1352,6 +1369,7 @@ mod tests {
         let pos = val(DType::I32, vec![t], None);
         let qe = val(DType::F32, vec![t, f(heads * w)], None);
         let q = val(DType::F32, vec![t, f(heads), f(w)], Some(Storage::Slot(qe)));
+        let kv_raw = val(DType::F32, vec![t, f(w)], None);
         let kv = val(DType::F32, vec![t, f(w)], None);
         let cache = val(
             DType::F32,
@@ -1389,6 +1407,12 @@ mod tests {
                 Op::Embed,
                 Attrs::None,
                 vec![Operand::Weight(1), v(tokens)],
+                kv_raw,
+            ),
+            st(
+                Op::RmsNorm,
+                Attrs::Eps(1e-6),
+                vec![v(kv_raw), Operand::Weight(2)],
                 kv,
             ),
         ];
@@ -1411,6 +1435,7 @@ mod tests {
                 weights: vec![
                     wref("q_emb", vec![heads * w, vocab]),
                     wref("kv_emb", vec![w, vocab]),
+                    wref("kv_norm", vec![w]),
                 ],
                 values,
                 n_slots: n_values,
@@ -1421,11 +1446,13 @@ mod tests {
             weights: vec![
                 f32_bytes(&noise(heads * w * vocab, 21)),
                 f32_bytes(&noise(w * vocab, 22)),
+                f32_bytes(&noise(w, 23)),
             ],
         }
     }
 
-    /// The fast path's `scores_qk`, `softmax` and `weighted_sum` give the oracle's bits: at
+    /// The fast path's `rms_norm`, `scores_qk`, `scale`, `causal_mask`, `softmax` and
+    /// `weighted_sum` give the oracle's bits: at
     /// prefill (with and without the causal cut) and at decode over a longer cache, for widths
     /// and lengths that leave tails in every vector loop.
     #[test]
@@ -1439,7 +1466,7 @@ mod tests {
             for kernels in [CpuKernels::Oracle, CpuKernels::Q8x2] {
                 let mut exec = Executor::new(&b.plan, &prog).expect("exec");
                 exec.set_cpu_kernels(&b.plan, kernels);
-                let fast = if kernels == CpuKernels::Oracle { 0 } else { 5 };
+                let fast = if kernels == CpuKernels::Oracle { 0 } else { 6 };
                 assert_eq!(exec.fast_step_count(), fast, "{kernels}");
                 let mut cache = LatentKvCache::new(1, 64, w).expect("cache");
                 let mut got = Vec::new();

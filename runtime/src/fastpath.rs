@@ -50,7 +50,7 @@
 //!   exactly, as the oracle does) and the F32 router at prefill: `matrixmultiply::sgemm` (FMA,
 //!   its own blocking and summation order), split over the rayon pool by rows, or by columns
 //!   below `GEMM_COLUMN_SPLIT_ROWS` rows, or by head.
-//! - `scores_qk`, `weighted_sum`, `softmax`, `scale`, `causal_mask` ([`attn`]): the oracle's
+//! - `scores_qk`, `weighted_sum`, `softmax`, `scale`, `causal_mask`, `rms_norm` ([`exact`]): the oracle's
 //!   operations in its order in vector lanes, so the oracle's bits. At prefill the causal mask cuts the first two:
 //!   `scores_qk` leaves the keys after a group of rows' last position uncomputed when the plan
 //!   masks them next (`causal_reader`), and `weighted_sum` stops each block of rows at its last
@@ -74,8 +74,8 @@ use aubier_compiler::plan::{Operand, Plan, ValueId};
 use aubier_compiler::types::{Attrs, Dim, WeightRef};
 use rayon::prelude::*;
 
-mod attn;
-pub(crate) use attn::{causal_mask, scale, scores, softmax, weighted_sum};
+mod exact;
+pub(crate) use exact::{causal_mask, rms_norm, scale, scores, softmax, weighted_sum};
 
 /// Elements of one Q8_K block.
 const QK: usize = 256;
@@ -447,6 +447,11 @@ pub(crate) enum FastStep {
     },
     /// `causal_mask` of `[T, .., S]` scores by `[T]` positions.
     CausalMask,
+    /// `rms_norm` by an F32 weight of `n` elements.
+    RmsNorm {
+        n: usize,
+        eps: f32,
+    },
 }
 
 /// The positions value `pos` when the scores value `scores` is read only by a `scale` whose
@@ -577,6 +582,15 @@ pub(crate) fn plan_fast_steps(plan: &Plan, planes: usize) -> Vec<Option<FastStep
                 _ => None,
             },
             (Op::Scale, Attrs::Scale(c)) => Some(FastStep::Scale { c: *c }),
+            (Op::RmsNorm, Attrs::Eps(eps)) => {
+                let w = weight(step.args.get(1))?;
+                match w.ne.as_slice() {
+                    &[n] if n > 0 && w.ggml_type == "F32" => {
+                        Some(FastStep::RmsNorm { n, eps: *eps })
+                    }
+                    _ => None,
+                }
+            }
             (Op::CausalMask, _) => Some(FastStep::CausalMask),
             (Op::WeightedSum, Attrs::WeightedSum { len }) => Some(FastStep::WeightedSum {
                 w: cache_width(step.args.get(1))?,
@@ -599,6 +613,14 @@ pub(crate) struct FastBuffers {
     ffn: Vec<f32>,
     yt: Vec<f32>,
     wf: Vec<f32>,
+}
+
+impl FastBuffers {
+    /// The f32 values of the weight bytes `bytes` ([`f32_view`], copied into these buffers when
+    /// misaligned).
+    pub(crate) fn f32_weight<'a>(&'a mut self, bytes: &'a [u8]) -> &'a [f32] {
+        f32_view(bytes, &mut self.wf)
+    }
 }
 
 /// Disjoint-index writes from several threads into one f32 buffer.
@@ -823,6 +845,24 @@ impl WeightProduct for FastHeadMatMul {
     }
 }
 
+/// The little-endian f32 values of `bytes` (a whole number of 4): read in place when 4-byte
+/// aligned, else copied into `copy`.
+fn f32_view<'a>(bytes: &'a [u8], copy: &'a mut Vec<f32>) -> &'a [f32] {
+    // SAFETY: `align_to` only reinterprets the aligned middle of `bytes`; every bit pattern is a
+    // valid f32.
+    let (head, v, _) = unsafe { bytes.align_to::<f32>() };
+    if head.is_empty() && v.len() == bytes.len() / 4 {
+        return v;
+    }
+    copy.clear();
+    copy.extend(
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+    );
+    &copy[..]
+}
+
 impl WeightProduct for FastF32MatMul {
     fn per_token(&self) -> (usize, usize) {
         (self.n_in, self.n_out)
@@ -834,21 +874,7 @@ impl WeightProduct for FastF32MatMul {
     fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut FastBuffers) {
         let (n_in, n_out) = (self.n_in, self.n_out);
         let t = x.len() / n_in;
-        let bytes = &w[..n_in * n_out * 4];
-        // SAFETY: `align_to` only reinterprets the aligned middle of `bytes`; every bit pattern
-        // is a valid f32.
-        let (head, wf, _) = unsafe { bytes.align_to::<f32>() };
-        let wf = if head.is_empty() && wf.len() == n_in * n_out {
-            wf
-        } else {
-            buf.wf.clear();
-            buf.wf.extend(
-                bytes
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            );
-            &buf.wf[..]
-        };
+        let wf = f32_view(&w[..n_in * n_out * 4], &mut buf.wf);
         // B = Wᵀ [n_in, n_out]: element (i, r) at wf[r·n_in + i].
         gemm(t, n_in, n_out, x, n_in, wf, 1, n_in, &mut y[..t * n_out]);
     }

@@ -158,6 +158,23 @@ fn dot_blocks<const QK: usize, const B: usize, F: BlockFormat<QK, B>>(
     reduce_lanes(&acc)
 }
 
+/// The dot of two f32 rows in the module doc's order (the oracle's `dot_f32`, `emit.rs`): over
+/// the first `min(w.len(), x.len())` elements.
+pub(crate) fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    let (w8, w_tail) = w[..n].as_chunks::<LANES>();
+    let (x8, x_tail) = x[..n].as_chunks::<LANES>();
+    let mut acc = [0.0f32; LANES];
+    for (a, b) in w8.iter().zip(x8) {
+        accumulate(&mut acc, a, b);
+    }
+    // The tail starts at a multiple of 8, so element i goes to lane i % 8 = its tail index.
+    for ((lane, a), b) in acc.iter_mut().zip(w_tail).zip(x_tail) {
+        *lane += a * b;
+    }
+    reduce_lanes(&acc)
+}
+
 /// Dot of an element-format row: `src.len() == x.len() * B` is assumed.
 #[inline(always)]
 fn dot_elems<const B: usize, F: ElemFormat<B>>(src: &[u8], x: &[f32]) -> f32 {

@@ -1,7 +1,8 @@
-//! The fast path's attention over the latent cache — `scores_qk`, `weighted_sum`, `softmax` —
-//! with the oracle's operations in the oracle's order (`kernels-gen/src/cpu/lower.rs`,
-//! `emit.rs`'s `dot_f32`), so that every result has the oracle's bits (NaN payloads aside), in
-//! vector lanes instead of scalar loops.
+//! The fast path's f32 steps that keep the oracle's bits — attention over the latent cache
+//! (`scores_qk`, `weighted_sum`, `softmax`, `scale`, `causal_mask`) and `rms_norm` — with the
+//! oracle's operations in the oracle's order (`kernels-gen/src/cpu/lower.rs`, `emit.rs`'s
+//! `dot_f32`), so that every result has the oracle's bits (NaN payloads aside), in vector lanes
+//! instead of the oracle's scalar loops.
 //!
 //! Algorithm.
 //! - `scores_qk`, `y[r, j] = q[r, :] · k[j, :]`: the oracle's dot keeps eight partial sums
@@ -27,6 +28,10 @@
 //! - `scale` (`y = x · c`) and `causal_mask` (`y[t, .., j] = j > pos[t] ? −∞ : x[t, .., j]`):
 //!   the oracle's expressions over chunks of rows in parallel; the mask writes −∞ without
 //!   reading the scores it replaces.
+//!
+//! - `rms_norm`, `y = (x · inv) · w` with `inv = 1 / sqrt(dot(x, x) / n + eps)`: the dot by
+//!   [`crate::quant::dot_f32`] (the oracle's eight lanes), rows in parallel, element loops left
+//!   to the compiler's vectorizer (no reassociation: each element is its own two products).
 //!
 //! Vectors are AVX-512 where the CPU has it, else `[f32; 16]` arrays with the same operations
 //! ([`V16`]): the two give the same bits.
@@ -589,6 +594,26 @@ pub(crate) fn causal_mask(x: &[f32], pos: &[i32], y: &mut [f32], s: usize) {
         });
 }
 
+/// `rms_norm` of each row of `n` elements of `x` by the weight `w` (`[n]`) into `y`, the
+/// oracle's expression (module note), rows in parallel (a decoded token's row on one thread).
+///
+/// # Panics
+/// If `x` and `y` differ in length or `w` is not `n` long.
+pub(crate) fn rms_norm(x: &[f32], w: &[f32], y: &mut [f32], eps: f32) {
+    let n = w.len();
+    assert!(x.len() == y.len() && n > 0, "rms_norm extents");
+    y.par_chunks_mut(n)
+        .zip(x.par_chunks(n))
+        .with_min_len((ELEMENT_CHUNK / n).max(1))
+        .for_each(|(yr, xr)| {
+            let ss = crate::quant::dot_f32(xr, xr);
+            let inv = 1.0 / ((ss / n as f32) + eps).sqrt();
+            for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
+                *o = (v * inv) * g;
+            }
+        });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -771,6 +796,24 @@ mod tests {
             for (j, (&a, &b)) in xr.iter().zip(yr).enumerate() {
                 let want = if j as i64 > p { f32::NEG_INFINITY } else { a };
                 assert_eq!(want.to_bits(), b.to_bits(), "row {r} key {j}");
+            }
+        }
+    }
+
+    /// `rms_norm` is the oracle's expression (lower.rs), with `dot_f32`'s order for the sum of
+    /// squares (eight lanes, a tail, the pairwise reduction), for widths with and without a tail.
+    #[test]
+    fn rms_norm_is_the_oracle_expression() {
+        for n in [4096, 43] {
+            let x = noise(7 * n, 13);
+            let w = noise(n, 14);
+            let mut y = vec![0f32; x.len()];
+            rms_norm(&x, &w, &mut y, 1e-6);
+            for (xr, yr) in x.chunks(n).zip(y.chunks(n)) {
+                let ss = oracle_dot(xr, xr);
+                let inv = 1.0 / ((ss / n as f32) + 1e-6).sqrt();
+                let want: Vec<f32> = xr.iter().zip(&w).map(|(&v, &g)| (v * inv) * g).collect();
+                assert!(same(yr, &want), "n {n}");
             }
         }
     }
