@@ -887,8 +887,9 @@ impl WeightProduct for FastHeadGemm {
     }
 
     /// `y[t, h, o] = W[h][o, :] · x[t, h, :]` in f32. At one token each output is
-    /// [`crate::quant::dot_row`] of its row (rows in parallel): the oracle's value, which
-    /// dequantizes the row and takes the dot in the same order. At more: `w` dequantized into
+    /// [`crate::quant::dot_row`] of its row ([`crate::quant::dot_rows`], heads in parallel): the
+    /// oracle's value, which dequantizes the row and takes the dot in the same order. At more:
+    /// `w` dequantized into
     /// `buf.wf` (rows in parallel), then per head (in parallel) `x_h [T, n_in] × W_hᵀ [n_in,
     /// n_out]` by `matrixmultiply::sgemm`.
     fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut FastBuffers) {
@@ -902,11 +903,9 @@ impl WeightProduct for FastHeadGemm {
                 .zip(w.par_chunks((rb * n_out).max(1)))
                 .zip(x.par_chunks(n_in.max(1)))
                 .for_each(|((yh, wh), xh)| {
-                    for (v, row) in yh.iter_mut().zip(wh.chunks_exact(rb.max(1))) {
-                        *v = crate::quant::dot_row(self.ty, row, xh).expect(
-                            "whole rows of a type with a dot kernel, checked by plan_fast_steps",
-                        );
-                    }
+                    crate::quant::dot_rows(self.ty, wh, xh, yh).expect(
+                        "whole rows of a type with a dot kernel, checked by plan_fast_steps",
+                    )
                 });
             return;
         }

@@ -62,7 +62,7 @@ unsafe fn dot_blocks<const B: usize>(
         };
         for p in [_mm512_mul_ps(w0, x0), _mm512_mul_ps(w1, x1)] {
             acc = _mm256_add_ps(acc, _mm512_castps512_ps256(p));
-            acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps_f(p));
+            acc = _mm256_add_ps(acc, upper_half(p));
         }
     }
     let mut a = [0f32; 8];
@@ -74,7 +74,7 @@ unsafe fn dot_blocks<const B: usize>(
 /// The upper eight lanes of `p` (AVX-512F only: `vextractf32x8` needs AVX-512DQ).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn _mm512_extractf32x8_ps_f(p: __m512) -> __m256 {
+fn upper_half(p: __m512) -> __m256 {
     _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(p)))
 }
 

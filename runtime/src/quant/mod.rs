@@ -440,6 +440,33 @@ pub fn dot_row(ty: GgmlType, src: &[u8], x: &[f32]) -> Result<f32, QuantError> {
     Ok(unsafe { kernel(src.as_ptr(), x.as_ptr(), x.len()) })
 }
 
+/// `y[r] = dot_row(ty, row_r, x)` for the rows of `src` (back to back, `y.len()` of them), with
+/// the lengths checked and the kernel looked up once for all of them: the same bits as
+/// [`dot_row`] on each.
+///
+/// # Errors
+/// As [`dot_row`] (for one row of `src.len() / y.len()` bytes), and [`QuantError::SourceLength`]
+/// when `src` is not `y.len()` such rows.
+pub fn dot_rows(ty: GgmlType, src: &[u8], x: &[f32], y: &mut [f32]) -> Result<(), QuantError> {
+    let kernel = dot_fn(ty).ok_or(QuantError::Unsupported(ty))?;
+    let rb = src.len() / y.len().max(1);
+    check_row(ty, rb, x.len())?;
+    if rb * y.len() != src.len() {
+        return Err(QuantError::SourceLength {
+            ty,
+            n: x.len() * y.len(),
+            expected: rb * y.len(),
+            actual: src.len(),
+        });
+    }
+    for (v, row) in y.iter_mut().zip(src.chunks_exact(rb.max(1))) {
+        // SAFETY: check_row proved that x.len() is a multiple of the block size and that each
+        // `rb`-byte row holds exactly its row size; `x` is an aligned &[f32] of that length.
+        *v = unsafe { kernel(row.as_ptr(), x.as_ptr(), x.len()) };
+    }
+    Ok(())
+}
+
 /// Reads the little-endian f16 at byte `at` and widens it to f32 (ggml `GGML_FP16_TO_FP32`;
 /// exact, via `half`).
 #[inline(always)]
@@ -450,6 +477,22 @@ fn f16_at<const B: usize>(block: &[u8; B], at: usize) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dot_rows_is_dot_row_per_row_and_checks_lengths() {
+        let ty = GgmlType::Q8_0;
+        let rb = ty.row_size(64).unwrap();
+        let src: Vec<u8> = (0..3 * rb).map(|i| (i * 37 % 251) as u8).collect();
+        let x: Vec<f32> = (0..64).map(|i| i as f32 * 0.01 - 0.3).collect();
+        let mut y = [0f32; 3];
+        dot_rows(ty, &src, &x, &mut y).unwrap();
+        for (r, v) in y.iter().enumerate() {
+            let want = dot_row(ty, &src[r * rb..(r + 1) * rb], &x).unwrap();
+            assert_eq!(v.to_bits(), want.to_bits());
+        }
+        assert!(dot_rows(ty, &src[..3 * rb - 1], &x, &mut y).is_err());
+        assert!(dot_rows(ty, &src, &x[..63], &mut y).is_err());
+    }
 
     #[test]
     fn format_table_matches_ggml_sizes() {
