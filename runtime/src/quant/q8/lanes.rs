@@ -16,20 +16,25 @@
 //!    `(d, dmin)` word.
 //! 2. Code word `q` holds, at bits `2j .. 2j + 2` of its four bytes, the elements
 //!    `128·(q / 8) + 32j + 4·(q mod 8) ..` + 4 (Q2_K's order), all in sub-block
-//!    `8·(q / 8) + 2j + (q mod 8) / 4`. Shift and mask give the codes, `_mm512_mullo_epi16` by
-//!    the row's scale of that sub-block (placed in the low byte of both 16-bit halves of its
-//!    lane, `q·sc ≤ 45`, so nothing carries) the effective weights, and per plane `vpdpbusd`
-//!    with the broadcast activation word of the same four elements adds them into the row's
-//!    lane: `S = Σ_j sc_j·Σ_16 q·x8`. The mins: `M = Σ_j m_j·bsum_j` by eight `vpdpwssd` per
-//!    plane of the rows' min pairs `(m_2t, m_2t+1)` (16-bit halves of a lane) with the broadcast
-//!    pair `(bsum_2t, bsum_2t+1)`.
+//!    `8·(q / 8) + 2j + (q mod 8) / 4`. Shift and mask give the codes; per plane four `vpdpbusd`
+//!    with the broadcast activation words of the same elements add a sub-block's 16 products
+//!    into an i32 per row (|sum| ≤ 16·3·128, so it is also its own low i16), and one `vpdpwssd`
+//!    by the row's scale of that sub-block (in the low i16 of its lane, the high half zero, so
+//!    the sum's sign half contributes nothing) adds `sc_j·Σ_16 q·x8` into one of four
+//!    accumulators, chosen by `j`: `S = Σ_j sc_j·Σ_16 q·x8`, exact. (Before, the codes were
+//!    multiplied by their scale first and all 64 `vpdpbusd` of a block and plane went into one
+//!    accumulator, a dependent chain that bounded the kernel.) The mins: `M = Σ_j m_j·bsum_j` by eight `vpdpwssd` per plane
+//!    of the rows' min pairs `(m_2t, m_2t+1)` (16-bit halves of a lane) with the broadcast pair
+//!    `(bsum_2t, bsum_2t+1)`.
 //! 3. Per plane the block's value `d8·(d·f32(S) − dmin·f32(M))` is evaluated in the 16 lanes with
 //!    the scalar helper's operations in its order (`mul`/`sub`, no FMA; `S`, `M` exact i32s
 //!    converted to nearest), and added into the plane's f32 accumulator, blocks in order from
 //!    `+0.0`; the row's result is its plane accumulators added in plane order.
 //!
-//! Q3_K follows the same three steps with its own unpacking ([`q3_group`]: 3-bit codes,
-//! signed 6-bit scales, `maddubs` + `vpdpwssd` as in `rows.rs`, no mins).
+//! Q3_K follows the same three steps with its own unpacking ([`q3_block`]: the 3-bit codes
+//! `q + 4·hbit` through `vpdpbusd` per sub-block, then `vpdpwssd` by the signed 6-bit scale, no
+//! mins; the scales decoded for all 16 sub-blocks at once, four bytes per lane by nibble
+//! selects, instead of one sub-block at a time).
 //!
 //! As in `rows.rs`, the next group's bytes are prefetched in address order while a group is
 //! computed, here into L2 (a group is 21 KiB at 4096 elements: two of them do not fit the
@@ -39,8 +44,11 @@
 //! hold each group's block words already in step 1's order, so [`interleaved`] replaces the
 //! loads and the transpose by 21 (Q2_K) or 27 (Q3_K, and its 16 `d`) plain loads per block and
 //! runs the same block functions ([`q2_block`], [`q3_block`]), for one or two planes. Zen 4,
-//! one thread, two planes, streamed / L2-resident rows: Q2_K 12.5 / 13.4 → 16.4 / 18.4 GB/s,
-//! Q3_K 9.3 / 10.4 → 12.0 / 13.1 GB/s (`cargo bench --bench q8_dot -- q8_decode`).
+//! one thread, two planes, streamed / L2-resident rows (`cargo bench --bench q8_dot --
+//! q8_decode`, `interleaved_q8x2`), one chain and the scales per sub-block → the sub-block sums
+//! in four chains and the scales decoded once per block: Q2_K 15.2 / 17.0 → 18.5 / 20.0 GiB/s,
+//! Q3_K 10.7 / 11.7 → 15.6 / 19.3 GiB/s (the transposing kernels on the file's layout share the
+//! block functions).
 
 #![allow(non_snake_case)] // the kernels keep ggml's type names (q2_K)
 
@@ -259,16 +267,16 @@ fn transpose(v: &[__m512i; 16]) -> [__m512i; 16] {
     out
 }
 
-/// `vpshufb` indices that put bytes `lo` and `hi` (< 4) of each 32-bit lane into bytes 0 and 2
-/// of that lane and zero bytes 1 and 3 (index bit 7).
-const fn pick(lo: usize, hi: usize) -> [u8; 64] {
+/// `vpshufb` indices that put bytes `lo` and `hi` (< 4; `hi` None: zero) of each 32-bit lane
+/// into bytes 0 and 2 of that lane and zero bytes 1 and 3 (index bit 7).
+const fn pick(lo: usize, hi: Option<usize>) -> [u8; 64] {
     let mut t = [0u8; 64];
     let mut i = 0;
     while i < 64 {
         let lane = i / 4 * 4 % 16;
-        t[i] = match i % 4 {
-            0 => (lane + lo) as u8,
-            2 => (lane + hi) as u8,
+        t[i] = match (i % 4, hi) {
+            (0, _) => (lane + lo) as u8,
+            (2, Some(hi)) => (lane + hi) as u8,
             _ => 0x80,
         };
         i += 1;
@@ -276,10 +284,12 @@ const fn pick(lo: usize, hi: usize) -> [u8; 64] {
     t
 }
 
-/// Byte `m` of each lane twice (a row's scale in both 16-bit halves).
-static PICK_TWICE: [[u8; 64]; 4] = [pick(0, 0), pick(1, 1), pick(2, 2), pick(3, 3)];
+/// Byte `m` of each lane alone (a row's scale in the low 16-bit half, the high half zero: the
+/// `vpdpwssd` that scales a sub-block's i32 sum, held in the low half, multiplies the sum's
+/// sign half by it).
+static PICK_LOW: [[u8; 64]; 4] = [pick(0, None), pick(1, None), pick(2, None), pick(3, None)];
 /// Bytes `m`, `m + 1` of each lane (a row's two mins, one per 16-bit half).
-static PICK_PAIR: [[u8; 64]; 2] = [pick(0, 1), pick(2, 3)];
+static PICK_PAIR: [[u8; 64]; 2] = [pick(0, Some(1)), pick(2, Some(3))];
 
 /// The 64 bytes of a table as a vector.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -358,11 +368,18 @@ fn q2_block<const P: usize>(
     ys: [&BlockQ8K; P],
     acc: &mut [__m512; P],
 ) {
+    // The scale words with the mins cleared: scale `j` is the low nibble of byte `j`.
+    let scales: [__m512i; 4] =
+        std::array::from_fn(|k| _mm512_and_si512(words(k), _mm512_set1_epi8(0x0f)));
+    let mut parts = [[_mm512_setzero_si512(); CHAINS]; P];
+    q2_quarter::<0, 0, P>(words, &scales, ys, &mut parts);
+    q2_quarter::<0, 1, P>(words, &scales, ys, &mut parts);
+    q2_quarter::<1, 0, P>(words, &scales, ys, &mut parts);
+    q2_quarter::<1, 1, P>(words, &scales, ys, &mut parts);
     let mut s = [_mm512_setzero_si512(); P];
-    q2_quarter::<0, 0, P>(words, ys, &mut s);
-    q2_quarter::<0, 1, P>(words, ys, &mut s);
-    q2_quarter::<1, 0, P>(words, ys, &mut s);
-    q2_quarter::<1, 1, P>(words, ys, &mut s);
+    for (s, c) in s.iter_mut().zip(&parts) {
+        *s = chains_added(c);
+    }
     let mut m = [_mm512_setzero_si512(); P];
     for t in 0..8 {
         let pick = table(&PICK_PAIR[t % 2]);
@@ -391,29 +408,40 @@ fn q2_block<const P: usize>(
 #[inline]
 fn q2_quarter<const N: usize, const H: usize, const P: usize>(
     words: &impl Fn(usize) -> __m512i,
+    scales: &[__m512i; 4],
     ys: [&BlockQ8K; P],
-    s: &mut [__m512i; P],
+    s: &mut [[__m512i; CHAINS]; P],
 ) {
-    let (m3, m15) = (_mm512_set1_epi8(3), _mm512_set1_epi32(0x000f_000f));
+    let m3 = _mm512_set1_epi8(3);
     let cw: [__m512i; 4] = std::array::from_fn(|i| words(4 + 8 * N + 4 * H + i));
     for j in 0..4 {
         let sub = 8 * N + 2 * j + H;
-        let pick = table(&PICK_TWICE[sub % 4]);
-        let sc = _mm512_and_si512(_mm512_shuffle_epi8(words(sub / 4), pick), m15);
+        let sc = _mm512_shuffle_epi8(scales[sub / 4], table(&PICK_LOW[sub % 4]));
+        let mut part = [_mm512_setzero_si512(); P];
         for (i, &c) in cw.iter().enumerate() {
-            let c = match j {
-                0 => c,
-                1 => _mm512_srli_epi16::<2>(c),
-                2 => _mm512_srli_epi16::<4>(c),
-                _ => _mm512_srli_epi16::<6>(c),
-            };
-            let wq = _mm512_mullo_epi16(_mm512_and_si512(c, m3), sc);
+            let q = _mm512_and_si512(srl16(c, 2 * j), m3);
             let kx = 32 * N + 8 * j + 4 * H + i;
             for p in 0..P {
-                s[p] = _mm512_dpbusd_epi32(s[p], wq, word(&ys[p].qs, kx));
+                part[p] = _mm512_dpbusd_epi32(part[p], q, word(&ys[p].qs, kx));
             }
         }
+        for (sp, &part) in s.iter_mut().zip(&part) {
+            sp[j] = _mm512_dpwssd_epi32(sp[j], part, sc);
+        }
     }
+}
+
+/// Independent i32 accumulators per plane for a block's scaled sub-block sums: shift `j` of a
+/// quarter adds into chain `j`, so consecutive `vpdpwssd` do not wait on each other's latency
+/// (one chain per block bounded the kernels). The chains are added at the block's end: exact
+/// i32 sums, in any order the same integers.
+const CHAINS: usize = 4;
+
+/// The block's sum of the `CHAINS` accumulators of one plane (i32 adds, like the chains').
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn chains_added(c: &[__m512i; CHAINS]) -> __m512i {
+    _mm512_add_epi32(_mm512_add_epi32(c[0], c[1]), _mm512_add_epi32(c[2], c[3]))
 }
 
 /// `v`'s 16-bit lanes shifted right by `n` (a constant after inlining; 0, 2, 4 or 6).
@@ -497,26 +525,38 @@ fn q3_block<const P: usize>(
     ys: [&BlockQ8K; P],
     acc: &mut [__m512; P],
 ) {
-    let scale_words = [words(24), words(25), words(26)];
-    let (m15, m3) = (_mm512_set1_epi16(0x0f), _mm512_set1_epi16(3));
+    // `six[v]`: the 6-bit scales `4v .. 4v + 4` of each row, one per byte of its lane. Scale
+    // bytes 0 .. 8 (words 24, 25) hold the low four bits of scale `m` (low nibble of byte `m`)
+    // and `m + 8` (high nibble); bits `2k .. 2k + 2` of byte `8 + m` (word 26) the high two of
+    // scale `m + 4k`. Each is a nibble select (`c ? a : b` bitwise, imm 0xE4, `c` = 0x0f) of
+    // the low bits and the high bits shifted to bits 4, 5, then the other bits cleared.
+    let (l0, l1, h) = (words(24), words(25), words(26));
+    let (m0f, m3f) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x3f));
+    let six = [
+        (l0, _mm512_slli_epi32::<4>(h)),
+        (l1, _mm512_slli_epi32::<2>(h)),
+        (_mm512_srli_epi32::<4>(l0), h),
+        (_mm512_srli_epi32::<4>(l1), _mm512_srli_epi32::<2>(h)),
+    ]
+    .map(|(lo, hi)| _mm512_and_si512(_mm512_ternarylogic_epi32::<0xe4>(lo, hi, m0f), m3f));
+    // `sc[j]`: `sc_j − 32` as the low i16 of each lane, the high half zero.
     let sc: [__m512i; 16] = std::array::from_fn(|j| {
-        let pick = table(&PICK_TWICE[j % 4]);
-        let lo = _mm512_shuffle_epi8(scale_words[(j % 8) / 4], pick);
-        let hi = _mm512_shuffle_epi8(scale_words[2], pick);
-        let lo = _mm512_and_si512(srl16(lo, 4 * (j / 8)), m15);
-        let hi = _mm512_and_si512(srl16(hi, 2 * (j / 4)), m3);
-        let raw = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi));
-        _mm512_sub_epi16(raw, _mm512_set1_epi16(32))
+        let raw = _mm512_shuffle_epi8(six[j / 4], table(&PICK_LOW[j % 4]));
+        _mm512_maskz_sub_epi16(0x5555_5555, raw, _mm512_set1_epi16(32))
     });
+    let mut parts = [[_mm512_setzero_si512(); CHAINS]; P];
+    q3_quarter::<0, 0, P>(words, &sc, ys, &mut parts);
+    q3_quarter::<0, 1, P>(words, &sc, ys, &mut parts);
+    q3_quarter::<1, 0, P>(words, &sc, ys, &mut parts);
+    q3_quarter::<1, 1, P>(words, &sc, ys, &mut parts);
     let mut s = [_mm512_setzero_si512(); P];
-    q3_quarter::<0, 0, P>(words, &sc, ys, &mut s);
-    q3_quarter::<0, 1, P>(words, &sc, ys, &mut s);
-    q3_quarter::<1, 0, P>(words, &sc, ys, &mut s);
-    q3_quarter::<1, 1, P>(words, &sc, ys, &mut s);
+    for (s, c) in s.iter_mut().zip(&parts) {
+        *s = chains_added(c);
+    }
     let mut corr = [_mm512_setzero_si512(); P];
     for t in 0..8 {
         // (s_2t, s_2t+1) in the low and high halves of each lane.
-        let pair = _mm512_mask_blend_epi16(0xaaaa_aaaa, sc[2 * t], sc[2 * t + 1]);
+        let pair = _mm512_or_si512(sc[2 * t], _mm512_slli_epi32::<16>(sc[2 * t + 1]));
         for p in 0..P {
             corr[p] = _mm512_dpwssd_epi32(corr[p], pair, word(&ys[p].bsums, t));
         }
@@ -537,13 +577,14 @@ fn q3_quarter<const N: usize, const H: usize, const P: usize>(
     words: &impl Fn(usize) -> __m512i,
     sc: &[__m512i; 16],
     ys: [&BlockQ8K; P],
-    s: &mut [__m512i; P],
+    s: &mut [[__m512i; CHAINS]; P],
 ) {
     let m3 = _mm512_set1_epi8(3);
     let cw: [__m512i; 4] = std::array::from_fn(|i| words(8 + 8 * N + 4 * H + i));
     for j in 0..4 {
         let sub = 8 * N + 2 * j + H;
         let bit = _mm512_set1_epi8((1u8 << (4 * N + j)) as i8);
+        let mut part = [_mm512_setzero_si512(); P];
         for (i, &c) in cw.iter().enumerate() {
             let low = _mm512_and_si512(srl16(c, 2 * j), m3);
             // The high bits of elements 128N + 32j + l: bit 4N + j of hmask bytes l.
@@ -551,9 +592,11 @@ fn q3_quarter<const N: usize, const H: usize, const P: usize>(
             let q3 = _mm512_mask_add_epi8(low, high, low, _mm512_set1_epi8(4));
             let kx = 32 * N + 8 * j + 4 * H + i;
             for p in 0..P {
-                let pairs = _mm512_maddubs_epi16(q3, word(&ys[p].qs, kx));
-                s[p] = _mm512_dpwssd_epi32(s[p], pairs, sc[sub]);
+                part[p] = _mm512_dpbusd_epi32(part[p], q3, word(&ys[p].qs, kx));
             }
+        }
+        for (sp, &part) in s.iter_mut().zip(&part) {
+            sp[j] = _mm512_dpwssd_epi32(sp[j], part, sc[sub]);
         }
     }
 }
