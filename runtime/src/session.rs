@@ -253,21 +253,28 @@ impl Session {
         let pos: Vec<i32> = (self.position..end).map(|p| p as i32).collect();
         let model = Arc::clone(&self.model);
         let weights = model.weight_views();
-        let bound = Bound {
-            plan: &model.plan,
-            program: model.program(),
-            weights: &weights,
-            experts: Some(&self.store),
-            pages: Some(&*model),
-        };
-        self.exec.run_rows(
-            bound,
-            &mut self.cache,
-            &[("tokens", &ids), ("pos", &pos)],
-            t,
-            end,
-            last_only.then_some(self.logits),
-        )?;
+        let (exec, cache, store) = (&mut self.exec, &mut self.cache, &self.store);
+        let keep = last_only.then_some(self.logits);
+        // On a worker of the rayon pool, so that the run's parallel steps fork from a worker (its
+        // own deque, the other workers stealing while they still spin) rather than inject each
+        // step from outside the pool and block the caller on a latch.
+        rayon::scope(|_| {
+            let bound = Bound {
+                plan: &model.plan,
+                program: model.program(),
+                weights: &weights,
+                experts: Some(store),
+                pages: Some(&*model),
+            };
+            exec.run_rows(
+                bound,
+                cache,
+                &[("tokens", &ids), ("pos", &pos)],
+                t,
+                end,
+                keep,
+            )
+        })?;
         let logits = self.exec.f32_value(&model.plan, self.logits)?.to_vec();
         let rows = if last_only { 1 } else { t };
         if logits.len() != rows * n_vocab {

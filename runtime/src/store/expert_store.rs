@@ -234,7 +234,7 @@ struct Layer {
     slot_of: Vec<Option<u32>>,
     /// `[n_res]`: the expert in each slot, if any.
     expert_in: Vec<Option<u32>>,
-    policy: Option<Box<dyn Policy + Send>>,
+    policy: Option<Box<dyn Policy + Send + Sync>>,
     /// Membership and policy state at boot.
     boot_members: Vec<u32>,
     boot_policy: Option<Snapshot>,
@@ -820,7 +820,7 @@ fn build_policy(
     n_expert: u32,
     n_res: usize,
     seed: &[u32],
-) -> Result<Option<Box<dyn Policy + Send>>, PolicyError> {
+) -> Result<Option<Box<dyn Policy + Send + Sync>>, PolicyError> {
     if n_res == 0 {
         return Ok(None);
     }

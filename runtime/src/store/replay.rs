@@ -94,7 +94,7 @@ pub fn policy_for_layer(
     trace: &Trace,
     layer: usize,
     opts: &ReplayOptions<'_>,
-) -> Result<Box<dyn Policy + Send>, ReplayError> {
+) -> Result<Box<dyn Policy + Send + Sync>, ReplayError> {
     let steps = trace.layer_steps(layer).ok_or(ReplayError::Layer {
         layer,
         n_layers: trace.n_layers(),
