@@ -42,8 +42,10 @@
 //!   oracle does.
 //! - Interleaved experts: the fast store may hold Q2_K / Q3_K experts in the interleaved layout
 //!   of [`crate::quant::q8::interleave_rows`] (groups of 16 rows, a block's words row by row);
-//!   `moe_ffn` then takes them by the interleaved decode kernel (one token, or once per token
-//!   for a few) and the interleaved tile kernel, with the same bits ([`Rows::layout_product`]).
+//!   `moe_ffn` then takes them by the interleaved decode kernel (one token), the many-token
+//!   kernel (a few tokens, or an expert's group that would fill the 16-row tiles poorly:
+//!   `Rows::prefers_tokens`) and the interleaved tile kernel, with the same bits
+//!   ([`Rows::layout_product`]).
 //!   Likewise the dense `mat_mul` weights the store copies interleaved
 //!   (`ExpertSource::dense_interleaved`), in chunks of whole groups of rows.
 //! - The f32 `head_mat_mul` (per head `[T, n_in] × [n_in, n_out]`, the weight dequantized
@@ -65,8 +67,8 @@
 use crate::ggml_type::GgmlType;
 use crate::quant::q8::{
     deinterleave_rows, q8_dot_many_fn, q8_grid_fn, q8_grid_interleaved_fn, q8_interleaved_fn,
-    q8_rows_fn, quantize_row_q8k, BlockQ8K, Q8DotManyFn, Q8GridFn, Q8RowsFn, Q8Tiles,
-    INTERLEAVE_ROWS, Q8_TILE_ROWS,
+    q8_interleaved_tokens_fn, q8_rows_fn, quantize_row_q8k, BlockQ8K, Q8DotManyFn, Q8GridFn,
+    Q8RowsFn, Q8Tiles, Q8TokensFn, INTERLEAVE_ROWS, Q8_TILE_ROWS,
 };
 use aubier_compiler::config::ExpertLayout;
 use aubier_compiler::ops::Op;
@@ -94,6 +96,11 @@ const GRID_TOKENS: usize = 64;
 /// Sapphire Rapids: equal at 2 rows, slower at 4, 2.4× faster at 8; VNNI on Zen 4: 0.5× at 4,
 /// equal at 8, 1.9× at 16).
 const GRID_MIN_ROWS: usize = 8;
+/// Per type, the tile fill (activation rows ÷ the 16-row tiles they occupy) below which the
+/// many-token kernel on interleaved rows beats the tile kernel: their speed ratio on Zen 4, one
+/// thread, 4096-element rows streamed cold in 256-row items (Q2_K 155 / 170 GMAC/s, Q3_K
+/// 97 / 175; 8–64 tokens × 2 planes).
+const TOKENS_FILL: [(GgmlType, f64); 2] = [(GgmlType::Q2_K, 0.9), (GgmlType::Q3_K, 0.55)];
 /// Weight rows per parallel work item of a tiled `mat_mul` (a multiple of 16).
 const GRID_ROWS: usize = 64;
 const _: () =
@@ -162,6 +169,8 @@ pub(crate) struct Rows {
     grid: Option<Q8GridFn>,
     /// The decode and tile kernels of the interleaved layout, where the CPU has them.
     interleaved: Option<(Q8RowsFn, Q8GridFn)>,
+    /// The many-token kernel of the interleaved layout, where the CPU has it.
+    tokens: Option<Q8TokensFn>,
     planes: usize,
 }
 
@@ -240,8 +249,27 @@ impl Rows {
             decode: q8_rows_fn(ty)?,
             grid: q8_grid_fn(ty),
             interleaved: q8_interleaved_fn(ty).zip(q8_grid_interleaved_fn(ty)),
+            tokens: q8_interleaved_tokens_fn(ty),
             planes,
         })
+    }
+
+    /// Whether `m` tokens against interleaved rows go to the many-token kernel rather than the
+    /// tile kernel: when the tiles' 16 activation rows would be filled below the two kernels'
+    /// measured speed ratio ([`TOKENS_FILL`]), or when there is no tile kernel.
+    fn prefers_tokens(&self, m: usize) -> bool {
+        if self.tokens.is_none() {
+            return false;
+        }
+        let rows = m * self.planes;
+        let lanes = rows.next_multiple_of(Q8_TILE_ROWS).max(1);
+        let fill = rows as f64 / lanes as f64;
+        self.grid.is_none()
+            || fill
+                < TOKENS_FILL
+                    .iter()
+                    .find(|f| f.0 == self.ty)
+                    .map_or(0.0, |f| f.1)
     }
 
     /// `y[j] = row · x_j` for `y.len()` consecutive quantized activation rows in `x` (each
@@ -312,6 +340,10 @@ impl Rows {
             }
             (Some((decode, _)), _) if whole && m == 1 => {
                 decode(self.rows(e.bytes, r0, r1), x, self.planes, y)
+            }
+            (Some(_), None) if whole && self.tokens.is_some() => {
+                let tokens = self.tokens.expect("checked");
+                tokens(self.rows(e.bytes, r0, r1), x, self.planes, m, y)
             }
             (Some((decode, _)), None) if whole => {
                 // A few tokens: the decode kernel once per token (the rows stay in L2).
@@ -1028,17 +1060,26 @@ impl FastMoe {
         };
         // Each used expert's group packed for the tile kernels, when a weight has one and the
         // group has enough rows for them to pay ([`GRID_MIN_ROWS`]).
-        let packs = |x: &[BlockQ8K], nb: usize, any: bool| -> Vec<Option<Packed>> {
+        // (The many-token kernel takes an interleaved expert's group instead where it fills
+        // the tiles poorly: `Rows::prefers_tokens`.)
+        let packs = |x: &[BlockQ8K], nb: usize, any: bool, w: &Rows, t: &[WeightRows<'_>]| {
             (0..n_expert)
                 .into_par_iter()
                 .map(|e| {
                     let (p0, p1) = (start[e], start[e + 1]);
-                    (any && (p1 - p0) * planes >= GRID_MIN_ROWS)
+                    let tokens = t[e].interleaved && w.prefers_tokens(p1 - p0);
+                    (any && !tokens && (p1 - p0) * planes >= GRID_MIN_ROWS)
                         .then(|| pack(&x[p0 * nb..p1 * nb], p1 - p0, planes))
                 })
-                .collect()
+                .collect::<Vec<Option<Packed>>>()
         };
-        let hp = packs(hg, nb_d, self.gate.grid.or(self.up.grid).is_some());
+        let hp = packs(
+            hg,
+            nb_d,
+            self.gate.grid.or(self.up.grid).is_some(),
+            &self.gate,
+            gate_t,
+        );
         {
             let act = SharedOut::new(&mut buf.ffn[..slots * n_ff]);
             items(n_ff).into_par_iter().for_each(|(e, f0)| {
@@ -1062,7 +1103,7 @@ impl FastMoe {
         drop(hp);
         quantize_rows(&buf.ffn[..slots * n_ff], n_ff, planes, &mut buf.aq);
         let aq = &buf.aq[..slots * nb_f];
-        let ap = packs(aq, nb_f, self.down.grid.is_some());
+        let ap = packs(aq, nb_f, self.down.grid.is_some(), &self.down, down_t);
         {
             let part = SharedOut::new(&mut buf.ffn[..slots * d]);
             items(d).into_par_iter().for_each(|(e, o0)| {
@@ -1335,6 +1376,7 @@ mod tests {
             decode: q8_rows_fn(ty).unwrap(),
             grid,
             interleaved: q8_interleaved_fn(ty).zip(q8_grid_interleaved_fn(ty)),
+            tokens: q8_interleaved_tokens_fn(ty),
             planes,
         }
     }

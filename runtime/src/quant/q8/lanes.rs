@@ -36,6 +36,16 @@
 //! mins; the scales decoded for all 16 sub-blocks at once, four bytes per lane by nibble
 //! selects, instead of one sub-block at a time).
 //!
+//! Prefill of a few tokens, or of an expert's share of a prompt ([`interleaved_tokens`]): the
+//! same block functions take up to eight activation rows (token planes) per pass over a
+//! group's block words, one f32 and one i32 accumulator per row — the rows' accumulators are
+//! the independent chains — so no activation row is padded to a 16-row tile (the tile kernel's
+//! cost at 17 activation rows is that of 32). For Q2_K the codes are multiplied by their scale
+//! once per pass (`_mm512_mullo_epi16`, `q·sc ≤ 45`: nothing carries) and each row's
+//! `vpdpbusd` adds into its accumulator directly ([`q2_block_scaled`]). Zen 4, one thread,
+//! weights streamed cold: Q2_K 152–157 GMAC/s at 8–64 tokens × 2 planes (tile kernel 137–176),
+//! Q3_K 94–97 (159–195).
+//!
 //! As in `rows.rs`, the next group's bytes are prefetched in address order while a group is
 //! computed, here into L2 (a group is 21 KiB at 4096 elements: two of them do not fit the
 //! 32 KiB L1D of Zen 4). Fewer than 16 rows go to `rows.rs`.
@@ -148,6 +158,187 @@ pub(super) fn interleaved_fn(ty: GgmlType) -> Option<super::Q8RowsFn> {
     }
 }
 
+/// Activation rows (token planes) that meet a block's codes per pass of [`interleaved_tokens`].
+const TOKEN_ROWS: usize = 8;
+
+/// `y[i·m + j] = Σ_p dot(row_i, x_{j,p})` for the rows of `w` in the interleaved layout (Q2_K,
+/// `B` = 84, or Q3_K, `B` = 110; whole groups of 16) and `m = tokens` activation rows of
+/// `planes` planes each (`x` token-major, then plane-major: plane `p` of token `j` is blocks
+/// `(j·planes + p)·nb ..`): [`super::Q8TokensFn`]'s contract. Each group's block words meet up
+/// to [`TOKEN_ROWS`] activation rows per pass (the block functions of the decode kernels, one
+/// accumulator per row), so no activation row is padded to a tile and the codes are unpacked
+/// once per pass; every output has the bits of [`interleaved`] on its token.
+///
+/// # Safety
+/// The CPU has the features of `vnni::detected` (checked by the caller).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn interleaved_tokens<const B: usize>(
+    w: &[u8],
+    x: &[BlockQ8K],
+    planes: usize,
+    tokens: usize,
+    y: &mut [f32],
+) {
+    let arows = tokens * planes;
+    let nb = x.len().checked_div(arows).unwrap_or(0);
+    let rb = nb * B;
+    let n = w.len().checked_div(rb).unwrap_or(0);
+    let ok = (1..=super::MAX_PLANES).contains(&planes)
+        && tokens > 0
+        && x.len() == arows * nb
+        && n * rb == w.len()
+        && n.is_multiple_of(LANES)
+        && y.len() == n * tokens;
+    let (wl, xl) = (w.len(), x.len());
+    if !super::lengths_ok(ok || (nb == 0 && w.is_empty()), y, |outs| {
+        format!(
+            "interleaved tokens: weight bytes {wl} / x blocks {xl} / {tokens} tokens × {planes} \
+             planes / outputs {outs} (block {B} bytes, whole groups of {LANES} rows)"
+        )
+    }) {
+        return;
+    }
+    if nb == 0 {
+        // No blocks: every dot is +0.0.
+        y.fill(0.0);
+        return;
+    }
+    let mut acc = vec![_mm512_setzero_ps(); arows];
+    let mut lanes = [0f32; LANES];
+    for g in (0..n).step_by(LANES) {
+        let ahead = super::clamped(w, (g + LANES) * rb, (g + 2 * LANES) * rb);
+        let group = &w[g * rb..(g + LANES) * rb];
+        let mut a0 = 0;
+        while a0 < arows {
+            let take = match arows - a0 {
+                TOKEN_ROWS.. => TOKEN_ROWS,
+                4..TOKEN_ROWS => 4,
+                2 | 3 => 2,
+                _ => 1,
+            };
+            // The next group is prefetched during the first pass over this one.
+            let ahead = if a0 == 0 { ahead } else { &[] };
+            let out = &mut acc[a0..a0 + take];
+            let xs = &x[a0 * nb..(a0 + take) * nb];
+            match (B, take) {
+                (110, 8) => q3_rows::<8>(group, xs, nb, ahead, out),
+                (110, 4) => q3_rows::<4>(group, xs, nb, ahead, out),
+                (110, 2) => q3_rows::<2>(group, xs, nb, ahead, out),
+                (110, _) => q3_rows::<1>(group, xs, nb, ahead, out),
+                (_, 8) => q2_rows::<8>(group, xs, nb, ahead, out),
+                (_, 4) => q2_rows::<4>(group, xs, nb, ahead, out),
+                (_, 2) => q2_rows::<2>(group, xs, nb, ahead, out),
+                _ => q2_rows::<1>(group, xs, nb, ahead, out),
+            }
+            a0 += take;
+        }
+        for j in 0..tokens {
+            // Plane dots added in plane order, as `planes_added`.
+            let mut sum = acc[j * planes];
+            for a in &acc[j * planes + 1..(j + 1) * planes] {
+                sum = _mm512_add_ps(sum, *a);
+            }
+            // SAFETY: 16 f32 into a [f32; 16].
+            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), sum) };
+            for (i, &v) in lanes.iter().enumerate() {
+                y[(g + i) * tokens + j] = v;
+            }
+        }
+    }
+}
+
+/// The `A` activation rows `xs` (`nb` blocks each, back to back) against one interleaved Q2_K
+/// group `g`: each row's f32 accumulator over the blocks in order from `+0.0`, into `out`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q2_rows<const A: usize>(g: &[u8], xs: &[BlockQ8K], nb: usize, ahead: &[u8], out: &mut [__m512]) {
+    let rows: [&[BlockQ8K]; A] = std::array::from_fn(|a| &xs[a * nb..(a + 1) * nb]);
+    let mut acc = [_mm512_setzero_ps(); A];
+    for (b, blk) in g.chunks_exact(LANES * 84).take(nb).enumerate() {
+        super::prefetch_l2(super::clamped(ahead, b * LANES * 84, (b + 1) * LANES * 84));
+        q2_block_scaled::<A>(&|k| load64(blk, 64 * k), rows.map(|r| &r[b]), &mut acc);
+    }
+    out.copy_from_slice(&acc);
+}
+
+/// [`q2_block`] for many activation rows: the codes multiplied by their sub-block's scale once
+/// (`_mm512_mullo_epi16`, `q·sc ≤ 45`: the two bytes of a product do not carry), then one
+/// `vpdpbusd` per row and code word into that row's accumulator (the rows' accumulators are
+/// the independent chains). The same integers.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn q2_block_scaled<const A: usize>(
+    words: &impl Fn(usize) -> __m512i,
+    ys: [&BlockQ8K; A],
+    acc: &mut [__m512; A],
+) {
+    let m3 = _mm512_set1_epi8(3);
+    let m15 = _mm512_set1_epi32(0x000f_000f);
+    let mut s = [_mm512_setzero_si512(); A];
+    for q0 in [0, 4, 8, 12] {
+        let (n, h) = (q0 / 8, (q0 / 4) % 2);
+        for j in 0..4 {
+            let sub = 8 * n + 2 * j + h;
+            let sc = _mm512_and_si512(
+                _mm512_shuffle_epi8(words(sub / 4), table(&PICK_TWICE[sub % 4])),
+                m15,
+            );
+            for i in 0..4 {
+                let c = words(4 + q0 + i);
+                let wq = _mm512_mullo_epi16(_mm512_and_si512(srl16(c, 2 * j), m3), sc);
+                let kx = 32 * n + 8 * j + 4 * h + i;
+                for a in 0..A {
+                    s[a] = _mm512_dpbusd_epi32(s[a], wq, word(&ys[a].qs, kx));
+                }
+            }
+        }
+    }
+    let mut m = [_mm512_setzero_si512(); A];
+    for t in 0..8 {
+        let pick = table(&PICK_PAIR[t % 2]);
+        let mins = _mm512_srli_epi16::<4>(_mm512_shuffle_epi8(words(t / 2), pick));
+        for a in 0..A {
+            m[a] = _mm512_dpwssd_epi32(m[a], mins, word(&ys[a].bsums, t));
+        }
+    }
+    let dd = words(20);
+    let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+    let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
+    for a in 0..A {
+        let v = _mm512_sub_ps(
+            _mm512_mul_ps(d, _mm512_cvtepi32_ps(s[a])),
+            _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m[a])),
+        );
+        acc[a] = _mm512_add_ps(acc[a], _mm512_mul_ps(_mm512_set1_ps(ys[a].d), v));
+    }
+}
+
+/// [`q2_rows`] for Q3_K (the block words as [`q3_interleaved`] reads them).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q3_rows<const A: usize>(g: &[u8], xs: &[BlockQ8K], nb: usize, ahead: &[u8], out: &mut [__m512]) {
+    let rows: [&[BlockQ8K]; A] = std::array::from_fn(|a| &xs[a * nb..(a + 1) * nb]);
+    out.copy_from_slice(&q3_blocks::<A, 1>(g, rows, nb, ahead));
+}
+
+/// The many-token kernel of `ty` (Q2_K, Q3_K) for the interleaved layout on a CPU with the
+/// features of `vnni::detected`, or None.
+pub(super) fn interleaved_tokens_fn(ty: GgmlType) -> Option<super::Q8TokensFn> {
+    if !super::vnni::detected() {
+        return None;
+    }
+    // SAFETY (both wrappers): the features were detected just above.
+    fn q2(w: &[u8], x: &[BlockQ8K], planes: usize, tokens: usize, y: &mut [f32]) {
+        unsafe { interleaved_tokens::<84>(w, x, planes, tokens, y) }
+    }
+    fn q3(w: &[u8], x: &[BlockQ8K], planes: usize, tokens: usize, y: &mut [f32]) {
+        unsafe { interleaved_tokens::<110>(w, x, planes, tokens, y) }
+    }
+    match ty {
+        GgmlType::Q2_K => Some(q2),
+        GgmlType::Q3_K => Some(q3),
+        _ => None,
+    }
+}
+
 /// [`q2_group`] on an interleaved group: word `k` of block `b` is 64 bytes at `1344b + 64k`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn q2_interleaved<const P: usize>(
@@ -162,7 +353,7 @@ fn q2_interleaved<const P: usize>(
         super::prefetch_l2(super::clamped(ahead, b * LANES * 84, (b + 1) * LANES * 84));
         // Loaded up front: measured faster here than loads where used (Q3_K: the reverse).
         let words: [__m512i; 21] = std::array::from_fn(|k| load64(blk, 64 * k));
-        q2_block(&|k| words[k], planes.map(|p| &p[b]), &mut acc);
+        q2_block::<P, CHAINS>(&|k| words[k], planes.map(|p| &p[b]), &mut acc);
     }
     planes_added(acc)
 }
@@ -177,6 +368,19 @@ fn q3_interleaved<const P: usize>(
     ahead: &[u8],
 ) -> [f32; LANES] {
     let planes: [&[BlockQ8K]; P] = std::array::from_fn(|p| &x[p * nb..(p + 1) * nb]);
+    planes_added(q3_blocks::<P, CHAINS>(g, planes, nb, ahead))
+}
+
+/// The f32 accumulators (blocks in order from `+0.0`) of the interleaved Q3_K group `g` against
+/// the `P` activation rows `rows`, with `C` i32 chains per row ([`CHAINS`]).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn q3_blocks<const P: usize, const C: usize>(
+    g: &[u8],
+    rows: [&[BlockQ8K]; P],
+    nb: usize,
+    ahead: &[u8],
+) -> [__m512; P] {
     let mut acc = [_mm512_setzero_ps(); P];
     for (b, blk) in g.chunks_exact(LANES * 110).take(nb).enumerate() {
         super::prefetch_l2(super::clamped(
@@ -191,9 +395,9 @@ fn q3_interleaved<const P: usize>(
         // measured faster than either all up front or all where used.
         let hmask: [__m512i; 8] = std::array::from_fn(|k| load64(blk, 64 * k));
         let words = |k: usize| if k < 8 { hmask[k] } else { load64(blk, 64 * k) };
-        q3_block(&words, d, planes.map(|p| &p[b]), &mut acc);
+        q3_block::<P, C>(&words, d, rows.map(|r| &r[b]), &mut acc);
     }
-    planes_added(acc)
+    acc
 }
 
 /// The 64 bytes of `s` from `at` as 16 32-bit words.
@@ -288,6 +492,13 @@ const fn pick(lo: usize, hi: Option<usize>) -> [u8; 64] {
 /// `vpdpwssd` that scales a sub-block's i32 sum, held in the low half, multiplies the sum's
 /// sign half by it).
 static PICK_LOW: [[u8; 64]; 4] = [pick(0, None), pick(1, None), pick(2, None), pick(3, None)];
+/// Byte `m` of each lane twice (a row's scale in both 16-bit halves, for `_mm512_mullo_epi16`).
+static PICK_TWICE: [[u8; 64]; 4] = [
+    pick(0, Some(0)),
+    pick(1, Some(1)),
+    pick(2, Some(2)),
+    pick(3, Some(3)),
+];
 /// Bytes `m`, `m + 1` of each lane (a row's two mins, one per 16-bit half).
 static PICK_PAIR: [[u8; 64]; 2] = [pick(0, Some(1)), pick(2, Some(3))];
 
@@ -352,7 +563,7 @@ fn q2_group<const P: usize>(
                 column(&tail, k - 5)
             }
         };
-        q2_block(&words, planes.map(|p| &p[b]), &mut acc);
+        q2_block::<P, CHAINS>(&words, planes.map(|p| &p[b]), &mut acc);
     }
     planes_added(acc)
 }
@@ -363,7 +574,7 @@ fn q2_group<const P: usize>(
 /// `ys` of each plane, added into the plane accumulators `acc`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-fn q2_block<const P: usize>(
+fn q2_block<const P: usize, const C: usize>(
     words: &impl Fn(usize) -> __m512i,
     ys: [&BlockQ8K; P],
     acc: &mut [__m512; P],
@@ -371,11 +582,11 @@ fn q2_block<const P: usize>(
     // The scale words with the mins cleared: scale `j` is the low nibble of byte `j`.
     let scales: [__m512i; 4] =
         std::array::from_fn(|k| _mm512_and_si512(words(k), _mm512_set1_epi8(0x0f)));
-    let mut parts = [[_mm512_setzero_si512(); CHAINS]; P];
-    q2_quarter::<0, 0, P>(words, &scales, ys, &mut parts);
-    q2_quarter::<0, 1, P>(words, &scales, ys, &mut parts);
-    q2_quarter::<1, 0, P>(words, &scales, ys, &mut parts);
-    q2_quarter::<1, 1, P>(words, &scales, ys, &mut parts);
+    let mut parts = [[_mm512_setzero_si512(); C]; P];
+    q2_quarter::<0, 0, P, C>(words, &scales, ys, &mut parts);
+    q2_quarter::<0, 1, P, C>(words, &scales, ys, &mut parts);
+    q2_quarter::<1, 0, P, C>(words, &scales, ys, &mut parts);
+    q2_quarter::<1, 1, P, C>(words, &scales, ys, &mut parts);
     let mut s = [_mm512_setzero_si512(); P];
     for (s, c) in s.iter_mut().zip(&parts) {
         *s = chains_added(c);
@@ -406,11 +617,11 @@ fn q2_block<const P: usize>(
 /// word `4 + q`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-fn q2_quarter<const N: usize, const H: usize, const P: usize>(
+fn q2_quarter<const N: usize, const H: usize, const P: usize, const C: usize>(
     words: &impl Fn(usize) -> __m512i,
     scales: &[__m512i; 4],
     ys: [&BlockQ8K; P],
-    s: &mut [[__m512i; CHAINS]; P],
+    s: &mut [[__m512i; C]; P],
 ) {
     let m3 = _mm512_set1_epi8(3);
     let cw: [__m512i; 4] = std::array::from_fn(|i| words(4 + 8 * N + 4 * H + i));
@@ -426,22 +637,28 @@ fn q2_quarter<const N: usize, const H: usize, const P: usize>(
             }
         }
         for (sp, &part) in s.iter_mut().zip(&part) {
-            sp[j] = _mm512_dpwssd_epi32(sp[j], part, sc);
+            sp[j % C] = _mm512_dpwssd_epi32(sp[j % C], part, sc);
         }
     }
 }
 
-/// Independent i32 accumulators per plane for a block's scaled sub-block sums: shift `j` of a
-/// quarter adds into chain `j`, so consecutive `vpdpwssd` do not wait on each other's latency
-/// (one chain per block bounded the kernels). The chains are added at the block's end: exact
-/// i32 sums, in any order the same integers.
+/// Independent i32 accumulators per activation row for a block's scaled sub-block sums, when
+/// the block meets one or two rows (decode): shift `j` of a quarter adds into chain `j`, so
+/// consecutive `vpdpwssd` do not wait on each other's latency (one chain per block bounded the
+/// kernels). Against more rows ([`interleaved_tokens`]) the rows' own accumulators are
+/// independent chains, and one per row keeps them in registers. The chains are added at the
+/// block's end: exact i32 sums, in any order the same integers.
 const CHAINS: usize = 4;
 
-/// The block's sum of the `CHAINS` accumulators of one plane (i32 adds, like the chains').
+/// The block's sum of the `C` accumulators of one activation row (i32 adds, like the chains').
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-fn chains_added(c: &[__m512i; CHAINS]) -> __m512i {
-    _mm512_add_epi32(_mm512_add_epi32(c[0], c[1]), _mm512_add_epi32(c[2], c[3]))
+fn chains_added<const C: usize>(c: &[__m512i; C]) -> __m512i {
+    let mut sum = c[0];
+    for &v in &c[1..] {
+        sum = _mm512_add_epi32(sum, v);
+    }
+    sum
 }
 
 /// `v`'s 16-bit lanes shifted right by `n` (a constant after inlining; 0, 2, 4 or 6).
@@ -505,7 +722,7 @@ fn q3_group<const P: usize>(
             }
         };
         let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(cols[11])));
-        q3_block(&words, d, planes.map(|p| &p[b]), &mut acc);
+        q3_block::<P, CHAINS>(&words, d, planes.map(|p| &p[b]), &mut acc);
     }
     planes_added(acc)
 }
@@ -519,7 +736,7 @@ const Q3_WORDS: usize = 27;
 /// added into `acc`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-fn q3_block<const P: usize>(
+fn q3_block<const P: usize, const C: usize>(
     words: &impl Fn(usize) -> __m512i,
     d: __m512,
     ys: [&BlockQ8K; P],
@@ -544,11 +761,11 @@ fn q3_block<const P: usize>(
         let raw = _mm512_shuffle_epi8(six[j / 4], table(&PICK_LOW[j % 4]));
         _mm512_maskz_sub_epi16(0x5555_5555, raw, _mm512_set1_epi16(32))
     });
-    let mut parts = [[_mm512_setzero_si512(); CHAINS]; P];
-    q3_quarter::<0, 0, P>(words, &sc, ys, &mut parts);
-    q3_quarter::<0, 1, P>(words, &sc, ys, &mut parts);
-    q3_quarter::<1, 0, P>(words, &sc, ys, &mut parts);
-    q3_quarter::<1, 1, P>(words, &sc, ys, &mut parts);
+    let mut parts = [[_mm512_setzero_si512(); C]; P];
+    q3_quarter::<0, 0, P, C>(words, &sc, ys, &mut parts);
+    q3_quarter::<0, 1, P, C>(words, &sc, ys, &mut parts);
+    q3_quarter::<1, 0, P, C>(words, &sc, ys, &mut parts);
+    q3_quarter::<1, 1, P, C>(words, &sc, ys, &mut parts);
     let mut s = [_mm512_setzero_si512(); P];
     for (s, c) in s.iter_mut().zip(&parts) {
         *s = chains_added(c);
@@ -573,11 +790,11 @@ fn q3_block<const P: usize>(
 /// shift `j`, as for Q2_K): code word `q` is block word `8 + q`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-fn q3_quarter<const N: usize, const H: usize, const P: usize>(
+fn q3_quarter<const N: usize, const H: usize, const P: usize, const C: usize>(
     words: &impl Fn(usize) -> __m512i,
     sc: &[__m512i; 16],
     ys: [&BlockQ8K; P],
-    s: &mut [[__m512i; CHAINS]; P],
+    s: &mut [[__m512i; C]; P],
 ) {
     let m3 = _mm512_set1_epi8(3);
     let cw: [__m512i; 4] = std::array::from_fn(|i| words(8 + 8 * N + 4 * H + i));
@@ -596,7 +813,7 @@ fn q3_quarter<const N: usize, const H: usize, const P: usize>(
             }
         }
         for (sp, &part) in s.iter_mut().zip(&part) {
-            sp[j] = _mm512_dpwssd_epi32(sp[j], part, sc[sub]);
+            sp[j % C] = _mm512_dpwssd_epi32(sp[j % C], part, sc[sub]);
         }
     }
 }

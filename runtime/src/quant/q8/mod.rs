@@ -269,6 +269,15 @@ pub fn q8_grid_interleaved_fn(ty: GgmlType) -> Option<Q8GridFn> {
 /// debug builds); `y` empty (and `w` empty) is a no-op.
 pub type Q8RowsFn = fn(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]);
 
+/// `y[i·m + j] = Σ_p dot(row_i, x_{j,p})` for the `n = y.len() / m` weight rows of `w` in the
+/// interleaved layout ([`interleave_rows`], whole groups) and `m = tokens` activation rows of
+/// `planes` Q8_K planes each (`x` token-major, then plane-major: plane `p` of token `j` is blocks
+/// `(j·planes + p)·nb .. + nb`): prefill of a few tokens, each output the bits of the
+/// [`Q8RowsFn`] on its token. Lengths: `x.len() = m · planes · nb`, `w.len() = n · nb · block
+/// bytes`, `n` a multiple of [`INTERLEAVE_ROWS`]; a mismatch gives NaN in every `y` entry
+/// (`debug_assert` in debug builds); no blocks gives `+0.0`.
+pub type Q8TokensFn = fn(w: &[u8], x: &[BlockQ8K], planes: usize, tokens: usize, y: &mut [f32]);
+
 /// The most planes a [`Q8RowsFn`] takes.
 pub const MAX_PLANES: usize = 2;
 
@@ -350,6 +359,18 @@ fn rows_lengths(
         )
     })
     .then_some((nb, rb))
+}
+
+/// The many-token kernel of `ty` for weights in the interleaved layout ([`Q8TokensFn`]), or
+/// None: Q2_K and Q3_K where the CPU has AVX-512 VNNI.
+pub fn q8_interleaved_tokens_fn(ty: GgmlType) -> Option<Q8TokensFn> {
+    #[cfg(target_arch = "x86_64")]
+    return lanes::interleaved_tokens_fn(ty);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        None
+    }
 }
 
 /// Weight rows per group of the interleaved layout ([`interleave_rows`]).
@@ -1095,6 +1116,95 @@ mod tests {
             }
             // No blocks: every row is +0.0; no rows: nothing.
             check_rows(ty, &[], &[], 2, 0, "empty");
+        }
+    }
+
+    /// The many-token interleaved kernel against the scalar single-row kernel, token by token
+    /// and plane by plane (the plane dots added in plane order): the same bits, at token counts
+    /// below, at and past its passes of eight activation rows, with sampled and random blocks,
+    /// and with a NaN activation.
+    #[test]
+    fn interleaved_tokens_match_the_single_row_kernel_bit_for_bit() {
+        let mut rng = ChaCha8Rng::seed_from_u64(21);
+        for ty in [GgmlType::Q2_K, GgmlType::Q3_K] {
+            let Some(kernel) = q8_interleaved_tokens_fn(ty) else {
+                println!("note: no AVX-512 VNNI on this CPU, {ty}: many-token checks skipped");
+                continue;
+            };
+            let slow = q8_dot_fn_scalar(ty).unwrap();
+            for nb in [1, 2, 16] {
+                let n = 32;
+                let rb = nb * block_bytes(ty);
+                for sampled in [true, false] {
+                    let w: Vec<u8> = (0..n)
+                        .flat_map(|_| {
+                            if sampled {
+                                weights(ty, nb, &mut rng)
+                            } else {
+                                random_bytes(ty, nb, &mut rng)
+                            }
+                        })
+                        .collect();
+                    let mut packed = vec![0u8; w.len()];
+                    interleave_rows(ty, &w, &mut packed, rb).unwrap();
+                    for planes in [1, 2] {
+                        for tokens in [1, 2, 3, 4, 5, 9, 13] {
+                            let x: Vec<BlockQ8K> = (0..tokens)
+                                .flat_map(|j| {
+                                    let mut a = activations(nb, &mut rng);
+                                    if j == 1 && !sampled {
+                                        a[0] = f32::NAN;
+                                    }
+                                    if planes == 2 {
+                                        two_planes(&a)
+                                    } else {
+                                        quantize(&a)
+                                    }
+                                })
+                                .collect();
+                            let mut got = vec![1.5f32; n * tokens];
+                            kernel(&packed, &x, planes, tokens, &mut got);
+                            for i in 0..n {
+                                let row = &w[i * rb..(i + 1) * rb];
+                                for j in 0..tokens {
+                                    let xj = &x[j * planes * nb..(j + 1) * planes * nb];
+                                    let d: Vec<f32> =
+                                        xj.chunks(nb).map(|xp| slow(row, xp)).collect();
+                                    let want = d[1..].iter().fold(d[0], |a, &v| a + v);
+                                    let a = got[i * tokens + j];
+                                    assert!(
+                                        same(a, want),
+                                        "{ty} nb {nb} planes {planes} tokens {tokens} row {i} token {j}: {a} vs {want}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            // Lengths that disagree: NaN (release) or the debug assertion; no blocks: +0.0.
+            let got = std::panic::catch_unwind(|| {
+                let mut y = vec![0.0f32; 32];
+                kernel(
+                    &vec![0u8; 16 * block_bytes(ty)],
+                    &[BlockQ8K::ZERO; 2],
+                    2,
+                    1,
+                    &mut y,
+                );
+                y
+            });
+            if cfg!(debug_assertions) {
+                assert!(got.is_err(), "{ty} rows not whole groups");
+            } else {
+                assert!(
+                    got.unwrap().iter().all(|v| v.is_nan()),
+                    "{ty} rows not whole groups"
+                );
+            }
+            let mut y = vec![1.5f32; 4];
+            kernel(&[], &[], 2, 2, &mut y);
+            assert!(y.iter().all(|&v| v == 0.0), "{ty} no blocks");
         }
     }
 
