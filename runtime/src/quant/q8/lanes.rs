@@ -23,9 +23,9 @@
 //!    the sum's sign half contributes nothing) adds `sc_j·Σ_16 q·x8` into one of four
 //!    accumulators, chosen by `j`: `S = Σ_j sc_j·Σ_16 q·x8`, exact. (Before, the codes were
 //!    multiplied by their scale first and all 64 `vpdpbusd` of a block and plane went into one
-//!    accumulator, a dependent chain that bounded the kernel.) The mins: `M = Σ_j m_j·bsum_j` by eight `vpdpwssd` per plane
-//!    of the rows' min pairs `(m_2t, m_2t+1)` (16-bit halves of a lane) with the broadcast pair
-//!    `(bsum_2t, bsum_2t+1)`.
+//!    accumulator, a dependent chain that bounded the kernel.) The mins: `M = Σ_j m_j·bsum_j`
+//!    by eight `vpdpwssd` per plane of the rows' min pairs `(m_2t, m_2t+1)` (16-bit halves of a
+//!    lane) with the broadcast pair `(bsum_2t, bsum_2t+1)`.
 //! 3. Per plane the block's value `d8·(d·f32(S) − dmin·f32(M))` is evaluated in the 16 lanes with
 //!    the scalar helper's operations in its order (`mul`/`sub`, no FMA; `S`, `M` exact i32s
 //!    converted to nearest), and added into the plane's f32 accumulator, blocks in order from
