@@ -96,11 +96,27 @@ const GRID_TOKENS: usize = 64;
 /// Sapphire Rapids: equal at 2 rows, slower at 4, 2.4× faster at 8; VNNI on Zen 4: 0.5× at 4,
 /// equal at 8, 1.9× at 16).
 const GRID_MIN_ROWS: usize = 8;
-/// Per type, the tile fill (activation rows ÷ the 16-row tiles they occupy) below which the
-/// many-token kernel on interleaved rows beats the tile kernel: their speed ratio on Zen 4, one
+/// The tile fill (activation rows ÷ the 16-row tiles they occupy) below which the many-token
+/// kernel on interleaved rows of `ty` beats the tile kernel: their speed ratio on Zen 4, one
 /// thread, 4096-element rows streamed cold in 256-row items (Q2_K 155 / 170 GMAC/s, Q3_K
 /// 97 / 175; 8–64 tokens × 2 planes).
-const TOKENS_FILL: [(GgmlType, f64); 2] = [(GgmlType::Q2_K, 0.9), (GgmlType::Q3_K, 0.55)];
+fn tokens_fill(ty: GgmlType) -> f64 {
+    match ty {
+        GgmlType::Q2_K => 0.9,
+        GgmlType::Q3_K => 0.55,
+        _ => 0.0,
+    }
+}
+
+/// The decode, tile and many-token kernels of `ty` for the interleaved layout, where the CPU
+/// has all three.
+fn interleaved_kernels(ty: GgmlType) -> Option<(Q8RowsFn, Q8GridFn, Q8TokensFn)> {
+    Some((
+        q8_interleaved_fn(ty)?,
+        q8_grid_interleaved_fn(ty)?,
+        q8_interleaved_tokens_fn(ty)?,
+    ))
+}
 /// Weight rows per parallel work item of a tiled `mat_mul` (a multiple of 16).
 const GRID_ROWS: usize = 64;
 const _: () =
@@ -167,10 +183,9 @@ pub(crate) struct Rows {
     decode: Q8RowsFn,
     /// The tile kernel (AMX), when the CPU has one for the type.
     grid: Option<Q8GridFn>,
-    /// The decode and tile kernels of the interleaved layout, where the CPU has them.
-    interleaved: Option<(Q8RowsFn, Q8GridFn)>,
-    /// The many-token kernel of the interleaved layout, where the CPU has it.
-    tokens: Option<Q8TokensFn>,
+    /// The decode, tile and many-token kernels of the interleaved layout, where the CPU has
+    /// them.
+    interleaved: Option<(Q8RowsFn, Q8GridFn, Q8TokensFn)>,
     planes: usize,
 }
 
@@ -248,28 +263,18 @@ impl Rows {
             many: q8_dot_many_fn(ty)?,
             decode: q8_rows_fn(ty)?,
             grid: q8_grid_fn(ty),
-            interleaved: q8_interleaved_fn(ty).zip(q8_grid_interleaved_fn(ty)),
-            tokens: q8_interleaved_tokens_fn(ty),
+            interleaved: interleaved_kernels(ty),
             planes,
         })
     }
 
     /// Whether `m` tokens against interleaved rows go to the many-token kernel rather than the
     /// tile kernel: when the tiles' 16 activation rows would be filled below the two kernels'
-    /// measured speed ratio ([`TOKENS_FILL`]), or when there is no tile kernel.
+    /// measured speed ratio ([`tokens_fill`]).
     fn prefers_tokens(&self, m: usize) -> bool {
-        if self.tokens.is_none() {
-            return false;
-        }
         let rows = m * self.planes;
         let lanes = rows.next_multiple_of(Q8_TILE_ROWS).max(1);
-        let fill = rows as f64 / lanes as f64;
-        self.grid.is_none()
-            || fill
-                < TOKENS_FILL
-                    .iter()
-                    .find(|f| f.0 == self.ty)
-                    .map_or(0.0, |f| f.1)
+        self.interleaved.is_some() && (rows as f64) < tokens_fill(self.ty) * lanes as f64
     }
 
     /// `y[j] = row · x_j` for `y.len()` consecutive quantized activation rows in `x` (each
@@ -317,7 +322,7 @@ impl Rows {
     }
 
     /// [`Rows::product`] for rows that may be in the interleaved layout: there the
-    /// interleaved tile kernel, or the interleaved decode kernel once per token, takes whole
+    /// interleaved tile kernel, decode kernel (one token) or many-token kernel takes whole
     /// groups of rows in place, and any other case (a cut inside a group, no such kernels) reads
     /// the groups deinterleaved. The same bits.
     fn layout_product(
@@ -335,26 +340,14 @@ impl Rows {
         let m = y.len() / (r1 - r0).max(1);
         let whole = r0.is_multiple_of(INTERLEAVE_ROWS) && r1.is_multiple_of(INTERLEAVE_ROWS);
         match (self.interleaved, packed) {
-            (Some((_, grid)), Some(p)) if whole && self.grid.is_some() => {
+            (Some((_, grid, _)), Some(p)) if whole && self.grid.is_some() => {
                 p.product(grid, self.rows(e.bytes, r0, r1), self.row_bytes, y)
             }
-            (Some((decode, _)), _) if whole && m == 1 => {
+            (Some((decode, _, _)), _) if whole && m == 1 => {
                 decode(self.rows(e.bytes, r0, r1), x, self.planes, y)
             }
-            (Some(_), None) if whole && self.tokens.is_some() => {
-                let tokens = self.tokens.expect("checked");
+            (Some((_, _, tokens)), None) if whole => {
                 tokens(self.rows(e.bytes, r0, r1), x, self.planes, m, y)
-            }
-            (Some((decode, _)), None) if whole => {
-                // A few tokens: the decode kernel once per token (the rows stay in L2).
-                let per_token = x.len() / m.max(1);
-                let mut v = vec![0f32; r1 - r0];
-                for (j, xj) in x.chunks_exact(per_token.max(1)).enumerate() {
-                    decode(self.rows(e.bytes, r0, r1), xj, self.planes, &mut v);
-                    for (i, &vi) in v.iter().enumerate() {
-                        y[i * m + j] = vi;
-                    }
-                }
             }
             _ => {
                 let (g0, g1) = (
@@ -809,18 +802,14 @@ impl FastMatMul {
     }
 }
 
-/// Writes `ys` (`[rows, T]`, weight rows `r0 ..` of one work item) into `out` (`[T, n_out]`):
-/// 16 tokens at a time, so that each row's 16 values are one 64-byte read and each token's
-/// outputs are written in order.
-fn scatter_tokens(ys: &[f32], r0: usize, t: usize, n_out: usize, out: &SharedOut) {
-    for t0 in (0..t).step_by(16) {
-        let t1 = (t0 + 16).min(t);
-        for tok in t0..t1 {
-            for (i, col) in ys.chunks_exact(t).enumerate() {
-                // SAFETY: (token, row) pairs of rows `r0 ..` belong to this work item only, and
-                // lie inside `out` (`[T, n_out]`).
-                unsafe { out.put(tok * n_out + r0 + i, col[tok]) };
-            }
+/// Writes `ys` (`[rows, T]`, the outputs `r0 ..` of one work item) into `out`, whose token rows
+/// are `stride` floats apart: token by token, so that each token's outputs are written in order.
+fn scatter_tokens(ys: &[f32], r0: usize, t: usize, stride: usize, out: &SharedOut) {
+    for tok in 0..t {
+        for (i, col) in ys.chunks_exact(t).enumerate() {
+            // SAFETY: (token, output) pairs of outputs `r0 ..` belong to this work item only, and
+            // lie inside `out` (`[T, stride]`).
+            unsafe { out.put(tok * stride + r0 + i, col[tok]) };
         }
     }
 }
@@ -872,14 +861,9 @@ impl WeightProduct for FastHeadMatMul {
             let mut v = vec![0f32; (o1 - o0) * t];
             let (r0, r1) = (h * n_out + o0, h * n_out + o1);
             self.w.product(w, r0, r1, xh, packed.as_ref(), &mut v);
-            // Token by token, so that each token's outputs are written in order (by output row,
-            // they would be writes `heads · n_out` floats apart).
-            for tok in 0..t {
-                for (o, vo) in (o0..o1).zip(v.chunks_exact(t.max(1))) {
-                    // SAFETY: (token, head, o) triples are disjoint across work items.
-                    unsafe { out.put((tok * heads + h) * n_out + o, vo[tok]) };
-                }
-            }
+            // Output (token, head, o) is at `(tok·heads + h)·n_out + o`: token rows of
+            // `heads · n_out`, this item's outputs from `h·n_out + o0`.
+            scatter_tokens(&v, h * n_out + o0, t, heads * n_out, &out);
         });
     }
 }
@@ -1382,14 +1366,13 @@ mod tests {
             many: q8_dot_many_fn(ty).unwrap(),
             decode: q8_rows_fn(ty).unwrap(),
             grid,
-            interleaved: q8_interleaved_fn(ty).zip(q8_grid_interleaved_fn(ty)),
-            tokens: q8_interleaved_tokens_fn(ty),
+            interleaved: interleaved_kernels(ty),
             planes,
         }
     }
 
     /// Experts in the fast store's interleaved layout give a `moe_ffn` the bits of the file's
-    /// layout: at one token (the interleaved decode kernel), a few (it once per token) and many
+    /// layout: at one token (the interleaved decode kernel), a few (the many-token kernel) and many
     /// (the interleaved tile kernel, where the CPU has tile kernels), one and two planes.
     #[test]
     fn interleaved_experts_give_the_same_bits() {
@@ -1435,7 +1418,7 @@ mod tests {
 
     /// A dense `mat_mul` weight in the interleaved layout (the store's copy) gives the bits of
     /// the file's layout: at one token (decode kernel, chunks of whole groups), at a few tokens
-    /// (decode kernel per token) and with the tile kernel, one and two planes, for row counts
+    /// (the many-token kernel) and with the tile kernel, one and two planes, for row counts
     /// whose parallel chunks are not multiples of 16 in the file's layout (320 = `kv_a`).
     #[test]
     fn interleaved_dense_weights_give_the_same_bits() {

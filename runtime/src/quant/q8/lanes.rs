@@ -292,24 +292,7 @@ fn q2_block_scaled<const A: usize>(
             }
         }
     }
-    let mut m = [_mm512_setzero_si512(); A];
-    for t in 0..8 {
-        let pick = table(&PICK_PAIR[t % 2]);
-        let mins = _mm512_srli_epi16::<4>(_mm512_shuffle_epi8(words(t / 2), pick));
-        for a in 0..A {
-            m[a] = _mm512_dpwssd_epi32(m[a], mins, word(&ys[a].bsums, t));
-        }
-    }
-    let dd = words(20);
-    let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
-    let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
-    for a in 0..A {
-        let v = _mm512_sub_ps(
-            _mm512_mul_ps(d, _mm512_cvtepi32_ps(s[a])),
-            _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m[a])),
-        );
-        acc[a] = _mm512_add_ps(acc[a], _mm512_mul_ps(_mm512_set1_ps(ys[a].d), v));
-    }
+    q2_value(words, ys, s, acc);
 }
 
 /// [`q2_rows`] for Q3_K (the block words as [`q3_interleaved`] reads them).
@@ -353,7 +336,7 @@ fn q2_interleaved<const P: usize>(
         super::prefetch_l2(super::clamped(ahead, b * LANES * 84, (b + 1) * LANES * 84));
         // Loaded up front: measured faster here than loads where used (Q3_K: the reverse).
         let words: [__m512i; 21] = std::array::from_fn(|k| load64(blk, 64 * k));
-        q2_block::<P, CHAINS>(&|k| words[k], planes.map(|p| &p[b]), &mut acc);
+        q2_block::<P>(&|k| words[k], planes.map(|p| &p[b]), &mut acc);
     }
     planes_added(acc)
 }
@@ -563,7 +546,7 @@ fn q2_group<const P: usize>(
                 column(&tail, k - 5)
             }
         };
-        q2_block::<P, CHAINS>(&words, planes.map(|p| &p[b]), &mut acc);
+        q2_block::<P>(&words, planes.map(|p| &p[b]), &mut acc);
     }
     planes_added(acc)
 }
@@ -574,7 +557,7 @@ fn q2_group<const P: usize>(
 /// `ys` of each plane, added into the plane accumulators `acc`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-fn q2_block<const P: usize, const C: usize>(
+fn q2_block<const P: usize>(
     words: &impl Fn(usize) -> __m512i,
     ys: [&BlockQ8K; P],
     acc: &mut [__m512; P],
@@ -582,15 +565,29 @@ fn q2_block<const P: usize, const C: usize>(
     // The scale words with the mins cleared: scale `j` is the low nibble of byte `j`.
     let scales: [__m512i; 4] =
         std::array::from_fn(|k| _mm512_and_si512(words(k), _mm512_set1_epi8(0x0f)));
-    let mut parts = [[_mm512_setzero_si512(); C]; P];
-    q2_quarter::<0, 0, P, C>(words, &scales, ys, &mut parts);
-    q2_quarter::<0, 1, P, C>(words, &scales, ys, &mut parts);
-    q2_quarter::<1, 0, P, C>(words, &scales, ys, &mut parts);
-    q2_quarter::<1, 1, P, C>(words, &scales, ys, &mut parts);
+    let mut parts = [[_mm512_setzero_si512(); CHAINS]; P];
+    q2_quarter::<0, 0, P>(words, &scales, ys, &mut parts);
+    q2_quarter::<0, 1, P>(words, &scales, ys, &mut parts);
+    q2_quarter::<1, 0, P>(words, &scales, ys, &mut parts);
+    q2_quarter::<1, 1, P>(words, &scales, ys, &mut parts);
     let mut s = [_mm512_setzero_si512(); P];
     for (s, c) in s.iter_mut().zip(&parts) {
         *s = chains_added(c);
     }
+    q2_value(words, ys, s, acc);
+}
+
+/// Step 3 of a Q2_K block for `P` activation rows, from their exact sums `s` (`S`): the mins
+/// `M = Σ_j m_j·bsum_j` by eight `vpdpwssd` per row, then `d8·(d·f32(S) − dmin·f32(M))` added
+/// into each row's accumulator, as `value_dmin`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn q2_value<const P: usize>(
+    words: &impl Fn(usize) -> __m512i,
+    ys: [&BlockQ8K; P],
+    s: [__m512i; P],
+    acc: &mut [__m512; P],
+) {
     let mut m = [_mm512_setzero_si512(); P];
     for t in 0..8 {
         let pick = table(&PICK_PAIR[t % 2]);
@@ -603,7 +600,6 @@ fn q2_block<const P: usize, const C: usize>(
     let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
     let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
     for p in 0..P {
-        // d8·(d·S − dmin·M), as `value_dmin`.
         let v = _mm512_sub_ps(
             _mm512_mul_ps(d, _mm512_cvtepi32_ps(s[p])),
             _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m[p])),
@@ -617,11 +613,11 @@ fn q2_block<const P: usize, const C: usize>(
 /// word `4 + q`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-fn q2_quarter<const N: usize, const H: usize, const P: usize, const C: usize>(
+fn q2_quarter<const N: usize, const H: usize, const P: usize>(
     words: &impl Fn(usize) -> __m512i,
     scales: &[__m512i; 4],
     ys: [&BlockQ8K; P],
-    s: &mut [[__m512i; C]; P],
+    s: &mut [[__m512i; CHAINS]; P],
 ) {
     let m3 = _mm512_set1_epi8(3);
     let cw: [__m512i; 4] = std::array::from_fn(|i| words(4 + 8 * N + 4 * H + i));
@@ -637,7 +633,7 @@ fn q2_quarter<const N: usize, const H: usize, const P: usize, const C: usize>(
             }
         }
         for (sp, &part) in s.iter_mut().zip(&part) {
-            sp[j % C] = _mm512_dpwssd_epi32(sp[j % C], part, sc);
+            sp[j] = _mm512_dpwssd_epi32(sp[j], part, sc);
         }
     }
 }
