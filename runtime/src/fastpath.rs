@@ -66,9 +66,9 @@
 
 use crate::ggml_type::GgmlType;
 use crate::quant::q8::{
-    deinterleave_rows, q8_dot_many_fn, q8_grid_fn, q8_grid_interleaved_fn, q8_interleaved_fn,
-    q8_interleaved_tokens_fn, q8_rows_fn, quantize_row_q8k, BlockQ8K, Q8DotManyFn, Q8GridFn,
-    Q8RowsFn, Q8Tiles, Q8TokensFn, INTERLEAVE_ROWS, Q8_TILE_ROWS,
+    deinterleave_rows, q8_dot_many_fn, q8_grid_cost_rows, q8_grid_fn, q8_grid_interleaved_fn,
+    q8_interleaved_fn, q8_interleaved_tokens_fn, q8_rows_fn, quantize_row_q8k, BlockQ8K,
+    Q8DotManyFn, Q8GridFn, Q8RowsFn, Q8Tiles, Q8TokensFn, INTERLEAVE_ROWS, Q8_TILE_ROWS,
 };
 use aubier_compiler::config::ExpertLayout;
 use aubier_compiler::ops::Op;
@@ -269,11 +269,11 @@ impl Rows {
     }
 
     /// Whether `m` tokens against interleaved rows go to the many-token kernel rather than the
-    /// tile kernel: when the tiles' 16 activation rows would be filled below the two kernels'
-    /// measured speed ratio ([`tokens_fill`]).
+    /// tile kernel: when the activation rows the tiles cost ([`q8_grid_cost_rows`]) would be
+    /// filled below the two kernels' measured speed ratio ([`tokens_fill`]).
     fn prefers_tokens(&self, m: usize) -> bool {
         let rows = m * self.planes;
-        let lanes = rows.next_multiple_of(Q8_TILE_ROWS).max(1);
+        let lanes = q8_grid_cost_rows(rows).max(1);
         self.interleaved.is_some() && (rows as f64) < tokens_fill(self.ty) * lanes as f64
     }
 

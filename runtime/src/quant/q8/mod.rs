@@ -279,6 +279,17 @@ pub fn q8_grid_interleaved_fn(ty: GgmlType) -> Option<Q8GridFn> {
     }
 }
 
+/// The activation rows that `rows` of them cost in [`q8_grid_fn`]'s kernels on this CPU: whole
+/// groups of [`Q8_TILE_ROWS`], except that the VNNI backend computes a last group of at most
+/// half as many rows at half width, at no more than half its cost (`grid.rs`). `rows` itself
+/// where there is no grid kernel.
+pub fn q8_grid_cost_rows(rows: usize) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    return grid::cost_rows(rows);
+    #[cfg(not(target_arch = "x86_64"))]
+    rows
+}
+
 /// `y[i] = Σ_p dot(row_i, x[p·nb .. (p + 1)·nb])` for the `n = y.len()` weight rows stored back
 /// to back in `w` and the `planes` Q8_K planes of one activation row in `x` (plane `p` is blocks
 /// `p·nb .. (p + 1)·nb`): decode, many weight rows against one token. The plane dots are added
@@ -1391,6 +1402,7 @@ mod tests {
                     (17, 17, 17),
                     (2, 33, 40),
                     (16, 3, 33),
+                    (2, 5, 25),
                 ] {
                     let sampled: Vec<u8> = (0..n).flat_map(|_| weights(ty, nb, &mut rng)).collect();
                     let bytes: Vec<u8> = (0..n)
@@ -1405,6 +1417,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The tile kernels' cost in activation rows: whole groups of 16, a last group of at most 8
+    /// rows at half a group on the VNNI backend (not on AMX), the rows themselves without a
+    /// tile kernel.
+    #[test]
+    fn grid_cost_rows_round_to_the_groups_computed() {
+        let cases = [0, 1, 8, 9, 16, 17, 24, 25, 40];
+        let got: Vec<usize> = cases.iter().map(|&r| q8_grid_cost_rows(r)).collect();
+        #[cfg(target_arch = "x86_64")]
+        let (amx, vnni) = (amx::detected(), vnni::detected());
+        #[cfg(not(target_arch = "x86_64"))]
+        let (amx, vnni) = (false, false);
+        let want = match (amx, vnni) {
+            (true, _) => [0, 16, 16, 16, 16, 32, 32, 32, 48],
+            (false, true) => [0, 8, 8, 16, 16, 24, 24, 32, 40],
+            (false, false) => cases,
+        };
+        assert_eq!(got, want);
     }
 
     /// The interleaved grid kernel on interleaved rows gives every pair the bits the grid kernel
