@@ -43,7 +43,7 @@
 //! - Interleaved experts: the fast store may hold Q2_K / Q3_K experts in the interleaved layout
 //!   of [`crate::quant::q8::interleave_rows`] (groups of 16 rows, a block's words row by row);
 //!   `moe_ffn` then takes them by the interleaved decode kernel (one token), the many-token
-//!   kernel (a few tokens, or an expert's group that would fill the 16-row tiles poorly:
+//!   kernel (a few tokens, or an expert's group where a measured cost model says so:
 //!   `Rows::prefers_tokens`) and the interleaved tile kernel, with the same bits
 //!   ([`Rows::layout_product`]).
 //!   Likewise the dense `mat_mul` weights the store copies interleaved
@@ -96,15 +96,19 @@ const GRID_TOKENS: usize = 64;
 /// Sapphire Rapids: equal at 2 rows, slower at 4, 2.4× faster at 8; VNNI on Zen 4: 0.5× at 4,
 /// equal at 8, 1.9× at 16).
 const GRID_MIN_ROWS: usize = 8;
-/// The tile fill (activation rows ÷ the 16-row tiles they occupy) below which the many-token
-/// kernel on interleaved rows of `ty` beats the tile kernel: their speed ratio on Zen 4, one
-/// thread, 4096-element rows streamed cold in 256-row items (Q2_K 155 / 170 GMAC/s, Q3_K
-/// 97 / 175; 8–64 tokens × 2 planes).
-fn tokens_fill(ty: GgmlType) -> f64 {
+/// The cost model that picks between the tile kernel and the many-token kernel for interleaved
+/// rows of `ty`, in units of one activation row's share of the tile kernel's `vpdpbusd` work:
+/// `(u, w)` with the tile kernel's time `u + c` for a call that costs `c` activation rows
+/// ([`q8_grid_cost_rows`]; `u` the weight unpacking, paid once per block) and the many-token
+/// kernel's `w` per activation row. Fitted on Zen 4, one thread, 4096-element rows in 256-row
+/// items, 4–26 tokens × 2 planes: Q2_K tile kernel 152 GMAC/s at 16 rows, 169 at 32 (so
+/// `u` = 4.1), many-token kernel 150 (`w` = 1.27); Q3_K 150 / 178 (`u` = 7.4) and 94 (`w` =
+/// 2.33): the tile kernel wins from 8 rows on. Other types have no many-token kernel.
+fn tokens_model(ty: GgmlType) -> (f64, f64) {
     match ty {
-        GgmlType::Q2_K => 0.9,
-        GgmlType::Q3_K => 0.55,
-        _ => 0.0,
+        GgmlType::Q2_K => (4.1, 1.27),
+        GgmlType::Q3_K => (7.4, 2.33),
+        _ => (0.0, f64::INFINITY),
     }
 }
 
@@ -269,12 +273,11 @@ impl Rows {
     }
 
     /// Whether `m` tokens against interleaved rows go to the many-token kernel rather than the
-    /// tile kernel: when the activation rows the tiles cost ([`q8_grid_cost_rows`]) would be
-    /// filled below the two kernels' measured speed ratio ([`tokens_fill`]).
+    /// tile kernel: when [`tokens_model`] predicts it faster.
     fn prefers_tokens(&self, m: usize) -> bool {
         let rows = m * self.planes;
-        let lanes = q8_grid_cost_rows(rows).max(1);
-        self.interleaved.is_some() && (rows as f64) < tokens_fill(self.ty) * lanes as f64
+        let (u, w) = tokens_model(self.ty);
+        self.interleaved.is_some() && w * (rows as f64) < u + q8_grid_cost_rows(rows) as f64
     }
 
     /// `y[j] = row · x_j` for `y.len()` consecutive quantized activation rows in `x` (each
@@ -1051,8 +1054,8 @@ impl FastMoe {
         };
         // Each used expert's group packed for the tile kernels, when a weight has one and the
         // group has enough rows for them to pay ([`GRID_MIN_ROWS`]).
-        // (The many-token kernel takes an interleaved expert's group instead where it fills
-        // the tiles poorly: `Rows::prefers_tokens`.)
+        // (The many-token kernel takes an interleaved expert's group instead where the cost
+        // model of `Rows::prefers_tokens` predicts it faster.)
         let packs = |x: &[BlockQ8K], nb: usize, any: bool, w: &Rows, t: &[WeightRows<'_>]| {
             (0..n_expert)
                 .into_par_iter()

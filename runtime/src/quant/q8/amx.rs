@@ -91,22 +91,22 @@ pub(super) unsafe fn release() {
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
 }
 
-/// Loads one block of the 16 unpacked weight rows `a` (row `r` at `a[r]`) as the four `A`
-/// tiles `tmm2` to `tmm5`.
+/// Loads one block of the 16 unpacked weight rows `a` (row by row: row `r` at `256r`) as the
+/// four `A` tiles `tmm2` to `tmm5`.
 ///
 /// # Safety
-/// As [`configure`], after it in this call; `a` holds 16 blocks (checked).
-pub(super) unsafe fn load_weights(a: &[Unpacked]) {
-    assert!(a.len() == GROUP, "AMX weight tiles outside the buffer");
-    // SAFETY: four 16 × 64-byte reads at `a[0] + 64c` with stride 256: row `r` reads `a[r]`,
-    // inside the 16 blocks (asserted); AMX by the contract.
+/// As [`configure`], after it in this call.
+pub(super) unsafe fn load_weights(a: &Unpacked) {
+    const _: () = assert!(std::mem::size_of::<Unpacked>() == GROUP * 256);
+    // SAFETY: four 16 × 64-byte reads at `a + 64c` with stride 256: row `r` reads bytes
+    // `256r .. 256r + 256` of the 4 KiB block; AMX by the contract.
     unsafe {
         asm!(
             "tileloadd tmm2, [{p} + {s} * 1]",
             "tileloadd tmm3, [{p} + {s} * 1 + 64]",
             "tileloadd tmm4, [{p} + {s} * 1 + 128]",
             "tileloadd tmm5, [{p} + {s} * 1 + 192]",
-            p = in(reg) a[0].0.as_ptr(),
+            p = in(reg) a.0.as_ptr(),
             s = in(reg) 256usize,
             options(nostack, readonly),
         )

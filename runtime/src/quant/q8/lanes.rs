@@ -743,15 +743,7 @@ fn q3_block<const P: usize, const C: usize>(
     // and `m + 8` (high nibble); bits `2k .. 2k + 2` of byte `8 + m` (word 26) the high two of
     // scale `m + 4k`. Each is a nibble select (`c ? a : b` bitwise, imm 0xE4, `c` = 0x0f) of
     // the low bits and the high bits shifted to bits 4, 5, then the other bits cleared.
-    let (l0, l1, h) = (words(24), words(25), words(26));
-    let (m0f, m3f) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x3f));
-    let six = [
-        (l0, _mm512_slli_epi32::<4>(h)),
-        (l1, _mm512_slli_epi32::<2>(h)),
-        (_mm512_srli_epi32::<4>(l0), h),
-        (_mm512_srli_epi32::<4>(l1), _mm512_srli_epi32::<2>(h)),
-    ]
-    .map(|(lo, hi)| _mm512_and_si512(_mm512_ternarylogic_epi32::<0xe4>(lo, hi, m0f), m3f));
+    let six = q3_six(words);
     // `sc[j]`: `sc_j − 32` as the low i16 of each lane, the high half zero.
     let sc: [__m512i; 16] = std::array::from_fn(|j| {
         let raw = _mm512_shuffle_epi8(six[j / 4], table(&PICK_LOW[j % 4]));
@@ -779,6 +771,168 @@ fn q3_block<const P: usize, const C: usize>(
         // d8·(d·S), as `value_d`.
         let v = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sum));
         acc[p] = _mm512_add_ps(acc[p], _mm512_mul_ps(_mm512_set1_ps(ys[p].d), v));
+    }
+}
+
+/// The 6-bit scales of a Q3_K block of 16 rows: vector `v` holds scales `4v .. 4v + 4` of each
+/// row, one per byte of its lane (the decode [`q3_block`]'s note describes).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn q3_six(words: &impl Fn(usize) -> __m512i) -> [__m512i; 4] {
+    let (l0, l1, h) = (words(24), words(25), words(26));
+    let (m0f, m3f) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x3f));
+    [
+        (l0, _mm512_slli_epi32::<4>(h)),
+        (l1, _mm512_slli_epi32::<2>(h)),
+        (_mm512_srli_epi32::<4>(l0), h),
+        (_mm512_srli_epi32::<4>(l1), _mm512_srli_epi32::<2>(h)),
+    ]
+    .map(|(lo, hi)| _mm512_and_si512(_mm512_ternarylogic_epi32::<0xe4>(lo, hi, m0f), m3f))
+}
+
+/// The scales of a block of 16 interleaved rows that the tile kernels' epilogue needs, lane `r`
+/// for row `r`: `d`, `dmin` (Q2_K; zero for Q3_K) and the eight min pairs (Q2_K: word `t` holds
+/// `m_2t` in its low and `m_2t+1` in its high 16 bits; zero for Q3_K).
+pub(super) struct LaneScales {
+    pub(super) d: [f32; LANES],
+    pub(super) dmin: [f32; LANES],
+    pub(super) mins: [[i32; LANES]; 8],
+}
+
+/// The 16 f32 lanes of `v` as an array.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn f32_lanes(v: __m512) -> [f32; LANES] {
+    let mut out = [0f32; LANES];
+    // SAFETY: 16 f32 into a [f32; 16].
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), v) };
+    out
+}
+
+/// The 16 i32 lanes of `v` as an array.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn i32_lanes(v: __m512i) -> [i32; LANES] {
+    let mut out = [0i32; LANES];
+    // SAFETY: 16 i32 into a [i32; 16].
+    unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), v) };
+    out
+}
+
+/// Stores `v` as the 64 bytes of `out` from `at` (checked).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn store64(out: &mut [u8], at: usize, v: __m512i) {
+    let out = &mut out[at..at + 64];
+    // SAFETY: 64 writable bytes (a bounds-checked slice); storeu needs no alignment.
+    unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), v) }
+}
+
+/// The tile kernels' unpacking of one interleaved Q2_K block of 16 rows (`blk`, 1344 bytes:
+/// `vnni::q2_prep`'s effective weights `q·sc` for every row at once): word `k` (codes `4k ..
+/// 4k + 4`, element order) of row `r` into `out[64k + 4r ..]`, as [`q2_block_scaled`] scales
+/// them; the scales as [`q2_value`] reads them.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) fn q2_unpack(blk: &[u8], out: &mut [u8; 64 * 64]) -> LaneScales {
+    let words = |k: usize| load64(blk, 64 * k);
+    let (m3, m15) = (_mm512_set1_epi8(3), _mm512_set1_epi32(0x000f_000f));
+    for q0 in [0, 4, 8, 12] {
+        let (n, h) = (q0 / 8, (q0 / 4) % 2);
+        let cw: [__m512i; 4] = std::array::from_fn(|i| words(4 + q0 + i));
+        for j in 0..4 {
+            let sub = 8 * n + 2 * j + h;
+            let sc = _mm512_and_si512(
+                _mm512_shuffle_epi8(words(sub / 4), table(&PICK_TWICE[sub % 4])),
+                m15,
+            );
+            for (i, &c) in cw.iter().enumerate() {
+                let wq = _mm512_mullo_epi16(_mm512_and_si512(srl16(c, 2 * j), m3), sc);
+                store64(out, 64 * (32 * n + 8 * j + 4 * h + i), wq);
+            }
+        }
+    }
+    let mins = std::array::from_fn(|t| {
+        let pick = table(&PICK_PAIR[t % 2]);
+        i32_lanes(_mm512_srli_epi16::<4>(_mm512_shuffle_epi8(
+            words(t / 2),
+            pick,
+        )))
+    });
+    let dd = words(20);
+    LaneScales {
+        d: f32_lanes(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd))),
+        dmin: f32_lanes(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<
+            16,
+        >(dd)))),
+        mins,
+    }
+}
+
+/// Byte `m` of each 32-bit lane in all four of its bytes.
+static REPLICATE: [[u8; 64]; 4] = [replicate(0), replicate(1), replicate(2), replicate(3)];
+
+const fn replicate(m: usize) -> [u8; 64] {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        t[i] = (i / 4 * 4 % 16 + m) as u8;
+        i += 1;
+    }
+    t
+}
+
+/// The tile kernels' unpacking of one interleaved Q3_K block of 16 rows (`blk`, 1760 bytes:
+/// `vnni::q3_prep`'s biased effective weights `(q3 − 4)·(sc − 32) + 127`, in 3 ..= 255, for
+/// every row at once): word `k` of row `r` into `out[64k + 4r ..]`; `d` of each row.
+///
+/// Per sub-block, two `vpshufb` tables hold each row's four values for the low code bits `v`:
+/// `(v − 4)·s + 127` (high bit clear) and `v·s + 127` (set), `s = sc − 32`, built by byte adds
+/// (exact mod 256, and every value fits a byte); the index is `v` plus the row's place in its
+/// 128-bit lane, and the high bit picks the table by a masked shuffle.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) fn q3_unpack(blk: &[u8], out: &mut [u8; 64 * 64]) -> LaneScales {
+    let words = |k: usize| load64(blk, 64 * k);
+    let six = q3_six(&words);
+    let (m3, c127, c32) = (
+        _mm512_set1_epi8(3),
+        _mm512_set1_epi8(127),
+        _mm512_set1_epi8(32),
+    );
+    // Byte `p` of a 128-bit lane belongs to the row whose table bytes start at `p & 12`.
+    let rowsel = _mm512_set4_epi32(0x0c0c_0c0c, 0x0808_0808, 0x0404_0404, 0);
+    for (n, h) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+        let cw: [__m512i; 4] = std::array::from_fn(|i| words(8 + 8 * n + 4 * h + i));
+        let hm: [__m512i; 4] = std::array::from_fn(|i| words(4 * h + i));
+        for j in 0..4 {
+            let sub = 8 * n + 2 * j + h;
+            let s = _mm512_sub_epi8(
+                _mm512_shuffle_epi8(six[sub / 4], table(&REPLICATE[sub % 4])),
+                c32,
+            );
+            let s2 = _mm512_add_epi8(s, s);
+            let s4 = _mm512_add_epi8(s2, s2);
+            // Byte `v` of each lane: 127 − 4s + v·s.
+            let t0 = _mm512_sub_epi8(c127, s4);
+            let t0 = _mm512_mask_add_epi8(t0, 0xaaaa_aaaa_aaaa_aaaa, t0, s);
+            let t0 = _mm512_mask_add_epi8(t0, 0xcccc_cccc_cccc_cccc, t0, s2);
+            let t1 = _mm512_add_epi8(t0, s4);
+            let bit = _mm512_set1_epi8((1u8 << (4 * n + j)) as i8);
+            for i in 0..4 {
+                // (c >> 2j) & 3 | rowsel.
+                let idx = _mm512_ternarylogic_epi32::<0xea>(srl16(cw[i], 2 * j), m3, rowsel);
+                let high = _mm512_test_epi8_mask(hm[i], bit);
+                let e = _mm512_mask_shuffle_epi8(_mm512_shuffle_epi8(t0, idx), high, t1, idx);
+                store64(out, 64 * (32 * n + 8 * j + 4 * h + i), e);
+            }
+        }
+    }
+    let d = &blk[64 * Q3_WORDS..64 * Q3_WORDS + 32];
+    // SAFETY: 32 readable bytes (a bounds-checked slice); loadu needs no alignment.
+    let d = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(d.as_ptr().cast()) });
+    LaneScales {
+        d: f32_lanes(d),
+        dmin: [0.0; LANES],
+        mins: [[0; LANES]; 8],
     }
 }
 

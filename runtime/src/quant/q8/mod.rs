@@ -729,6 +729,19 @@ mod tests {
         row
     }
 
+    /// `n` rows of `nb` blocks back to back: sampled blocks, or random bytes.
+    fn rows_of(ty: GgmlType, n: usize, nb: usize, sampled: bool, rng: &mut ChaCha8Rng) -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| {
+                if sampled {
+                    weights(ty, nb, rng)
+                } else {
+                    random_bytes(ty, nb, rng)
+                }
+            })
+            .collect()
+    }
+
     /// Activations of `nb` blocks: each block uniform in ±scale with a random scale over
     /// 2^-10 .. 2^10, one outlier in some blocks; block 1 (when present) all zero.
     fn activations(nb: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
@@ -1177,15 +1190,7 @@ mod tests {
                 let n = 32;
                 let rb = nb * block_bytes(ty);
                 for sampled in [true, false] {
-                    let w: Vec<u8> = (0..n)
-                        .flat_map(|_| {
-                            if sampled {
-                                weights(ty, nb, &mut rng)
-                            } else {
-                                random_bytes(ty, nb, &mut rng)
-                            }
-                        })
-                        .collect();
+                    let w = rows_of(ty, n, nb, sampled, &mut rng);
                     let mut packed = vec![0u8; w.len()];
                     interleave_rows(ty, &w, &mut packed, rb).unwrap();
                     for planes in [1, 2] {
@@ -1439,7 +1444,8 @@ mod tests {
     }
 
     /// The interleaved grid kernel on interleaved rows gives every pair the bits the grid kernel
-    /// gives on the rows in their own layout (one and two groups of 16 rows).
+    /// gives on the rows in their own layout (one and two groups of 16 rows; sampled blocks and
+    /// random bytes, whose `d` may be NaN or infinite).
     #[test]
     fn interleaved_grid_matches_the_grid_bit_for_bit() {
         let mut rng = ChaCha8Rng::seed_from_u64(9);
@@ -1447,8 +1453,13 @@ mod tests {
             let (Some(grid), Some(il)) = (q8_grid_fn(ty), q8_grid_interleaved_fn(ty)) else {
                 continue;
             };
-            for (nb, n, rows) in [(1, 16, 1), (2, 32, 17), (16, 16, 40)] {
-                let w: Vec<u8> = (0..n).flat_map(|_| weights(ty, nb, &mut rng)).collect();
+            for (nb, n, rows, sampled) in [
+                (1, 16, 1, true),
+                (2, 32, 17, true),
+                (16, 16, 40, true),
+                (2, 32, 24, false),
+            ] {
+                let w = rows_of(ty, n, nb, sampled, &mut rng);
                 let mut packed = vec![0u8; w.len()];
                 interleave_rows(ty, &w, &mut packed, nb * block_bytes(ty)).unwrap();
                 let tiles = Q8Tiles::pack(&quantize(&activations(nb * rows, &mut rng)), rows);
