@@ -338,10 +338,13 @@ fn scores_group<V: V16>(
 #[inline(always)]
 fn dots<V: V16, const N: usize>(qt: &[V], ks: [&[f32]; N], n8: usize) -> [V; N] {
     let mut acc = [[V::zero(); 8]; N];
-    for (i, qc) in qt[..n8].chunks_exact(8).enumerate() {
+    // Whole chunks of eight on both sides, so the element loop indexes constant offsets.
+    let kc: [&[[f32; 8]]; N] = ks.map(|k| k[..n8].as_chunks::<8>().0);
+    for (i, qc) in qt[..n8].as_chunks::<8>().0.iter().enumerate() {
+        let kr: [&[f32; 8]; N] = std::array::from_fn(|c| &kc[c][i]);
         for l in 0..8 {
-            for (a, kr) in acc.iter_mut().zip(&ks) {
-                a[l] = a[l].add(qc[l].mul(V::splat(kr[8 * i + l])));
+            for (a, kr) in acc.iter_mut().zip(&kr) {
+                a[l] = a[l].add(qc[l].mul(V::splat(kr[l])));
             }
         }
     }
@@ -456,23 +459,15 @@ fn weighted_block<V: V16, const R: usize>(
     (r0, len): (usize, usize),
 ) {
     let s = pr.len() / R;
+    let prs: [&[f32]; R] = std::array::from_fn(|r| &pr[r * s..r * s + used]);
     let mut lanes = [0f32; 16];
     for cb in (c0..c1).step_by(16 * WS_VECS) {
         let nc = (c1 - cb).min(16 * WS_VECS);
-        let mut acc = [[V::zero(); WS_VECS]; R];
-        for j in 0..used {
-            let vr = &v[j * w + cb..j * w + cb + nc];
-            let mut vv = [V::zero(); WS_VECS];
-            for (c, x) in vv.iter_mut().enumerate() {
-                *x = V::load(vr.get(16 * c..).unwrap_or(&[]));
-            }
-            for (r, a) in acc.iter_mut().enumerate() {
-                let pv = V::splat(pr[r * s + j]);
-                for (ac, x) in a.iter_mut().zip(&vv) {
-                    *ac = ac.add(pv.mul(*x));
-                }
-            }
-        }
+        let acc = if nc == 16 * WS_VECS {
+            weighted_steps::<V, R, true>(prs, v, w, cb, nc)
+        } else {
+            weighted_steps::<V, R, false>(prs, v, w, cb, nc)
+        };
         for (r, a) in acc.iter().enumerate() {
             for (c, ac) in a.iter().enumerate() {
                 let n = nc.saturating_sub(16 * c).min(16);
@@ -484,6 +479,39 @@ fn weighted_block<V: V16, const R: usize>(
             }
         }
     }
+}
+
+/// The sums of [`weighted_block`] for columns `cb .. cb + nc` (`FULL`: all `16 · WS_VECS`, so
+/// that every load is whole and the loop has no length tests): per key `j`, each row's weight
+/// `prs[r][j]` times value row `j`, added in `j` order from `+0.0`.
+#[inline(always)]
+fn weighted_steps<V: V16, const R: usize, const FULL: bool>(
+    prs: [&[f32]; R],
+    v: &[f32],
+    w: usize,
+    cb: usize,
+    nc: usize,
+) -> [[V; WS_VECS]; R] {
+    let mut acc = [[V::zero(); WS_VECS]; R];
+    let used = prs.first().map_or(0, |p| p.len());
+    for j in 0..used {
+        let vv: [V; WS_VECS] = if FULL {
+            let vr: &[f32; 16 * WS_VECS] = v[j * w + cb..][..16 * WS_VECS]
+                .try_into()
+                .expect("a whole block of columns");
+            std::array::from_fn(|c| V::load(&vr[16 * c..16 * c + 16]))
+        } else {
+            let vr = &v[j * w + cb..j * w + cb + nc];
+            std::array::from_fn(|c| V::load(vr.get(16 * c..).unwrap_or(&[])))
+        };
+        for (a, p) in acc.iter_mut().zip(&prs) {
+            let pv = V::splat(p[j]);
+            for (ac, x) in a.iter_mut().zip(&vv) {
+                *ac = ac.add(pv.mul(*x));
+            }
+        }
+    }
+    acc
 }
 
 /// `softmax` of each row of `n` elements of `x` into `y` (rows in parallel), the oracle's bits
