@@ -98,17 +98,17 @@ const GRID_TOKENS: usize = 64;
 const GRID_MIN_ROWS: usize = 8;
 /// The cost model that picks between the tile kernel and the many-token kernel for interleaved
 /// rows of `ty`, in units of one activation row's share of the tile kernel's `vpdpbusd` work:
-/// `(u, w)` with the tile kernel's time `u + c` for a call that costs `c` activation rows
+/// `(u, v, w)` with the tile kernel's time `u + c` for a call that costs `c` activation rows
 /// ([`q8_grid_cost_rows`]; `u` the weight unpacking, paid once per block) and the many-token
-/// kernel's `w` per activation row. Fitted on Zen 4, one thread, 4096-element rows in 256-row
-/// items, 4–26 tokens × 2 planes: Q2_K tile kernel 152 GMAC/s at 16 rows, 169 at 32 (so
-/// `u` = 4.1), many-token kernel 150 (`w` = 1.27); Q3_K 150 / 178 (`u` = 7.4) and 94 (`w` =
-/// 2.33): the tile kernel wins from 8 rows on. Other types have no many-token kernel.
-fn tokens_model(ty: GgmlType) -> (f64, f64) {
+/// kernel's `v + w·r` for `r` activation rows (it unpacks the same way but pads no row). Fitted
+/// on Zen 4, one thread, 4096-element rows in 256-row items, 1–64 tokens × 2 planes: Q2_K tile
+/// kernel 150 / 166 GMAC/s at 16 / 32 rows, many-token kernel 152 / 168 / 174 at 16 / 32 / 64;
+/// Q3_K 153 / 181 and 150 / 174 / 187. Other types have no many-token kernel.
+fn tokens_model(ty: GgmlType) -> (f64, f64, f64) {
     match ty {
-        GgmlType::Q2_K => (4.1, 1.27),
-        GgmlType::Q3_K => (7.4, 2.33),
-        _ => (0.0, f64::INFINITY),
+        GgmlType::Q2_K => (4.1, 2.7, 1.05),
+        GgmlType::Q3_K => (7.4, 5.75, 1.08),
+        _ => (0.0, 0.0, f64::INFINITY),
     }
 }
 
@@ -276,8 +276,8 @@ impl Rows {
     /// tile kernel: when [`tokens_model`] predicts it faster.
     fn prefers_tokens(&self, m: usize) -> bool {
         let rows = m * self.planes;
-        let (u, w) = tokens_model(self.ty);
-        self.interleaved.is_some() && w * (rows as f64) < u + q8_grid_cost_rows(rows) as f64
+        let (u, v, w) = tokens_model(self.ty);
+        self.interleaved.is_some() && v + w * (rows as f64) < u + q8_grid_cost_rows(rows) as f64
     }
 
     /// `y[j] = row · x_j` for `y.len()` consecutive quantized activation rows in `x` (each

@@ -36,15 +36,17 @@
 //! mins; the scales decoded for all 16 sub-blocks at once, four bytes per lane by nibble
 //! selects, instead of one sub-block at a time).
 //!
-//! Prefill of a few tokens, or of an expert's share of a prompt ([`interleaved_tokens`]): the
-//! same block functions take up to eight activation rows (token planes) per pass over a
-//! group's block words, one f32 and one i32 accumulator per row — the rows' accumulators are
-//! the independent chains — so no activation row is padded to a 16-row tile (the tile kernel's
-//! cost at 17 activation rows is that of 32). For Q2_K the codes are multiplied by their scale
-//! once per pass (`_mm512_mullo_epi16`, `q·sc ≤ 45`: nothing carries) and each row's
-//! `vpdpbusd` adds into its accumulator directly ([`q2_block_scaled`]). Zen 4, one thread,
-//! weights streamed cold: Q2_K 152–157 GMAC/s at 8–64 tokens × 2 planes (tile kernel 137–176),
-//! Q3_K 94–97 (159–195).
+//! Prefill of a few tokens, or of an expert's share of a prompt ([`interleaved_tokens`]): each
+//! block of a group of 16 rows is unpacked once into the tile kernels' effective weights with
+//! the words in the lanes ([`q2_unpack`], [`q3_unpack`]), then meets up to eight activation rows
+//! (token planes) per pass: one `vpdpbusd` per word and row, the row's word a broadcast folded
+//! into the instruction, and the tile epilogue's f32 expressions per row with the weight rows in
+//! the lanes — so no activation row is padded to a 16-row tile (the tile kernel's cost at 17
+//! activation rows is that of 24) and nothing is packed. (Before, the block functions of the
+//! decode kernels decoded the codes again on every pass of eight rows, and Q3_K paid a
+//! `vpdpwssd` per sub-block and row: Q3_K 94–97 GMAC/s.) Zen 4, one thread, 4096-element rows:
+//! Q2_K 152 / 164 / 168 / 174 GMAC/s at 8 / 17 / 16 / 32 tokens × 2 planes, Q3_K 150 / 171 /
+//! 174 / 187 (the tile kernel 150 / 136 / 166 / 176 and 153 / 154 / 181 / 199).
 //!
 //! As in `rows.rs`, the next group's bytes are prefetched in address order while a group is
 //! computed, here into L2 (a group is 21 KiB at 4096 elements: two of them do not fit the
@@ -158,16 +160,21 @@ pub(super) fn interleaved_fn(ty: GgmlType) -> Option<super::Q8RowsFn> {
     }
 }
 
-/// Activation rows (token planes) that meet a block's codes per pass of [`interleaved_tokens`].
+/// Activation rows (token planes) that meet an unpacked block per pass of
+/// [`interleaved_tokens`] (their i32 and f32 accumulators stay in registers).
 const TOKEN_ROWS: usize = 8;
 
 /// `y[i·m + j] = Σ_p dot(row_i, x_{j,p})` for the rows of `w` in the interleaved layout (Q2_K,
 /// `B` = 84, or Q3_K, `B` = 110; whole groups of 16) and `m = tokens` activation rows of
 /// `planes` planes each (`x` token-major, then plane-major: plane `p` of token `j` is blocks
-/// `(j·planes + p)·nb ..`): [`super::Q8TokensFn`]'s contract. Each group's block words meet up
-/// to [`TOKEN_ROWS`] activation rows per pass (the block functions of the decode kernels, one
-/// accumulator per row), so no activation row is padded to a tile and the codes are unpacked
-/// once per pass; every output has the bits of [`interleaved`] on its token.
+/// `(j·planes + p)·nb ..`): [`super::Q8TokensFn`]'s contract. Each block of a group is unpacked
+/// once, 16 rows at once ([`q2_unpack`], [`q3_unpack`]: the tile kernels' effective weights,
+/// word `k` of the 16 rows one vector), and then meets the activation rows up to
+/// [`TOKEN_ROWS`] at a time ([`unpacked_pass`]): one `vpdpbusd` per row and word with the
+/// row's word broadcast from memory, the block's value by the tile epilogue's expressions, lane
+/// by lane, added into the row's f32 accumulator (blocks in order from `+0.0`). No activation
+/// row is padded, and every output has the bits of the scalar kernel summed over the planes in
+/// plane order.
 ///
 /// # Safety
 /// The CPU has the features of `vnni::detected` (checked by the caller).
@@ -204,33 +211,42 @@ unsafe fn interleaved_tokens<const B: usize>(
         return;
     }
     let mut acc = vec![_mm512_setzero_ps(); arows];
+    let mut unpacked = [0u8; 64 * 64];
     let mut lanes = [0f32; LANES];
     for g in (0..n).step_by(LANES) {
         let ahead = super::clamped(w, (g + LANES) * rb, (g + 2 * LANES) * rb);
         let group = &w[g * rb..(g + LANES) * rb];
-        let mut a0 = 0;
-        while a0 < arows {
-            let take = match arows - a0 {
-                TOKEN_ROWS.. => TOKEN_ROWS,
-                4..TOKEN_ROWS => 4,
-                2 | 3 => 2,
-                _ => 1,
+        acc.fill(_mm512_setzero_ps());
+        for (b, blk) in group.chunks_exact(LANES * B).enumerate() {
+            super::prefetch_l2(super::clamped(ahead, b * LANES * B, (b + 1) * LANES * B));
+            let sc = if B == 110 {
+                q3_unpack(blk, &mut unpacked)
+            } else {
+                q2_unpack(blk, &mut unpacked)
             };
-            // The next group is prefetched during the first pass over this one.
-            let ahead = if a0 == 0 { ahead } else { &[] };
-            let out = &mut acc[a0..a0 + take];
-            let xs = &x[a0 * nb..(a0 + take) * nb];
-            match (B, take) {
-                (110, 8) => q3_rows::<8>(group, xs, nb, ahead, out),
-                (110, 4) => q3_rows::<4>(group, xs, nb, ahead, out),
-                (110, 2) => q3_rows::<2>(group, xs, nb, ahead, out),
-                (110, _) => q3_rows::<1>(group, xs, nb, ahead, out),
-                (_, 8) => q2_rows::<8>(group, xs, nb, ahead, out),
-                (_, 4) => q2_rows::<4>(group, xs, nb, ahead, out),
-                (_, 2) => q2_rows::<2>(group, xs, nb, ahead, out),
-                _ => q2_rows::<1>(group, xs, nb, ahead, out),
+            let mut a0 = 0;
+            while a0 < arows {
+                let take = match arows - a0 {
+                    TOKEN_ROWS.. => TOKEN_ROWS,
+                    4..TOKEN_ROWS => 4,
+                    2 | 3 => 2,
+                    _ => 1,
+                };
+                let ys: &[BlockQ8K] = &x[a0 * nb + b..];
+                let out = &mut acc[a0..a0 + take];
+                let mins = B != 110;
+                match (mins, take) {
+                    (true, 8) => unpacked_pass::<8, true>(&unpacked, &sc, ys, nb, out),
+                    (true, 4) => unpacked_pass::<4, true>(&unpacked, &sc, ys, nb, out),
+                    (true, 2) => unpacked_pass::<2, true>(&unpacked, &sc, ys, nb, out),
+                    (true, _) => unpacked_pass::<1, true>(&unpacked, &sc, ys, nb, out),
+                    (false, 8) => unpacked_pass::<8, false>(&unpacked, &sc, ys, nb, out),
+                    (false, 4) => unpacked_pass::<4, false>(&unpacked, &sc, ys, nb, out),
+                    (false, 2) => unpacked_pass::<2, false>(&unpacked, &sc, ys, nb, out),
+                    (false, _) => unpacked_pass::<1, false>(&unpacked, &sc, ys, nb, out),
+                }
+                a0 += take;
             }
-            a0 += take;
         }
         for j in 0..tokens {
             // Plane dots added in plane order, as `planes_added`.
@@ -247,59 +263,62 @@ unsafe fn interleaved_tokens<const B: usize>(
     }
 }
 
-/// The `A` activation rows `xs` (`nb` blocks each, back to back) against one interleaved Q2_K
-/// group `g`: each row's f32 accumulator over the blocks in order from `+0.0`, into `out`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn q2_rows<const A: usize>(g: &[u8], xs: &[BlockQ8K], nb: usize, ahead: &[u8], out: &mut [__m512]) {
-    let rows: [&[BlockQ8K]; A] = std::array::from_fn(|a| &xs[a * nb..(a + 1) * nb]);
-    let mut acc = [_mm512_setzero_ps(); A];
-    for (b, blk) in g.chunks_exact(LANES * 84).take(nb).enumerate() {
-        super::prefetch_l2(super::clamped(ahead, b * LANES * 84, (b + 1) * LANES * 84));
-        q2_block_scaled::<A>(&|k| load64(blk, 64 * k), rows.map(|r| &r[b]), &mut acc);
-    }
-    out.copy_from_slice(&acc);
-}
-
-/// [`q2_block`] for many activation rows: the codes multiplied by their sub-block's scale once
-/// (`_mm512_mullo_epi16`, `q·sc ≤ 45`: the two bytes of a product do not carry), then one
-/// `vpdpbusd` per row and code word into that row's accumulator (the rows' accumulators are
-/// the independent chains). The same integers.
+/// One unpacked block of 16 rows (`unpacked`, word `k` of the rows at `64k`; its scales `sc`)
+/// against the `A` activation rows whose block is `ys[a·nb]`: the integer sums `S` by one
+/// `vpdpbusd` per word and row, then the tile kernels' epilogue per row with the weight rows in
+/// the lanes — `MINS` (Q2_K): `d8·(d·f32(S) − dmin·f32(M))`, `M = Σ_j m_j·bsum_j` by eight
+/// `vpdpwssd`; else (Q3_K's biased weights) `d8·(d·f32(S − 127·Σ bsum))` — added into `acc`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-fn q2_block_scaled<const A: usize>(
-    words: &impl Fn(usize) -> __m512i,
-    ys: [&BlockQ8K; A],
-    acc: &mut [__m512; A],
+fn unpacked_pass<const A: usize, const MINS: bool>(
+    unpacked: &[u8; 64 * 64],
+    sc: &LaneScales,
+    ys: &[BlockQ8K],
+    nb: usize,
+    acc: &mut [__m512],
 ) {
-    let m3 = _mm512_set1_epi8(3);
-    let m15 = _mm512_set1_epi32(0x000f_000f);
+    let rows: [&BlockQ8K; A] = std::array::from_fn(|a| &ys[a * nb]);
     let mut s = [_mm512_setzero_si512(); A];
-    for q0 in [0, 4, 8, 12] {
-        let (n, h) = (q0 / 8, (q0 / 4) % 2);
-        for j in 0..4 {
-            let sub = 8 * n + 2 * j + h;
-            let sc = _mm512_and_si512(
-                _mm512_shuffle_epi8(words(sub / 4), table(&PICK_TWICE[sub % 4])),
-                m15,
-            );
-            for i in 0..4 {
-                let c = words(4 + q0 + i);
-                let wq = _mm512_mullo_epi16(_mm512_and_si512(srl16(c, 2 * j), m3), sc);
-                let kx = 32 * n + 8 * j + 4 * h + i;
-                for a in 0..A {
-                    s[a] = _mm512_dpbusd_epi32(s[a], wq, word(&ys[a].qs, kx));
-                }
-            }
+    for k in 0..64 {
+        let wk = load64(unpacked, 64 * k);
+        for (sa, y) in s.iter_mut().zip(&rows) {
+            *sa = _mm512_dpbusd_epi32(*sa, wk, word(&y.qs, k));
         }
     }
-    q2_value(words, ys, s, acc);
+    let d = f32x16(&sc.d);
+    for ((sa, y), acc) in s.iter().zip(&rows).zip(acc.iter_mut()) {
+        let v = if MINS {
+            let mut m = _mm512_setzero_si512();
+            for (t, mins) in sc.mins.iter().enumerate() {
+                m = _mm512_dpwssd_epi32(m, i32x16(mins), word(&y.bsums, t));
+            }
+            _mm512_sub_ps(
+                _mm512_mul_ps(d, _mm512_cvtepi32_ps(*sa)),
+                _mm512_mul_ps(f32x16(&sc.dmin), _mm512_cvtepi32_ps(m)),
+            )
+        } else {
+            let total: i32 = y.bsums.iter().map(|&v| i32::from(v)).sum();
+            let sum = _mm512_add_epi32(*sa, _mm512_set1_epi32(-127 * total));
+            _mm512_mul_ps(d, _mm512_cvtepi32_ps(sum))
+        };
+        *acc = _mm512_add_ps(*acc, _mm512_mul_ps(_mm512_set1_ps(y.d), v));
+    }
 }
 
-/// [`q2_rows`] for Q3_K (the block words as [`q3_interleaved`] reads them).
+/// 16 f32 lanes from an array.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn q3_rows<const A: usize>(g: &[u8], xs: &[BlockQ8K], nb: usize, ahead: &[u8], out: &mut [__m512]) {
-    let rows: [&[BlockQ8K]; A] = std::array::from_fn(|a| &xs[a * nb..(a + 1) * nb]);
-    out.copy_from_slice(&q3_blocks::<A, 1>(g, rows, nb, ahead));
+#[inline]
+fn f32x16(v: &[f32; LANES]) -> __m512 {
+    // SAFETY: 16 readable f32.
+    unsafe { _mm512_loadu_ps(v.as_ptr()) }
+}
+
+/// 16 i32 lanes from an array.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn i32x16(v: &[i32; LANES]) -> __m512i {
+    // SAFETY: 16 readable i32.
+    unsafe { _mm512_loadu_si512(v.as_ptr().cast()) }
 }
 
 /// The many-token kernel of `ty` (Q2_K, Q3_K) for the interleaved layout on a CPU with the
