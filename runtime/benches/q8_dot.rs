@@ -9,7 +9,10 @@
 //! (`per_row`) and as the multi-row kernel once per weight row (`many`), in multiply-adds per
 //! second (criterion's "elements"); `many` also at 2, 4 and 8 activation rows; where the CPU has
 //! AMX, `grid` (Q2_K, Q3_K) is the tile kernel at 2, 4, 8, 16 and 128 activation rows (where it
-//! starts to beat `many` sets `GRID_MIN_ROWS` in `fastpath.rs`).
+//! starts to beat `many` sets `GRID_MIN_ROWS` in `fastpath.rs`); (Q2_K, Q3_K) `grid_interleaved`
+//! and `tokens_interleaved` are the tile and many-token kernels of the interleaved layout at
+//! 16, 32 and 128 activation rows (8, 16, 64 tokens of two planes; where they cross sets the cost
+//! model `tokens_model` in `fastpath.rs`).
 //! `q8_decode/<type>` (Q2_K, Q3_K, Q6_K) is the decode shape: the 2048 streamed rows (and the 16
 //! cache-resident ones, `l2_`) against one token of one plane (`q8`) or two (`q8x2`), by the
 //! decode kernel (`rows`) and, for contrast, by the multi-row kernel once per weight row
@@ -22,8 +25,9 @@
 use aubier_runtime::ggml_type::GgmlType;
 use aubier_runtime::quant::dot_row;
 use aubier_runtime::quant::q8::{
-    interleave_rows, q8_dot_fn, q8_dot_many_fn, q8_grid_fn, q8_interleaved_fn, q8_rows_fn,
-    q8_rows_fn_by_row, quantize_row_q8k, BlockQ8K, Q8Tiles, QK_K,
+    interleave_rows, q8_dot_fn, q8_dot_many_fn, q8_grid_fn, q8_grid_interleaved_fn,
+    q8_interleaved_fn, q8_interleaved_tokens_fn, q8_rows_fn, q8_rows_fn_by_row, quantize_row_q8k,
+    BlockQ8K, Q8Tiles, QK_K,
 };
 use aubier_runtime::quant::random::BlockSampler;
 use criterion::{criterion_group, criterion_main, Bencher, BenchmarkId, Criterion, Throughput};
@@ -201,12 +205,7 @@ fn prefill(c: &mut Criterion, ty: GgmlType, w: &[u8], row: usize, rng: &mut ChaC
     });
     if let Some(grid) = q8_grid_fn(ty) {
         for tokens in [2, 4, 8, TOKENS, 8 * TOKENS] {
-            let x: Vec<f32> = (0..tokens * K)
-                .map(|_| rng.random_range(-1.0f32..1.0))
-                .collect();
-            let mut xq = vec![BlockQ8K::ZERO; tokens * nb];
-            quantize_row_q8k(&x, &mut xq).expect("whole blocks");
-            let tiles = Q8Tiles::pack(&xq, tokens).expect("whole rows");
+            let (_, tiles) = random_tiles(tokens, rng);
             let mut y = vec![0.0f32; PREFILL_ROWS * tokens];
             g.throughput(Throughput::Elements((PREFILL_ROWS * tokens * K) as u64));
             g.bench_function(
@@ -220,7 +219,62 @@ fn prefill(c: &mut Criterion, ty: GgmlType, w: &[u8], row: usize, rng: &mut ChaC
             );
         }
     }
+    interleaved_prefill(&mut g, ty, w, row, rng);
     g.finish();
+}
+
+/// `rows` random activation rows of `K` elements, quantized, and packed for the tile kernels.
+fn random_tiles(rows: usize, rng: &mut ChaCha8Rng) -> (Vec<BlockQ8K>, Q8Tiles) {
+    let x: Vec<f32> = (0..rows * K)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect();
+    let mut xq = vec![BlockQ8K::ZERO; rows * K / QK_K];
+    quantize_row_q8k(&x, &mut xq).expect("whole blocks");
+    let tiles = Q8Tiles::pack(&xq, rows).expect("whole rows");
+    (xq, tiles)
+}
+
+/// Activation rows (tokens × planes) of the interleaved prefill kernels' cases: 8, 16 and 64
+/// tokens of two planes (`q8x2`).
+const INTERLEAVED_ROWS: [usize; 3] = [16, 32, 128];
+
+/// `grid_interleaved` and `tokens_interleaved` (Q2_K, Q3_K): the tile kernel and the
+/// many-token kernel of the interleaved layout (what `moe_ffn` and the fast store's dense
+/// weights run at prefill) on the `PREFILL_ROWS` rows of `w` interleaved, against
+/// [`INTERLEAVED_ROWS`] activation rows (two planes per token), in multiply-adds per second.
+fn interleaved_prefill(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    ty: GgmlType,
+    w: &[u8],
+    row: usize,
+    rng: &mut ChaCha8Rng,
+) {
+    let (Some(grid), Some(tokens_fn)) = (q8_grid_interleaved_fn(ty), q8_interleaved_tokens_fn(ty))
+    else {
+        return;
+    };
+    let w = &w[..PREFILL_ROWS * row];
+    let mut packed = vec![0u8; w.len()];
+    interleave_rows(ty, w, &mut packed, row).expect("whole groups");
+    for rows in INTERLEAVED_ROWS {
+        let (xq, tiles) = random_tiles(rows, rng);
+        let mut y = vec![0.0f32; PREFILL_ROWS * rows];
+        g.throughput(Throughput::Elements((PREFILL_ROWS * rows * K) as u64));
+        let shape = format!("4096x512x{rows}");
+        g.bench_function(BenchmarkId::new("grid_interleaved", &shape), |b| {
+            iter_cpu(b, || {
+                grid(black_box(&packed), black_box(&tiles), &mut y);
+                y[0]
+            })
+        });
+        let mut y = vec![0.0f32; PREFILL_ROWS * rows / 2];
+        g.bench_function(BenchmarkId::new("tokens_interleaved", &shape), |b| {
+            iter_cpu(b, || {
+                tokens_fn(black_box(&packed), black_box(&xq), 2, rows / 2, &mut y);
+                y[0]
+            })
+        });
+    }
 }
 
 /// The decode case of `ty` on the weight rows `w` (`row` bytes each).
