@@ -1510,6 +1510,8 @@ mod tests {
         assert!(Q8Tiles::pack(&[BlockQ8K::ZERO; 1], 0).is_none());
         let p = Q8Tiles::pack(&[BlockQ8K::ZERO; 6], 3).unwrap();
         assert_eq!((p.rows(), p.blocks()), (3, 2));
+        let empty_rows = Q8Tiles::pack(&[], 4).unwrap();
+        assert_eq!((empty_rows.rows(), empty_rows.blocks()), (4, 0));
     }
 
     proptest::proptest! {

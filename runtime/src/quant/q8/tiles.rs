@@ -63,17 +63,35 @@ impl Q8Tiles {
             pairs: vec![[[0; GROUP]; 8]; groups * nb],
             neg127: vec![[0; GROUP]; groups * nb],
         };
+        if nb == 0 {
+            return Some(p);
+        }
+        // Tile by tile, each tile row written in order: word `16c + r` of the group's rows, one
+        // 32-bit word per row (the transpose's strided side reads the rows' blocks, in L1).
+        for (g, xg) in x.chunks(GROUP * nb).enumerate() {
+            for b in 0..nb {
+                let gb = g * nb + b;
+                // words[t][k]: word `k` of row `t`'s block (rows past the group's end stay 0).
+                let mut words = [[0u32; 64]; GROUP];
+                for (wt, xr) in words.iter_mut().zip(xg.chunks_exact(nb)) {
+                    for (w, code) in wt.iter_mut().zip(xr[b].qs.as_chunks::<4>().0) {
+                        *w = u32::from_ne_bytes(code.map(|q| q as u8));
+                    }
+                }
+                for (c, tile) in p.tiles[gb * 4..gb * 4 + 4].iter_mut().enumerate() {
+                    for (r, tile_row) in tile.0.as_chunks_mut::<64>().0.iter_mut().enumerate() {
+                        let k = GROUP * c + r;
+                        for (dst, wt) in tile_row.as_chunks_mut::<4>().0.iter_mut().zip(&words) {
+                            *dst = wt[k].to_ne_bytes();
+                        }
+                    }
+                }
+            }
+        }
         for (j, xr) in x.chunks_exact(nb).enumerate() {
             let (g, t) = (j / GROUP, j % GROUP);
             for (b, y) in xr.iter().enumerate() {
                 let gb = g * nb + b;
-                for (w, code) in y.qs.chunks_exact(4).enumerate() {
-                    let (c, r) = (w / GROUP, w % GROUP);
-                    let at = r * 64 + 4 * t;
-                    for (dst, &q) in p.tiles[gb * 4 + c].0[at..at + 4].iter_mut().zip(code) {
-                        *dst = q as u8;
-                    }
-                }
                 p.d8[gb][t] = y.d;
                 for (i, pair) in y.bsums.chunks_exact(2).enumerate() {
                     let word = u32::from(pair[0] as u16) | (u32::from(pair[1] as u16) << 16);
