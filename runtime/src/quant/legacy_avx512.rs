@@ -25,34 +25,61 @@ pub(super) fn dot_fn(ty: GgmlType) -> Option<super::DotFn> {
     }
 }
 
+/// `y[r] = dot(row_r, x)` for `y.len()` rows of `rb` bytes back to back at `src`, each row
+/// `n / 32` blocks; the bits of [`dot_fn`]'s kernel on each row.
+///
+/// # Safety
+/// `src` points to `y.len() · rb` readable bytes, each row as [`super::DotFn`]'s `row`, `x` to
+/// `n` readable f32, and the CPU has AVX-512F (checked by [`dots_fn`]).
+pub(super) type DotsFn =
+    unsafe fn(src: *const u8, rb: usize, x: *const f32, n: usize, y: &mut [f32]);
+
+/// The many-row AVX-512 dot of `ty` (Q4_0, Q8_0) when the CPU has AVX-512F, else None: rows
+/// four at a time, each with its own accumulator (a single row's chain of dependent adds bounds
+/// the one-row kernel on 64-element rows).
+pub(super) fn dots_fn(ty: GgmlType) -> Option<DotsFn> {
+    if !is_x86_feature_detected!("avx512f") {
+        return None;
+    }
+    match ty {
+        GgmlType::Q4_0 => Some(dots_q4_0),
+        GgmlType::Q8_0 => Some(dots_q8_0),
+        _ => None,
+    }
+}
+
 /// The block's two vectors of weights: elements `0 .. 16` and `16 .. 32`.
 type Weights = (__m512, __m512);
 
-/// `Σ w·x` over the `n / 32` blocks of `B` bytes at `row`, `weights` giving a block's weights.
+/// `Σ w·x` over the `n / 32` blocks of `B` bytes of each of the `R` rows, `weights` giving a
+/// block's weights; the rows' sums are independent chains, each in the one-row order.
 ///
 /// # Safety
-/// [`super::DotFn`]'s contract, and the CPU has AVX-512F.
+/// Each `rows[r]` points to `n / 32 · B` readable bytes, `x` to `n` readable f32, and the CPU has
+/// AVX-512F.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn dot_blocks<const B: usize>(
-    row: *const u8,
+unsafe fn dot_blocks<const B: usize, const R: usize>(
+    rows: [*const u8; R],
     x: *const f32,
     n: usize,
     weights: impl Fn(&[u8; B]) -> Weights,
-) -> f32 {
+) -> [f32; R] {
+    let mut out = [0f32; R];
     if n == 0 {
-        return 0.0;
+        return out;
     }
-    // SAFETY: the caller guarantees n / 32 · B readable bytes and n readable f32.
-    let (blocks, x) = unsafe {
-        (
-            std::slice::from_raw_parts(row, n / 32 * B),
-            std::slice::from_raw_parts(x, n),
-        )
-    };
-    let mut acc = _mm256_setzero_ps();
-    for (b, xb) in blocks.as_chunks::<B>().0.iter().zip(x.chunks_exact(32)) {
-        let (w0, w1) = weights(b);
+    // SAFETY: the caller guarantees n readable f32.
+    let x = unsafe { std::slice::from_raw_parts(x, n) };
+    let mut blocks: [&[[u8; B]]; R] = [&[]; R];
+    for (b, &row) in blocks.iter_mut().zip(&rows) {
+        // SAFETY: the caller guarantees n / 32 · B readable bytes per row.
+        *b = unsafe { std::slice::from_raw_parts(row, n / 32 * B) }
+            .as_chunks::<B>()
+            .0;
+    }
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, xb) in x.chunks_exact(32).enumerate() {
         // SAFETY: 32 readable f32 in `xb`.
         let (x0, x1) = unsafe {
             (
@@ -60,34 +87,49 @@ unsafe fn dot_blocks<const B: usize>(
                 _mm512_loadu_ps(xb.as_ptr().add(16)),
             )
         };
-        for p in [_mm512_mul_ps(w0, x0), _mm512_mul_ps(w1, x1)] {
-            acc = _mm256_add_ps(acc, _mm512_castps512_ps256(p));
-            acc = _mm256_add_ps(acc, upper_half(p));
+        for (a, bl) in acc.iter_mut().zip(&blocks) {
+            let (w0, w1) = weights(&bl[i]);
+            for p in [_mm512_mul_ps(w0, x0), _mm512_mul_ps(w1, x1)] {
+                *a = _mm256_add_ps(*a, _mm512_castps512_ps256(p));
+                *a = _mm256_add_ps(*a, upper_half(p));
+            }
         }
     }
-    let mut a = [0f32; 8];
-    // SAFETY: 8 f32 into an [f32; 8].
-    unsafe { _mm256_storeu_ps(a.as_mut_ptr(), acc) };
-    ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+    for (o, a) in out.iter_mut().zip(acc) {
+        let mut l = [0f32; 8];
+        // SAFETY: 8 f32 into an [f32; 8].
+        unsafe { _mm256_storeu_ps(l.as_mut_ptr(), a) };
+        *o = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    }
+    out
 }
 
-/// The upper eight lanes of `p` (AVX-512F only: `vextractf32x8` needs AVX-512DQ).
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn upper_half(p: __m512) -> __m256 {
-    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(p)))
-}
-
-/// The block's `d`, widened from f16 (exact, as the decoder's `f16_at`).
-#[inline(always)]
-fn d_of<const B: usize>(b: &[u8; B]) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
-}
-
+/// [`DotsFn`] by `dot` on four rows at a time, then one.
+///
 /// # Safety
-/// [`super::DotFn`]'s contract, and the CPU has AVX-512F (checked by [`dot_fn`]).
+/// [`DotsFn`]'s contract; `dot` is safe to call with `R` of its rows.
+#[inline(always)]
+unsafe fn by_fours(
+    src: *const u8,
+    rb: usize,
+    y: &mut [f32],
+    four: impl Fn([*const u8; 4]) -> [f32; 4],
+    one: impl Fn(*const u8) -> f32,
+) {
+    // SAFETY (every `add`): row `r` starts `r · rb` bytes into `src`, inside its y.len() rows.
+    let row = |r: usize| unsafe { src.add(r * rb) };
+    let whole = y.len() / 4 * 4;
+    for (c, ys) in y[..whole].chunks_exact_mut(4).enumerate() {
+        ys.copy_from_slice(&four(std::array::from_fn(|i| row(4 * c + i))));
+    }
+    for (r, v) in y.iter_mut().enumerate().skip(whole) {
+        *v = one(row(r));
+    }
+}
+
+/// `R` Q4_0 rows against `x` ([`dot_blocks`]'s contract).
 #[target_feature(enable = "avx512f")]
-unsafe extern "C" fn dot_q4_0(row: *const u8, x: *const f32, n: usize) -> f32 {
+unsafe fn q4_0_rows<const R: usize>(rows: [*const u8; R], x: *const f32, n: usize) -> [f32; R] {
     let weights = |b: &[u8; 18]| {
         let d = _mm512_set1_ps(d_of(b));
         // SAFETY: bytes 2 .. 18 of the block.
@@ -102,13 +144,12 @@ unsafe extern "C" fn dot_q4_0(row: *const u8, x: *const f32, n: usize) -> f32 {
         )
     };
     // SAFETY: forwarded contract.
-    unsafe { dot_blocks::<18>(row, x, n, weights) }
+    unsafe { dot_blocks::<18, R>(rows, x, n, weights) }
 }
 
-/// # Safety
-/// [`super::DotFn`]'s contract, and the CPU has AVX-512F (checked by [`dot_fn`]).
+/// `R` Q8_0 rows against `x` ([`dot_blocks`]'s contract).
 #[target_feature(enable = "avx512f")]
-unsafe extern "C" fn dot_q8_0(row: *const u8, x: *const f32, n: usize) -> f32 {
+unsafe fn q8_0_rows<const R: usize>(rows: [*const u8; R], x: *const f32, n: usize) -> [f32; R] {
     let weights = |b: &[u8; 34]| {
         let d = _mm512_set1_ps(d_of(b));
         // SAFETY: bytes 2 .. 18 and 18 .. 34 of the block.
@@ -124,7 +165,64 @@ unsafe extern "C" fn dot_q8_0(row: *const u8, x: *const f32, n: usize) -> f32 {
         )
     };
     // SAFETY: forwarded contract.
-    unsafe { dot_blocks::<34>(row, x, n, weights) }
+    unsafe { dot_blocks::<34, R>(rows, x, n, weights) }
+}
+
+/// # Safety
+/// [`super::DotFn`]'s contract, and the CPU has AVX-512F (checked by [`dot_fn`]).
+unsafe extern "C" fn dot_q4_0(row: *const u8, x: *const f32, n: usize) -> f32 {
+    // SAFETY: forwarded contract.
+    unsafe { q4_0_rows::<1>([row], x, n)[0] }
+}
+
+/// # Safety
+/// [`super::DotFn`]'s contract, and the CPU has AVX-512F (checked by [`dot_fn`]).
+unsafe extern "C" fn dot_q8_0(row: *const u8, x: *const f32, n: usize) -> f32 {
+    // SAFETY: forwarded contract.
+    unsafe { q8_0_rows::<1>([row], x, n)[0] }
+}
+
+/// # Safety
+/// [`DotsFn`]'s contract (AVX-512F checked by [`dots_fn`]).
+unsafe fn dots_q4_0(src: *const u8, rb: usize, x: *const f32, n: usize, y: &mut [f32]) {
+    // SAFETY: forwarded contract, each row pointer inside `src`'s rows.
+    unsafe {
+        by_fours(
+            src,
+            rb,
+            y,
+            |r| q4_0_rows::<4>(r, x, n),
+            |r| q4_0_rows::<1>([r], x, n)[0],
+        )
+    }
+}
+
+/// # Safety
+/// [`DotsFn`]'s contract (AVX-512F checked by [`dots_fn`]).
+unsafe fn dots_q8_0(src: *const u8, rb: usize, x: *const f32, n: usize, y: &mut [f32]) {
+    // SAFETY: forwarded contract, each row pointer inside `src`'s rows.
+    unsafe {
+        by_fours(
+            src,
+            rb,
+            y,
+            |r| q8_0_rows::<4>(r, x, n),
+            |r| q8_0_rows::<1>([r], x, n)[0],
+        )
+    }
+}
+
+/// The upper eight lanes of `p` (AVX-512F only: `vextractf32x8` needs AVX-512DQ).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn upper_half(p: __m512) -> __m256 {
+    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(p)))
+}
+
+/// The block's `d`, widened from f16 (exact, as the decoder's `f16_at`).
+#[inline(always)]
+fn d_of<const B: usize>(b: &[u8; B]) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
 }
 
 #[cfg(test)]
@@ -160,6 +258,39 @@ mod tests {
                         )
                     };
                     assert_eq!(a.to_bits(), b.to_bits(), "{ty}, {n} elements");
+                }
+            }
+        }
+    }
+
+    /// The many-row dots give each row the scalar dot's bits: 1 to 9 rows (whole fours and
+    /// the rest), rows of 1 to 3 blocks.
+    #[test]
+    fn avx512_many_row_dots_are_the_scalar_dots() {
+        let mut rng = ChaCha8Rng::seed_from_u64(6);
+        for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+            let Some(dots) = dots_fn(ty) else {
+                println!("note: no AVX-512F on this CPU: {ty} check skipped");
+                continue;
+            };
+            let scalar = super::super::scalar_dot_fn(ty).expect("scalar kernel");
+            let sampler = crate::quant::random::BlockSampler::new(ty).expect("sampler");
+            for (rows, blocks) in (1..10).flat_map(|r| (1..4).map(move |b| (r, b))) {
+                let n = 32 * blocks;
+                let rb = ty.row_size(n).expect("size");
+                let mut src = vec![0u8; rb * rows];
+                for row in src.chunks_exact_mut(rb) {
+                    let scale = rng.random_range(0.01..4.0);
+                    sampler.fill_row(&mut rng, scale, n, row).expect("row");
+                }
+                let x: Vec<f32> = (0..n).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+                let mut y = vec![f32::NAN; rows];
+                // SAFETY: `src` holds `rows` rows of n / 32 blocks, `x` n f32.
+                unsafe { dots(src.as_ptr(), rb, x.as_ptr(), n, &mut y) };
+                for (r, (row, v)) in src.chunks_exact(rb).zip(&y).enumerate() {
+                    // SAFETY: as above, one row.
+                    let want = unsafe { scalar(row.as_ptr(), x.as_ptr(), n) };
+                    assert_eq!(v.to_bits(), want.to_bits(), "{ty}, row {r} of {rows}, {n}");
                 }
             }
         }

@@ -459,6 +459,12 @@ pub fn dot_rows(ty: GgmlType, src: &[u8], x: &[f32], y: &mut [f32]) -> Result<()
             actual: src.len(),
         });
     }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(dots) = legacy_avx512::dots_fn(ty) {
+        // SAFETY: as below, for all `y.len()` rows of `src` at once.
+        unsafe { dots(src.as_ptr(), rb, x.as_ptr(), x.len(), y) };
+        return Ok(());
+    }
     for (v, row) in y.iter_mut().zip(src.chunks_exact(rb.max(1))) {
         // SAFETY: check_row proved that x.len() is a multiple of the block size and that each
         // `rb`-byte row holds exactly its row size; `x` is an aligned &[f32] of that length.
