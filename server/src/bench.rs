@@ -54,7 +54,8 @@ pub struct BenchArgs {
     /// Prompt length in tokens.
     #[arg(long, default_value_t = 512)]
     pub n_prompt: usize,
-    /// Tokens to generate per rep.
+    /// Tokens to generate per rep, at least 2 (decode tok/s counts the steps after the first
+    /// sampled token, which closes the prefill).
     #[arg(long, default_value_t = 128)]
     pub n_gen: usize,
     /// Repetitions.
@@ -293,6 +294,13 @@ pub struct BenchReport {
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.n_prompt == 0 || args.reps == 0 {
         bail!("--n-prompt and --reps must be at least 1");
+    }
+    if args.n_gen < 2 {
+        bail!(
+            "--n-gen must be at least 2: decode tok/s counts the steps after the first sampled \
+             token, and --n-gen {} has none",
+            args.n_gen
+        );
     }
     let text = std::fs::read_to_string(&args.prompt_file)
         .with_context(|| format!("reading {}", args.prompt_file.display()))?;

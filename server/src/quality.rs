@@ -296,7 +296,9 @@ pub fn paired_verdict(d: &[f64], margin: f64) -> PairedStats {
 /// Teacher-forced NLL of `tokens[i + 1]` at every position `i` (nats), prefilled in chunks, the
 /// weight products and prompt pass size of `kernels`.
 ///
-/// Errors: the session (KV capacity, ids outside the vocabulary, execution).
+/// Errors: an id outside the vocabulary (checked before anything runs, with its position), a
+/// position whose logits give no finite NLL (NaN or infinite logits), the session (KV capacity,
+/// execution).
 pub fn teacher_forced_nll(
     model: Arc<Model>,
     kernels: &crate::run::KernelArgs,
@@ -304,6 +306,13 @@ pub fn teacher_forced_nll(
     chunk: usize,
 ) -> anyhow::Result<Vec<f64>> {
     let n_vocab = model.config.n_vocab;
+    if let Some((i, id)) = tokens
+        .iter()
+        .enumerate()
+        .find(|&(_, &id)| id as usize >= n_vocab)
+    {
+        bail!("token {i} of the input is id {id}, outside the vocabulary of {n_vocab}");
+    }
     let mut session = Session::open(
         model,
         SessionOptions {
@@ -326,7 +335,11 @@ pub fn teacher_forced_nll(
                     .map(|&x| f64::from(x - max).exp())
                     .sum::<f64>()
                     .ln();
-            nll.push(lse - f64::from(row[next as usize]));
+            let v = lse - f64::from(row[next as usize]);
+            if !v.is_finite() {
+                bail!("position {i}: the logits give no finite NLL (NaN or infinite logits)");
+            }
+            nll.push(v);
         }
     }
     Ok(nll)

@@ -90,7 +90,7 @@ impl QuantMix {
 /// Arguments of `aubier synth`.
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// GGUF file to write (overwritten).
+    /// GGUF file to write: replaced once the new file is whole (a failed run leaves it as it was).
     #[arg(long)]
     pub out: PathBuf,
     /// Transformer layers (the real model has 36).
@@ -451,15 +451,46 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         .iter()
         .map(|t| BlockSampler::new(t.info.ggml_type))
         .collect::<Result<Vec<_>, _>>()?;
-    let file = std::fs::File::create(&args.out)
-        .with_context(|| format!("creating {}", args.out.display()))?;
-    let mut out = BufWriter::with_capacity(8 << 20, file);
-    let bytes = writer
-        .write_streamed(&mut out, &infos, |i, sink| {
-            write_tensor(&list[i], &samplers[i], args.seed, i as u64, sink)
-        })
-        .with_context(|| format!("writing {}", args.out.display()))?;
-    out.flush()?;
+    if std::fs::metadata(&args.out).is_ok_and(|m| !m.is_file()) {
+        bail!(
+            "--out {} exists and is not a regular file",
+            args.out.display()
+        );
+    }
+    // Written beside `--out` and renamed over it once whole: a failed run (disk full, an
+    // interrupted write) leaves neither a truncated file nor a destroyed old one.
+    let name = args
+        .out
+        .file_name()
+        .with_context(|| format!("--out {} names no file", args.out.display()))?;
+    let partial = args.out.with_file_name(format!(
+        ".{}.partial-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let written = (|| -> anyhow::Result<u64> {
+        let file = std::fs::File::create(&partial).with_context(|| {
+            format!(
+                "creating {} (written first as {})",
+                args.out.display(),
+                partial.display()
+            )
+        })?;
+        let mut out = BufWriter::with_capacity(8 << 20, file);
+        let bytes = writer
+            .write_streamed(&mut out, &infos, |i, sink| {
+                write_tensor(&list[i], &samplers[i], args.seed, i as u64, sink)
+            })
+            .with_context(|| format!("writing {}", partial.display()))?;
+        out.flush()
+            .with_context(|| format!("writing {}", partial.display()))?;
+        std::fs::rename(&partial, &args.out)
+            .with_context(|| format!("renaming {} to {}", partial.display(), args.out.display()))?;
+        Ok(bytes)
+    })();
+    let bytes = written.inspect_err(|_| {
+        let _ = std::fs::remove_file(&partial);
+    })?;
     eprintln!(
         "wrote {} ({} tensors, {:.2} GB, {} layers, {} experts, {})",
         args.out.display(),

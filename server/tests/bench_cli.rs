@@ -89,7 +89,12 @@ fn json_report_on_the_bundled_model() {
 #[test]
 fn bad_sizes_are_errors() {
     let model = models_dir().join("ms4-tiny256-q2k.gguf");
-    for args in [["--n-prompt", "0"], ["--n-gen", "1000"]] {
+    for args in [
+        ["--n-prompt", "0"],
+        ["--n-gen", "1000"],
+        ["--n-gen", "0"],
+        ["--n-gen", "1"],
+    ] {
         let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
             .args(["bench", "--model"])
             .arg(&model)

@@ -135,3 +135,24 @@ fn bad_flags_and_overrides_are_errors() {
     let o = aubier(&["quality", "--model", &m, "--a", ""]);
     assert!(!o.status.success(), "a text is required");
 }
+
+/// An id outside the vocabulary is an error naming its position, wherever it falls (here the
+/// first token of the second prefill chunk, whose logits row the first chunk's last position
+/// reads), never a panic.
+#[test]
+fn an_id_outside_the_vocabulary_is_an_error_at_any_chunk() {
+    let m = model();
+    let ids = tmp("oov-ids.txt");
+    std::fs::write(&ids, "1 2 3 999999 5 6").expect("write");
+    let path = ids.display().to_string();
+    for chunk in ["1", "3", "256"] {
+        let o = aubier(&["quality", "--model", &m, "--ids", &path, "--chunk", chunk]);
+        assert!(!o.status.success(), "chunk {chunk}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("token 3") && err.contains("999999") && !err.contains("panicked"),
+            "chunk {chunk}: {err}"
+        );
+    }
+    std::fs::remove_file(&ids).ok();
+}

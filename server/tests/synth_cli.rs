@@ -151,3 +151,46 @@ fn bad_arguments_are_errors() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent-dir/x.gguf"));
     let _ = std::fs::remove_file(&out);
 }
+
+/// A write that fails part-way (here the shell's file-size limit, with SIGXFSZ ignored so the
+/// write returns EFBIG) leaves the old `--out` as it was and no partial file beside it; an
+/// `--out` that is not a regular file is refused before anything is written.
+#[test]
+fn a_failed_write_keeps_the_old_file() {
+    let dir = tmp("failed-write");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let out = dir.join("model.gguf");
+    std::fs::write(&out, b"the old file").expect("write");
+    let vocab = small_vocab();
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg("trap '' XFSZ; ulimit -f 200; exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_aubier"))
+        .args([
+            "synth",
+            "--tiny",
+            "--layers",
+            "1",
+            "--experts",
+            "4",
+            "--vocab",
+            &vocab,
+        ])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("runs");
+    assert!(!o.status.success(), "a 100 KiB limit stops the write");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("writing") && !err.contains("panicked"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&out).expect("read"), b"the old file");
+    let left: Vec<_> = std::fs::read_dir(&dir).expect("dir").collect();
+    assert_eq!(left.len(), 1, "only the old file is left: {left:?}");
+    let o = aubier(&["synth", "--tiny", "--out", dir.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not a regular file"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
