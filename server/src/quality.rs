@@ -122,12 +122,21 @@ impl ModelFlags {
     /// (an integer or float override keeps the key's existing type), then reads the config,
     /// compiles and binds the plan as `Model::load` does.
     ///
-    /// Errors: the file, an override that does not fit the key's type, the model binding.
+    /// Errors: the file, an override of a key the file does not have (a misspelt key would
+    /// otherwise change nothing) or that does not fit the key's type, the model binding.
     pub fn load(&self, path: &Path) -> anyhow::Result<Arc<Model>> {
         let mut file =
             GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
         for o in &self.override_kv {
-            let value = override_value(file.get(&o.key), &o.value)
+            let Some(existing) = file.get(&o.key) else {
+                bail!(
+                    "--override-kv {}: {} has no such key (an override replaces a key's value; \
+                     `aubier inspect` lists them)",
+                    o.key,
+                    path.display()
+                );
+            };
+            let value = override_value(existing, &o.value)
                 .with_context(|| format!("--override-kv {}", o.key))?;
             file.set_metadata(&o.key, value);
         }
@@ -138,40 +147,34 @@ impl ModelFlags {
     }
 }
 
-/// The metadata value for an override of a key whose current value is `existing`.
-fn override_value(existing: Option<&MetaValue>, v: &OverrideValue) -> anyhow::Result<MetaValue> {
+/// The metadata value for an override of a key whose current value is `existing`: the same
+/// type, or an error.
+fn override_value(existing: &MetaValue, v: &OverrideValue) -> anyhow::Result<MetaValue> {
     use MetaValue as M;
     let range = |i: i64, ty: &str| anyhow::anyhow!("{i} does not fit the key's type {ty}");
-    Ok(match v {
-        OverrideValue::Int(i) => {
+    let not = |what: &str| anyhow::anyhow!("the key holds a {}, not {what}", existing.type_name());
+    Ok(match (v, existing) {
+        (OverrideValue::Int(i), e) => {
             let i = *i;
-            match existing {
-                Some(M::U8(_)) => M::U8(u8::try_from(i).map_err(|_| range(i, "u8"))?),
-                Some(M::I8(_)) => M::I8(i8::try_from(i).map_err(|_| range(i, "i8"))?),
-                Some(M::U16(_)) => M::U16(u16::try_from(i).map_err(|_| range(i, "u16"))?),
-                Some(M::I16(_)) => M::I16(i16::try_from(i).map_err(|_| range(i, "i16"))?),
-                Some(M::U32(_)) => M::U32(u32::try_from(i).map_err(|_| range(i, "u32"))?),
-                Some(M::I32(_)) => M::I32(i32::try_from(i).map_err(|_| range(i, "i32"))?),
-                Some(M::U64(_)) => M::U64(u64::try_from(i).map_err(|_| range(i, "u64"))?),
-                Some(other @ (M::F32(_) | M::F64(_) | M::Bool(_) | M::String(_) | M::Array(_))) => {
-                    bail!("the key holds a {}, not an integer", other.type_name())
-                }
-                _ => M::I64(i),
+            match e {
+                M::U8(_) => M::U8(u8::try_from(i).map_err(|_| range(i, "u8"))?),
+                M::I8(_) => M::I8(i8::try_from(i).map_err(|_| range(i, "i8"))?),
+                M::U16(_) => M::U16(u16::try_from(i).map_err(|_| range(i, "u16"))?),
+                M::I16(_) => M::I16(i16::try_from(i).map_err(|_| range(i, "i16"))?),
+                M::U32(_) => M::U32(u32::try_from(i).map_err(|_| range(i, "u32"))?),
+                M::I32(_) => M::I32(i32::try_from(i).map_err(|_| range(i, "i32"))?),
+                M::U64(_) => M::U64(u64::try_from(i).map_err(|_| range(i, "u64"))?),
+                M::I64(_) => M::I64(i),
+                _ => return Err(not("an integer")),
             }
         }
-        OverrideValue::Float(f) => match existing {
-            Some(M::F64(_)) => M::F64(*f),
-            None | Some(M::F32(_)) => M::F32(*f as f32),
-            Some(other) => bail!("the key holds a {}, not a float", other.type_name()),
-        },
-        OverrideValue::Bool(b) => match existing {
-            None | Some(M::Bool(_)) => M::Bool(*b),
-            Some(other) => bail!("the key holds a {}, not a bool", other.type_name()),
-        },
-        OverrideValue::Str(s) => match existing {
-            None | Some(M::String(_)) => M::String(s.clone()),
-            Some(other) => bail!("the key holds a {}, not a string", other.type_name()),
-        },
+        (OverrideValue::Float(f), M::F64(_)) => M::F64(*f),
+        (OverrideValue::Float(f), M::F32(_)) => M::F32(*f as f32),
+        (OverrideValue::Float(_), _) => return Err(not("a float")),
+        (OverrideValue::Bool(b), M::Bool(_)) => M::Bool(*b),
+        (OverrideValue::Bool(_), _) => return Err(not("a bool")),
+        (OverrideValue::Str(s), M::String(_)) => M::String(s.clone()),
+        (OverrideValue::Str(_), _) => return Err(not("a string")),
     })
 }
 
@@ -483,18 +486,19 @@ mod tests {
     #[test]
     fn overrides_keep_the_key_type_and_refuse_misfits() {
         use MetaValue as M;
-        let v = override_value(Some(&M::U32(4)), &OverrideValue::Int(2)).unwrap();
+        let v = override_value(&M::U32(4), &OverrideValue::Int(2)).unwrap();
         assert_eq!(v, M::U32(2));
-        assert!(override_value(Some(&M::U32(4)), &OverrideValue::Int(-1)).is_err());
-        assert!(override_value(Some(&M::String("x".into())), &OverrideValue::Int(1)).is_err());
+        assert!(override_value(&M::U32(4), &OverrideValue::Int(-1)).is_err());
+        assert!(override_value(&M::String("x".into()), &OverrideValue::Int(1)).is_err());
         assert_eq!(
-            override_value(None, &OverrideValue::Int(-3)).unwrap(),
+            override_value(&M::I64(7), &OverrideValue::Int(-3)).unwrap(),
             M::I64(-3)
         );
         assert_eq!(
-            override_value(Some(&M::F32(1.0)), &OverrideValue::Float(0.25)).unwrap(),
+            override_value(&M::F32(1.0), &OverrideValue::Float(0.25)).unwrap(),
             M::F32(0.25)
         );
+        assert!(override_value(&M::Bool(true), &OverrideValue::Float(0.25)).is_err());
     }
 
     /// Known answers, independent of the model: the t quantile for df = 9 is 2.262157 (tables).

@@ -123,6 +123,10 @@ fn bad_flags_and_overrides_are_errors() {
             "--override-kv mistral4.expert_used_count=int:99",
             "expert_used_count",
         ),
+        (
+            "--override-kv mistral4.expert_used_cont=int:2",
+            "no such key",
+        ),
     ] {
         let o = aubier(&["quality", "--model", &m, "--text", &a, "--b", b]);
         assert!(!o.status.success(), "{b}");
