@@ -170,6 +170,7 @@ unsafe fn q8_0_rows<const R: usize>(rows: [*const u8; R], x: *const f32, n: usiz
 
 /// # Safety
 /// [`super::DotFn`]'s contract, and the CPU has AVX-512F (checked by [`dot_fn`]).
+#[target_feature(enable = "avx512f")]
 unsafe extern "C" fn dot_q4_0(row: *const u8, x: *const f32, n: usize) -> f32 {
     // SAFETY: forwarded contract.
     unsafe { q4_0_rows::<1>([row], x, n)[0] }
@@ -177,6 +178,7 @@ unsafe extern "C" fn dot_q4_0(row: *const u8, x: *const f32, n: usize) -> f32 {
 
 /// # Safety
 /// [`super::DotFn`]'s contract, and the CPU has AVX-512F (checked by [`dot_fn`]).
+#[target_feature(enable = "avx512f")]
 unsafe extern "C" fn dot_q8_0(row: *const u8, x: *const f32, n: usize) -> f32 {
     // SAFETY: forwarded contract.
     unsafe { q8_0_rows::<1>([row], x, n)[0] }
@@ -184,6 +186,7 @@ unsafe extern "C" fn dot_q8_0(row: *const u8, x: *const f32, n: usize) -> f32 {
 
 /// # Safety
 /// [`DotsFn`]'s contract (AVX-512F checked by [`dots_fn`]).
+#[target_feature(enable = "avx512f")]
 unsafe fn dots_q4_0(src: *const u8, rb: usize, x: *const f32, n: usize, y: &mut [f32]) {
     // SAFETY: forwarded contract, each row pointer inside `src`'s rows.
     unsafe {
@@ -199,6 +202,7 @@ unsafe fn dots_q4_0(src: *const u8, rb: usize, x: *const f32, n: usize, y: &mut 
 
 /// # Safety
 /// [`DotsFn`]'s contract (AVX-512F checked by [`dots_fn`]).
+#[target_feature(enable = "avx512f")]
 unsafe fn dots_q8_0(src: *const u8, rb: usize, x: *const f32, n: usize, y: &mut [f32]) {
     // SAFETY: forwarded contract, each row pointer inside `src`'s rows.
     unsafe {
