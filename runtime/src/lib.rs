@@ -12,6 +12,7 @@ pub mod gguf;
 pub mod gguf_write;
 pub mod kv_cache;
 pub mod model;
+pub mod pool;
 pub mod quant;
 pub mod sampler;
 pub mod session;

@@ -256,9 +256,9 @@ impl Session {
         let (exec, cache, store) = (&mut self.exec, &mut self.cache, &self.store);
         let keep = last_only.then_some(self.logits);
         // On a worker of the rayon pool, so that the run's parallel steps fork from a worker (its
-        // own deque, the other workers stealing while they still spin) rather than inject each
-        // step from outside the pool and block the caller on a latch.
-        rayon::scope(|_| {
+        // own deque) rather than inject each step from outside the pool and block the caller on
+        // a latch; the other workers spin for the run's length (`pool::run_hot`).
+        crate::pool::run_hot(|| {
             let bound = Bound {
                 plan: &model.plan,
                 program: model.program(),

@@ -1,0 +1,166 @@
+//! Running one executor run with the rayon pool's workers kept awake.
+//!
+//! Algorithm. [`run_hot`] runs its body on a worker of the current rayon pool (a
+//! `rayon::scope`, so the run's parallel steps fork from that worker's own deque) and, for the
+//! body's duration, every other worker of the pool runs a spinner: a loop of
+//! `rayon::yield_now` (take one pending job of the pool, stolen or injected, and run it) and a
+//! `pause` when there was none, until the body returns. Between two parallel steps of a decode
+//! step (a few serial microseconds: a norm, a RoPE, a top-k) an idle rayon worker otherwise goes
+//! to sleep on a condition variable after about 32 rounds of `sched_yield`, and the next step
+//! waits for the futex wake-up; on the 2-vCPU Zen 4 guest of docs/BENCHMARKS.md a two-way
+//! `rayon::join` of 2 × 20 µs took 40–55 µs after a gap of 30 µs or more and 20.7 µs with the
+//! spinner. ggml's CPU thread pool spins between graph nodes for the same reason
+//! (`ggml-cpu.c`, `ggml_graph_compute_thread`).
+//!
+//! The spinner of the body's own worker returns at once (that worker runs the body; if it
+//! picked up its own spinner while waiting for a stolen job, spinning there would never let the
+//! body resume). The body's end is signalled by a guard's `Drop`, so a panicking body stops the
+//! spinners too and the scope rethrows the panic instead of waiting forever. Nothing spins
+//! between runs: a server idle between requests, or a caller between tokens, leaves the
+//! workers to sleep.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Sets the flag when dropped: the body has returned or unwound.
+struct Done<'a>(&'a AtomicBool);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Runs `body` on a worker of the current rayon pool (the global pool outside any `install`)
+/// while the pool's other workers spin, taking the body's parallel work as soon as it is
+/// queued (module note). Returns what `body` returns; a panic in `body` propagates after the
+/// spinners have stopped.
+pub fn run_hot<R: Send>(body: impl FnOnce() -> R + Send) -> R {
+    let done = AtomicBool::new(false);
+    rayon::scope(|s| {
+        let own = rayon::current_thread_index();
+        let done = &done;
+        s.spawn_broadcast(move |_, ctx| {
+            if Some(ctx.index()) == own {
+                return;
+            }
+            while !done.load(Ordering::Acquire) {
+                if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        let _done = Done(done);
+        body()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rayon::prelude::*;
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+
+    fn pool(threads: usize) -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("pool")
+    }
+
+    #[test]
+    fn the_body_runs_once_on_a_worker_and_its_result_comes_back() {
+        for threads in [1, 2, 3] {
+            let got = pool(threads).install(|| {
+                run_hot(|| {
+                    assert!(rayon::current_thread_index().is_some());
+                    (0..1000u64).into_par_iter().sum::<u64>()
+                })
+            });
+            assert_eq!(got, 499_500, "{threads} threads");
+        }
+    }
+
+    /// Parallel work of the body reaches the other workers (through their spinners), and a
+    /// one-thread pool neither deadlocks nor loses work.
+    #[test]
+    fn other_workers_take_the_bodys_parallel_work() {
+        for threads in [1, 2] {
+            let seen = Mutex::new(HashSet::new());
+            pool(threads).install(|| {
+                run_hot(|| {
+                    for _ in 0..50 {
+                        (0..64).into_par_iter().for_each(|_| {
+                            let t = std::time::Instant::now();
+                            while t.elapsed() < std::time::Duration::from_micros(20) {
+                                std::hint::spin_loop();
+                            }
+                            let me = rayon::current_thread_index();
+                            seen.lock().expect("lock").insert(me);
+                        });
+                    }
+                })
+            });
+            assert_eq!(seen.into_inner().expect("lock").len(), threads);
+        }
+    }
+
+    /// CPU time of the calling thread (`CLOCK_THREAD_CPUTIME_ID`), in seconds.
+    fn thread_cpu_s() -> f64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes the timespec it is given.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        assert_eq!(rc, 0, "clock_gettime");
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    }
+
+    /// While the body waits without parallel work, the other worker keeps running (its CPU time
+    /// grows by a good share of the wait); without the spinner it would sleep on a condition
+    /// variable and gain next to nothing. After the run it sleeps again.
+    #[test]
+    fn the_other_worker_spins_while_the_body_runs_and_not_after() {
+        let other_cpu = || -> f64 {
+            let own = rayon::current_thread_index();
+            rayon::broadcast(|ctx| (ctx.index(), thread_cpu_s()))
+                .into_iter()
+                .filter(|&(i, _)| Some(i) != own)
+                .map(|(_, s)| s)
+                .sum()
+        };
+        let wait = std::time::Duration::from_millis(200);
+        let p = pool(2);
+        let during = p.install(|| {
+            run_hot(|| {
+                let before = other_cpu();
+                std::thread::sleep(wait);
+                other_cpu() - before
+            })
+        });
+        assert!(
+            during > 0.2 * wait.as_secs_f64(),
+            "other worker ran {during} s"
+        );
+        let after = p.install(|| {
+            let before = other_cpu();
+            std::thread::sleep(wait);
+            other_cpu() - before
+        });
+        assert!(
+            after < 0.1 * wait.as_secs_f64(),
+            "other worker ran {after} s"
+        );
+    }
+
+    /// A panicking body stops the spinners and the panic reaches the caller (no hang).
+    #[test]
+    fn a_panicking_body_propagates_its_panic() {
+        let got = std::panic::catch_unwind(|| {
+            pool(2).install(|| run_hot(|| -> u32 { panic!("body failed") }))
+        });
+        assert!(got.is_err());
+        assert_eq!(pool(2).install(|| run_hot(|| 7)), 7);
+    }
+}
