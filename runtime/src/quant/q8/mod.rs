@@ -534,6 +534,16 @@ fn prefetch_l2(bytes: &[u8]) {
     let _ = bytes;
 }
 
+/// [`prefetch_l2`] of the memory of `s`: at one token, `scores_qk` asks for a work item's key
+/// rows of the latent cache (cold: the weights read since the layer's previous token evicted
+/// them) before it computes; the stream alone met a new 4 KiB page every three rows of 320 f32.
+pub(crate) fn prefetch_l2_of<T>(s: &[T]) {
+    // SAFETY: the bytes of a live slice, read as `u8` (no invalid values, no alignment) by
+    // cache hints only.
+    let bytes = unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), size_of_val(s)) };
+    prefetch_l2(bytes);
+}
+
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch_hint<const HINT: i32>(bytes: &[u8]) {
