@@ -9,17 +9,24 @@
 //! to sleep on a condition variable after about 32 rounds of `sched_yield`, and the next step
 //! waits for the futex wake-up; on the 2-vCPU Zen 4 guest of docs/BENCHMARKS.md a two-way
 //! `rayon::join` of 2 × 20 µs took 40–55 µs after a gap of 30 µs or more and 20.7 µs with the
-//! spinner. ggml's CPU thread pool spins between graph nodes for the same reason
-//! (`ggml-cpu.c`, `ggml_graph_compute_thread`).
+//! spinner. ggml's CPU thread pool does the like: its workers meet at a spinning barrier
+//! between graph nodes and poll for the next graph before sleeping (`ggml-cpu.c`,
+//! `ggml_barrier`, `ggml_graph_compute_poll_for_work`).
 //!
 //! The spinner of the body's own worker returns at once (that worker runs the body; if it
 //! picked up its own spinner while waiting for a stolen job, spinning there would never let the
-//! body resume). The body's end is signalled by a guard's `Drop`, so a panicking body stops the
-//! spinners too and the scope rethrows the panic instead of waiting forever. Nothing spins
-//! between runs: a server idle between requests, or a caller between tokens, leaves the
-//! workers to sleep.
+//! body resume). Every `OS_YIELD_ROUNDS` idle rounds a spinner also yields to the OS, so an
+//! oversubscribed pool does not starve the body. The body's end is signalled by a guard's
+//! `Drop`, so a panicking body stops the spinners too and the scope rethrows the panic instead
+//! of waiting forever. Nothing spins between runs: a server idle between requests, or a caller
+//! between tokens, leaves the workers to sleep.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Idle rounds of a spinner between two `sched_yield`s: where the pool has more threads than
+/// the machine has free cores, the body's thread still gets the CPU within a few tens of
+/// microseconds (a round is a search of the pool's queues and a `pause`).
+const OS_YIELD_ROUNDS: u32 = 256;
 
 /// Sets the flag when dropped: the body has returned or unwound.
 struct Done<'a>(&'a AtomicBool);
@@ -43,9 +50,17 @@ pub fn run_hot<R: Send>(body: impl FnOnce() -> R + Send) -> R {
             if Some(ctx.index()) == own {
                 return;
             }
+            let mut idle = 0u32;
             while !done.load(Ordering::Acquire) {
-                if rayon::yield_now() != Some(rayon::Yield::Executed) {
-                    std::hint::spin_loop();
+                if rayon::yield_now() == Some(rayon::Yield::Executed) {
+                    idle = 0;
+                } else {
+                    idle = idle.wrapping_add(1);
+                    if idle.is_multiple_of(OS_YIELD_ROUNDS) {
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
                 }
             }
         });
