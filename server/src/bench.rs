@@ -42,15 +42,20 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::time::Instant;
 
+/// The default prompt text (`server/data/alice.txt`, see its README), in the binary so that
+/// `aubier bench` does not depend on the source tree it was built from.
+const BUNDLED_TEXT: &str = include_str!("../data/alice.txt");
+
 /// Arguments of `aubier bench`.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// GGUF file to measure.
     #[arg(long)]
     pub model: PathBuf,
-    /// Text file whose tokens make the prompt (default: the bundled English text).
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/data/alice.txt"))]
-    pub prompt_file: PathBuf,
+    /// Text file whose tokens make the prompt (default: the bundled English text,
+    /// `server/data/alice.txt`, compiled into the binary).
+    #[arg(long)]
+    pub prompt_file: Option<PathBuf>,
     /// Prompt length in tokens.
     #[arg(long, default_value_t = 512)]
     pub n_prompt: usize,
@@ -302,8 +307,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             args.n_gen
         );
     }
-    let text = std::fs::read_to_string(&args.prompt_file)
-        .with_context(|| format!("reading {}", args.prompt_file.display()))?;
+    let text = match &args.prompt_file {
+        Some(path) => {
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+        }
+        None => BUNDLED_TEXT.to_owned(),
+    };
     let Loaded { model, prompt, .. } = PromptArgs {
         model: args.model.clone(),
         prompt_ids: None,

@@ -299,15 +299,18 @@ pub fn paired_verdict(d: &[f64], margin: f64) -> PairedStats {
 /// Teacher-forced NLL of `tokens[i + 1]` at every position `i` (nats), prefilled in chunks, the
 /// weight products and prompt pass size of `kernels`.
 ///
-/// Errors: an id outside the vocabulary (checked before anything runs, with its position), a
-/// position whose logits give no finite NLL (NaN or infinite logits), the session (KV capacity,
-/// execution).
+/// Errors: a `chunk` of 0, an id outside the vocabulary (checked before anything runs, with its
+/// position), a position whose logits give no finite NLL (NaN or infinite logits), the session
+/// (KV capacity, execution).
 pub fn teacher_forced_nll(
     model: Arc<Model>,
     kernels: &crate::run::KernelArgs,
     tokens: &[u32],
     chunk: usize,
 ) -> anyhow::Result<Vec<f64>> {
+    if chunk == 0 {
+        bail!("--chunk must be at least 1 token");
+    }
     let n_vocab = model.config.n_vocab;
     if let Some((i, id)) = tokens
         .iter()
@@ -324,10 +327,10 @@ pub fn teacher_forced_nll(
     )?;
     kernels.apply(&mut session);
     let mut nll = Vec::with_capacity(tokens.len().saturating_sub(1));
-    for (c, part) in tokens.chunks(chunk.max(1)).enumerate() {
+    for (c, part) in tokens.chunks(chunk).enumerate() {
         let logits = session.step(part)?;
         for (j, row) in logits.chunks_exact(n_vocab).enumerate() {
-            let i = c * chunk.max(1) + j;
+            let i = c * chunk + j;
             let Some(&next) = tokens.get(i + 1) else {
                 break;
             };

@@ -138,6 +138,14 @@ fn bad_flags_and_overrides_are_errors() {
     }
     let o = aubier(&["quality", "--model", &m, "--a", ""]);
     assert!(!o.status.success(), "a text is required");
+    let o = aubier(&["quality", "--model", &m, "--text", &a, "--chunk", "0"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && err.contains("--chunk must be at least 1")
+            && !err.contains("panicked"),
+        "{err}"
+    );
 }
 
 /// An id outside the vocabulary is an error naming its position, wherever it falls (here the
