@@ -187,7 +187,8 @@ pub struct QualityArgs {
     /// Flags of configuration A, as one string (e.g. "" for the defaults).
     #[arg(long, allow_hyphen_values = true, default_value = "")]
     pub a: String,
-    /// Flags of configuration B (e.g. "--override-kv mistral4.expert_used_count=int:2").
+    /// Flags of configuration B (e.g. "--override-kv mistral4.expert_used_count=int:2"); a
+    /// `tokenizer.*` override is refused, as B scores A's tokens.
     #[arg(long, allow_hyphen_values = true, default_value = "")]
     pub b: String,
     /// Text file to score, tokenized with the model's tokenizer.
@@ -355,6 +356,16 @@ pub fn teacher_forced_nll(
 pub fn run(args: QualityArgs) -> anyhow::Result<()> {
     let flags_a = ModelFlags::parse_line(&args.a).context("--a")?;
     let flags_b = ModelFlags::parse_line(&args.b).context("--b")?;
+    if let Some(o) = flags_b
+        .override_kv
+        .iter()
+        .find(|o| o.key.starts_with("tokenizer."))
+    {
+        bail!(
+            "--b: --override-kv {} would change nothing: both configurations score the same              tokens, A's (override a tokenizer key in --a to change the tokenization)",
+            o.key
+        );
+    }
     if !(args.margin >= 0.0 && args.margin.is_finite()) {
         bail!("--margin must be a finite number ≥ 0");
     }

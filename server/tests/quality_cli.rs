@@ -127,6 +127,10 @@ fn bad_flags_and_overrides_are_errors() {
             "--override-kv mistral4.expert_used_cont=int:2",
             "no such key",
         ),
+        (
+            "--override-kv tokenizer.ggml.add_bos_token=bool:false",
+            "A's",
+        ),
     ] {
         let o = aubier(&["quality", "--model", &m, "--text", &a, "--b", b]);
         assert!(!o.status.success(), "{b}");
