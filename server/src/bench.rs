@@ -430,9 +430,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         served_fraction: session.store_report().served_fraction,
     };
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        outln!("{}", serde_json::to_string(&report)?);
     } else {
-        print_text(&report);
+        print_text(&report)?;
     }
     Ok(())
 }
@@ -466,27 +466,32 @@ fn peak_rss_bytes() -> u64 {
     u64::try_from(u.ru_maxrss).unwrap_or(0) * 1024
 }
 
-fn print_text(r: &BenchReport) {
+fn print_text(r: &BenchReport) -> anyhow::Result<()> {
     let s = |x: &Spread, unit: &str| {
         format!(
             "{:.2} {unit} (min {:.2}, max {:.2})",
             x.median, x.min, x.max
         )
     };
-    println!(
+    outln!(
         "{}: {} prompt + {} generated tokens, {} reps, {} threads, {} kernels",
-        r.model, r.n_prompt, r.n_gen, r.reps, r.threads, r.cpu_kernels
+        r.model,
+        r.n_prompt,
+        r.n_gen,
+        r.reps,
+        r.threads,
+        r.cpu_kernels
     );
-    println!("prefill  {}", s(&r.prefill_tok_s, "tok/s"));
-    println!("decode   {}", s(&r.decode_tok_s, "tok/s"));
-    println!("TTFT     {}", s(&r.ttft_ms, "ms"));
-    println!(
+    outln!("prefill  {}", s(&r.prefill_tok_s, "tok/s"));
+    outln!("decode   {}", s(&r.decode_tok_s, "tok/s"));
+    outln!("TTFT     {}", s(&r.ttft_ms, "ms"));
+    outln!(
         "peak RSS {:.1} MiB",
         r.peak_rss_bytes as f64 / (1 << 20) as f64
     );
     let b = &r.weight_bytes_per_token;
     let mb = |x: f64| x / 1e6;
-    println!(
+    outln!(
         "weights read per decoded token: {:.1} MB (attention {:.1}, router {:.2}, experts {:.1}, shared expert {:.1}, output head {:.1}, embedding {:.4})",
         mb(b.total),
         mb(b.attention),
@@ -500,7 +505,7 @@ fn print_text(r: &BenchReport) {
         ("prefill ms", &r.prefill_ms_by_component),
         ("decode ms/token", &r.decode_ms_per_token_by_component),
     ] {
-        println!(
+        outln!(
             "{what}: {:.1} (attention {:.1}, router {:.1}, experts {:.1}, shared expert {:.1}, output head {:.1}, embedding {:.2})",
             c.total, c.attention, c.router, c.experts, c.shared_expert, c.output_head, c.embedding
         );
@@ -513,9 +518,10 @@ fn print_text(r: &BenchReport) {
             .iter()
             .map(|(op, name, ms)| format!("{op} {name} {ms:.2}"))
             .collect();
-        println!("slowest {what}: {}", steps.join(", "));
+        outln!("slowest {what}: {}", steps.join(", "));
     }
-    println!("served fraction {:.4} (last rep)", r.served_fraction);
+    outln!("served fraction {:.4} (last rep)", r.served_fraction);
+    Ok(())
 }
 
 #[cfg(test)]

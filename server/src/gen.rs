@@ -155,13 +155,14 @@ pub enum Format {
 
 /// Runs `aubier gen`, printing to stdout.
 pub fn run(args: GenArgs) -> ExitCode {
-    match generate(&args) {
-        Ok(out) => {
-            print!("{out}");
-            ExitCode::SUCCESS
-        }
+    let printed = generate(&args).and_then(|out| {
+        out!("{out}");
+        Ok(())
+    });
+    match printed {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("aubier gen: {e:#}");
+            eprintln!("aubier gen: {}", crate::cli::error_text(&e));
             ExitCode::FAILURE
         }
     }

@@ -112,7 +112,7 @@ pub fn run(args: InspectArgs) -> ExitCode {
     match inspect(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", crate::cli::error_text(&e));
             ExitCode::FAILURE
         }
     }
@@ -127,16 +127,16 @@ fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
                     "file": args.file.display().to_string(),
                     "validation": { "gguf": e.to_string() },
                 });
-                println!("{}", serde_json::to_string_pretty(&out)?);
+                outln!("{}", serde_json::to_string_pretty(&out)?);
             }
             bail!("{}: invalid GGUF: {e}", args.file.display());
         }
     };
     let report = build_report(&args.file, &file);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print_text(&report);
+        print_text(&report)?;
     }
     if let (Some(name), Some(out)) = (&args.tensor, &args.dequant) {
         let t = file
@@ -145,7 +145,7 @@ fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
         write_dequant(&file, t, out)
             .with_context(|| format!("dequantizing {name:?} to {}", out.display()))?;
         if !args.json {
-            println!(
+            outln!(
                 "wrote {name} ({} f32 values, ne {:?}) to {}",
                 t.n_elements(),
                 t.ne,
@@ -252,9 +252,9 @@ fn summarise(v: &MetaValue) -> Value {
     }
 }
 
-fn print_text(r: &Report) {
-    println!("file: {} ({} bytes)", r.file, r.file_bytes);
-    println!(
+fn print_text(r: &Report) -> anyhow::Result<()> {
+    outln!("file: {} ({} bytes)", r.file, r.file_bytes);
+    outln!(
         "GGUF v{}, alignment {}, {} key/values, {} tensors ({} bytes of data)",
         r.version,
         r.alignment,
@@ -262,8 +262,8 @@ fn print_text(r: &Report) {
         r.tensor_count,
         r.tensor_bytes
     );
-    println!("arch: {}", r.arch.as_deref().unwrap_or("(none)"));
-    println!("metadata:");
+    outln!("arch: {}", r.arch.as_deref().unwrap_or("(none)"));
+    outln!("metadata:");
     for MetaEntry { key, value, .. } in &r.metadata {
         let text = match value {
             Value::String(s) if s.chars().count() > 80 => {
@@ -277,31 +277,33 @@ fn print_text(r: &Report) {
             ),
             other => other.to_string(),
         };
-        println!("  {key} = {text}");
+        outln!("  {key} = {text}");
     }
     if !r.bytes_per_type.is_empty() {
-        println!("bytes per ggml type:");
+        outln!("bytes per ggml type:");
         for (ty, t) in &r.bytes_per_type {
-            println!(
+            outln!(
                 "  {ty:<8} {:>4} tensors {:>12} elements {:>12} bytes",
-                t.tensors, t.elements, t.bytes
+                t.tensors,
+                t.elements,
+                t.bytes
             );
         }
     }
     if !r.bytes_per_layer.is_empty() {
-        println!("bytes per layer (one routed expert):");
+        outln!("bytes per layer (one routed expert):");
         for (l, (b, e)) in r
             .bytes_per_layer
             .iter()
             .zip(&r.bytes_per_expert)
             .enumerate()
         {
-            println!("  blk.{l:<3} {b:>12} ({e})");
+            outln!("  blk.{l:<3} {b:>12} ({e})");
         }
-        println!("  outside  {:>12}", r.bytes_outside_layers);
+        outln!("  outside  {:>12}", r.bytes_outside_layers);
     }
     if let Some(c) = &r.config {
-        println!(
+        outln!(
             "config: n_layer {} n_embd {} n_vocab {} n_head {} q_lora {} kv_lora {} \
              qk_nope {} qk_rope {} v_head {} experts {} (top-{}, {} shared, ff {}) {:?}",
             c.n_layer,
@@ -320,10 +322,12 @@ fn print_text(r: &Report) {
             c.expert_layout
         );
     }
-    println!(
+    outln!(
         "validation: gguf {}; model {}",
-        r.validation.gguf, r.validation.model
+        r.validation.gguf,
+        r.validation.model
     );
+    Ok(())
 }
 
 /// Writes every row of `t` dequantized, little-endian f32, rows in order (ne[0] fastest).

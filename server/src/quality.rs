@@ -432,24 +432,24 @@ pub fn run(args: QualityArgs) -> anyhow::Result<()> {
             "margin": args.margin,
             "verdict": stats.verdict,
         });
-        println!("{v}");
+        outln!("{v}");
     } else {
-        println!(
+        outln!(
             "{} tokens scored ({} in the input), {} positions",
             tokens.len(),
             total,
             stats.n
         );
-        println!("A [{}]: mean NLL {mean_a:.6} nats/token", args.a);
-        println!("B [{}]: mean NLL {mean_b:.6} nats/token", args.b);
+        outln!("A [{}]: mean NLL {mean_a:.6} nats/token", args.a);
+        outln!("B [{}]: mean NLL {mean_b:.6} nats/token", args.b);
         match stats.ci95 {
-            Some((lo, hi)) => println!(
+            Some((lo, hi)) => outln!(
                 "NLL_B − NLL_A: mean {:+.6}, sd {:.6}, 95% CI [{lo:+.6}, {hi:+.6}] (paired t), margin ±{}",
                 stats.mean, stats.sd, args.margin
             ),
-            None => println!("NLL_B − NLL_A: fewer than 2 positions, no interval"),
+            None => outln!("NLL_B − NLL_A: fewer than 2 positions, no interval"),
         }
-        println!("verdict: {}", stats.verdict.name());
+        outln!("verdict: {}", stats.verdict.name());
     }
     Ok(())
 }

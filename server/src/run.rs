@@ -311,15 +311,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             "decode_tok_s": out.decode_tok_s,
             "store": report,
         });
-        println!("{v}");
+        outln!("{v}");
     } else {
         if let Some(d) = decoder.as_mut() {
-            print!("{}", d.finish());
+            out!("{}", d.finish());
         }
         if tokenizer.is_none() {
-            println!("{:?}", out.ids);
+            outln!("{:?}", out.ids);
         } else {
-            println!();
+            outln!();
         }
         eprintln!(
             "prefill {:.1} tok/s, decode {:.1} tok/s, finish {}",

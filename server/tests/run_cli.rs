@@ -186,7 +186,18 @@ fn bad_store_flags_are_clear_errors() {
         assert!(!o.status.success(), "{args:?} should fail");
         String::from_utf8_lossy(&o.stderr).into_owned()
     };
-    assert!(fail(&["--n-res", "17"]).contains("--n-res 17 exceeds the 16 experts"));
+    let n_res = fail(&["--n-res", "17"]);
+    assert_eq!(
+        n_res.matches("--n-res 17 exceeds the 16 experts").count(),
+        1,
+        "said once: {n_res}"
+    );
+    let a1in = fail(&["--n-res", "4", "--a1in", "NaN"]);
+    assert_eq!(
+        a1in.matches("must be a finite fraction").count(),
+        1,
+        "{a1in}"
+    );
     assert!(fail(&["--policy", "min"]).contains("offline"));
     assert!(fail(&["--n-res", "2", "--fast-budget", "1M"]).contains("cannot be used with"));
     assert!(fail(&["--reset", "later"]).contains("unknown reset mode"));
@@ -194,5 +205,29 @@ fn bad_store_flags_are_clear_errors() {
     assert!(
         missing.contains("--resident-set /nonexistent/hot.json"),
         "{missing}"
+    );
+}
+
+/// A report that cannot be written (stdout on a full device) is an error exit naming stdout,
+/// not a panic.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_full_stdout_is_an_error_not_a_panic() {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full");
+    let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
+        .args(["run", "--model"])
+        .arg(models_dir().join("ms4-tiny256-q2k.gguf"))
+        .args(["--prompt-ids", "1,2,3", "--max-tokens", "2", "--json"])
+        .stdout(full)
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("writing to stdout") && !err.contains("panicked"),
+        "{err}"
     );
 }

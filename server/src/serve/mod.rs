@@ -221,7 +221,7 @@ fn load_engine(
             let store = args.kernels.store_options(
                 args.store
                     .options()
-                    .map_err(|e| load_err(format!("{e:#}")))?,
+                    .map_err(|e| load_err(crate::cli::error_text(&e)))?,
             );
             let engine = real::RealEngine::open(model, kv_max, &store)
                 .map_err(|e| load_err(e.to_string()))?
