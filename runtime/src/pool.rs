@@ -154,8 +154,10 @@ mod tests {
                 other_cpu() - before
             })
         });
+        // Without the spinner it runs some 30 µs; a twentieth of the wait leaves room for a
+        // machine busy with other tests.
         assert!(
-            during > 0.2 * wait.as_secs_f64(),
+            during > 0.05 * wait.as_secs_f64(),
             "other worker ran {during} s"
         );
         let after = p.install(|| {
