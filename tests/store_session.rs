@@ -148,3 +148,41 @@ fn exact_reset_serves_a_request_as_a_fresh_boot_and_none_does_not() {
         "none: the second request should see the first one's rotation"
     );
 }
+
+/// With the fast path's copies on (`interleave`), the output head — Q6_K, no interleaved kernel —
+/// is copied as the file's bytes into the store's huge pages and read from there, and the logits
+/// are bitwise those of the fast path reading the file's mapping.
+#[test]
+fn the_output_head_is_copied_verbatim_and_keeps_the_logits() {
+    use aubier_runtime::executor::ExpertSource;
+    use aubier_runtime::fastpath::CpuKernels;
+    let ids = prompt();
+    let ids = &ids[..20];
+    let run = |interleave: bool| {
+        let mut s = open(&StoreOptions {
+            interleave,
+            ..StoreOptions::default()
+        });
+        s.set_cpu_kernels(CpuKernels::Q8x2);
+        let head = s
+            .model()
+            .plan
+            .weights
+            .iter()
+            .position(|w| w.name == "output.weight")
+            .expect("an output head");
+        let copy = s
+            .expert_store()
+            .dense_copy(head)
+            .map(|(bytes, interleaved)| (bytes.to_vec(), interleaved));
+        let view = s.model().weight_view(head).expect("view").to_vec();
+        let (logits, _, _) = request(&mut s, ids, 8);
+        (logits, copy, view)
+    };
+    let (want, none, _) = run(false);
+    assert!(none.is_none());
+    let (got, copy, view) = run(true);
+    let (bytes, interleaved) = copy.expect("the head is copied");
+    assert!(!interleaved && bytes == view, "a verbatim copy");
+    assert_eq!(got, want);
+}

@@ -140,10 +140,10 @@ pub trait ExpertSource: std::fmt::Debug {
         false
     }
 
-    /// An interleaved copy of the dense weight `weight` ([`crate::quant::q8::interleave_rows`]
-    /// over all its rows), which the fast `mat_mul` reads instead of the weight view; `None`
-    /// reads the view.
-    fn dense_interleaved(&self, weight: WeightId) -> Option<&[u8]> {
+    /// A copy of the dense weight `weight`, which the fast `mat_mul` reads instead of the weight
+    /// view, and whether it is interleaved ([`crate::quant::q8::interleave_rows`] over all its
+    /// rows; else the file's bytes); `None` reads the view.
+    fn dense_copy(&self, weight: WeightId) -> Option<(&[u8], bool)> {
         let _ = weight;
         None
     }
@@ -532,15 +532,12 @@ impl Executor {
             match self.fast.get(i).copied().flatten() {
                 Some(FastStep::MatMul(m)) => {
                     let copy = match step.args.first() {
-                        Some(&Operand::Weight(w)) => experts.and_then(|e| e.dense_interleaved(w)),
+                        Some(&Operand::Weight(w)) => experts.and_then(|e| e.dense_copy(w)),
                         _ => None,
                     };
                     match copy {
-                        Some(bytes) => {
-                            let rows = WeightRows {
-                                bytes,
-                                interleaved: true,
-                            };
+                        Some((bytes, interleaved)) => {
+                            let rows = WeightRows { bytes, interleaved };
                             let (x, y) = product_io(&m, &args, t_step);
                             m.run_rows(rows, x, y, &mut self.fast_buf);
                         }

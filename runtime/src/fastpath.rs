@@ -47,7 +47,7 @@
 //!   `Rows::prefers_tokens`) and the interleaved tile kernel, with the same bits
 //!   ([`Rows::layout_product`]).
 //!   Likewise the dense `mat_mul` weights the store copies interleaved
-//!   (`ExpertSource::dense_interleaved`), in chunks of whole groups of rows.
+//!   (`ExpertSource::dense_copy`), in chunks of whole groups of rows.
 //! - The f32 `head_mat_mul` (per head `[T, n_in] × [n_in, n_out]`, the weight dequantized
 //!   exactly, as the oracle does) and the F32 router at prefill: `matrixmultiply::sgemm` (FMA,
 //!   its own blocking and summation order), split over the rayon pool by rows, or by columns
