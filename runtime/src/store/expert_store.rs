@@ -121,7 +121,9 @@ pub struct StoreOptions {
     /// Copies of Q2_K / Q3_K expert tensors in the interleaved layout of the decode kernels
     /// ([`crate::quant::q8::interleave_rows`]) where the CPU has them: for the fast path
     /// (`--cpu-kernels q8x2 | q8`), whose decode then streams each group of rows in address
-    /// order with no transpose. The oracle reads such experts from the host alias instead.
+    /// order with no transpose. The oracle reads such experts from the host alias instead. Also
+    /// copies the dense `mat_mul` weights into huge pages for the fast path: interleaved where
+    /// they have such kernels, else (the Q6_K output head) as the file's bytes (`dense_copies`).
     pub interleave: bool,
 }
 
@@ -199,7 +201,7 @@ pub struct StoreReport {
     pub n_res: usize,
     /// Bytes of the fast store (all layers).
     pub fast_bytes: u64,
-    /// Bytes of the interleaved copies of dense weights ([`StoreOptions::interleave`]).
+    /// Bytes of the copies of dense weights ([`StoreOptions::interleave`]).
     pub dense_bytes: u64,
     /// `fast_hits ÷ routed` (0 when nothing was routed).
     pub served_fraction: f64,
