@@ -262,12 +262,10 @@ pub struct ExpertStore {
     /// `[n_weights]`: `(layer index, part)` of every stacked expert weight.
     by_weight: Vec<Option<(usize, usize)>>,
     arena: Option<MmapMut>,
-    /// Copies of dense weights ([`StoreOptions::interleave`]): their bytes, `[n_weights]` the
-    /// range of each copied weight in them, and whether that copy is interleaved (else the
-    /// file's bytes in huge pages).
+    /// Copies of dense weights ([`StoreOptions::interleave`]): their bytes, and `[n_weights]`
+    /// where each copied weight is in them.
     dense: Option<MmapMut>,
-    dense_at: Vec<Option<(usize, usize)>>,
-    dense_interleaved: Vec<bool>,
+    dense_at: Vec<Option<DenseCopy>>,
     n_res: usize,
     n_expert: usize,
     policy: PolicyKind,
@@ -400,12 +398,12 @@ impl ExpertStore {
             None
         };
 
-        let (dense, dense_at, dense_interleaved) = if opts.interleave {
+        let (dense, dense_at) = if opts.interleave {
             dense_copies(&model, &by_weight)?
         } else {
-            (None, vec![None; n_weights], vec![false; n_weights])
+            (None, vec![None; n_weights])
         };
-        let dense_bytes = dense_at.iter().flatten().map(|&(_, len)| len as u64).sum();
+        let dense_bytes = dense_at.iter().flatten().map(|c| c.len as u64).sum();
         let mut store = ExpertStore {
             model,
             layers,
@@ -413,7 +411,6 @@ impl ExpertStore {
             arena,
             dense,
             dense_at,
-            dense_interleaved,
             n_res,
             n_expert,
             policy: opts.policy,
@@ -722,6 +719,15 @@ fn anon_arena(bytes: usize) -> Result<MmapMut, StoreError> {
     Ok(map)
 }
 
+/// Where one dense weight's copy lies in the store's dense arena.
+#[derive(Clone, Copy, Debug)]
+struct DenseCopy {
+    start: usize,
+    len: usize,
+    /// In the interleaved layout of [`interleave_rows`]; else the file's bytes.
+    interleaved: bool,
+}
+
 /// Copies of the dense weights the fast path's `mat_mul` reads, in the huge pages of one
 /// [`anon_arena`]: every weight that is not an expert tensor (`by_weight`), is read only as the
 /// weight of `mat_mul` steps and is a matrix, copied interleaved where it is [`interleavable`] as
@@ -730,15 +736,14 @@ fn anon_arena(bytes: usize) -> Result<MmapMut, StoreError> {
 /// its 4 KiB file pages two threads read 28.4–29.3 GB/s on Zen 4, from 2 MiB pages 27.6–31.2).
 /// Each is copied in turn, a chunk at a time, and each copied chunk's mapped pages released
 /// ([`Model::release_host_pages`]), so the copies replace the file's pages in the resident set
-/// instead of doubling them, even for a moment. Returns the copies, `[n_weights]` each one's
-/// range and whether it is interleaved.
+/// instead of doubling them, even for a moment. Returns the copies and `[n_weights]` where each
+/// one is.
 ///
 /// Errors: [`StoreError::Alloc`].
-#[allow(clippy::type_complexity)]
 fn dense_copies(
     model: &Model,
     by_weight: &[Option<(usize, usize)>],
-) -> Result<(Option<MmapMut>, Vec<Option<(usize, usize)>>, Vec<bool>), StoreError> {
+) -> Result<(Option<MmapMut>, Vec<Option<DenseCopy>>), StoreError> {
     let plan = &model.plan;
     let n = plan.weights.len();
     // Weights read by something other than a `mat_mul`'s weight operand are left alone.
@@ -755,8 +760,7 @@ fn dense_copies(
             }
         }
     }
-    let mut at = vec![None; n];
-    let mut interleaved = vec![false; n];
+    let mut at: Vec<Option<DenseCopy>> = vec![None; n];
     let mut chosen = Vec::new();
     let mut total = 0usize;
     for (w, r) in plan.weights.iter().enumerate() {
@@ -766,28 +770,31 @@ fn dense_copies(
         if by_weight[w].is_some() || !mat_mul[w] || !only_mat_mul[w] || r.ne.len() != 2 {
             continue;
         }
-        let layout = match interleavable(r, view.len()) {
-            Some(rows) => Some(Some(rows)),
-            None => GgmlType::from_name(&r.ggml_type)
+        // `Some((type, row bytes))` interleaved, `None` the file's bytes.
+        let layout = interleavable(r, view.len());
+        let plain = layout.is_none()
+            && GgmlType::from_name(&r.ggml_type)
                 .and_then(q8_rows_fn)
-                .map(|_| None),
-        };
-        if let Some(layout) = layout {
-            at[w] = Some((total, view.len()));
-            interleaved[w] = layout.is_some();
+                .is_some();
+        if layout.is_some() || plain {
+            at[w] = Some(DenseCopy {
+                start: total,
+                len: view.len(),
+                interleaved: layout.is_some(),
+            });
             chosen.push((w, layout));
             total += view.len().next_multiple_of(64);
         }
     }
     if total == 0 {
-        return Ok((None, at, interleaved));
+        return Ok((None, at));
     }
     let mut map = anon_arena(total)?;
     for (w, layout) in chosen {
-        let (Some(src), Some((start, len))) = (model.weight_view(w), at[w]) else {
+        let (Some(src), Some(copy)) = (model.weight_view(w), at[w]) else {
             continue;
         };
-        let dst = &mut map[start..start + len];
+        let dst = &mut map[copy.start..copy.start + copy.len];
         match layout {
             Some((ty, row_bytes)) => {
                 if interleave_rows(ty, src, dst, row_bytes).is_err() {
@@ -801,6 +808,8 @@ fn dense_copies(
                     d.copy_from_slice(c);
                     model.release_host_pages(c);
                 }
+                // The pages that straddle two chunks, whole in neither.
+                model.release_host_pages(src);
             }
         }
     }
@@ -809,7 +818,7 @@ fn dense_copies(
         bytes = total,
         "dense weights copied for the fast path"
     );
-    Ok((Some(map), at, interleaved))
+    Ok((Some(map), at))
 }
 
 /// Bytes of a plain dense copy between two releases of the file's pages.
@@ -827,9 +836,9 @@ fn interleavable(w: &WeightRef, expert_bytes: usize) -> Option<(GgmlType, usize)
 
 impl ExpertSource for ExpertStore {
     fn dense_copy(&self, weight: WeightId) -> Option<(&[u8], bool)> {
-        let (start, len) = (*self.dense_at.get(weight)?)?;
-        let bytes = self.dense.as_ref()?.get(start..start + len)?;
-        Some((bytes, *self.dense_interleaved.get(weight)?))
+        let c = (*self.dense_at.get(weight)?)?;
+        let bytes = self.dense.as_ref()?.get(c.start..c.start + c.len)?;
+        Some((bytes, c.interleaved))
     }
 
     fn interleaved(&self, weight: WeightId) -> bool {
