@@ -120,9 +120,9 @@ impl std::fmt::Debug for Model {
     }
 }
 
-impl crate::executor::MappedPages for Model {
-    fn release(&self, view: &[u8]) -> usize {
-        self.release_host_pages(view)
+impl crate::executor::WeightFile for Model {
+    fn read(&self, view: &[u8], offset: usize, out: &mut [u8]) -> std::io::Result<()> {
+        self.file.read_at(view, offset, out)
     }
 }
 
@@ -217,6 +217,12 @@ impl Model {
     /// were copied elsewhere ([`GgufFile::release_pages`]); returns the bytes released.
     pub fn release_host_pages(&self, view: &[u8]) -> usize {
         self.file.release_pages(view)
+    }
+
+    /// Starts reading `view`, a weight view, into the page cache without mapping it
+    /// ([`GgufFile::prefetch_pages`]); returns the bytes advised.
+    pub fn prefetch_host_pages(&self, view: &[u8]) -> usize {
+        self.file.prefetch_pages(view)
     }
 
     /// Maps this process's pages of `view`, a slice of a weight view, now

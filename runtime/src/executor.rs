@@ -113,6 +113,14 @@ pub enum ExecError {
         /// What is wrong.
         detail: String,
     },
+    /// An `embed` step could not read its rows from the file.
+    #[error("step {step} (`embed`): {detail}")]
+    Embed {
+        /// Step index in the plan.
+        step: usize,
+        /// What went wrong.
+        detail: String,
+    },
     /// `T` and `S` are inconsistent or their buffers overflow the address space.
     #[error("a step of T = {t} tokens over S = {s} keys: {detail}")]
     Extents {
@@ -149,18 +157,16 @@ pub trait ExpertSource: std::fmt::Debug {
     }
 }
 
-/// Rows an `embed` table serves between two releases of its pages ([`Bound::pages`]): each row
-/// faults in about 64 KiB of the table (its page and the cached pages the kernel maps around
-/// it), so at most ≈ 1 MiB stays mapped. A prompt runs in runs of this many tokens, a release
-/// after each; decoded tokens release every this many tokens (a release per token, with the
-/// fault-in it causes on the next, measured 0.1–0.35 ms of a decoded token's 0.13–0.4 ms embed).
-const EMBED_RUN: usize = 16;
+/// Rows of an `embed` step read from the file per run of its kernels ([`embed_from_file`]).
+const EMBED_RUN: usize = 64;
 
-/// The mapped file behind the weight views, whose pages can leave the resident set.
-pub trait MappedPages: std::fmt::Debug {
-    /// Drops this process's resident pages of `view` (a weight view); the bytes stay readable
-    /// (faulted back in from the file). Returns the bytes released.
-    fn release(&self, view: &[u8]) -> usize;
+/// The file behind the weight views, read without mapping its pages.
+pub trait WeightFile: std::fmt::Debug {
+    /// Copies bytes `offset .. offset + out.len()` of `view` (a weight view) into `out` without
+    /// making `view`'s pages resident in this process (`pread` through the page cache).
+    ///
+    /// Errors: the range not inside `view`, or the read's I/O error.
+    fn read(&self, view: &[u8], offset: usize, out: &mut [u8]) -> std::io::Result<()>;
 }
 
 /// What a run executes: the plan, the program compiled from it, and the raw GGUF bytes of every
@@ -175,13 +181,12 @@ pub struct Bound<'a> {
     pub weights: &'a [&'a [u8]],
     /// Fast-store copies of experts; `None` reads every expert from `weights`.
     pub experts: Option<&'a dyn ExpertSource>,
-    /// The file `weights` are mapped from. An `embed` step runs in runs of [`EMBED_RUN`] tokens
-    /// and releases its table's pages every [`EMBED_RUN`] rows: a step reads a few rows of the
-    /// [n_vocab, d] table, but each row faults in whole pages (and the kernel maps cached
-    /// neighbours around them), which would otherwise stay resident for the rest of the process
-    /// (≈ 98 MB after a 512-token prompt on the real vocabulary) or, released only after the
-    /// step, still peak during it.
-    pub pages: Option<&'a dyn MappedPages>,
+    /// The file `weights` are mapped from. An `embed` step reads its tokens' rows of the
+    /// [n_vocab, d] table from it ([`WeightFile::read`]) instead of through the map: each row
+    /// read through the map faults in whole pages (and the kernel maps cached neighbours around
+    /// them, ≈ 64 KiB per row), which would stay resident for the rest of the process (≈ 98 MB
+    /// after a 512-token prompt on the real vocabulary). `None`: the table is read in place.
+    pub file: Option<&'a dyn WeightFile>,
 }
 
 /// Per-session execution state: the slot buffers and the scratch of the steps.
@@ -204,8 +209,8 @@ pub struct Executor {
     /// Per step, the fast-path kernel replacing the oracle's (all `None` under the oracle).
     fast: Vec<Option<FastStep>>,
     fast_buf: FastBuffers,
-    /// Per weight, the rows embedded from it since its pages were last released.
-    embedded: Vec<usize>,
+    /// The rows an `embed` step read from the file, and their ids in that buffer.
+    embed_rows: EmbedRows,
     /// Wall time spent in each step since the last [`Executor::reset_step_times`].
     times: Vec<StepTime>,
 }
@@ -287,7 +292,7 @@ impl Executor {
             kernels: CpuKernels::Oracle,
             fast: vec![None; plan.steps.len()],
             fast_buf: FastBuffers::default(),
-            embedded: Vec::new(),
+            embed_rows: EmbedRows::default(),
             times: vec![StepTime::default(); plan.steps.len()],
         })
     }
@@ -367,7 +372,7 @@ impl Executor {
             program,
             weights,
             experts,
-            pages,
+            file,
         } = bound;
         if program.steps().len() != plan.steps.len() || self.slots.len() != plan.n_slots {
             return Err(ExecError::ProgramMismatch {
@@ -663,16 +668,16 @@ impl Executor {
                     };
                     crate::fastpath::weighted_sum(p, v, y, w, len);
                 }
-                Some(FastStep::F32MatMul(_)) | None => match (step.op, pages, step.args.first()) {
-                    (Op::Embed, Some(pages), Some(&Operand::Weight(w))) => {
-                        let width = plan.values[step.out].shape.numel(1, s);
-                        if self.embedded.len() <= w {
-                            self.embedded.resize(w + 1, 0);
-                        }
-                        let pending = &mut self.embedded[w];
-                        embed_in_runs(&cs.kernels, args, t_step, s, width, pending, || {
-                            pages.release(weights[w]);
-                        })?
+                Some(FastStep::F32MatMul(_)) | None => match (step.op, file, step.args.first()) {
+                    (Op::Embed, Some(file), Some(&Operand::Weight(w))) => {
+                        let table = EmbedTable {
+                            bytes: weights[w],
+                            rows: plan.weights[w].ne.iter().skip(1).product(),
+                            width: plan.values[step.out].shape.numel(1, s),
+                        };
+                        let rows = &mut self.embed_rows;
+                        embed_from_file(&cs.kernels, args, t_step, s, table, file, rows)
+                            .map_err(|detail| ExecError::Embed { step: i, detail })?
                     }
                     _ => {
                         for kernel in &cs.kernels {
@@ -947,37 +952,75 @@ impl Shared {
     }
 }
 
-/// Runs an `embed` step's kernels over its `t` tokens in runs of [`EMBED_RUN`], counting the
-/// rows in `pending` (rows since the table's last release) and calling `release` (the table's
-/// pages, [`Bound::pages`]) whenever it reaches [`EMBED_RUN`], so that at most that many rows'
-/// pages are mapped at a time. `args` binds the step for `t` tokens: operand 1 the `[T]` ids,
-/// the output `[T, width]`.
-#[allow(clippy::too_many_arguments)]
-fn embed_in_runs(
+/// An `embed` step's table: its bytes (`rows` rows) and the elements of an output row.
+#[derive(Clone, Copy)]
+struct EmbedTable<'a> {
+    bytes: &'a [u8],
+    rows: usize,
+    width: usize,
+}
+
+/// The rows an `embed` step read from the file ([`embed_from_file`]): row `j` of a run at
+/// `bytes[j · row_bytes ..]` (u64 words, so f32 tables stay aligned), its id `j` in `ids`.
+#[derive(Debug, Default)]
+struct EmbedRows {
+    bytes: Vec<u64>,
+    ids: Vec<i32>,
+}
+
+/// Runs an `embed` step over its `t` tokens with the table's rows read from `file` rather than
+/// through the map: per run of up to [`EMBED_RUN`] tokens, each token's row is copied into
+/// `rows` and the step's kernels run on that run with `rows` as a table of those rows and the
+/// ids `0 .. n`, so the kernels see the same row bytes (the same bits) and none of the table's
+/// pages becomes resident. `args` binds the step for `t` tokens: operand 0 the table, operand
+/// 1 the `[T]` ids (already checked below the table's row count), the output `[T, width]`.
+///
+/// Errors: a table whose bytes are not a whole number of rows, or a failed read (the output is
+/// then partly written; the step fails).
+fn embed_from_file(
     kernels: &[Kernel],
     args: StepArgs,
     t: usize,
     s: usize,
-    width: usize,
-    pending: &mut usize,
-    release: impl Fn(),
-) -> Result<(), ExecError> {
-    for first in (0..t).step_by(EMBED_RUN) {
-        let n = (t - first).min(EMBED_RUN);
+    table: EmbedTable<'_>,
+    file: &dyn WeightFile,
+    rows: &mut EmbedRows,
+) -> Result<(), String> {
+    let rb = match table.bytes.len().checked_div(table.rows) {
+        Some(rb) if rb * table.rows == table.bytes.len() => rb,
+        _ => {
+            return Err(format!(
+                "{} bytes are not {} rows",
+                table.bytes.len(),
+                table.rows
+            ))
+        }
+    };
+    // SAFETY: operand 1 is the step's `[T]` i32 ids, bound for `t` rows.
+    let ids = unsafe { std::slice::from_raw_parts(args.args[1] as *const i32, t) };
+    for (first, run_ids) in (0..t).step_by(EMBED_RUN).zip(ids.chunks(EMBED_RUN)) {
+        let n = run_ids.len();
+        rows.bytes.resize((n * rb).div_ceil(8), 0);
+        // SAFETY: the u64 words as the bytes they hold (every byte pattern is a valid u8).
+        let (_, buf, _) = unsafe { rows.bytes.align_to_mut::<u8>() };
+        for (&id, dst) in run_ids.iter().zip(buf.chunks_mut(rb)) {
+            let at = usize::try_from(id)
+                .ok()
+                .filter(|&r| r < table.rows)
+                .ok_or_else(|| format!("token id {id} is outside 0..{}", table.rows))?;
+            file.read(table.bytes, at * rb, dst)
+                .map_err(|e| format!("reading row {at}: {e}"))?;
+        }
+        rows.ids.clear();
+        rows.ids.extend(0..n as i32);
         let mut run = args;
         run.t = n;
-        // SAFETY: rows `first..first + n` of the ids and of the output, both bound for `t` rows.
-        unsafe {
-            run.args[1] = (args.args[1] as *const i32).add(first) as *const u8;
-            run.out = (args.out as *mut f32).add(first * width) as *mut u8;
-        }
+        run.args[0] = rows.bytes.as_ptr() as *const u8;
+        run.args[1] = rows.ids.as_ptr() as *const u8;
+        // SAFETY: rows `first..first + n` of the output, bound for `t` rows.
+        run.out = unsafe { (args.out as *mut f32).add(first * table.width) } as *mut u8;
         for kernel in kernels {
-            launch(kernel, run, n, s)?;
-        }
-        *pending += n;
-        if *pending >= EMBED_RUN {
-            release();
-            *pending = 0;
+            launch(kernel, run, n, s).map_err(|e| e.to_string())?;
         }
     }
     Ok(())
@@ -1313,7 +1356,7 @@ mod tests {
                         program: &prog,
                         weights: &views,
                         experts: None,
-                        pages: None,
+                        file: None,
                     },
                     &mut cache,
                     &[("tokens", &history), ("pos", &hpos)],
@@ -1327,7 +1370,7 @@ mod tests {
                     program: &prog,
                     weights: &views,
                     experts: None,
-                    pages: None,
+                    file: None,
                 },
                 &mut cache,
                 &[("tokens", tokens), ("pos", &pos)],
@@ -1476,7 +1519,7 @@ mod tests {
                         program: &prog,
                         weights: &views,
                         experts: None,
-                        pages: None,
+                        file: None,
                     };
                     exec.run(
                         bound,
@@ -1532,7 +1575,7 @@ mod tests {
                 program: &prog,
                 weights: &views,
                 experts: None,
-                pages: None,
+                file: None,
             },
             &mut cache,
             &[("tokens", &tokens), ("pos", &[0, 1, 2])],
@@ -1549,6 +1592,76 @@ mod tests {
                     quant::dot_row(GgmlType::Q8_0, row, &h[t * 32..(t + 1) * 32]).expect("dot");
                 assert_eq!(q[t * 16 + o].to_bits(), want.to_bits(), "token {t} row {o}");
             }
+        }
+    }
+
+    /// A [`WeightFile`] over the views themselves, or one whose reads fail.
+    #[derive(Debug)]
+    struct ViewFile {
+        fail: bool,
+    }
+
+    impl WeightFile for ViewFile {
+        fn read(&self, view: &[u8], offset: usize, out: &mut [u8]) -> std::io::Result<()> {
+            if self.fail {
+                return Err(std::io::Error::other("the disk went away"));
+            }
+            out.copy_from_slice(&view[offset..offset + out.len()]);
+            Ok(())
+        }
+    }
+
+    /// `build()`'s outputs for `tokens` at positions `0..`, its embedding rows read in place or
+    /// through `file`.
+    fn run_with_file(
+        b: &Built,
+        tokens: &[i32],
+        file: Option<&dyn WeightFile>,
+    ) -> Result<Vec<Vec<u32>>, ExecError> {
+        let prog = CpuProgram::compile(&b.plan, &host_symbols()).expect("lowering");
+        let mut exec = Executor::new(&b.plan, &prog)?;
+        let mut cache = LatentKvCache::new(1, tokens.len(), 8).expect("cache");
+        let views: Vec<&[u8]> = b.weights.iter().map(Vec::as_slice).collect();
+        let pos: Vec<i32> = (0..tokens.len() as i32).collect();
+        let bound = Bound {
+            plan: &b.plan,
+            program: &prog,
+            weights: &views,
+            experts: None,
+            file,
+        };
+        let t = tokens.len();
+        exec.run(
+            bound,
+            &mut cache,
+            &[("tokens", tokens), ("pos", &pos)],
+            t,
+            t,
+        )?;
+        let ids = exec.i32_value(&b.plan, b.plan.outputs[2].1)?;
+        let y = exec.f32_value(&b.plan, b.plan.outputs[0].1)?;
+        Ok(vec![
+            ids.iter().map(|&v| v as u32).collect(),
+            y.iter().map(|v| v.to_bits()).collect(),
+        ])
+    }
+
+    /// Rows read through a [`WeightFile`] (here more tokens than one run of [`EMBED_RUN`]) give
+    /// the bits of the table read in place; a failed read is an `Embed` error of the step.
+    #[test]
+    fn embedding_rows_read_from_the_file_give_the_in_place_bits() {
+        let b = build();
+        let tokens: Vec<i32> = (0..EMBED_RUN as i32 + 9)
+            .map(|i| (i * 7 + 3) % 10)
+            .collect();
+        let in_place = run_with_file(&b, &tokens, None).expect("in place");
+        let read = run_with_file(&b, &tokens, Some(&ViewFile { fail: false })).expect("read");
+        assert_eq!(read, in_place);
+        match run_with_file(&b, &tokens, Some(&ViewFile { fail: true })) {
+            Err(ExecError::Embed { step: 0, detail }) => {
+                assert!(detail.contains("the disk went away"), "{detail}")
+            }
+            other => panic!("expected an embed error, got {other:?}"),
         }
     }
 
@@ -1605,7 +1718,7 @@ mod tests {
                     program: &prog,
                     weights: &views,
                     experts: None,
-                    pages: None,
+                    file: None,
                 },
                 &mut cache,
                 &[("tokens", &[1])],
@@ -1624,7 +1737,7 @@ mod tests {
                     program: &prog,
                     weights: &views,
                     experts: None,
-                    pages: None,
+                    file: None,
                 },
                 &mut cache,
                 &[("tokens", &[1]), ("pos", &[0])],

@@ -272,14 +272,18 @@ pub enum GgufError {
 
 /// The bytes of a GGUF file: a read-only map of a file, or an owned buffer.
 enum Bytes {
-    Mapped(Mmap),
+    /// A read-only map of the file, and the file itself (for [`GgufFile::read_at`]).
+    Mapped {
+        map: Mmap,
+        file: File,
+    },
     Owned(Vec<u8>),
 }
 
 impl Bytes {
     fn as_slice(&self) -> &[u8] {
         match self {
-            Bytes::Mapped(m) => m,
+            Bytes::Mapped { map, .. } => map,
             Bytes::Owned(v) => v,
         }
     }
@@ -332,7 +336,7 @@ impl GgufFile {
         // loader (llama.cpp included) this assumes nobody truncates or rewrites the file while it
         // is open; all offsets into the map were validated against its length at parse time.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        GgufFile::parse(Bytes::Mapped(map))
+        GgufFile::parse(Bytes::Mapped { map, file })
     }
 
     /// Parses and validates an in-memory GGUF file, with the same checks as [`GgufFile::open`].
@@ -410,7 +414,7 @@ impl GgufFile {
     /// the next read, unchanged. Returns the bytes released; 0 for an owned buffer, a view from
     /// elsewhere, or when the kernel refuses the advice (nothing is lost either way).
     pub fn release_pages(&self, view: &[u8]) -> usize {
-        let Bytes::Mapped(map) = &self.bytes else {
+        let Bytes::Mapped { map, .. } = &self.bytes else {
             return 0;
         };
         let Some((first, len)) = whole_pages(map.as_ptr() as usize, map.len(), view) else {
@@ -433,7 +437,7 @@ impl GgufFile {
     /// buffer, a view from elsewhere, another OS, or when the kernel refuses the advice (the
     /// pages are then faulted in on first read, as without it).
     pub fn populate_pages(&self, view: &[u8]) -> usize {
-        let Bytes::Mapped(map) = &self.bytes else {
+        let Bytes::Mapped { map, .. } = &self.bytes else {
             return 0;
         };
         let Some((first, len)) = whole_pages(map.as_ptr() as usize, map.len(), view) else {
@@ -448,6 +452,66 @@ impl GgufFile {
         {
             let _ = (first, len);
             0
+        }
+    }
+
+    /// Starts reading `view`'s pages (a slice of [`GgufFile::bytes`]) into the page cache
+    /// (`madvise(MADV_WILLNEED)`: readahead, as llama.cpp's loader does for the whole file) without
+    /// mapping them into this process, so that later reads of a few rows ([`GgufFile::read_at`])
+    /// find them there instead of waiting on the disk. Only whole pages inside `view`. Returns
+    /// the bytes advised; 0 for an owned buffer, a view from elsewhere, or when the kernel refuses
+    /// the advice (the reads then go to the disk when they first need a page, as without it).
+    pub fn prefetch_pages(&self, view: &[u8]) -> usize {
+        let Bytes::Mapped { map, .. } = &self.bytes else {
+            return 0;
+        };
+        let Some((first, len)) = whole_pages(map.as_ptr() as usize, map.len(), view) else {
+            return 0;
+        };
+        match map.advise_range(memmap2::Advice::WillNeed, first, len) {
+            Ok(()) => len,
+            Err(_) => 0,
+        }
+    }
+
+    /// Copies bytes `offset .. offset + out.len()` of `view` (a slice of [`GgufFile::bytes`])
+    /// into `out` by reading the file (`pread`), not through the map, so that none of `view`'s
+    /// pages becomes resident in this process (the page cache serves the read): how the
+    /// executor reads rows of an embedding table. An owned buffer is copied.
+    ///
+    /// Errors: `InvalidInput` when `view` does not lie inside this file or the range does not
+    /// lie inside `view`; the read's own I/O error (`UnexpectedEof` for a file truncated
+    /// since it was opened).
+    pub fn read_at(&self, view: &[u8], offset: usize, out: &mut [u8]) -> std::io::Result<()> {
+        let all = self.bytes();
+        let start = (view.as_ptr() as usize).wrapping_sub(all.as_ptr() as usize);
+        let inside = start
+            .checked_add(view.len())
+            .is_some_and(|end| start <= all.len() && end <= all.len());
+        let range = offset
+            .checked_add(out.len())
+            .filter(|&end| inside && end <= view.len())
+            .map(|end| start + offset..start + end);
+        let Some(range) = range else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "bytes {offset}..+{} of a {}-byte view are not inside the file",
+                    out.len(),
+                    view.len()
+                ),
+            ));
+        };
+        match &self.bytes {
+            #[cfg(unix)]
+            Bytes::Mapped { file, .. } => {
+                use std::os::unix::fs::FileExt;
+                file.read_exact_at(out, range.start as u64)
+            }
+            _ => {
+                out.copy_from_slice(&all[range]);
+                Ok(())
+            }
         }
     }
 
@@ -1305,17 +1369,21 @@ mod tests {
         GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
 
+    /// The file's largest tensor.
+    fn largest(f: &GgufFile) -> &TensorInfo {
+        f.tensors()
+            .iter()
+            .max_by_key(|t| t.n_bytes)
+            .expect("a tensor")
+    }
+
     /// Released pages read back the file's bytes; only whole pages inside the view are released
     /// (and populated); views from elsewhere and owned buffers release and populate nothing.
     #[test]
     fn release_pages_keeps_the_bytes() {
         let path = bundled_q2k();
         let f = open(&path);
-        let t = f
-            .tensors()
-            .iter()
-            .max_by_key(|t| t.n_bytes)
-            .expect("a tensor");
+        let t = largest(&f);
         let view = f.tensor_data(t);
         let before = view.to_vec();
         let page = page_size();
@@ -1334,6 +1402,41 @@ mod tests {
         assert_eq!(f.tensor_data(t), &before[..]);
         assert_eq!(f.populate_pages(&before), 0);
         assert_eq!(owned.populate_pages(owned.tensor_data(t)), 0);
+    }
+
+    /// `read_at` copies the view's bytes from the file (mapped) or the buffer (owned), and
+    /// refuses a range outside the view and a view from elsewhere; `prefetch_pages` advises the
+    /// view's whole pages of a mapped file only.
+    #[test]
+    fn read_at_copies_the_view_and_checks_its_range() {
+        let path = bundled_q2k();
+        let mapped = open(&path);
+        let owned = GgufFile::from_bytes(std::fs::read(&path).expect("read")).expect("parse");
+        for f in [&mapped, &owned] {
+            let t = largest(f);
+            let view = f.tensor_data(t);
+            let mut out = vec![0u8; 1000];
+            f.read_at(view, 123, &mut out).expect("inside the view");
+            assert_eq!(out, &view[123..1123]);
+            let mut all = vec![0u8; view.len()];
+            f.read_at(view, 0, &mut all).expect("the whole view");
+            assert_eq!(all, view);
+            let end = view.len() - 999;
+            let refused = |r: std::io::Result<()>| {
+                r.expect_err("outside").kind() == std::io::ErrorKind::InvalidInput
+            };
+            assert!(refused(f.read_at(view, end, &mut out)));
+            assert!(refused(f.read_at(view, usize::MAX, &mut out)));
+            let elsewhere = view.to_vec();
+            assert!(refused(f.read_at(&elsewhere, 0, &mut out)));
+        }
+        let t = largest(&mapped);
+        let view = mapped.tensor_data(t);
+        let advised = mapped.prefetch_pages(view);
+        assert!(advised > 0 && advised <= view.len() && advised.is_multiple_of(page_size()));
+        assert_eq!(owned.prefetch_pages(owned.tensor_data(t)), 0);
+        let elsewhere = view.to_vec();
+        assert_eq!(mapped.prefetch_pages(&elsewhere), 0);
     }
 
     /// The data of every tensor lies back to back, each start aligned, in the order the writers

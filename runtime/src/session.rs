@@ -264,7 +264,7 @@ impl Session {
                 program: model.program(),
                 weights: &weights,
                 experts: Some(store),
-                pages: Some(&*model),
+                file: Some(&*model),
             };
             exec.run_rows(
                 bound,
@@ -383,10 +383,11 @@ impl Session {
 
 /// Maps the pages of every weight a token reads in full (everything but what the store holds —
 /// the stacked experts, which it copies or reads a few of, and the dense weights it copies
-/// interleaved — and the embedding tables, read a row at a time and released by the executor) when the session opens, so that the first request does not fault
-/// them in page by page ([`Model::populate_host_pages`]). They stay mapped from the first
-/// request on either way, so this moves no peak: it only moves the faults out of the first
-/// prefill.
+/// interleaved — and the embedding tables, whose rows the executor reads from the file) when the
+/// session opens, so that the first request does not fault them in page by page
+/// ([`Model::populate_host_pages`]); they stay mapped from the first request on either way, so
+/// this moves no peak. The embedding tables are only read ahead into the page cache
+/// ([`Model::prefetch_host_pages`]), so that a token's row is not a wait on the disk.
 fn map_dense_weights(model: &Model, store: &ExpertStore) {
     let embeds: Vec<usize> = model
         .plan
@@ -403,7 +404,16 @@ fn map_dense_weights(model: &Model, store: &ExpertStore) {
         .filter_map(|w| model.weight_view(w))
         .map(|view| model.populate_host_pages(view))
         .sum();
-    tracing::debug!(bytes, "dense weights mapped");
+    let ahead: usize = embeds
+        .iter()
+        .filter_map(|&w| model.weight_view(w))
+        .map(|view| model.prefetch_host_pages(view))
+        .sum();
+    tracing::debug!(
+        bytes,
+        ahead,
+        "dense weights mapped, embedding tables read ahead"
+    );
 }
 
 #[cfg(test)]
@@ -483,12 +493,14 @@ mod tests {
         assert!(mapped_pages(embd) <= 2 * 16, "{}", mapped_pages(embd));
     }
 
-    /// Reading rows of the embedding table maps its pages in; the executor releases them every
-    /// `EMBED_RUN` (16) rows, so a step leaves the pages of fewer than 16 rows mapped and none
-    /// once the count reaches 16.
+    /// The executor reads the embedding table's rows from the file, not through the map: a
+    /// prompt and decoded tokens leave its mapped pages as opening the session left them, while
+    /// rows read through the map do map pages (the counter sees them), and the logits are those
+    /// of the table read in place.
     #[test]
-    fn the_embedding_table_is_released_every_16_rows() {
-        let mut s = open_path(&bundled("ms4-tiny256-q2k.gguf"), 256);
+    fn the_embedding_table_stays_unmapped() {
+        let path = bundled("ms4-tiny256-q2k.gguf");
+        let mut s = open_path(&path, 256);
         let model = Arc::clone(s.model());
         let w = model
             .plan
@@ -498,32 +510,39 @@ mod tests {
             .expect("an embedding table");
         let view = model.weight_view(w).expect("its bytes");
         assert!(view.len() > 64 * 4096, "{} bytes", view.len());
-        let read: u64 = view
-            .iter()
-            .step_by(4096)
-            .take(64)
-            .map(|&b| u64::from(b))
-            .sum();
-        std::hint::black_box(read);
-        assert!(mapped_pages(view) >= 63, "the counter sees pages read");
+        let before = mapped_pages(view);
         let ids = prompt();
-        assert!(
-            !ids.len().is_multiple_of(16),
-            "a prompt that leaves rows pending"
-        );
-        s.step(&ids).expect("prompt");
-        // Each row maps at most 64 KiB (its page and the kernel's fault-around).
-        let bound = (ids.len() % 16) * 16;
-        assert!(
-            mapped_pages(view) <= bound,
-            "{} > {bound}",
-            mapped_pages(view)
-        );
-        for &id in &ids[..16 - ids.len() % 16] {
-            assert!(mapped_pages(view) <= 16 * 16);
+        let logits = s.step(&ids[..60]).expect("prompt");
+        for &id in &ids[60..80] {
             s.step(&[id]).expect("decode");
         }
-        assert_eq!(mapped_pages(view), 0);
+        assert_eq!(mapped_pages(view), before);
+
+        let weights = model.weight_views();
+        let bound = Bound {
+            plan: &model.plan,
+            program: model.program(),
+            weights: &weights,
+            experts: None,
+            file: None,
+        };
+        let cfg = &model.config;
+        let mut exec = Executor::new(&model.plan, model.program()).expect("executor");
+        let mut cache = LatentKvCache::new(cfg.n_layer, 256, cfg.kv_cache_width()).expect("cache");
+        let tokens: Vec<i32> = ids[..60].iter().map(|&id| id as i32).collect();
+        let pos: Vec<i32> = (0..60).collect();
+        let inputs = [("tokens", &tokens[..]), ("pos", &pos[..])];
+        exec.run_rows(bound, &mut cache, &inputs, 60, 60, None)
+            .expect("the table read in place");
+        assert!(mapped_pages(view) > before, "rows read in place map pages");
+        let (_, id) = model
+            .plan
+            .outputs
+            .iter()
+            .find(|(name, _)| name == "logits")
+            .expect("a logits output");
+        let in_place = exec.f32_value(&model.plan, *id).expect("logits");
+        assert_eq!(bits(in_place), bits(&logits));
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {
