@@ -557,7 +557,7 @@ impl Executor {
                 Some(FastStep::HeadGemm(m)) => {
                     weight_product(&m, step, weights, &args, t_step, &mut self.fast_buf)
                 }
-                Some(FastStep::F32MatMul(m)) if t_step > 1 => {
+                Some(FastStep::F32MatMul(m)) => {
                     weight_product(&m, step, weights, &args, t_step, &mut self.fast_buf)
                 }
                 Some(FastStep::Moe(m)) => {
@@ -668,7 +668,7 @@ impl Executor {
                     };
                     crate::fastpath::weighted_sum(p, v, y, w, len);
                 }
-                Some(FastStep::F32MatMul(_)) | None => match (step.op, file, step.args.first()) {
+                None => match (step.op, file, step.args.first()) {
                     (Op::Embed, Some(file), Some(&Operand::Weight(w))) => {
                         let table = EmbedTable {
                             bytes: weights[w],
@@ -1491,6 +1491,63 @@ mod tests {
         }
     }
 
+    /// One run of `b` on `tokens` at positions `p0 ..` (the cache holding the `p0` before).
+    fn run_at(
+        exec: &mut Executor,
+        b: &Built,
+        prog: &CpuProgram,
+        cache: &mut LatentKvCache,
+        tokens: &[i32],
+        p0: usize,
+    ) -> Result<(), ExecError> {
+        let views: Vec<&[u8]> = b.weights.iter().map(Vec::as_slice).collect();
+        let pos: Vec<i32> = (p0..p0 + tokens.len()).map(|p| p as i32).collect();
+        let bound = Bound {
+            plan: &b.plan,
+            program: prog,
+            weights: &views,
+            experts: None,
+            file: None,
+        };
+        let t = tokens.len();
+        exec.run(
+            bound,
+            cache,
+            &[("tokens", tokens), ("pos", &pos)],
+            t,
+            p0 + t,
+        )
+    }
+
+    /// At one token the fast path's F32 `mat_mul` (the router) gives the oracle's bits: the
+    /// router logits of a decoded token under `q8x2` equal the oracle's.
+    #[test]
+    fn the_fast_router_at_one_token_gives_the_oracles_bits() {
+        let mut b = build();
+        let router = b
+            .plan
+            .steps
+            .iter()
+            .find(|s| s.op == Op::MatMul && s.args.first() == Some(&Operand::Weight(5)))
+            .expect("the router step")
+            .out;
+        b.plan.outputs = vec![("router".into(), router)];
+        let prog = CpuProgram::compile(&b.plan, &host_symbols()).expect("lowering");
+        let mut outs = Vec::new();
+        for kernels in [CpuKernels::Oracle, CpuKernels::Q8x2] {
+            let mut exec = Executor::new(&b.plan, &prog).expect("exec");
+            exec.set_cpu_kernels(&b.plan, kernels);
+            let mut cache = LatentKvCache::new(1, 16, 8).expect("cache");
+            for (p0, tokens) in [(0, &[3, 1, 4, 1, 5][..]), (5, &[9][..])] {
+                run_at(&mut exec, &b, &prog, &mut cache, tokens, p0).expect("run");
+            }
+            let v = exec.f32_value(&b.plan, router).expect("router logits");
+            outs.push(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        }
+        assert_eq!(outs[0].len(), 6);
+        assert_eq!(outs[0], outs[1]);
+    }
+
     /// The fast path's `rms_norm`, `scores_qk`, `scale`, `causal_mask`, `softmax` and
     /// `weighted_sum` give the oracle's bits: at
     /// prefill (with and without the causal cut) and at decode over a longer cache, for widths
@@ -1501,7 +1558,6 @@ mod tests {
         for scores_out in [false, true] {
             let b = attention_plan(heads, w, len, scores_out);
             let prog = CpuProgram::compile(&b.plan, &host_symbols()).expect("lowering");
-            let views: Vec<&[u8]> = b.weights.iter().map(Vec::as_slice).collect();
             let mut outs = Vec::new();
             for kernels in [CpuKernels::Oracle, CpuKernels::Q8x2] {
                 let mut exec = Executor::new(&b.plan, &prog).expect("exec");
@@ -1513,22 +1569,7 @@ mod tests {
                 // A 20-token prompt (80 score rows: the causal cut), then one token at 20.
                 for (p0, t) in [(0usize, 20usize), (20, 1)] {
                     let tokens: Vec<i32> = (0..t).map(|i| ((p0 + i) * 7 % 10) as i32).collect();
-                    let pos: Vec<i32> = (p0..p0 + t).map(|p| p as i32).collect();
-                    let bound = Bound {
-                        plan: &b.plan,
-                        program: &prog,
-                        weights: &views,
-                        experts: None,
-                        file: None,
-                    };
-                    exec.run(
-                        bound,
-                        &mut cache,
-                        &[("tokens", &tokens), ("pos", &pos)],
-                        t,
-                        p0 + t,
-                    )
-                    .expect("run");
+                    run_at(&mut exec, &b, &prog, &mut cache, &tokens, p0).expect("run");
                     for (_, id) in &b.plan.outputs {
                         let v = exec.f32_value(&b.plan, *id).expect("value");
                         got.push(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());

@@ -11,8 +11,8 @@
 //!   is a quantized tensor with a Q8_K dot and `ne[0]` a multiple of 256, a `moe_ffn` whose gate,
 //!   up and down experts all qualify, every `scores_qk`, `weighted_sum`, `softmax`, `scale` and
 //!   `causal_mask` (with the oracle's bits), a `head_mat_mul` whose rows are whole blocks of
-//!   another shape (`attn_k_b`, 64 elements; at one token the oracle's bits too) and (at more
-//!   than one token) an F32 `mat_mul`; every other step (and every step under
+//!   another shape (`attn_k_b`, 64 elements; at one token the oracle's bits too) and an F32
+//!   `mat_mul` (at one token the oracle's bits too); every other step (and every step under
 //!   [`CpuKernels::Oracle`]) runs the oracle's cranelift kernels.
 //! - Activations: each row is quantized once per step (rows in parallel) to one Q8_K plane
 //!   (`q8`) or two (`q8x2`: the value, then its rounding residual `x − d·q`, whose step is at most
@@ -51,7 +51,8 @@
 //! - The f32 `head_mat_mul` (per head `[T, n_in] × [n_in, n_out]`, the weight dequantized
 //!   exactly, as the oracle does) and the F32 router at prefill: `matrixmultiply::sgemm` (FMA,
 //!   its own blocking and summation order), split over the rayon pool by rows, or by columns
-//!   below `GEMM_COLUMN_SPLIT_ROWS` rows, or by head.
+//!   below `GEMM_COLUMN_SPLIT_ROWS` rows, or by head. At one token both take the oracle's dot
+//!   per row ([`crate::quant::dot_rows`], rows in parallel).
 //! - `scores_qk`, `weighted_sum`, `softmax`, `scale`, `causal_mask`, `rms_norm` ([`exact`]): the oracle's
 //!   operations in its order in vector lanes, so the oracle's bits. At prefill the causal mask cuts the first two:
 //!   `scores_qk` leaves the keys after a group of rows' last position uncomputed when the plan
@@ -422,8 +423,11 @@ pub(crate) struct FastHeadGemm {
     ty: GgmlType,
 }
 
+/// Rows of an F32 `mat_mul` per work item at one token (the router's 128 rows: four items).
+const F32_DECODE_ROWS: usize = 32;
+
 /// A `mat_mul` of an F32 weight (the router, `ffn_gate_inp`): at more than one token one f32 GEMM,
-/// at one token the oracle's kernel.
+/// at one token the oracle's dot per row, rows in parallel.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct FastF32MatMul {
     n_in: usize,
@@ -894,12 +898,24 @@ impl WeightProduct for FastF32MatMul {
         (self.n_in, self.n_out)
     }
 
-    /// `y[t, r] = W[r, :] · x[t, :]` in f32: `x [T, n_in] × Wᵀ [n_in, n_out]` by
-    /// `matrixmultiply::sgemm` (the weight read in place when 4-byte aligned, else copied into
-    /// `buf.wf`).
+    /// `y[t, r] = W[r, :] · x[t, :]` in f32. At one token each output is
+    /// [`crate::quant::dot_row`] of its row ([`crate::quant::dot_rows`], chunks of
+    /// [`F32_DECODE_ROWS`] rows in parallel): the oracle's value, the same dot in the same order.
+    /// At more: `x [T, n_in] × Wᵀ [n_in, n_out]` by `matrixmultiply::sgemm` (the weight read in
+    /// place when 4-byte aligned, else copied into `buf.wf`).
     fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut FastBuffers) {
         let (n_in, n_out) = (self.n_in, self.n_out);
         let t = x.len() / n_in;
+        if t == 1 {
+            y[..n_out]
+                .par_chunks_mut(F32_DECODE_ROWS)
+                .zip(w[..n_in * n_out * 4].par_chunks(F32_DECODE_ROWS * n_in * 4))
+                .for_each(|(ys, ws)| {
+                    crate::quant::dot_rows(GgmlType::F32, ws, x, ys)
+                        .expect("whole F32 rows, checked by plan_fast_steps")
+                });
+            return;
+        }
         let wf = f32_view(&w[..n_in * n_out * 4], &mut buf.wf);
         // B = Wᵀ [n_in, n_out]: element (i, r) at wf[r·n_in + i].
         gemm(t, n_in, n_out, x, n_in, wf, 1, n_in, &mut y[..t * n_out]);

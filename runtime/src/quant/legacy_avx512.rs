@@ -1,7 +1,8 @@
-//! AVX-512 dots of Q4_0 and Q8_0 rows with f32 activations that compute the scalar dot's
-//! operations in its order (the module note of `crate::quant`), so the same bits: they replace
-//! the scalar kernels behind [`super::dot_fn`] where the CPU has AVX-512F (the oracle's
-//! `attn_k_b` at decode is 8,192 Q4_0 rows of 64 elements per layer).
+//! AVX-512 dots of Q4_0 and Q8_0 rows (and, many rows at once, F32 rows) with f32 activations
+//! that compute the scalar dot's operations in its order (the module note of `crate::quant`),
+//! so the same bits: they replace the scalar kernels behind [`super::dot_fn`] and
+//! [`super::dot_rows`] where the CPU has AVX-512F (the oracle's `attn_k_b` at decode is 8,192
+//! Q4_0 rows of 64 elements per layer; the router at decode 128 F32 rows of 4096).
 //!
 //! Algorithm, per 32-element block: the codes widened to i32 in two vectors (elements `0 .. 16`
 //! and `16 .. 32`; Q4_0's low nibbles then its high nibbles, minus 8), converted to f32 (exact)
@@ -34,9 +35,9 @@ pub(super) fn dot_fn(ty: GgmlType) -> Option<super::DotFn> {
 pub(super) type DotsFn =
     unsafe fn(src: *const u8, rb: usize, x: *const f32, n: usize, y: &mut [f32]);
 
-/// The many-row AVX-512 dot of `ty` (Q4_0, Q8_0) when the CPU has AVX-512F, else None: rows
-/// four at a time, each with its own accumulator (a single row's chain of dependent adds bounds
-/// the one-row kernel on 64-element rows).
+/// The many-row AVX-512 dot of `ty` (Q4_0, Q8_0, F32) when the CPU has AVX-512F, else None:
+/// rows four at a time, each with its own accumulator (a single row's chain of dependent adds
+/// bounds the one-row kernel on 64-element rows).
 pub(super) fn dots_fn(ty: GgmlType) -> Option<DotsFn> {
     if !is_x86_feature_detected!("avx512f") {
         return None;
@@ -44,6 +45,7 @@ pub(super) fn dots_fn(ty: GgmlType) -> Option<DotsFn> {
     match ty {
         GgmlType::Q4_0 => Some(dots_q4_0),
         GgmlType::Q8_0 => Some(dots_q8_0),
+        GgmlType::F32 => Some(dots_f32),
         _ => None,
     }
 }
@@ -168,6 +170,23 @@ unsafe fn q8_0_rows<const R: usize>(rows: [*const u8; R], x: *const f32, n: usiz
     unsafe { dot_blocks::<34, R>(rows, x, n, weights) }
 }
 
+/// `R` F32 rows against `x` ([`dot_blocks`]'s contract, a "block" being 32 f32): the scalar
+/// dot's products `w·x` in the same lanes and order.
+#[target_feature(enable = "avx512f")]
+unsafe fn f32_rows<const R: usize>(rows: [*const u8; R], x: *const f32, n: usize) -> [f32; R] {
+    let weights = |b: &[u8; 128]| {
+        // SAFETY: bytes 0 .. 64 and 64 .. 128 of the block; loadu needs no alignment.
+        unsafe {
+            (
+                _mm512_loadu_ps(b.as_ptr().cast()),
+                _mm512_loadu_ps(b[64..].as_ptr().cast()),
+            )
+        }
+    };
+    // SAFETY: forwarded contract.
+    unsafe { dot_blocks::<128, R>(rows, x, n, weights) }
+}
+
 /// # Safety
 /// [`super::DotFn`]'s contract, and the CPU has AVX-512F (checked by [`dot_fn`]).
 #[target_feature(enable = "avx512f")]
@@ -196,6 +215,31 @@ unsafe fn dots_q4_0(src: *const u8, rb: usize, x: *const f32, n: usize, y: &mut 
             y,
             |r| q4_0_rows::<4>(r, x, n),
             |r| q4_0_rows::<1>([r], x, n)[0],
+        )
+    }
+}
+
+/// # Safety
+/// [`DotsFn`]'s contract (AVX-512F checked by [`dots_fn`]). Rows whose length is not a whole
+/// number of 32 elements go through the scalar dot (the tail's lanes), row by row.
+#[target_feature(enable = "avx512f")]
+unsafe fn dots_f32(src: *const u8, rb: usize, x: *const f32, n: usize, y: &mut [f32]) {
+    if !n.is_multiple_of(32) {
+        let one = super::scalar_dot_fn(GgmlType::F32).expect("F32 has a scalar dot");
+        for (r, v) in y.iter_mut().enumerate() {
+            // SAFETY: forwarded contract: row `r` is `rb` bytes (`n` f32) at `src + r·rb`.
+            *v = unsafe { one(src.add(r * rb), x, n) };
+        }
+        return;
+    }
+    // SAFETY: forwarded contract, each row pointer inside `src`'s rows.
+    unsafe {
+        by_fours(
+            src,
+            rb,
+            y,
+            |r| f32_rows::<4>(r, x, n),
+            |r| f32_rows::<1>([r], x, n)[0],
         )
     }
 }
@@ -296,6 +340,35 @@ mod tests {
                     let want = unsafe { scalar(row.as_ptr(), x.as_ptr(), n) };
                     assert_eq!(v.to_bits(), want.to_bits(), "{ty}, row {r} of {rows}, {n}");
                 }
+            }
+        }
+    }
+
+    /// The F32 many-row dot gives each row the scalar dot's bits: 1 to 9 rows, lengths whole
+    /// 32s (the vector path) and not (the scalar fallback), values of many magnitudes.
+    #[test]
+    fn avx512_f32_row_dots_are_the_scalar_dots() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let Some(dots) = dots_fn(GgmlType::F32) else {
+            println!("note: no AVX-512F on this CPU: F32 check skipped");
+            return;
+        };
+        let scalar = super::super::scalar_dot_fn(GgmlType::F32).expect("scalar kernel");
+        for (rows, n) in (1..10).flat_map(|r| [1, 7, 32, 40, 64, 96, 4096].map(move |n| (r, n))) {
+            let mut value = || rng.random_range(-3.0f32..3.0) * 10f32.powi(rng.random_range(-4..4));
+            let src: Vec<u8> = (0..rows * n).flat_map(|_| value().to_le_bytes()).collect();
+            let x: Vec<f32> = (0..n).map(|_| value()).collect();
+            let mut y = vec![f32::NAN; rows];
+            // SAFETY: `src` holds `rows` rows of `n` f32, `x` n f32.
+            unsafe { dots(src.as_ptr(), 4 * n, x.as_ptr(), n, &mut y) };
+            for (r, (row, v)) in src.chunks_exact(4 * n).zip(&y).enumerate() {
+                // SAFETY: as above, one row.
+                let want = unsafe { scalar(row.as_ptr(), x.as_ptr(), n) };
+                assert_eq!(
+                    v.to_bits(),
+                    want.to_bits(),
+                    "row {r} of {rows}, {n} elements"
+                );
             }
         }
     }
