@@ -109,7 +109,10 @@ pub struct SynthArgs {
     /// ms4-tiny256 (hidden 256, 4 heads, q_lora 128, kv_lora 64, rope/nope/v 32, expert ff 256).
     #[arg(long)]
     pub tiny: bool,
-    /// GGUF whose `tokenizer.*` keys (vocab, merges, special ids, chat template) to copy.
+    /// GGUF whose `tokenizer.*` keys (vocab, merges, special ids, chat template) to copy. The
+    /// default is the tekken v15 vocab in the source tree this binary was built from (its path
+    /// at build time): a binary copied elsewhere needs `--vocab` (a missing file is an error
+    /// naming the path).
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/tokenizer/tekken-v15-vocab.gguf"))]
     pub vocab: PathBuf,
 }
