@@ -1003,7 +1003,7 @@ fn embed_from_file(
         rows.bytes.resize((n * rb).div_ceil(8), 0);
         // SAFETY: the u64 words as the bytes they hold (every byte pattern is a valid u8).
         let (_, buf, _) = unsafe { rows.bytes.align_to_mut::<u8>() };
-        for (&id, dst) in run_ids.iter().zip(buf.chunks_mut(rb)) {
+        for (&id, dst) in run_ids.iter().zip(buf.chunks_mut(rb.max(1))) {
             let at = usize::try_from(id)
                 .ok()
                 .filter(|&r| r < table.rows)
