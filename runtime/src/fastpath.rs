@@ -850,10 +850,10 @@ impl WeightProduct for FastHeadMatMul {
         let per_head: Vec<(Vec<BlockQ8K>, Option<Packed>)> = (0..heads)
             .into_par_iter()
             .map(|h| {
-                let xh: Vec<BlockQ8K> = (0..t)
-                    .flat_map(|tok| &xq[(tok * heads + h) * nb..(tok * heads + h + 1) * nb])
-                    .copied()
-                    .collect();
+                let mut xh: Vec<BlockQ8K> = Vec::with_capacity(t * nb);
+                for tok in 0..t {
+                    xh.extend_from_slice(&xq[(tok * heads + h) * nb..(tok * heads + h + 1) * nb]);
+                }
                 let grid = self.w.grid.is_some() && t * self.w.planes >= GRID_MIN_ROWS;
                 let packed = grid.then(|| pack(&xh, t, self.w.planes));
                 (xh, packed)
