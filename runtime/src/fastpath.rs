@@ -545,7 +545,9 @@ pub(crate) fn plan_fast_steps(plan: &Plan, planes: usize) -> Vec<Option<FastStep
                 let planes = if Some(step.out) == logits { 1 } else { planes };
                 if w.ggml_type == "F32" {
                     return match w.ne.as_slice() {
-                        &[n_in, n_out] => Some(FastStep::F32MatMul(FastF32MatMul { n_in, n_out })),
+                        &[n_in, n_out] if n_in > 0 => {
+                            Some(FastStep::F32MatMul(FastF32MatMul { n_in, n_out }))
+                        }
                         _ => None,
                     };
                 }

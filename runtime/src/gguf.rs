@@ -414,10 +414,7 @@ impl GgufFile {
     /// the next read, unchanged. Returns the bytes released; 0 for an owned buffer, a view from
     /// elsewhere, or when the kernel refuses the advice (nothing is lost either way).
     pub fn release_pages(&self, view: &[u8]) -> usize {
-        let Bytes::Mapped { map, .. } = &self.bytes else {
-            return 0;
-        };
-        let Some((first, len)) = whole_pages(map.as_ptr() as usize, map.len(), view) else {
+        let Some((map, first, len)) = self.mapped_pages(view) else {
             return 0;
         };
         // SAFETY: the map is a read-only shared mapping of a file, so MADV_DONTNEED only drops
@@ -437,10 +434,7 @@ impl GgufFile {
     /// buffer, a view from elsewhere, another OS, or when the kernel refuses the advice (the
     /// pages are then faulted in on first read, as without it).
     pub fn populate_pages(&self, view: &[u8]) -> usize {
-        let Bytes::Mapped { map, .. } = &self.bytes else {
-            return 0;
-        };
-        let Some((first, len)) = whole_pages(map.as_ptr() as usize, map.len(), view) else {
+        let Some((map, first, len)) = self.mapped_pages(view) else {
             return 0;
         };
         #[cfg(target_os = "linux")]
@@ -462,10 +456,7 @@ impl GgufFile {
     /// the bytes advised; 0 for an owned buffer, a view from elsewhere, or when the kernel refuses
     /// the advice (the reads then go to the disk when they first need a page, as without it).
     pub fn prefetch_pages(&self, view: &[u8]) -> usize {
-        let Bytes::Mapped { map, .. } = &self.bytes else {
-            return 0;
-        };
-        let Some((first, len)) = whole_pages(map.as_ptr() as usize, map.len(), view) else {
+        let Some((map, first, len)) = self.mapped_pages(view) else {
             return 0;
         };
         match map.advise_range(memmap2::Advice::WillNeed, first, len) {
@@ -513,6 +504,16 @@ impl GgufFile {
                 Ok(())
             }
         }
+    }
+
+    /// The map and the whole pages of `view` inside it (offset, length), for the page advice
+    /// above; None for an owned buffer or a view with no whole page in the map.
+    fn mapped_pages(&self, view: &[u8]) -> Option<(&Mmap, usize, usize)> {
+        let Bytes::Mapped { map, .. } = &self.bytes else {
+            return None;
+        };
+        let (first, len) = whole_pages(map.as_ptr() as usize, map.len(), view)?;
+        Some((map, first, len))
     }
 
     /// The whole file.

@@ -44,7 +44,7 @@ pub fn main() -> ExitCode {
         Command::Inspect(args) => crate::inspect::run(args),
         Command::Serve(args) => crate::serve::run(args),
         Command::Replay(args) => crate::replay::run(args),
-        Command::Gen(args) => crate::gen::run(args),
+        Command::Gen(args) => report("gen", crate::gen::run(args)),
         Command::Run(args) => report("run", crate::run::run(args)),
         Command::Trace(args) => report("trace", crate::trace::run(args)),
         Command::Synth(args) => report("synth", crate::synth::run(args)),

@@ -30,7 +30,6 @@ use aubier_runtime::model::{read_config, weight_refs};
 use clap::{Args, ValueEnum};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 /// The model `gen` compiles when `--model` is not given: `models/ms4-tiny256-q2k.gguf` at the
 /// workspace root.
@@ -154,18 +153,12 @@ pub enum Format {
 }
 
 /// Runs `aubier gen`, printing to stdout.
-pub fn run(args: GenArgs) -> ExitCode {
-    let printed = generate(&args).and_then(|out| {
-        out!("{out}");
-        Ok(())
-    });
-    match printed {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("aubier gen: {}", crate::cli::error_text(&e));
-            ExitCode::FAILURE
-        }
-    }
+///
+/// Errors: those of the compilation, and a failed write to stdout.
+pub fn run(args: GenArgs) -> anyhow::Result<()> {
+    let out = generate(&args)?;
+    out!("{out}");
+    Ok(())
 }
 
 /// Runs `aubier gen` and returns what it prints: the graph dump after `--dump-after`, the plan as

@@ -362,7 +362,8 @@ pub fn run(args: QualityArgs) -> anyhow::Result<()> {
         .find(|o| o.key.starts_with("tokenizer."))
     {
         bail!(
-            "--b: --override-kv {} would change nothing: both configurations score the same              tokens, A's (override a tokenizer key in --a to change the tokenization)",
+            "--b: --override-kv {} would change nothing: both configurations score the same \
+             tokens, A's (override a tokenizer key in --a to change the tokenization)",
             o.key
         );
     }
