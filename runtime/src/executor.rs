@@ -605,24 +605,14 @@ impl Executor {
                     let numel = plan.values[step.out].shape.numel(t_step, s);
                     // SAFETY: input and output `[rows, n]` (`numel` elements each) in distinct
                     // slots (the lowering refuses a step whose output aliases an operand).
-                    let (x, y) = unsafe {
-                        (
-                            std::slice::from_raw_parts(args.args[0] as *const f32, numel),
-                            std::slice::from_raw_parts_mut(args.out as *mut f32, numel),
-                        )
-                    };
+                    let (x, y) = unsafe { unary_io(&args, numel) };
                     crate::fastpath::softmax(x, y, n);
                 }
                 Some(FastStep::Scale { c }) => {
                     let numel = plan.values[step.out].shape.numel(t_step, s);
                     // SAFETY: input and output of `numel` elements in distinct slots (the
                     // lowering refuses a step whose output aliases an operand).
-                    let (x, y) = unsafe {
-                        (
-                            std::slice::from_raw_parts(args.args[0] as *const f32, numel),
-                            std::slice::from_raw_parts_mut(args.out as *mut f32, numel),
-                        )
-                    };
+                    let (x, y) = unsafe { unary_io(&args, numel) };
                     crate::fastpath::scale(x, y, c);
                 }
                 Some(FastStep::RmsNorm { n, eps }) => {
@@ -632,12 +622,7 @@ impl Executor {
                     };
                     // SAFETY: input and output of `numel` elements in distinct slots (the
                     // lowering refuses a step whose output aliases an operand).
-                    let (x, y) = unsafe {
-                        (
-                            std::slice::from_raw_parts(args.args[0] as *const f32, numel),
-                            std::slice::from_raw_parts_mut(args.out as *mut f32, numel),
-                        )
-                    };
+                    let (x, y) = unsafe { unary_io(&args, numel) };
                     let g = self.fast_buf.f32_weight(&weights[w][..n * 4]);
                     crate::fastpath::rms_norm(x, g, y, eps);
                 }
@@ -646,14 +631,33 @@ impl Executor {
                     // SAFETY: scores and output `[T, .., S]` (`numel` elements) in distinct
                     // slots, the positions `[T]` (i32) in theirs (the lowering checked the
                     // shapes).
-                    let (x, pos, y) = unsafe {
-                        (
-                            std::slice::from_raw_parts(args.args[0] as *const f32, numel),
-                            std::slice::from_raw_parts(args.args[1] as *const i32, t_step),
-                            std::slice::from_raw_parts_mut(args.out as *mut f32, numel),
-                        )
-                    };
+                    let (x, pos, y) = unsafe { rows_and_positions(&args, numel, t_step) };
                     crate::fastpath::causal_mask(x, pos, y, s);
+                }
+                Some(FastStep::Silu) => {
+                    let numel = plan.values[step.out].shape.numel(t_step, s);
+                    // SAFETY: input and output of `numel` elements in distinct slots (the
+                    // lowering refuses a step whose output aliases an operand).
+                    let (x, y) = unsafe { unary_io(&args, numel) };
+                    crate::fastpath::silu(x, y);
+                }
+                Some(FastStep::Temperature { beta, length }) => {
+                    let numel = plan.values[step.out].shape.numel(t_step, s);
+                    // SAFETY: input and output `[T, n]` (`numel` elements) in distinct slots, the
+                    // positions `[T]` (i32) in theirs (the lowering checked the shapes).
+                    let (x, pos, y) = unsafe { rows_and_positions(&args, numel, t_step) };
+                    crate::fastpath::temperature(x, pos, y, beta, length);
+                }
+                Some(FastStep::Rope {
+                    d,
+                    pairs,
+                    theta,
+                    af,
+                }) => {
+                    let numel = plan.values[step.out].shape.numel(t_step, s);
+                    // SAFETY: as for the temperature: `[T, rows, d]` in and out, `[T]` positions.
+                    let (x, pos, y) = unsafe { rows_and_positions(&args, numel, t_step) };
+                    crate::fastpath::rope(x, pos, y, d, &theta[..pairs], af);
                 }
                 Some(FastStep::WeightedSum { w, len }) => {
                     let rows = plan.values[self.value_id(step, 0)?].shape.numel(t_step, s) / s;
@@ -934,6 +938,42 @@ fn product_io<'a, P: WeightProduct>(
     }
 }
 
+/// Operand 0 and the output (`numel` f32 each) of an elementwise step.
+///
+/// # Safety
+/// `args` holds the step's bound addresses: operand 0 and the output are distinct slots of at
+/// least `numel` f32, live while the slices are used.
+unsafe fn unary_io<'a>(args: &StepArgs, numel: usize) -> (&'a [f32], &'a mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        (
+            std::slice::from_raw_parts(args.args[0] as *const f32, numel),
+            std::slice::from_raw_parts_mut(args.out as *mut f32, numel),
+        )
+    }
+}
+
+/// Operand 0 (`numel` f32), operand 1 (`t` i32 positions) and the output (`numel` f32) of an
+/// elementwise step by position (`causal_mask`, `attn_temperature`, `rope_yarn`).
+///
+/// # Safety
+/// `args` holds the step's bound addresses: operand 0 and the output are distinct slots of at
+/// least `numel` f32, operand 1 a slot of at least `t` i32, live while the slices are used.
+unsafe fn rows_and_positions<'a>(
+    args: &StepArgs,
+    numel: usize,
+    t: usize,
+) -> (&'a [f32], &'a [i32], &'a mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        (
+            std::slice::from_raw_parts(args.args[0] as *const f32, numel),
+            std::slice::from_raw_parts(args.args[1] as *const i32, t),
+            std::slice::from_raw_parts_mut(args.out as *mut f32, numel),
+        )
+    }
+}
+
 /// The argument block shared by the threads of one launch. Every thread only reads it (and
 /// copies it), and the memory its pointers reach is partitioned by the work ranges.
 struct Shared(StepArgs);
@@ -1062,7 +1102,7 @@ mod tests {
     use crate::engine::host_symbols;
     use crate::ggml_type::GgmlType;
     use crate::quant;
-    use aubier_compiler::config::{ExpertLayout, Mistral4Config, YarnParams};
+    use aubier_compiler::config::{ExpertLayout, Mistral4Config, QueryTemperature, YarnParams};
     use aubier_compiler::ops::Op;
     use aubier_compiler::plan::{Step, Value};
     use aubier_compiler::types::{Attrs, Shape, WeightRef};
@@ -1548,6 +1588,36 @@ mod tests {
         assert_eq!(outs[0], outs[1]);
     }
 
+    /// The bits of every output of `b` after a 20-token prompt (positions 0–19) and after one
+    /// decoded token at 20 (a cache of rows of `cache_w`), under the oracle and under `q8x2`
+    /// (which must take `fast` of the plan's steps).
+    fn oracle_and_fast_outputs(b: &Built, fast: usize, cache_w: usize) -> Vec<Vec<Vec<u32>>> {
+        let prog = CpuProgram::compile(&b.plan, &host_symbols()).expect("lowering");
+        let mut outs = Vec::new();
+        for kernels in [CpuKernels::Oracle, CpuKernels::Q8x2] {
+            let mut exec = Executor::new(&b.plan, &prog).expect("exec");
+            exec.set_cpu_kernels(&b.plan, kernels);
+            let want = if kernels == CpuKernels::Oracle {
+                0
+            } else {
+                fast
+            };
+            assert_eq!(exec.fast_step_count(), want, "{kernels}");
+            let mut cache = LatentKvCache::new(1, 64, cache_w).expect("cache");
+            let mut got = Vec::new();
+            for (p0, t) in [(0usize, 20usize), (20, 1)] {
+                let tokens: Vec<i32> = (0..t).map(|i| ((p0 + i) * 7 % 10) as i32).collect();
+                run_at(&mut exec, b, &prog, &mut cache, &tokens, p0).expect("run");
+                for (_, id) in &b.plan.outputs {
+                    let v = exec.f32_value(&b.plan, *id).expect("value");
+                    got.push(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+                }
+            }
+            outs.push(got);
+        }
+        outs
+    }
+
     /// The fast path's `rms_norm`, `scores_qk`, `scale`, `causal_mask`, `softmax` and
     /// `weighted_sum` give the oracle's bits: at
     /// prefill (with and without the causal cut) and at decode over a longer cache, for widths
@@ -1557,32 +1627,101 @@ mod tests {
         let (heads, w, len) = (4, 43, 37);
         for scores_out in [false, true] {
             let b = attention_plan(heads, w, len, scores_out);
-            let prog = CpuProgram::compile(&b.plan, &host_symbols()).expect("lowering");
-            let mut outs = Vec::new();
-            for kernels in [CpuKernels::Oracle, CpuKernels::Q8x2] {
-                let mut exec = Executor::new(&b.plan, &prog).expect("exec");
-                exec.set_cpu_kernels(&b.plan, kernels);
-                let fast = if kernels == CpuKernels::Oracle { 0 } else { 6 };
-                assert_eq!(exec.fast_step_count(), fast, "{kernels}");
-                let mut cache = LatentKvCache::new(1, 64, w).expect("cache");
-                let mut got = Vec::new();
-                // A 20-token prompt (80 score rows: the causal cut), then one token at 20.
-                for (p0, t) in [(0usize, 20usize), (20, 1)] {
-                    let tokens: Vec<i32> = (0..t).map(|i| ((p0 + i) * 7 % 10) as i32).collect();
-                    run_at(&mut exec, &b, &prog, &mut cache, &tokens, p0).expect("run");
-                    for (_, id) in &b.plan.outputs {
-                        let v = exec.f32_value(&b.plan, *id).expect("value");
-                        got.push(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
-                    }
-                }
-                outs.push(got);
-            }
+            // A 20-token prompt (80 score rows: the causal cut), then one token at 20.
+            let outs = oracle_and_fast_outputs(&b, 6, w);
             assert!(outs[0]
                 .iter()
                 .flatten()
                 .all(|&v| f32::from_bits(v).is_finite()));
             assert_eq!(outs[0], outs[1], "scores as an output: {scores_out}");
         }
+    }
+
+    /// `embed` of `[T, heads·d]` rows (times 20, so that SiLU meets large magnitudes),
+    /// `rope_yarn` (YaRN on, `n_rot` 6 of `d` 10), `attn_temperature` (L = 3, so the factor
+    /// changes every third position) and `silu`; outputs the rotated, the scaled and the SiLU
+    /// rows.
+    fn rope_plan(heads: usize, d: usize) -> Built {
+        let mut values: Vec<Value> = Vec::new();
+        let mut val = |dtype, dims, storage| push_value(&mut values, dtype, dims, storage);
+        let (f, t) = (Dim::Fixed, Dim::Tokens);
+        let tokens = val(DType::I32, vec![t], None);
+        let pos = val(DType::I32, vec![t], None);
+        let qe = val(DType::F32, vec![t, f(heads * d)], None);
+        let q = val(DType::F32, vec![t, f(heads), f(d)], Some(Storage::Slot(qe)));
+        let r = val(DType::F32, vec![t, f(heads), f(d)], None);
+        let o = val(DType::F32, vec![t, f(heads), f(d)], None);
+        let g = val(DType::F32, vec![t, f(heads), f(d)], None);
+        let n_values = values.len();
+        let vocab = 10;
+        let rope = YarnParams {
+            n_rot: 6,
+            factor: 4.0,
+            original_context: 8,
+            attn_factor: 1.3,
+            ..config().rope
+        };
+        let v = Operand::Value;
+        let steps = vec![
+            step(
+                Op::Embed,
+                Attrs::None,
+                vec![Operand::Weight(0), v(tokens)],
+                qe,
+            ),
+            step(
+                Op::Reshape,
+                Attrs::Reshape(Shape(vec![t, f(heads), f(d)])),
+                vec![v(qe)],
+                q,
+            ),
+            step(Op::RopeYarn, Attrs::Rope(rope), vec![v(q), v(pos)], r),
+            step(
+                Op::AttnTemperature,
+                Attrs::Temperature(QueryTemperature {
+                    scale: 0.1,
+                    length: 3,
+                }),
+                vec![v(r), v(pos)],
+                o,
+            ),
+            step(Op::Silu, Attrs::None, vec![v(o)], g),
+        ];
+        Built {
+            plan: Plan {
+                config: config(),
+                stages: vec!["hand".into()],
+                weights: vec![WeightRef {
+                    name: "q_emb".into(),
+                    ggml_type: "F32".into(),
+                    ne: vec![heads * d, vocab],
+                }],
+                values,
+                n_slots: n_values,
+                inputs: vec![("tokens".into(), tokens), ("pos".into(), pos)],
+                outputs: vec![("r".into(), r), ("o".into(), o), ("g".into(), g)],
+                steps,
+            },
+            weights: vec![f32_bytes(
+                &noise(heads * d * vocab, 31)
+                    .iter()
+                    .map(|v| 20.0 * v)
+                    .collect::<Vec<_>>(),
+            )],
+        }
+    }
+
+    /// The fast path's `rope_yarn`, `attn_temperature` and `silu` give the oracle's bits over a
+    /// prompt (positions 0–19, several temperature factors) and a decoded token at position 20.
+    #[test]
+    fn fast_rope_temperature_and_silu_give_the_oracles_bits() {
+        let b = rope_plan(3, 10);
+        let outs = oracle_and_fast_outputs(&b, 3, 4);
+        let o = &outs[0];
+        assert!(o.iter().flatten().all(|&v| f32::from_bits(v).is_finite()));
+        // The rotation and the factor changed the values (the prompt's rows 1.. and 3..).
+        assert_ne!(o[0], o[1], "the temperature scaled the rows");
+        assert_eq!(outs[0], outs[1]);
     }
 
     #[test]

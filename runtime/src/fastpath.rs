@@ -9,8 +9,9 @@
 //! Algorithm.
 //! - Selection (`plan_fast_steps`, once per executor): a `mat_mul` / `head_mat_mul` whose weight
 //!   is a quantized tensor with a Q8_K dot and `ne[0]` a multiple of 256, a `moe_ffn` whose gate,
-//!   up and down experts all qualify, every `scores_qk`, `weighted_sum`, `softmax`, `scale` and
-//!   `causal_mask` (with the oracle's bits), a `head_mat_mul` whose rows are whole blocks of
+//!   up and down experts all qualify, every `scores_qk`, `weighted_sum`, `softmax`, `scale`,
+//!   `causal_mask`, `silu`, `attn_temperature` and `rope_yarn` (with the oracle's bits), a
+//!   `head_mat_mul` whose rows are whole blocks of
 //!   another shape (`attn_k_b`, 64 elements; at one token the oracle's bits too) and an F32
 //!   `mat_mul` (at one token the oracle's bits too); every other step (and every step under
 //!   [`CpuKernels::Oracle`]) runs the oracle's cranelift kernels.
@@ -36,7 +37,8 @@
 //!   against its input in place.
 //! - `moe_ffn`: the `(token, slot)` pairs are grouped by expert (slot order inside a group) and the
 //!   quantized `h` rows gathered in that order (and packed per expert); work items (expert, 64
-//!   gate/up rows) compute `silu(gate · h) · (up · h)` for the expert's group; the group's
+//!   gate/up rows) compute `silu(gate · h) · (up · h)` for the expert's group (the SiLU in
+//!   vector lanes, as the `silu` step); the group's
 //!   activation rows are quantized; work items (expert, 64 down rows) compute each pair's
 //!   `down · act`; the output sums the slots in slot order, `y = Σ_j w[t, j] · part[t, j]`, as the
 //!   oracle does.
@@ -53,8 +55,10 @@
 //!   its own blocking and summation order), split over the rayon pool by rows, or by columns
 //!   below `GEMM_COLUMN_SPLIT_ROWS` rows, or by head. At one token both take the oracle's dot
 //!   per row ([`crate::quant::dot_rows`], rows in parallel).
-//! - `scores_qk`, `weighted_sum`, `softmax`, `scale`, `causal_mask`, `rms_norm` ([`exact`]): the oracle's
-//!   operations in its order in vector lanes, so the oracle's bits. At prefill the causal mask cuts the first two:
+//! - `scores_qk`, `weighted_sum`, `softmax`, `scale`, `causal_mask`, `rms_norm`, `silu`,
+//!   `attn_temperature`, `rope_yarn` ([`exact`]): the oracle's operations in its order in vector
+//!   lanes (`exp` by the oracle's own `aubier_kernels_gen::cpu::expf`, lane by lane), so the
+//!   oracle's bits. At prefill the causal mask cuts the first two:
 //!   `scores_qk` leaves the keys after a group of rows' last position uncomputed when the plan
 //!   masks them next (`causal_reader`), and `weighted_sum` stops each block of rows at its last
 //!   nonzero weight (the masked weights are exactly `+0.0`).
@@ -78,7 +82,34 @@ use aubier_compiler::types::{Attrs, Dim, WeightRef};
 use rayon::prelude::*;
 
 mod exact;
-pub(crate) use exact::{causal_mask, rms_norm, scale, scores, softmax, weighted_sum};
+pub(crate) use exact::{
+    causal_mask, rms_norm, rope, scale, scores, silu, silu_mul, softmax, temperature, weighted_sum,
+    ROPE_MAX_PAIRS,
+};
+
+/// `$f(args)` inside a function compiled for AVX-512F where the CPU has it, so that its
+/// inlined element loops vectorize sixteen lanes wide; the same IEEE operations either way.
+macro_rules! avx512_call {
+    ($f:ident($($a:ident: $t:ty),* $(,)?)) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx512f")]
+            fn with_avx512($($a: $t),*) {
+                $f($($a),*)
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F (detected just above).
+                unsafe { with_avx512($($a),*) }
+            } else {
+                $f($($a),*)
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            $f($($a),*)
+        }
+    }};
+}
 
 /// Elements of one Q8_K block.
 const QK: usize = 256;
@@ -484,6 +515,21 @@ pub(crate) enum FastStep {
         n: usize,
         eps: f32,
     },
+    /// `silu`.
+    Silu,
+    /// `attn_temperature` by β and the length `L` (positive).
+    Temperature {
+        beta: f32,
+        length: i64,
+    },
+    /// `rope_yarn` of rows of `d` values: the first `pairs` pairs by `theta[..pairs]`
+    /// (`yarn_inv_freq`, as the oracle's lowering), cos and sin scaled by `af`.
+    Rope {
+        d: usize,
+        pairs: usize,
+        theta: [f32; ROPE_MAX_PAIRS],
+        af: f32,
+    },
 }
 
 /// The positions value `pos` when the scores value `scores` is read only by a `scale` whose
@@ -626,6 +672,32 @@ pub(crate) fn plan_fast_steps(plan: &Plan, planes: usize) -> Vec<Option<FastStep
                 }
             }
             (Op::CausalMask, _) => Some(FastStep::CausalMask),
+            (Op::Silu, _) => Some(FastStep::Silu),
+            (Op::AttnTemperature, Attrs::Temperature(q)) => Some(FastStep::Temperature {
+                beta: q.scale,
+                length: i64::try_from(q.length).ok().filter(|&l| l > 0)?,
+            }),
+            (Op::RopeYarn, Attrs::Rope(p)) => {
+                let d = match step.args.first() {
+                    Some(Operand::Value(v)) => match plan.values.get(*v)?.shape.0.last()? {
+                        Dim::Fixed(d) => *d,
+                        _ => return None,
+                    },
+                    _ => return None,
+                };
+                let pairs = p.n_rot / 2;
+                if p.n_rot == 0 || p.n_rot % 2 != 0 || p.n_rot > d || pairs > ROPE_MAX_PAIRS {
+                    return None;
+                }
+                let mut theta = [0f32; ROPE_MAX_PAIRS];
+                theta[..pairs].copy_from_slice(&aubier_kernels_gen::cpu::yarn_inv_freq(p));
+                Some(FastStep::Rope {
+                    d,
+                    pairs,
+                    theta,
+                    af: p.attn_factor,
+                })
+            }
             (Op::WeightedSum, Attrs::WeightedSum { len }) => Some(FastStep::WeightedSum {
                 w: cache_width(step.args.get(1))?,
                 len: *len,
@@ -704,18 +776,12 @@ fn quantize_rows(x: &[f32], n: usize, planes: usize, q: &mut Vec<BlockQ8K>) {
             if planes == 2 {
                 let mut r = [0f32; QK];
                 for ((b, xb), lb) in hi.iter().zip(xr.chunks_exact(QK)).zip(lo.chunks_mut(1)) {
-                    for ((ri, &xi), &qi) in r.iter_mut().zip(xb).zip(&b.qs) {
-                        *ri = xi - b.d * f32::from(qi);
-                    }
-                    quantize_row_q8k(&r, lb).expect("one block");
+                    let r = &mut r;
+                    avx512_call!(residual(b: &BlockQ8K, xb: &[f32], r: &mut [f32; QK]));
+                    quantize_row_q8k(r, lb).expect("one block");
                 }
             }
         });
-}
-
-/// `silu(x) = x / (1 + e^(−x))`, as the oracle writes it.
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
 }
 
 impl WeightProduct for FastMatMul {
@@ -811,15 +877,74 @@ impl FastMatMul {
     }
 }
 
+/// Side of [`scatter_tokens`]' transpose blocks (16 × 16 floats: each block row one cache line).
+const SCATTER_BLOCK: usize = 16;
+
 /// Writes `ys` (`[rows, T]`, the outputs `r0 ..` of one work item) into `out`, whose token rows
-/// are `stride` floats apart: token by token, so that each token's outputs are written in order.
+/// are `stride` floats apart: element `(i, tok)` to `tok · stride + r0 + i`. By blocks of
+/// [`SCATTER_BLOCK`] rows × tokens through a local tile, so that both the reads of `ys` and the
+/// writes of `out` go a cache line at a time (element-wise, one side's accesses are
+/// `T` or `stride` floats apart, power-of-two strides that keep landing in the same L1 sets).
+/// The whole destination range is bounds-checked once.
+///
+/// # Panics
+/// If `ys` is not whole rows of `T` or a destination lies outside `out`.
 fn scatter_tokens(ys: &[f32], r0: usize, t: usize, stride: usize, out: &SharedOut) {
-    for tok in 0..t {
-        for (i, col) in ys.chunks_exact(t).enumerate() {
-            // SAFETY: (token, output) pairs of outputs `r0 ..` belong to this work item only, and
-            // lie inside `out` (`[T, stride]`).
-            unsafe { out.put(tok * stride + r0 + i, col[tok]) };
+    if t == 0 || ys.is_empty() {
+        return;
+    }
+    let rows = ys.len() / t;
+    assert!(
+        rows * t == ys.len() && (t - 1) * stride + r0 + rows <= out.1 && rows <= stride,
+        "fast path scatter of {rows} x {t} at {r0} (stride {stride}) outside {}",
+        out.1
+    );
+    let mut tile = [[0f32; SCATTER_BLOCK]; SCATTER_BLOCK];
+    for t0 in (0..t).step_by(SCATTER_BLOCK) {
+        let tn = SCATTER_BLOCK.min(t - t0);
+        for i0 in (0..rows).step_by(SCATTER_BLOCK) {
+            let rn = SCATTER_BLOCK.min(rows - i0);
+            for i in 0..rn {
+                for (k, &v) in ys[(i0 + i) * t + t0..][..tn].iter().enumerate() {
+                    tile[k][i] = v;
+                }
+            }
+            for (k, tr) in tile.iter().enumerate().take(tn) {
+                // SAFETY: `t0 + k < T` and `i0 + rn ≤ rows ≤ stride`, so the run lies inside
+                // `out` (checked above); the (token, output) pairs of outputs `r0 ..` belong to
+                // this work item only.
+                unsafe {
+                    let dst = out.0.add((t0 + k) * stride + r0 + i0);
+                    if rn == SCATTER_BLOCK {
+                        // A whole line by value (inline stores, not a `memcpy` call).
+                        dst.cast::<[f32; SCATTER_BLOCK]>().write_unaligned(*tr);
+                    } else {
+                        std::ptr::copy_nonoverlapping(tr.as_ptr(), dst, rn);
+                    }
+                }
+            }
         }
+    }
+}
+
+/// `y = Σ_j w_j · part_j` per element, `j` in order from `+0.0` (each product rounded, then
+/// added: the oracle's `moe_ffn` sum), for the `k` rows `part[pos[j]·d ..][..d]`.
+#[inline(always)]
+fn weighted_rows(y: &mut [f32], part: &[f32], pos: &[usize], w: &[f32]) {
+    let d = y.len();
+    y.fill(0.0);
+    for (&p, &wj) in pos.iter().zip(w) {
+        for (o, &v) in y.iter_mut().zip(&part[p * d..(p + 1) * d]) {
+            *o += v * wj;
+        }
+    }
+}
+
+/// The residual `r = x − d · q` of a quantized block (`x` its 256 inputs).
+#[inline(always)]
+fn residual(b: &BlockQ8K, x: &[f32], r: &mut [f32; QK]) {
+    for ((ri, &xi), &qi) in r.iter_mut().zip(x).zip(&b.qs) {
+        *ri = xi - b.d * f32::from(qi);
     }
 }
 
@@ -1104,12 +1229,9 @@ impl FastMoe {
                 let (u0, u1) = (self.up_off + f0, self.up_off + f1);
                 self.up
                     .layout_product(up_t[e], u0, u1, x, hp[e].as_ref(), &mut uv);
-                for (f, (gr, ur)) in (f0..f1).zip(gv.chunks_exact(m).zip(uv.chunks_exact(m))) {
-                    for (pi, (&g, &u)) in gr.iter().zip(ur).enumerate() {
-                        // SAFETY: (group position, f) pairs are disjoint across work items.
-                        unsafe { act.put((p0 + pi) * n_ff + f, silu(g) * u) };
-                    }
-                }
+                silu_mul(&mut gv, &uv);
+                // (group position, f) pairs are disjoint across work items.
+                scatter_tokens(&gv, p0 * n_ff + f0, m, n_ff, &act);
             });
         }
         drop(hp);
@@ -1124,12 +1246,8 @@ impl FastMoe {
                 let mut v = vec![0f32; (o1 - o0) * m];
                 self.down
                     .layout_product(down_t[e], o0, o1, x, ap[e].as_ref(), &mut v);
-                for (o, vr) in (o0..o1).zip(v.chunks_exact(m)) {
-                    for (pi, &vp) in vr.iter().enumerate() {
-                        // SAFETY: (group position, o) pairs are disjoint across work items.
-                        unsafe { part.put((p0 + pi) * d + o, vp) };
-                    }
-                }
+                // (group position, o) pairs are disjoint across work items.
+                scatter_tokens(&v, p0 * d + o0, m, d, &part);
             });
         }
         let part = &buf.ffn[..slots * d];
@@ -1137,14 +1255,11 @@ impl FastMoe {
             .par_chunks_mut(d)
             .enumerate()
             .for_each(|(tok, yr)| {
-                for (o, v) in yr.iter_mut().enumerate() {
-                    let mut acc = 0.0f32;
-                    for j in 0..k {
-                        let s = tok * k + j;
-                        acc += part[pos_of[s] * d + o] * wts[s];
-                    }
-                    *v = acc;
-                }
+                let (pos, w) = (
+                    &pos_of[tok * k..(tok + 1) * k],
+                    &wts[tok * k..(tok + 1) * k],
+                );
+                avx512_call!(weighted_rows(yr: &mut [f32], part: &[f32], pos: &[usize], w: &[f32]));
             });
     }
 }

@@ -96,9 +96,10 @@ pub(crate) fn dequant_symbol(ggml_type: &str) -> String {
     format!("aubier_dequant_{ggml_type}")
 }
 
-/// The unary f32 math functions generated code imports (name, address). Each is the Rust standard
-/// library's f32 function (the platform libm), so the oracle's transcendental numerics are those of
-/// the C library, like PyTorch's scalar CPU path.
+/// The unary f32 math functions generated code imports (name, address). `exp` is
+/// [`super::expf::expf`] (the same bits on every platform, and a vector version in the runtime's
+/// fast path); cos, sin and ln are the Rust standard library's f32 functions (the platform libm),
+/// like PyTorch's scalar CPU path.
 pub(crate) fn math_symbols() -> [(&'static str, *const u8); 4] {
     [
         (MATH_EXP, aubier_expf as *const u8),
@@ -118,7 +119,7 @@ pub(crate) const MATH_SIN: &str = "aubier_sinf";
 pub(crate) const MATH_LN: &str = "aubier_logf";
 
 extern "C" fn aubier_expf(x: f32) -> f32 {
-    x.exp()
+    super::expf::expf(x)
 }
 
 extern "C" fn aubier_cosf(x: f32) -> f32 {

@@ -19,11 +19,12 @@
 //! step the executor validates its [`IndexCheck`]s: generated code indexes memory with token ids,
 //! positions and expert ids, and trusts them.
 //!
-//! Numerics: f32 throughout, fixed reduction orders (module `emit`), transcendental functions
-//! from the platform libm (module `host`), YaRN frequencies computed as transformers computes them
-//! ([`yarn_inv_freq`]).
+//! Numerics: f32 throughout, fixed reduction orders (module `emit`), `exp` by [`expf::expf`]
+//! (deterministic f64 operations), cos, sin and ln from the platform libm (module `host`), YaRN
+//! frequencies computed as transformers computes them ([`yarn_inv_freq`]).
 
 mod emit;
+pub mod expf;
 mod host;
 mod lower;
 mod rope;

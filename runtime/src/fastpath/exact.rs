@@ -1,5 +1,6 @@
 //! The fast path's f32 steps that keep the oracle's bits — attention over the latent cache
-//! (`scores_qk`, `weighted_sum`, `softmax`, `scale`, `causal_mask`) and `rms_norm` — with the
+//! (`scores_qk`, `weighted_sum`, `softmax`, `scale`, `causal_mask`), `rms_norm`,
+//! `attn_temperature` and `rope_yarn` — with the
 //! oracle's operations in the oracle's order (`kernels-gen/src/cpu/lower.rs`, `emit.rs`'s
 //! `dot_f32`), so that every result has the oracle's bits (NaN payloads aside), in vector lanes
 //! instead of the oracle's scalar loops.
@@ -33,6 +34,10 @@
 //!   the oracle's expressions over chunks of rows in parallel; the mask writes −∞ without
 //!   reading the scores it replaces.
 //!
+//! - `attn_temperature` and `rope_yarn`: the oracle's per-token factor (`1 + β ln(1 + ⌊p/L⌋)`)
+//!   and per-(token, pair) cos / sin (libm's, as the oracle calls them) computed once per token
+//!   instead of once per element or per row (head), then the oracle's multiplies and adds.
+//!
 //! - `rms_norm`, `y = (x · inv) · w` with `inv = 1 / sqrt(dot(x, x) / n + eps)`: the dot by
 //!   [`crate::quant::dot_f32`] (the oracle's eight lanes), rows in parallel, element loops left
 //!   to the compiler's vectorizer (no reassociation: each element is its own two products).
@@ -41,6 +46,7 @@
 //! ([`V16`]): the two give the same bits.
 
 use super::SharedOut;
+use aubier_kernels_gen::cpu::expf::expf;
 use rayon::prelude::*;
 
 /// Sixteen f32 lanes: the operations the kernels use, each the IEEE operation per lane.
@@ -50,7 +56,10 @@ trait V16: Copy {
     /// The first `min(16, s.len())` elements of `s`, the rest `0.0`.
     fn load(s: &[f32]) -> Self;
     fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
+    /// Per lane `−x` (the sign flipped, as `fneg`).
+    fn neg(self) -> Self;
     fn div(self, o: Self) -> Self;
     /// Per lane `self > o ? self : o` (so `o` where either is NaN).
     fn max(self, o: Self) -> Self;
@@ -58,6 +67,9 @@ trait V16: Copy {
     fn has_nan(self) -> bool;
     /// Lanes `0 .. d.len().min(16)` into `d`.
     fn store(self, d: &mut [f32]);
+    /// Per lane `expf` (`aubier_kernels_gen::cpu::expf`, the oracle's `exp`): its f64
+    /// operations lane by lane, so its bits.
+    fn exp(self) -> Self;
 }
 
 impl V16 for [f32; 16] {
@@ -81,8 +93,16 @@ impl V16 for [f32; 16] {
         std::array::from_fn(|i| self[i] + o[i])
     }
     #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        std::array::from_fn(|i| self[i] - o[i])
+    }
+    #[inline(always)]
     fn mul(self, o: Self) -> Self {
         std::array::from_fn(|i| self[i] * o[i])
+    }
+    #[inline(always)]
+    fn neg(self) -> Self {
+        self.map(|x| -x)
     }
     #[inline(always)]
     fn div(self, o: Self) -> Self {
@@ -101,11 +121,77 @@ impl V16 for [f32; 16] {
         let n = d.len().min(16);
         d[..n].copy_from_slice(&self[..n]);
     }
+    #[inline(always)]
+    fn exp(self) -> Self {
+        self.map(expf)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    use aubier_kernels_gen::cpu::expf::{
+        EXP_C2, EXP_C3, EXP_C4, EXP_HI, EXP_INV_LN2_N, EXP_LN2_N, EXP_LO, EXP_TABLE,
+    };
     use std::arch::x86_64::*;
+
+    /// `expf`'s f64 path on eight lanes (inputs inside `[EXP_LO, EXP_HI]`): the same operations
+    /// in the same order, the table looked up by two 16-entry permutes and a blend on bit 4.
+    #[inline(always)]
+    fn exp8(xd: __m512d) -> __m512d {
+        // SAFETY (every intrinsic here): the CPU has AVX-512F (the module's contract); the table
+        // loads read 8 of the 32 entries at offsets 0, 8, 16, 24.
+        unsafe {
+            let t = |i: usize| _mm512_loadu_pd(EXP_TABLE[i..].as_ptr());
+            // Round to nearest, ties to even, no exceptions (`round_ties_even`).
+            let kd = _mm512_roundscale_pd::<0x08>(_mm512_mul_pd(xd, _mm512_set1_pd(EXP_INV_LN2_N)));
+            let r = _mm512_sub_pd(xd, _mm512_mul_pd(kd, _mm512_set1_pd(EXP_LN2_N)));
+            let mut p = _mm512_add_pd(
+                _mm512_mul_pd(r, _mm512_set1_pd(EXP_C4)),
+                _mm512_set1_pd(EXP_C3),
+            );
+            p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(EXP_C2));
+            p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(1.0));
+            p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(1.0));
+            let k = _mm512_cvtepi32_epi64(_mm512_cvtpd_epi32(kd));
+            let j = _mm512_and_si512(k, _mm512_set1_epi64(31));
+            let low = _mm512_permutex2var_pd(t(0), j, t(8));
+            let high = _mm512_permutex2var_pd(t(16), j, t(24));
+            let tj =
+                _mm512_mask_blend_pd(_mm512_test_epi64_mask(j, _mm512_set1_epi64(16)), low, high);
+            let e = _mm512_add_epi64(_mm512_srai_epi64::<5>(k), _mm512_set1_epi64(1023));
+            let s = _mm512_castsi512_pd(_mm512_slli_epi64::<52>(e));
+            _mm512_mul_pd(_mm512_mul_pd(p, tj), s)
+        }
+    }
+
+    /// `expf` on sixteen lanes: NaN stays, above `EXP_HI` +∞, below `EXP_LO` `+0.0`, the rest by
+    /// [`exp8`] on the two halves (inputs clamped first so that no lane leaves the table's range),
+    /// each rounded once to f32.
+    #[inline(always)]
+    pub(super) fn exp16(x: __m512) -> __m512 {
+        // SAFETY (every intrinsic here): the CPU has AVX-512F (the module's contract).
+        unsafe {
+            let xc = _mm512_max_ps(
+                _mm512_min_ps(x, _mm512_set1_ps(EXP_HI)),
+                _mm512_set1_ps(EXP_LO),
+            );
+            let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(xc));
+            let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                _mm512_castps_pd(xc),
+            )));
+            let (ylo, yhi) = (_mm512_cvtpd_ps(exp8(lo)), _mm512_cvtpd_ps(exp8(hi)));
+            let y = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                _mm512_castps_pd(_mm512_castps256_ps512(ylo)),
+                _mm256_castps_pd(yhi),
+            ));
+            let big = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(EXP_HI));
+            let small = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(EXP_LO));
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+            let y = _mm512_mask_blend_ps(big, y, _mm512_set1_ps(f32::INFINITY));
+            let y = _mm512_mask_blend_ps(small, y, _mm512_setzero_ps());
+            _mm512_mask_blend_ps(nan, y, x)
+        }
+    }
 
     /// AVX-512F lanes; only constructed inside functions compiled with `avx512f`, on a CPU
     /// that has it ([`super::avx512_detected`]).
@@ -148,8 +234,22 @@ mod avx512 {
             Z(unsafe { _mm512_add_ps(self.0, o.0) })
         }
         #[inline(always)]
+        fn sub(self, o: Self) -> Self {
+            Z(unsafe { _mm512_sub_ps(self.0, o.0) })
+        }
+        #[inline(always)]
         fn mul(self, o: Self) -> Self {
             Z(unsafe { _mm512_mul_ps(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn neg(self) -> Self {
+            // The sign bit flipped (integer xor: AVX-512F has no f32 xor).
+            Z(unsafe {
+                _mm512_castsi512_ps(_mm512_xor_si512(
+                    _mm512_castps_si512(self.0),
+                    _mm512_set1_epi32(i32::MIN),
+                ))
+            })
         }
         #[inline(always)]
         fn div(self, o: Self) -> Self {
@@ -162,6 +262,10 @@ mod avx512 {
         #[inline(always)]
         fn has_nan(self) -> bool {
             unsafe { _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(self.0, self.0) != 0 }
+        }
+        #[inline(always)]
+        fn exp(self) -> Self {
+            Z(exp16(self.0))
         }
         #[inline(always)]
         fn store(self, d: &mut [f32]) {
@@ -566,19 +670,63 @@ fn softmax_row<V: V16>(xr: &[f32], yr: &mut [f32]) {
     if nan {
         m = f32::NAN;
     }
+    let mv = V::splat(m);
+    for (e, x) in yr.chunks_mut(16).zip(xr.chunks(16)) {
+        V::load(x).sub(mv).exp().store(e);
+    }
     let mut sum = 0.0f32;
-    for (e, &v) in yr.iter_mut().zip(xr) {
-        let dv = v - m;
-        *e = if dv == f32::NEG_INFINITY {
-            0.0
-        } else {
-            dv.exp()
-        };
-        sum += *e;
+    for &e in yr.iter() {
+        sum += e;
     }
     let sv = V::splat(sum);
     for c in yr.chunks_mut(16) {
         V::load(c).div(sv).store(c);
+    }
+}
+
+/// `g[i] = silu(g[i]) · u[i]` with `silu(x) = x / (1 + e^(−x))` (`emit.rs`'s expression, its
+/// `exp` [`expf`]) in vector lanes, on the calling thread (`moe_ffn`'s gate and up products).
+///
+/// # Panics
+/// If `u` differs in length from `g`.
+pub(crate) fn silu_mul(g: &mut [f32], u: &[f32]) {
+    assert!(u.len() == g.len(), "silu extents");
+    let (wide, u) = (avx512_detected(), Some(u));
+    lanes_call!(wide, silu_chunk, (g: &mut [f32], u: Option<&[f32]>));
+}
+
+/// The `silu` step, `y = silu(x)` (the expression of [`silu_mul`]), chunks of elements in
+/// parallel.
+///
+/// # Panics
+/// If `x` and `y` differ in length.
+pub(crate) fn silu(x: &[f32], y: &mut [f32]) {
+    silu_with(x, y, avx512_detected());
+}
+
+fn silu_with(x: &[f32], y: &mut [f32], wide: bool) {
+    assert!(x.len() == y.len(), "silu extents");
+    y.par_chunks_mut(ELEMENT_CHUNK)
+        .zip(x.par_chunks(ELEMENT_CHUNK))
+        .for_each(|(yc, xc)| {
+            yc.copy_from_slice(xc);
+            let u = None;
+            lanes_call!(wide, silu_chunk, (yc: &mut [f32], u: Option<&[f32]>));
+        });
+}
+
+#[inline(always)]
+fn silu_chunk<V: V16>(g: &mut [f32], u: Option<&[f32]>) {
+    let one = V::splat(1.0);
+    for (i, gv) in g.chunks_mut(16).enumerate() {
+        let x = V::load(gv);
+        let y = x.div(one.add(x.neg().exp()));
+        match u {
+            Some(u) => y
+                .mul(V::load(&u[16 * i..(16 * i + 16).min(u.len())]))
+                .store(gv),
+            None => y.store(gv),
+        }
     }
 }
 
@@ -627,6 +775,90 @@ pub(crate) fn causal_mask(x: &[f32], pos: &[i32], y: &mut [f32], s: usize) {
                 yr[keep..].fill(f32::NEG_INFINITY);
             }
         });
+}
+
+/// `attn_temperature`: `y[t, i] = x[t, i] · f_t` with `f_t = 1 + β · ln(1 + f32(pos[t] / L))`,
+/// the division truncating on i64 and `ln` by `f32::ln` (the oracle's `sdiv`, `fcvt_from_sint`
+/// and `aubier_logf` call, `lower.rs`): one factor per token instead of the oracle's per-token
+/// scalar loop, then one multiply per element; tokens in parallel. `x` and `y` are `[T, n]`,
+/// `pos` `[T]`.
+///
+/// # Panics
+/// If `x` and `y` differ in length, `x` is not `T` whole rows, or `length` is not positive.
+pub(crate) fn temperature(x: &[f32], pos: &[i32], y: &mut [f32], beta: f32, length: i64) {
+    assert!(
+        x.len() == y.len() && length > 0 && !pos.is_empty() && x.len().is_multiple_of(pos.len()),
+        "attn_temperature extents"
+    );
+    by_token(x, pos, y, |yr, xr, p| {
+        let fl = (i64::from(p) / length) as f32;
+        let f = 1.0 + beta * (1.0 + fl).ln();
+        for (o, &v) in yr.iter_mut().zip(xr) {
+            *o = v * f;
+        }
+    });
+}
+
+/// `f(y_t, x_t, pos[t])` for the `T = pos.len()` equal token parts of `x` and `y` (each
+/// `x.len() / T` long, `T ≥ 1`), tokens in parallel (a decoded token on the calling thread).
+fn by_token(x: &[f32], pos: &[i32], y: &mut [f32], f: impl Fn(&mut [f32], &[f32], i32) + Sync) {
+    let n = x.len() / pos.len();
+    if n == 0 {
+        return;
+    }
+    y.par_chunks_mut(n)
+        .zip(x.par_chunks(n))
+        .zip(pos.par_iter())
+        .with_min_len((ELEMENT_CHUNK / n).max(1))
+        .for_each(|((yr, xr), &p)| f(yr, xr, p));
+}
+
+/// Rotated pairs a fast `rope_yarn` takes at most (`n_rot` ≤ 128; the model's is 64).
+pub(crate) const ROPE_MAX_PAIRS: usize = 64;
+
+/// `rope_yarn` of rows of `d` values (`x`, `y` `[T, rows, d]`, `pos` `[T]`): pair `i` of a row
+/// (elements `2i`, `2i + 1`, `i < theta.len()`) rotated by the angle `θ_i · f32(pos[t])`, with
+/// `c = cos(angle) · af`, `s = sin(angle) · af` by `f32::cos` / `f32::sin` (the oracle's
+/// `aubier_cosf` / `aubier_sinf` calls) and `y0 = x0·c − x1·s`, `y1 = x1·c + x0·s` in the
+/// oracle's order (`lower.rs`); the elements after the pairs copied. The oracle calls cos and sin
+/// for every row; here once per token for all its rows (heads), tokens in parallel.
+///
+/// # Panics
+/// If `x` and `y` differ in length, are not `T` whole tokens of rows of `d`, or the pairs do
+/// not fit in `d`.
+pub(crate) fn rope(x: &[f32], pos: &[i32], y: &mut [f32], d: usize, theta: &[f32], af: f32) {
+    let per_token = x.len() / pos.len().max(1);
+    assert!(
+        x.len() == y.len()
+            && d > 0
+            && 2 * theta.len() <= d
+            && !pos.is_empty()
+            && x.len() == per_token * pos.len()
+            && per_token.is_multiple_of(d),
+        "rope_yarn extents"
+    );
+    by_token(x, pos, y, |yt, xt, p| {
+        let pf = p as f32;
+        let mut cs = [(0f32, 0f32); ROPE_MAX_PAIRS];
+        let cs = &mut cs[..theta.len()];
+        for (c, &th) in cs.iter_mut().zip(theta) {
+            let ang = th * pf;
+            *c = (ang.cos() * af, ang.sin() * af);
+        }
+        for (yr, xr) in yt.chunks_exact_mut(d).zip(xt.chunks_exact(d)) {
+            let n = 2 * cs.len();
+            for ((yp, xp), &(c, s)) in yr[..n]
+                .chunks_exact_mut(2)
+                .zip(xr[..n].chunks_exact(2))
+                .zip(cs.iter())
+            {
+                let (x0, x1) = (xp[0], xp[1]);
+                yp[0] = x0 * c - x1 * s;
+                yp[1] = x1 * c + x0 * s;
+            }
+            yr[n..].copy_from_slice(&xr[n..]);
+        }
+    });
 }
 
 /// `rms_norm` of each row of `n` elements of `x` by the weight `w` (`[n]`) into `y`, the
@@ -798,7 +1030,7 @@ mod tests {
                         m = m.max(v);
                     }
                     let m = if nan { f32::NAN } else { m };
-                    let e: Vec<f32> = xr.iter().map(|&v| (v - m).exp()).collect();
+                    let e: Vec<f32> = xr.iter().map(|&v| expf(v - m)).collect();
                     let mut sum = 0.0f32;
                     for &v in &e {
                         sum += v;
@@ -809,6 +1041,65 @@ mod tests {
                 assert!(y[n + 3..2 * n].iter().all(|&v| v.to_bits() == 0));
                 assert!(y[2 * n..4 * n].iter().all(|v| v.is_nan()));
             }
+        }
+    }
+
+    /// `e^x` on vector lanes of `x` ([`V16::exp`]) into `y`.
+    fn exp_lanes<V: V16>(x: &[f32], y: &mut [f32]) {
+        for (yc, xc) in y.chunks_mut(16).zip(x.chunks(16)) {
+            V::load(xc).exp().store(yc);
+        }
+    }
+
+    /// The vector `exp` (AVX-512 where the CPU has it, and the array lanes) gives `expf`'s bits:
+    /// every 61st f32 bit pattern (all signs, NaNs, infinities, subnormals, both clamps) and the
+    /// edges of the clamps and of the table's range.
+    #[test]
+    fn vector_exp_has_expf_bits() {
+        let mut x: Vec<f32> = (0..=u32::MAX).step_by(61).map(f32::from_bits).collect();
+        x.extend([
+            0.0,
+            -0.0,
+            128.0,
+            -128.0,
+            128.00002,
+            -128.00002,
+            88.72283,
+            88.7229,
+            -103.97,
+            -87.33655,
+            f32::MIN_POSITIVE,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ]);
+        let want: Vec<f32> = x.iter().map(|&v| expf(v)).collect();
+        for wide in [false, avx512_detected()] {
+            let mut y = vec![0f32; x.len()];
+            let (xs, ys) = (&x[..], &mut y[..]);
+            lanes_call!(wide, exp_lanes, (xs: &[f32], ys: &mut [f32]));
+            assert!(same(&y, &want), "wide {wide}");
+        }
+    }
+
+    /// `silu` and `silu_mul` are `emit.rs`'s SiLU, `x / (1 + e^(−x))` with [`expf`], times `u`:
+    /// the same bits over lengths with tails, large magnitudes and a NaN.
+    #[test]
+    fn silu_is_the_oracle_expression() {
+        for n in [1, 37, 70_001] {
+            let mut x: Vec<f32> = noise(n, 16).iter().map(|v| v * 30.0).collect();
+            x[n / 2] = f32::NAN;
+            let u = noise(n, 17);
+            let s: Vec<f32> = x.iter().map(|&v| v / (1.0 + expf(-v))).collect();
+            for wide in [false, avx512_detected()] {
+                let mut y = vec![0f32; n];
+                silu_with(&x, &mut y, wide);
+                assert!(same(&y, &s), "silu n {n} wide {wide}");
+            }
+            let mut g = x.clone();
+            silu_mul(&mut g, &u);
+            let want: Vec<f32> = s.iter().zip(&u).map(|(a, b)| a * b).collect();
+            assert!(same(&g, &want), "silu_mul n {n}");
         }
     }
 
@@ -832,6 +1123,37 @@ mod tests {
                 let want = if j as i64 > p { f32::NEG_INFINITY } else { a };
                 assert_eq!(want.to_bits(), b.to_bits(), "row {r} key {j}");
             }
+        }
+    }
+
+    /// `attn_temperature` and `rope_yarn` are the oracle's expressions (lower.rs), written out
+    /// per element: the factor per token (truncating division, negative positions included),
+    /// cos and sin per row and pair, the unrotated tail copied.
+    #[test]
+    fn temperature_and_rope_are_the_oracle_expressions() {
+        let (rows, d) = (3, 10);
+        let pos = [0, 2, 3, 7, -4, 40_000];
+        let x = noise(pos.len() * rows * d, 15);
+        let n = rows * d;
+        let mut y = vec![0f32; x.len()];
+        temperature(&x, &pos, &mut y, 0.1, 3);
+        for (t, &p) in pos.iter().enumerate() {
+            let f = 1.0 + 0.1 * (1.0 + ((i64::from(p) / 3) as f32)).ln();
+            let want: Vec<f32> = x[t * n..(t + 1) * n].iter().map(|&v| v * f).collect();
+            assert!(same(&y[t * n..(t + 1) * n], &want), "temperature token {t}");
+        }
+        let theta = [1.0, 0.3, 0.01];
+        rope(&x, &pos, &mut y, d, &theta, 1.3);
+        for (r, (xr, yr)) in x.chunks(d).zip(y.chunks(d)).enumerate() {
+            let pf = pos[r / rows] as f32;
+            for (i, &th) in theta.iter().enumerate() {
+                let ang = th * pf;
+                let (c, s) = (ang.cos() * 1.3, ang.sin() * 1.3);
+                let (x0, x1) = (xr[2 * i], xr[2 * i + 1]);
+                let want = [x0 * c - x1 * s, x1 * c + x0 * s];
+                assert!(same(&yr[2 * i..2 * i + 2], &want), "rope row {r} pair {i}");
+            }
+            assert!(same(&yr[6..], &xr[6..]), "rope row {r} tail");
         }
     }
 
