@@ -899,11 +899,26 @@ fn scatter_tokens(ys: &[f32], r0: usize, t: usize, stride: usize, out: &SharedOu
         "fast path scatter of {rows} x {t} at {r0} (stride {stride}) outside {}",
         out.1
     );
+    let wide = transpose16_detected();
     let mut tile = [[0f32; SCATTER_BLOCK]; SCATTER_BLOCK];
     for t0 in (0..t).step_by(SCATTER_BLOCK) {
         let tn = SCATTER_BLOCK.min(t - t0);
         for i0 in (0..rows).step_by(SCATTER_BLOCK) {
             let rn = SCATTER_BLOCK.min(rows - i0);
+            if wide && rn == SCATTER_BLOCK && tn == SCATTER_BLOCK {
+                // SAFETY: rows `i0 .. i0 + 16` of `ys` hold tokens `t0 .. t0 + 16`
+                // (`t0 + 16 ≤ T`); the destination runs are those of the tile path below,
+                // inside `out` and this work item's own; AVX-512F detected.
+                unsafe {
+                    transpose16(
+                        ys.as_ptr().add(i0 * t + t0),
+                        t,
+                        out.0.add(t0 * stride + r0 + i0),
+                        stride,
+                    )
+                };
+                continue;
+            }
             for i in 0..rn {
                 for (k, &v) in ys[(i0 + i) * t + t0..][..tn].iter().enumerate() {
                     tile[k][i] = v;
@@ -925,6 +940,75 @@ fn scatter_tokens(ys: &[f32], r0: usize, t: usize, stride: usize, out: &SharedOu
             }
         }
     }
+}
+
+/// Whether [`transpose16`] may run on this CPU.
+fn transpose16_detected() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Transposes the 16 × 16 block whose row `i` is `src[i·ld ..][..16]` into `dst`, row `k` at
+/// `dst[k·stride ..][..16]`: in registers, by 32-bit and 64-bit interleaves within 128-bit lanes
+/// and two rounds of 128-bit lane shuffles (64 shuffles for 16 loads and 16 stores).
+///
+/// # Safety
+/// The CPU has AVX-512F; the 16 source and 16 destination runs are readable / writable and do
+/// not overlap.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose16(src: *const f32, ld: usize, dst: *mut f32, stride: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's contract (every load and store below is one of the 16 runs).
+    unsafe {
+        let r: [__m512; 16] = std::array::from_fn(|i| _mm512_loadu_ps(src.add(i * ld)));
+        // a[2j], a[2j + 1]: rows 2j, 2j + 1 interleaved by 32 bits (elements 0–1, 2–3 of a lane).
+        let a: [__m512d; 16] = std::array::from_fn(|n| {
+            let (x, y) = (r[n & !1], r[n | 1]);
+            _mm512_castps_pd(if n % 2 == 0 {
+                _mm512_unpacklo_ps(x, y)
+            } else {
+                _mm512_unpackhi_ps(x, y)
+            })
+        });
+        // b[4g + c], lane L: rows 4g .. 4g + 4 of column 4L + c.
+        let b: [__m512; 16] = std::array::from_fn(|n| {
+            let (g, c) = (n / 4, n % 4);
+            let (x, y) = (a[4 * g + c / 2], a[4 * g + c / 2 + 2]);
+            _mm512_castpd_ps(if c % 2 == 0 {
+                _mm512_unpacklo_pd(x, y)
+            } else {
+                _mm512_unpackhi_pd(x, y)
+            })
+        });
+        for c in 0..4 {
+            let (x, y, z, w) = (b[c], b[4 + c], b[8 + c], b[12 + c]);
+            let e0 = _mm512_shuffle_f32x4::<0x44>(x, y);
+            let e1 = _mm512_shuffle_f32x4::<0xee>(x, y);
+            let f0 = _mm512_shuffle_f32x4::<0x44>(z, w);
+            let f1 = _mm512_shuffle_f32x4::<0xee>(z, w);
+            let out = [
+                _mm512_shuffle_f32x4::<0x88>(e0, f0),
+                _mm512_shuffle_f32x4::<0xdd>(e0, f0),
+                _mm512_shuffle_f32x4::<0x88>(e1, f1),
+                _mm512_shuffle_f32x4::<0xdd>(e1, f1),
+            ];
+            for (l, v) in out.into_iter().enumerate() {
+                _mm512_storeu_ps(dst.add((4 * l + c) * stride), v);
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn transpose16(_: *const f32, _: usize, _: *mut f32, _: usize) {
+    unreachable!("transpose16_detected is false off x86_64")
 }
 
 /// `y = Σ_j w_j · part_j` per element, `j` in order from `+0.0` (each product rounded, then
@@ -1388,6 +1472,30 @@ mod tests {
             (got as f64 - exact).abs() <= bound,
             "{got} vs {exact} (bound {bound})"
         );
+    }
+
+    /// `scatter_tokens` puts element `(i, tok)` of `[rows, T]` at `tok·stride + r0 + i` and
+    /// nothing else, for whole 16 × 16 blocks (the register transpose), partial ones and both.
+    #[test]
+    fn scatter_tokens_is_the_element_transpose() {
+        for (rows, t, r0, stride) in [
+            (16, 16, 0, 16),
+            (64, 48, 3, 80),
+            (21, 37, 5, 40),
+            (1, 1, 0, 1),
+        ] {
+            let ys: Vec<f32> = (0..rows * t).map(|v| v as f32 + 0.5).collect();
+            let mut y = vec![-1.0f32; t * stride];
+            let out = SharedOut::new(&mut y);
+            scatter_tokens(&ys, r0, t, stride, &out);
+            let mut want = vec![-1.0f32; t * stride];
+            for i in 0..rows {
+                for tok in 0..t {
+                    want[tok * stride + r0 + i] = ys[i * t + tok];
+                }
+            }
+            assert_eq!(y, want, "{rows} x {t} at {r0}, stride {stride}");
+        }
     }
 
     /// Every (token, head, o) of a fast `head_mat_mul` is the single-row kernel's dot of head
