@@ -899,7 +899,7 @@ fn scatter_tokens(ys: &[f32], r0: usize, t: usize, stride: usize, out: &SharedOu
         "fast path scatter of {rows} x {t} at {r0} (stride {stride}) outside {}",
         out.1
     );
-    let wide = transpose16_detected();
+    let wide = exact::avx512_detected();
     let mut tile = [[0f32; SCATTER_BLOCK]; SCATTER_BLOCK];
     for t0 in (0..t).step_by(SCATTER_BLOCK) {
         let tn = SCATTER_BLOCK.min(t - t0);
@@ -939,18 +939,6 @@ fn scatter_tokens(ys: &[f32], r0: usize, t: usize, stride: usize, out: &SharedOu
                 }
             }
         }
-    }
-}
-
-/// Whether [`transpose16`] may run on this CPU.
-fn transpose16_detected() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
     }
 }
 
@@ -1008,7 +996,7 @@ unsafe fn transpose16(src: *const f32, ld: usize, dst: *mut f32, stride: usize) 
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn transpose16(_: *const f32, _: usize, _: *mut f32, _: usize) {
-    unreachable!("transpose16_detected is false off x86_64")
+    unreachable!("avx512_detected is false off x86_64")
 }
 
 /// `y = Σ_j w_j · part_j` per element, `j` in order from `+0.0` (each product rounded, then

@@ -282,7 +282,7 @@ mod avx512 {
 }
 
 /// Whether the AVX-512 lanes may be used on this CPU.
-fn avx512_detected() -> bool {
+pub(super) fn avx512_detected() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")
