@@ -87,8 +87,9 @@ pub(crate) use exact::{
     ROPE_MAX_PAIRS,
 };
 
-/// `$f(args)` inside a function compiled for AVX-512F where the CPU has it, so that its
-/// inlined element loops vectorize sixteen lanes wide; the same IEEE operations either way.
+/// `$f(args)` inside a function compiled for AVX-512F where the CPU has it
+/// ([`exact::avx512_detected`], as `exact`'s generic `lanes_call!`), so that its inlined element
+/// loops vectorize sixteen lanes wide; the same IEEE operations either way.
 macro_rules! avx512_call {
     ($f:ident($($a:ident: $t:ty),* $(,)?)) => {{
         #[cfg(target_arch = "x86_64")]
@@ -97,7 +98,7 @@ macro_rules! avx512_call {
             fn with_avx512($($a: $t),*) {
                 $f($($a),*)
             }
-            if std::arch::is_x86_feature_detected!("avx512f") {
+            if exact::avx512_detected() {
                 // SAFETY: the CPU has AVX-512F (detected just above).
                 unsafe { with_avx512($($a),*) }
             } else {

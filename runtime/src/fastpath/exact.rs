@@ -1,5 +1,5 @@
 //! The fast path's f32 steps that keep the oracle's bits — attention over the latent cache
-//! (`scores_qk`, `weighted_sum`, `softmax`, `scale`, `causal_mask`), `rms_norm`,
+//! (`scores_qk`, `weighted_sum`, `softmax`, `scale`, `causal_mask`), `rms_norm`, `silu`,
 //! `attn_temperature` and `rope_yarn` — with the
 //! oracle's operations in the oracle's order (`kernels-gen/src/cpu/lower.rs`, `emit.rs`'s
 //! `dot_f32`), so that every result has the oracle's bits (NaN payloads aside), in vector lanes
@@ -25,10 +25,12 @@
 //!   row's `p[r, j]`. At prefill a block of rows stops at its last nonzero weight, never before
 //!   a value row that is not finite: the skipped terms are `±0.0` added to a sum that started at
 //!   `+0.0`, which leave it unchanged.
-//! - `softmax`: the row's maximum (NaN if an element is; vector compares), `e = exp(x − max)` by
-//!   `f32::exp` (the oracle's call) summed from `+0.0` in index order (scalar, as the oracle's
-//!   chain), then `e / sum` in vectors. An `x − max` of −∞ (a masked score) gives `e = +0.0`
-//!   without the call, which is `exp(−∞)`.
+//! - `softmax`: the row's maximum (NaN if an element is; vector compares), `e = exp(x − max)` in
+//!   vectors by the lanes version of `expf` (the oracle's `exp`: a masked score's −∞ gives
+//!   `+0.0`), summed from `+0.0` in index order (scalar, as the oracle's chain), then `e / sum` in
+//!   vectors.
+//! - `silu` (and the routed experts' `silu(g) · u`): `x / (1 + exp(−x))` in vectors, the same
+//!   `exp`.
 //!
 //! - `scale` (`y = x · c`) and `causal_mask` (`y[t, .., j] = j > pos[t] ? −∞ : x[t, .., j]`):
 //!   the oracle's expressions over chunks of rows in parallel; the mask writes −∞ without
