@@ -1,14 +1,17 @@
-//! The fusion flags against the CPU oracle on the bundled model: a plan compiled with every
-//! fusion off, for either target, gives the oracle's logits bit for bit (the runtime's own
-//! `Model::load` path is the reference), and a fused plan is refused by the oracle's lowering
-//! with the step and op named.
+//! The fusion flags against the host backends on the bundled model: a plan compiled with every
+//! fusion off, for any target, gives the oracle's logits bit for bit (the runtime's own
+//! `Model::load_with` path is the reference), and a fused plan is refused by the oracle's binding
+//! with the step and op named; the cpu backend's fused latent attention (`kqkv`) gives the bits
+//! of its unfused attention steps, and it refuses the GPU's fusions by name.
 
 use aubier_compiler::config::Mistral4Config;
 use aubier_compiler::plan::Plan;
 use aubier_compiler::types::WeightRef;
 use aubier_compiler::{compile, CompileOptions, Fusion, Target};
-use aubier_kernels_gen::cpu::LowerError;
-use aubier_runtime::engine::{EngineError, Model};
+use aubier_runtime::backend::cpu::CpuNumerics;
+use aubier_runtime::backend::{BackendKind, BindError};
+use aubier_runtime::engine::Model;
+use aubier_runtime::error::EngineError;
 use aubier_runtime::gguf::GgufFile;
 use aubier_runtime::model::{read_config, weight_refs};
 use aubier_runtime::session::{Session, SessionOptions};
@@ -48,46 +51,111 @@ fn run(model: Arc<Model>) -> Vec<u32> {
 
 #[test]
 fn fusions_off_run_bit_identically_on_the_oracle() {
-    let reference = run(Model::load(&bundled()).unwrap());
+    let reference = run(Model::load_with(&bundled(), BackendKind::Oracle).unwrap());
     let (file, cfg, refs) = bind();
     for o in [
         opts(Target::Gpu, Fusion::Off),
-        opts(Target::CpuOracle, Fusion::Auto),
+        opts(Target::Cpu, Fusion::Off),
+        opts(Target::Oracle, Fusion::Auto),
     ] {
         let plan = compile(&cfg, &refs, &o).unwrap();
         assert!(plan.steps.iter().all(|s| !s.op.is_fused()), "{o:?}");
-        let model = Model::from_plan(Arc::clone(&file), cfg.clone(), plan).unwrap();
+        let model =
+            Model::from_plan(Arc::clone(&file), cfg.clone(), plan, BackendKind::Oracle).unwrap();
         assert_eq!(run(model), reference, "{o:?}");
     }
 }
 
-fn refused(plan: Plan, file: &Arc<GgufFile>, cfg: &Mistral4Config) -> (usize, &'static str) {
-    let first_fused = plan.steps.iter().position(|s| s.op.is_fused()).unwrap();
-    match Model::from_plan(Arc::clone(file), cfg.clone(), plan) {
-        Err(EngineError::Lower(LowerError::FusedOp { step, op })) => {
-            assert_eq!(step, first_fused);
+/// The cpu backend on its own target (`kqkv` fused: one step per layer) against the same backend
+/// on a plan with `fuse_kqkv` off (scores, scale, mask, softmax and weighted sum as five steps),
+/// for both numerics: the same logits bits, prefill and decode.
+#[test]
+fn the_cpu_backends_fused_attention_gives_the_bits_of_its_unfused_steps() {
+    let (file, cfg, refs) = bind();
+    let fused = compile(&cfg, &refs, &opts(Target::Cpu, Fusion::Auto)).unwrap();
+    let kqkv = fused.steps.iter().filter(|s| s.op.name() == "kqkv").count();
+    assert_eq!(kqkv, cfg.n_layer, "one kqkv per layer");
+    assert!(fused
+        .steps
+        .iter()
+        .all(|s| !s.op.is_fused() || s.op.name() == "kqkv"));
+    let unfused = compile(&cfg, &refs, &opts(Target::Cpu, Fusion::Off)).unwrap();
+    for numerics in [CpuNumerics::Q8x2, CpuNumerics::Q8] {
+        let kind = BackendKind::Cpu(numerics);
+        let with = Model::from_plan(Arc::clone(&file), cfg.clone(), fused.clone(), kind).unwrap();
+        let without =
+            Model::from_plan(Arc::clone(&file), cfg.clone(), unfused.clone(), kind).unwrap();
+        assert_eq!(run(with), run(without), "{kind}");
+    }
+}
+
+/// The first fused step of `plan` and its op, as `backend` refuses it at bind time.
+fn refused(
+    plan: Plan,
+    file: &Arc<GgufFile>,
+    cfg: &Mistral4Config,
+    backend: BackendKind,
+) -> (usize, &'static str) {
+    let first = match backend {
+        BackendKind::Oracle => plan.steps.iter().position(|s| s.op.is_fused()),
+        BackendKind::Cpu(_) => plan
+            .steps
+            .iter()
+            .position(|s| s.op.is_fused() && s.op.name() != "kqkv"),
+    }
+    .unwrap();
+    match Model::from_plan(Arc::clone(file), cfg.clone(), plan, backend) {
+        Err(EngineError::Bind(BindError { step, op, .. })) => {
+            assert_eq!(step, first);
             (step, op)
         }
-        other => panic!("expected FusedOp, got {other:?}"),
+        other => panic!("expected a bind error, got {other:?}"),
     }
 }
 
 #[test]
 fn the_oracle_refuses_fused_plans() {
     let (file, cfg, refs) = bind();
+    let oracle = BackendKind::Oracle;
     let plan = compile(&cfg, &refs, &opts(Target::Gpu, Fusion::Auto)).unwrap();
-    let (_, op) = refused(plan, &file, &cfg);
+    let (_, op) = refused(plan, &file, &cfg, oracle);
     assert_eq!(op, "phase");
     let wkb_only = CompileOptions {
         fuse_wkb: Fusion::On,
         ..CompileOptions::default()
     };
-    let (_, op) = refused(compile(&cfg, &refs, &wkb_only).unwrap(), &file, &cfg);
+    let (_, op) = refused(
+        compile(&cfg, &refs, &wkb_only).unwrap(),
+        &file,
+        &cfg,
+        oracle,
+    );
     assert_eq!(op, "wkb");
     let kqkv_only = CompileOptions {
         fuse_kqkv: Fusion::On,
         ..CompileOptions::default()
     };
-    let (_, op) = refused(compile(&cfg, &refs, &kqkv_only).unwrap(), &file, &cfg);
+    let (_, op) = refused(
+        compile(&cfg, &refs, &kqkv_only).unwrap(),
+        &file,
+        &cfg,
+        oracle,
+    );
     assert_eq!(op, "kqkv");
+}
+
+#[test]
+fn the_cpu_backend_refuses_the_gpu_fusions_by_name() {
+    let (file, cfg, refs) = bind();
+    let cpu = BackendKind::default();
+    let plan = compile(&cfg, &refs, &opts(Target::Gpu, Fusion::Auto)).unwrap();
+    let (_, op) = refused(plan, &file, &cfg, cpu);
+    assert_eq!(op, "phase");
+    let wkb = opts(Target::Cpu, Fusion::Auto);
+    let wkb = CompileOptions {
+        fuse_wkb: Fusion::On,
+        ..wkb
+    };
+    let (_, op) = refused(compile(&cfg, &refs, &wkb).unwrap(), &file, &cfg, cpu);
+    assert_eq!(op, "wkb");
 }

@@ -189,6 +189,7 @@ impl PlanB {
             outputs: Vec::new(),
             values: self.values.clone(),
             steps: self.steps.clone(),
+            output_head: None,
         }
     }
 }

@@ -458,7 +458,7 @@ fn common_models_dir() -> std::path::PathBuf {
 fn generate_on_the_bundled_model() {
     use aubier_compiler::Target;
     use aubier_kernels_gen::gpu::{generate, plan_kernels};
-    for target in [Target::CpuOracle, Target::Gpu] {
+    for target in [Target::Oracle, Target::Gpu] {
         let plan = bundled_plan(target, |_| {});
         let a = generate(&plan).expect("generate");
         let b = generate(&plan).expect("generate again");

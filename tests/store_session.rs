@@ -149,13 +149,12 @@ fn exact_reset_serves_a_request_as_a_fresh_boot_and_none_does_not() {
     );
 }
 
-/// With the fast path's copies on (`interleave`), the output head — Q6_K, no interleaved kernel —
+/// With the cpu backend's copies on (`interleave`), the output head — Q6_K, no interleaved kernel —
 /// is copied as the file's bytes into the store's huge pages and read from there, and the logits
-/// are bitwise those of the fast path reading the file's mapping.
+/// are bitwise those of the cpu backend reading the file's mapping.
 #[test]
 fn the_output_head_is_copied_verbatim_and_keeps_the_logits() {
-    use aubier_runtime::executor::ExpertSource;
-    use aubier_runtime::fastpath::CpuKernels;
+    use aubier_runtime::backend::ExpertSource;
     let ids = prompt();
     let ids = &ids[..20];
     let run = |interleave: bool| {
@@ -163,7 +162,6 @@ fn the_output_head_is_copied_verbatim_and_keeps_the_logits() {
             interleave,
             ..StoreOptions::default()
         });
-        s.set_cpu_kernels(CpuKernels::Q8x2);
         let head = s
             .model()
             .plan

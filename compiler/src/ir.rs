@@ -121,6 +121,8 @@ pub struct Graph {
     pub inputs: Vec<NodeId>,
     /// Named outputs read after the last step, in declaration order.
     pub outputs: Vec<(String, NodeId)>,
+    /// The output head, once the `mark_head` pass has found it ([`crate::passes::mark_head`]).
+    pub output_head: Option<NodeId>,
 }
 
 impl Graph {
@@ -305,6 +307,9 @@ impl Graph {
         }
         for (name, n) in &self.outputs {
             let _ = writeln!(s, "output {name} = %{}", n.index());
+        }
+        if let Some(n) = self.output_head {
+            let _ = writeln!(s, "output head = %{}", n.index());
         }
         s
     }

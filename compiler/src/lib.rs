@@ -49,7 +49,7 @@ pub fn stage_names() -> Vec<&'static str> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Fusion {
-    /// On when the [`Target`] executes fused steps (GPU), off for the CPU oracle.
+    /// On when the [`Target`] executes that fused step ([`Target::fuses`]).
     #[default]
     Auto,
     /// Run the pass; [`CompileError::FusionNoMatch`] when it matches nothing in a graph that has
@@ -59,15 +59,30 @@ pub enum Fusion {
     Off,
 }
 
-/// The backend a plan is compiled for; it decides what [`Fusion::Auto`] means.
+/// The kind of backend a plan is compiled for; it decides what [`Fusion::Auto`] means.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Target {
     /// The cranelift CPU oracle (`aubier_kernels_gen::cpu`), which lowers unfused plans only.
     #[default]
-    CpuOracle,
-    /// A GPU backend of generated kernels, which executes the fused steps.
+    Oracle,
+    /// The CPU backend of hand-written kernels: latent attention fused (`kqkv`), the rest
+    /// unfused.
+    Cpu,
+    /// A GPU backend of generated kernels, which executes every fused step.
     Gpu,
+}
+
+impl Target {
+    /// Whether `Auto` turns on the fusion pass of `flag` for this target: every fusion for
+    /// [`Target::Gpu`], KQKV for [`Target::Cpu`], none for [`Target::Oracle`].
+    pub fn fuses(self, flag: FusionFlag) -> bool {
+        match self {
+            Target::Oracle => false,
+            Target::Cpu => flag == FusionFlag::Kqkv,
+            Target::Gpu => true,
+        }
+    }
 }
 
 /// The fusion pass a [`Fusion`] flag of [`CompileOptions`] governs.
@@ -101,7 +116,7 @@ impl FusionFlag {
     }
 }
 
-/// Options of [`compile`]. The default (CPU oracle, every fusion `Auto`) runs no fusion.
+/// Options of [`compile`]. The default (the oracle's target, every fusion `Auto`) runs no fusion.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct CompileOptions {
@@ -142,14 +157,13 @@ impl ResolvedFusions {
 
 impl CompileOptions {
     /// Resolves the three flags: `On` runs the pass, `Off` (or naming it in `disable`) does not,
-    /// `Auto` runs it for [`Target::Gpu`] only. PHASE needs KQKV (a `phase` replaces the cache
+    /// `Auto` runs it when [`Target::fuses`] says so. PHASE needs KQKV (a `phase` replaces the cache
     /// write only when every reader of the cache is a `kqkv`), so `fuse_phase` `Auto` is off
     /// whenever KQKV is.
     ///
     /// Errors: [`CompileError::FusionOptions`] when a pass is both `On` and disabled, or
     /// `fuse_phase` is `On` while KQKV does not run.
     pub fn resolve_fusions(&self) -> Result<ResolvedFusions, CompileError> {
-        let gpu = self.target == Target::Gpu;
         let runs = |flag: FusionFlag| -> Result<bool, CompileError> {
             let disabled = self.disable.iter().any(|d| d == flag.stage());
             match flag.setting(self) {
@@ -158,7 +172,7 @@ impl CompileOptions {
                 }),
                 Fusion::On => Ok(true),
                 Fusion::Off => Ok(false),
-                Fusion::Auto => Ok(gpu && !disabled),
+                Fusion::Auto => Ok(self.target.fuses(flag) && !disabled),
             }
         };
         let kqkv = runs(FusionFlag::Kqkv)?;
@@ -407,7 +421,14 @@ mod tests {
         let stages = run_passes(&mut g, &auto, auto.resolve_fusions().unwrap(), |_, _, _| {});
         assert_eq!(
             stages.unwrap(),
-            ["cse", "fuse_kqkv", "fuse_phase", "fuse_wkb", "dce"]
+            [
+                "cse",
+                "fuse_kqkv",
+                "fuse_phase",
+                "fuse_wkb",
+                "dce",
+                "mark_head"
+            ]
         );
         assert_eq!(g.count_op(ops::Op::Kqkv), 0);
     }

@@ -16,7 +16,9 @@
 //!   writes rows `pos` of its layer's latent cache (its output is the query, in a slot); the
 //!   `kqkv` of that layer reads the cache and comes after the phase in `steps`, because it reads
 //!   the phase's output through the `wkb` (or unfused head_mat_mul/concat) between them. The CPU
-//!   oracle refuses fused steps.
+//!   oracle refuses fused steps;
+//! - `output_head` names the step a compiler pass found to be the output head (`mark_head`): its
+//!   rows are computed independently, so a backend may run it for the last position only.
 
 use crate::config::Mistral4Config;
 use crate::ops::Op;
@@ -93,4 +95,19 @@ pub struct Plan {
     pub outputs: Vec<(String, ValueId)>,
     /// The schedule.
     pub steps: Vec<Step>,
+    /// The output head, when the `mark_head` pass found one.
+    #[serde(default)]
+    pub output_head: Option<OutputHead>,
+}
+
+/// The output head of a plan ([`crate::passes::mark_head`]): a `mat_mul` of a weight and a
+/// `[T, n]` value whose result is a plan output and read by no step. Row `t` of its output
+/// depends on row `t` of its input alone, so the step may run for the last position only when
+/// only that row is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputHead {
+    /// Index of the head's step in [`Plan::steps`].
+    pub step: usize,
+    /// The value it writes (a plan output).
+    pub value: ValueId,
 }

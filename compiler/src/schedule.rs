@@ -27,7 +27,7 @@ use crate::config::Mistral4Config;
 use crate::error::CompileError;
 use crate::ir::{Graph, NodeId, NodeKind};
 use crate::ops::Op;
-use crate::plan::{Operand, Plan, Step, Storage, Value, ValueId, WeightId};
+use crate::plan::{Operand, OutputHead, Plan, Step, Storage, Value, ValueId, WeightId};
 use crate::types::Attrs;
 use crate::verify::VerifyError;
 use std::collections::BTreeMap;
@@ -225,6 +225,11 @@ pub fn schedule(
         };
     }
 
+    let output_head = g.output_head.and_then(|n| {
+        let value = *value_of.get(&n)?;
+        let step = steps.iter().position(|s| s.out == value)?;
+        Some(OutputHead { step, value })
+    });
     Ok(Plan {
         config: config.clone(),
         stages,
@@ -234,6 +239,7 @@ pub fn schedule(
         inputs,
         outputs,
         steps,
+        output_head,
     })
 }
 

@@ -32,7 +32,7 @@ fn opts(target: Target, phase: Fusion, wkb: Fusion, kqkv: Fusion) -> CompileOpti
 }
 
 fn all(f: Fusion) -> CompileOptions {
-    opts(Target::CpuOracle, f, f, f)
+    opts(Target::Oracle, f, f, f)
 }
 
 fn json(p: &Plan) -> String {
@@ -82,7 +82,15 @@ fn check_fully_fused(cfg: &Mistral4Config, w: &BTreeMap<String, WeightRef>) {
     let plan = compile(cfg, w, &all(Fusion::On)).unwrap();
     assert_eq!(
         plan.stages,
-        ["build", "cse", "fuse_kqkv", "fuse_phase", "fuse_wkb", "dce"]
+        [
+            "build",
+            "cse",
+            "fuse_kqkv",
+            "fuse_phase",
+            "fuse_wkb",
+            "dce",
+            "mark_head"
+        ]
     );
     let unfused = compile(cfg, w, &CompileOptions::default()).unwrap();
     let kq_scale = match &steps(&unfused, Op::Scale)[0].attrs {
@@ -232,7 +240,7 @@ fn off_plans_are_byte_identical_to_a_pipeline_without_the_pass() {
     let w = tiny256_q2k_weights();
     use Fusion::{Auto, Off, On};
     let none = json(&plan_without(&cfg, &w, &FUSIONS));
-    for target in [Target::CpuOracle, Target::Gpu] {
+    for target in [Target::Oracle, Target::Gpu] {
         assert_eq!(
             json(&compile(&cfg, &w, &opts(target, Off, Off, Off)).unwrap()),
             none
@@ -265,7 +273,7 @@ fn auto_is_off_for_the_cpu_oracle_and_on_for_gpu() {
     let cfg = tiny256_config();
     let w = tiny256_q2k_weights();
     let default = compile(&cfg, &w, &CompileOptions::default()).unwrap();
-    assert_eq!(default.stages, ["build", "cse", "dce"]);
+    assert_eq!(default.stages, ["build", "cse", "dce", "mark_head"]);
     assert_eq!(
         json(&compile(&cfg, &w, &all(Fusion::Auto)).unwrap()),
         json(&default)
@@ -282,13 +290,26 @@ fn auto_is_off_for_the_cpu_oracle_and_on_for_gpu() {
         json(&compile(&cfg, &w, &gpu).unwrap()),
         json(&compile(&cfg, &w, &all(Fusion::On)).unwrap())
     );
+    // The cpu backend's target fuses latent attention only.
+    let cpu = CompileOptions {
+        target: Target::Cpu,
+        ..CompileOptions::default()
+    };
+    let kqkv_alone = opts(Target::Oracle, Fusion::Off, Fusion::Off, Fusion::On);
+    assert_eq!(
+        json(&compile(&cfg, &w, &cpu).unwrap()),
+        json(&compile(&cfg, &w, &kqkv_alone).unwrap())
+    );
     // Each fusion can run alone where it stands alone.
-    let wkb_only = opts(Target::CpuOracle, Fusion::Auto, Fusion::On, Fusion::Auto);
+    let wkb_only = opts(Target::Oracle, Fusion::Auto, Fusion::On, Fusion::Auto);
     let plan = compile(&cfg, &w, &wkb_only).unwrap();
-    assert_eq!(plan.stages, ["build", "cse", "fuse_wkb", "dce"]);
+    assert_eq!(
+        plan.stages,
+        ["build", "cse", "fuse_wkb", "dce", "mark_head"]
+    );
     assert_eq!(steps(&plan, Op::Wkb).len(), 2 * cfg.n_layer);
     assert_eq!(steps(&plan, Op::CacheWrite).len(), cfg.n_layer);
-    let kqkv_only = opts(Target::CpuOracle, Fusion::Off, Fusion::Off, Fusion::On);
+    let kqkv_only = opts(Target::Oracle, Fusion::Off, Fusion::Off, Fusion::On);
     let plan = compile(&cfg, &w, &kqkv_only).unwrap();
     for k in steps(&plan, Op::Kqkv) {
         // The unfused write's view orders the read after the write.

@@ -22,7 +22,24 @@ fn shape(dims: &[Dim]) -> Shape {
 fn tiny256_plan_has_the_contracted_inputs_outputs_and_cache() {
     let cfg = tiny256_config();
     let plan = compile(&cfg, &tiny256_q2k_weights(), &CompileOptions::default()).unwrap();
-    assert_eq!(plan.stages, ["build", "cse", "dce"]);
+    assert_eq!(plan.stages, ["build", "cse", "dce", "mark_head"]);
+    // `mark_head` marks the `mat_mul` of `output.weight` that makes the logits.
+    let head = plan.output_head.expect("an output head");
+    let logits = plan.outputs.iter().find(|(n, _)| n == "logits").unwrap().1;
+    assert_eq!(head.value, logits);
+    let step = &plan.steps[head.step];
+    assert_eq!((step.op, step.out), (Op::MatMul, logits));
+    match step.args[0] {
+        Operand::Weight(w) => assert_eq!(plan.weights[w].name, "output.weight"),
+        a => panic!("{a:?}"),
+    }
+    let no_mark = CompileOptions {
+        disable: vec!["mark_head".into()],
+        ..CompileOptions::default()
+    };
+    let unmarked = compile(&cfg, &tiny256_q2k_weights(), &no_mark).unwrap();
+    assert_eq!(unmarked.output_head, None);
+    assert_eq!(unmarked.steps, plan.steps);
 
     let names: Vec<&str> = plan.inputs.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["tokens", "pos"]);
@@ -235,7 +252,7 @@ fn stages_options_and_dumps() {
         ..CompileOptions::default()
     };
     let plan = compile(&cfg, &w, &opts).unwrap();
-    assert_eq!(plan.stages, ["build", "dce"]);
+    assert_eq!(plan.stages, ["build", "dce", "mark_head"]);
     let bad = CompileOptions {
         disable: vec!["fuse_everything".into()],
         ..CompileOptions::default()

@@ -22,13 +22,13 @@
 //! other processes on a shared machine do not inflate it (they still share its caches).
 //! Run: `cargo bench -p aubier-runtime --bench q8_dot`.
 
-use aubier_runtime::ggml_type::GgmlType;
-use aubier_runtime::quant::dot_row;
-use aubier_runtime::quant::q8::{
+use aubier_runtime::backend::cpu::q8::{
     interleave_rows, q8_dot_fn, q8_dot_many_fn, q8_grid_fn, q8_grid_interleaved_fn,
     q8_interleaved_fn, q8_interleaved_tokens_fn, q8_rows_fn, q8_rows_fn_by_row, quantize_row_q8k,
     BlockQ8K, Q8Tiles, QK_K,
 };
+use aubier_runtime::ggml_type::GgmlType;
+use aubier_runtime::quant::dot_row;
 use aubier_runtime::quant::random::BlockSampler;
 use criterion::{criterion_group, criterion_main, Bencher, BenchmarkId, Criterion, Throughput};
 use rand::{Rng, SeedableRng};

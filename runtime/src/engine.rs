@@ -3,99 +3,23 @@
 //! [`crate::session::Session`] on it.
 //!
 //! Loading, once per process: `GgufFile::open` (mmap, validated) → [`crate::model::read_config`]
-//! → [`crate::model::weight_refs`] → [`aubier_compiler::compile`] → bind each plan weight to its
-//! tensor in the file (name, ggml type, `ne` and byte length checked) → [`CpuProgram::compile`]
-//! with the quant kernels of [`crate::quant`] as host functions. Weights stay in the map: the
-//! generated code reads quantized rows (and only the selected experts' rows) straight from it.
+//! → [`crate::model::weight_refs`] → [`aubier_compiler::compile`] for the backend's target →
+//! the backend binds the plan (a kernel for every step, [`crate::backend`]) → bind each plan
+//! weight to its tensor in the file (name, ggml type, `ne` and byte length checked) →
+//! [`CpuProgram::compile_steps`] of the unfused steps, with the quant kernels of
+//! [`crate::quant`] as host functions. Weights stay in the map: the kernels read quantized rows
+//! (and only the selected experts' rows) straight from it.
 
-use crate::executor::ExecError;
+use crate::backend::{BackendKind, Binding};
+use crate::error::EngineError;
 use crate::ggml_type::GgmlType;
-use crate::gguf::{GgufError, GgufFile, TensorInfo};
-use crate::kv_cache::KvCacheError;
-use crate::model::ModelError;
+use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant;
 use aubier_compiler::config::Mistral4Config;
 use aubier_compiler::plan::Plan;
-use aubier_compiler::{CompileError, CompileOptions};
-use aubier_kernels_gen::cpu::{CpuProgram, HostSymbols, LowerError, QuantKernels};
+use aubier_kernels_gen::cpu::{CpuProgram, HostSymbols, QuantKernels};
 use std::path::Path;
 use std::sync::Arc;
-
-/// Everything loading a model or running a session can fail with; each variant carries the
-/// message of the layer that failed (file, metadata, compiler, lowering, execution) or names the
-/// offending request field.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    /// The GGUF file cannot be opened or is malformed.
-    #[error(transparent)]
-    Gguf(#[from] GgufError),
-    /// The file is not a usable Mistral Small 4 model.
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    /// The compiler refused the model.
-    #[error(transparent)]
-    Compile(#[from] CompileError),
-    /// The CPU lowering refused the plan.
-    #[error(transparent)]
-    Lower(#[from] LowerError),
-    /// A plan weight does not match the file.
-    #[error("weight `{name}`: {detail}")]
-    Weight {
-        /// GGUF tensor name.
-        name: String,
-        /// What differs.
-        detail: String,
-    },
-    /// The plan lacks an output the session reads.
-    #[error("the plan has no output `{0}`")]
-    MissingOutput(String),
-    /// The executor failed.
-    #[error(transparent)]
-    Exec(#[from] ExecError),
-    /// The latent cache cannot be allocated.
-    #[error(transparent)]
-    KvCache(#[from] KvCacheError),
-    /// The expert store cannot be built or refused a step's routing.
-    #[error("expert store: {0}")]
-    Store(#[from] crate::store::expert_store::StoreError),
-    /// Bad session options.
-    #[error("kv_max = {kv_max}: {reason}")]
-    BadKvMax {
-        /// The requested capacity (tokens).
-        kv_max: usize,
-        /// Why it is refused.
-        reason: String,
-    },
-    /// A backend other than the CPU executor failed a step (its own words in `message`).
-    #[error("backend: {message}")]
-    Backend {
-        /// What the backend said.
-        message: String,
-    },
-    /// `step` was called with no tokens.
-    #[error("a step needs at least one token")]
-    EmptyStep,
-    /// The step would write past the KV capacity.
-    #[error("{tokens} tokens at position {position} exceed the KV capacity of {kv_max} tokens")]
-    ContextFull {
-        /// Tokens in the step.
-        tokens: usize,
-        /// The session's position before the step.
-        position: usize,
-        /// The capacity.
-        kv_max: usize,
-    },
-    /// A token id outside the vocabulary.
-    #[error("token {index} of the step is id {id}, outside the vocabulary of {n_vocab}")]
-    TokenOutOfRange {
-        /// Index in the step's tokens.
-        index: usize,
-        /// The id.
-        id: u32,
-        /// Vocabulary size.
-        n_vocab: usize,
-    },
-}
 
 /// A loaded model, ready for sessions.
 pub struct Model {
@@ -103,9 +27,10 @@ pub struct Model {
     pub file: Arc<GgufFile>,
     /// Hyper-parameters read from the file.
     pub config: Mistral4Config,
-    /// The compiled plan the CPU program executes.
+    /// The compiled plan the backend executes.
     pub plan: Plan,
     program: CpuProgram,
+    binding: Binding,
     /// `plan.weights[w]`'s tensor in `file`.
     tensors: Vec<TensorInfo>,
 }
@@ -120,35 +45,48 @@ impl std::fmt::Debug for Model {
     }
 }
 
-impl crate::executor::WeightFile for Model {
+impl crate::backend::WeightFile for Model {
     fn read(&self, view: &[u8], offset: usize, out: &mut [u8]) -> std::io::Result<()> {
         self.file.read_at(view, offset, out)
     }
 }
 
 impl Model {
-    /// Loads the GGUF file at `path`: reads its config, compiles the plan and lowers it to native
-    /// code (once; sessions only execute).
+    /// Loads the GGUF file at `path` for the default backend ([`BackendKind::default`], the
+    /// product path): [`Model::load_with`].
+    ///
+    /// Errors: as [`Model::load_with`].
+    pub fn load(path: &Path) -> Result<Arc<Model>, EngineError> {
+        Model::load_with(path, BackendKind::default())
+    }
+
+    /// Loads the GGUF file at `path` for `backend`: reads its config, compiles the plan for the
+    /// backend's target, binds it and lowers its unfused steps to native code (once; sessions
+    /// only execute).
     ///
     /// Errors: [`EngineError::Gguf`] (open / parse), [`EngineError::Model`] (metadata, tensor
-    /// set), [`EngineError::Compile`], [`EngineError::Weight`], [`EngineError::Lower`].
-    pub fn load(path: &Path) -> Result<Arc<Model>, EngineError> {
+    /// set), [`EngineError::Compile`], and those of [`Model::from_plan`].
+    pub fn load_with(path: &Path, backend: BackendKind) -> Result<Arc<Model>, EngineError> {
         let file = Arc::new(GgufFile::open(path)?);
         let config = crate::model::read_config(&file)?;
         let refs = crate::model::weight_refs(&file, &config)?;
-        let plan = aubier_compiler::compile(&config, &refs, &CompileOptions::default())?;
-        Model::from_plan(file, config, plan)
+        let plan = aubier_compiler::compile(&config, &refs, &backend.compile_options())?;
+        Model::from_plan(file, config, plan, backend)
     }
 
-    /// Binds an already compiled `plan` to `file`'s tensors and lowers it to native code.
+    /// Binds an already compiled `plan` to `backend` and to `file`'s tensors, and lowers its
+    /// unfused steps to native code.
     ///
-    /// Errors: [`EngineError::Weight`] when a plan weight is absent from the file or differs in
-    /// ggml type, `ne` or byte length; [`EngineError::Lower`].
+    /// Errors: [`EngineError::Bind`] when the backend has no kernel for a step (a fused step for
+    /// the oracle); [`EngineError::Weight`] when a plan weight is absent from the file or differs
+    /// in ggml type, `ne` or byte length; [`EngineError::Lower`].
     pub fn from_plan(
         file: Arc<GgufFile>,
         config: Mistral4Config,
         plan: Plan,
+        backend: BackendKind,
     ) -> Result<Arc<Model>, EngineError> {
+        let binding = backend.backend().bind(&plan)?;
         let mut tensors = Vec::with_capacity(plan.weights.len());
         for w in &plan.weights {
             let bad = |detail: String| EngineError::Weight {
@@ -169,7 +107,8 @@ impl Model {
             }
             tensors.push(info.clone());
         }
-        let program = CpuProgram::compile(&plan, &host_symbols())?;
+        let program =
+            CpuProgram::compile_steps(&plan, &host_symbols(), |i| !plan.steps[i].op.is_fused())?;
         for ((w, info), &expected) in plan
             .weights
             .iter()
@@ -192,18 +131,30 @@ impl Model {
                 .map(|s| s.kernels.len())
                 .sum::<usize>(),
             weights = tensors.len(),
-            "model compiled for the CPU oracle"
+            backend = %backend,
+            "model compiled and bound"
         );
         Ok(Arc::new(Model {
             file,
             config,
             plan,
             program,
+            binding,
             tensors,
         }))
     }
 
-    /// The plan lowered to native code.
+    /// The backend's kernel for every plan step.
+    pub fn binding(&self) -> &Binding {
+        &self.binding
+    }
+
+    /// The backend the model was bound to.
+    pub fn backend(&self) -> BackendKind {
+        self.binding.backend
+    }
+
+    /// The plan's unfused steps lowered to native code.
     pub fn program(&self) -> &CpuProgram {
         &self.program
     }

@@ -22,161 +22,30 @@
 //! (the host alias). The copy's length is checked; its bytes equal the file's (the store's
 //! contract), so the placement never changes a bit of the result.
 
-use crate::fastpath::{
-    plan_fast_steps, CpuKernels, FastBuffers, FastStep, WeightProduct, WeightRows,
-};
+use crate::backend::cpu::{self, CpuKernel, FastBuffers, StepIo, WeightRows};
+use crate::backend::{Binding, ExecError, ExpertSource, HostKernel, WeightFile};
 use crate::kv_cache::LatentKvCache;
 use aubier_compiler::ops::Op;
-use aubier_compiler::plan::WeightId;
 use aubier_compiler::plan::{Operand, Plan, Storage, ValueId};
 use aubier_compiler::types::{DType, Dim};
 use aubier_kernels_gen::cpu::{CpuProgram, Extent, IndexBound, Kernel, StepArgs};
 use rayon::prelude::*;
 use std::time::Instant;
 
-/// Errors of the executor. Each names the step, value, weight or input at fault.
-#[derive(Debug, thiserror::Error)]
-pub enum ExecError {
-    /// The program was not compiled from this plan.
-    #[error("the plan has {plan} steps but the compiled program has {program}")]
-    ProgramMismatch {
-        /// Steps in the plan.
-        plan: usize,
-        /// Steps in the program.
-        program: usize,
-    },
-    /// A plan value is malformed (missing, bad slot, bad cache shape).
-    #[error("plan value {value} (`{name}`): {detail}")]
-    Value {
-        /// Value id.
-        value: ValueId,
-        /// Its name.
-        name: String,
-        /// What is wrong.
-        detail: String,
-    },
-    /// A plan input is missing, or has the wrong length or shape.
-    #[error("plan input `{name}`: {detail}")]
-    Input {
-        /// Input name (`tokens`, `pos`).
-        name: String,
-        /// What is wrong.
-        detail: String,
-    },
-    /// The number of weight views differs from the plan's weights.
-    #[error("{given} weight views were given, the plan reads {expected}")]
-    WeightCount {
-        /// Views given.
-        given: usize,
-        /// Weights in the plan.
-        expected: usize,
-    },
-    /// A weight view has the wrong byte length.
-    #[error("weight {index} (`{name}`): {given} bytes given, the program reads {expected}")]
-    WeightSize {
-        /// Weight id.
-        index: usize,
-        /// GGUF tensor name.
-        name: String,
-        /// Bytes given.
-        given: usize,
-        /// Bytes the program reads.
-        expected: usize,
-    },
-    /// The latent cache does not fit the plan or the step.
-    #[error("latent KV cache: {0}")]
-    Cache(String),
-    /// An index operand is out of range (a token id past the vocabulary, a NaN-poisoned router
-    /// that selected no expert, a position past `S`).
-    #[error("step {step} (`{op}`): {what} {id} at index {index} is outside 0..{bound}")]
-    Index {
-        /// Step index in the plan.
-        step: usize,
-        /// The op's name.
-        op: &'static str,
-        /// What the ids are.
-        what: &'static str,
-        /// Offending element's index in the operand.
-        index: usize,
-        /// Its value.
-        id: i64,
-        /// The exclusive upper bound.
-        bound: usize,
-    },
-    /// An expert-table operand does not fit its weight (a plan/program mismatch).
-    #[error("step {step}: expert table of operand {arg}: {detail}")]
-    ExpertTable {
-        /// Step index in the plan.
-        step: usize,
-        /// Operand index.
-        arg: usize,
-        /// What is wrong.
-        detail: String,
-    },
-    /// An `embed` step could not read its rows from the file.
-    #[error("step {step} (`embed`): {detail}")]
-    Embed {
-        /// Step index in the plan.
-        step: usize,
-        /// What went wrong.
-        detail: String,
-    },
-    /// `T` and `S` are inconsistent or their buffers overflow the address space.
-    #[error("a step of T = {t} tokens over S = {s} keys: {detail}")]
-    Extents {
-        /// Tokens.
-        t: usize,
-        /// Keys.
-        s: usize,
-        /// What is wrong.
-        detail: &'static str,
-    },
-}
-
-/// Where the fast-store copies of experts live (the split expert store, `crate::store`).
-pub trait ExpertSource: std::fmt::Debug {
-    /// The fast-store copy of expert `expert` of the stacked weight `weight`: its
-    /// `row_bytes · ne[1]` bytes, equal to the file's; `None` when the expert is not resident
-    /// (it is then read from the host alias, the weight view).
-    fn fast_copy(&self, weight: WeightId, expert: usize) -> Option<&[u8]>;
-
-    /// Whether the fast copies of `weight` are in the interleaved layout
-    /// ([`crate::quant::q8::interleave_rows`]): only the fast `moe_ffn` reads them then, and the
-    /// oracle's kernels read those experts from the host alias.
-    fn interleaved(&self, weight: WeightId) -> bool {
-        let _ = weight;
-        false
-    }
-
-    /// A copy of the dense weight `weight`, which the fast `mat_mul` reads instead of the weight
-    /// view, and whether it is interleaved ([`crate::quant::q8::interleave_rows`] over all its
-    /// rows; else the file's bytes); `None` reads the view.
-    fn dense_copy(&self, weight: WeightId) -> Option<(&[u8], bool)> {
-        let _ = weight;
-        None
-    }
-}
-
 /// Rows of an `embed` step read from the file per run of its kernels ([`embed_from_file`]).
 const EMBED_RUN: usize = 64;
 
-/// The file behind the weight views, read without mapping its pages.
-pub trait WeightFile: std::fmt::Debug {
-    /// Copies bytes `offset .. offset + out.len()` of `view` (a weight view) into `out` without
-    /// making `view`'s pages resident in this process (`pread` through the page cache).
-    ///
-    /// Errors: the range not inside `view`, or the read's I/O error.
-    fn read(&self, view: &[u8], offset: usize, out: &mut [u8]) -> std::io::Result<()>;
-}
-
-/// What a run executes: the plan, the program compiled from it, and the raw GGUF bytes of every
-/// plan weight (`weights[w]` for `plan.weights[w]`).
+/// What a run executes: the plan, the program compiled from it, the backend's kernel of every
+/// step, and the raw GGUF bytes of every plan weight (`weights[w]` for `plan.weights[w]`).
 #[derive(Clone, Copy, Debug)]
 pub struct Bound<'a> {
     /// The plan.
     pub plan: &'a Plan,
-    /// Its lowering.
+    /// Its cranelift lowering (the steps the binding runs with cranelift kernels, and the
+    /// checks and expert tables of every unfused step).
     pub program: &'a CpuProgram,
+    /// The kernel of each step ([`crate::backend::Backend::bind`]).
+    pub binding: &'a Binding,
     /// Weight bytes, by `WeightId`.
     pub weights: &'a [&'a [u8]],
     /// Fast-store copies of experts; `None` reads every expert from `weights`.
@@ -204,11 +73,8 @@ pub struct Executor {
     extents: (usize, usize),
     /// The value of that binding computed for its last token only.
     last_only: Option<ValueId>,
-    /// The kernels of the weight products.
-    kernels: CpuKernels,
-    /// Per step, the fast-path kernel replacing the oracle's (all `None` under the oracle).
-    fast: Vec<Option<FastStep>>,
-    fast_buf: FastBuffers,
+    /// Buffers of the `cpu` backend's kernels.
+    cpu_buf: FastBuffers,
     /// The rows an `embed` step read from the file, and their ids in that buffer.
     embed_rows: EmbedRows,
     /// Wall time spent in each step since the last [`Executor::reset_step_times`].
@@ -289,33 +155,10 @@ impl Executor {
             tables: Vec::new(),
             extents: (0, 0),
             last_only: None,
-            kernels: CpuKernels::Oracle,
-            fast: vec![None; plan.steps.len()],
-            fast_buf: FastBuffers::default(),
+            cpu_buf: FastBuffers::default(),
             embed_rows: EmbedRows::default(),
             times: vec![StepTime::default(); plan.steps.len()],
         })
-    }
-
-    /// Selects the kernels of the weight products for the next runs of `plan` (the plan given to
-    /// [`Executor::new`]). [`CpuKernels::Oracle`] is the default.
-    pub fn set_cpu_kernels(&mut self, plan: &Plan, kernels: CpuKernels) {
-        self.kernels = kernels;
-        self.fast = match kernels {
-            CpuKernels::Oracle => vec![None; plan.steps.len()],
-            CpuKernels::Q8 => plan_fast_steps(plan, 1),
-            CpuKernels::Q8x2 => plan_fast_steps(plan, 2),
-        };
-    }
-
-    /// The kernels selected by [`Executor::set_cpu_kernels`].
-    pub fn cpu_kernels(&self) -> CpuKernels {
-        self.kernels
-    }
-
-    /// Steps the fast path runs (0 under the oracle).
-    pub fn fast_step_count(&self) -> usize {
-        self.fast.iter().filter(|f| f.is_some()).count()
     }
 
     /// Wall time spent in each plan step (index = step index) since the executor was made or
@@ -370,14 +213,17 @@ impl Executor {
         let Bound {
             plan,
             program,
+            binding,
             weights,
-            experts,
-            file,
+            ..
         } = bound;
-        if program.steps().len() != plan.steps.len() || self.slots.len() != plan.n_slots {
+        if program.steps().len() != plan.steps.len()
+            || binding.steps.len() != plan.steps.len()
+            || self.slots.len() != plan.n_slots
+        {
             return Err(ExecError::ProgramMismatch {
                 plan: plan.steps.len(),
-                program: program.steps().len(),
+                program: program.steps().len().min(binding.steps.len()),
             });
         }
         if t == 0 || t > s {
@@ -390,6 +236,29 @@ impl Executor {
         self.check_weights(plan, program, weights)?;
         self.check_cache(cache, s)?;
         self.bind(plan, t, s, last_only)?;
+        self.bind_inputs(plan, inputs, t)?;
+        for i in 0..plan.steps.len() {
+            self.check_indices(plan, program, i, t, s)?;
+            let started = Instant::now();
+            self.run_step(&bound, cache, i, t, s)?;
+            let spent = started.elapsed().as_secs_f64();
+            let time = &mut self.times[i];
+            if t > 1 {
+                time.prefill_s += spent;
+            } else {
+                time.decode_s += spent;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies each plan input (`t` i32 values, given by name in `inputs`) into its slot.
+    fn bind_inputs(
+        &mut self,
+        plan: &Plan,
+        inputs: &[(&str, &[i32])],
+        t: usize,
+    ) -> Result<(), ExecError> {
         for (name, id) in &plan.inputs {
             let data = inputs
                 .iter()
@@ -412,293 +281,204 @@ impl Executor {
                 *dst = f32::from_bits(v as u32);
             }
         }
+        Ok(())
+    }
 
-        for (i, (step, cs)) in plan.steps.iter().zip(program.steps()).enumerate() {
-            for check in &cs.checks {
-                let id = match step.args.get(check.arg) {
-                    Some(Operand::Value(id)) => *id,
-                    _ => {
-                        return Err(ExecError::Value {
-                            value: usize::MAX,
-                            name: format!("operand {} of step {i}", check.arg),
-                            detail: "an index operand must be a value".into(),
-                        })
-                    }
-                };
-                let bound = match check.bound {
-                    IndexBound::Below(n) => n,
-                    IndexBound::Keys => s,
-                };
-                let ids = self.i32_view(plan, id, t, s)?;
-                if let Some((index, &bad)) = ids
-                    .iter()
-                    .enumerate()
-                    .find(|(_, &v)| v < 0 || v as usize >= bound)
-                {
-                    return Err(ExecError::Index {
-                        step: i,
-                        op: step.op.name(),
-                        what: check.what,
-                        index,
-                        id: bad as i64,
-                        bound,
-                    });
+    /// Validates the index operands of step `i` ([`aubier_kernels_gen::cpu::IndexCheck`]) before
+    /// it runs: generated code and the CPU kernels trust them.
+    fn check_indices(
+        &self,
+        plan: &Plan,
+        program: &CpuProgram,
+        i: usize,
+        t: usize,
+        s: usize,
+    ) -> Result<(), ExecError> {
+        let step = &plan.steps[i];
+        for check in &program.steps()[i].checks {
+            let id = match step.args.get(check.arg) {
+                Some(Operand::Value(id)) => *id,
+                _ => {
+                    return Err(ExecError::Value {
+                        value: usize::MAX,
+                        name: format!("operand {} of step {i}", check.arg),
+                        detail: "an index operand must be a value".into(),
+                    })
                 }
-            }
-            let scratch = cs.scratch.eval(t, s).ok_or(ExecError::Extents {
-                t,
-                s,
-                detail: "scratch size overflows",
-            })?;
-            if self.scratch.len() < scratch {
-                self.scratch.resize(scratch, 0.0);
-            }
-            let started = Instant::now();
-            // `last_only`: this step runs for one token, the last, into row 0.
-            let (t_step, row_in) = if Some(step.out) == last_only {
-                (1, self.last_row_input(plan, step, t)?)
-            } else {
-                (t, 0)
             };
-            let mut args = StepArgs::new(t_step, s, 0, 0);
-            for (j, a) in step.args.iter().enumerate() {
-                args.args[j] = match a {
-                    Operand::Value(v) => self.value_ptr(plan, cache, *v, s)? as *const u8,
-                    Operand::Weight(w) => weights[*w].as_ptr(),
-                };
-            }
-            if row_in > 0 {
-                // SAFETY: operand 1 is the `[T, n]` input (checked by `last_row_input`), its
-                // slot holds `T · n` f32 and `row_in = (T − 1) · n`.
-                args.args[1] = unsafe { (args.args[1] as *const f32).add(row_in) } as *const u8;
-            }
-            if self.tables.len() < cs.expert_tables.len() {
-                self.tables.resize(cs.expert_tables.len(), Vec::new());
-            }
-            // The fast `moe_ffn` reads the experts as slices; the oracle's kernels only the tables.
-            let fast_moe = matches!(self.fast.get(i), Some(Some(FastStep::Moe(_))));
-            let mut expert_slices: Vec<Vec<WeightRows>> = Vec::new();
-            for (table, spec) in self.tables.iter_mut().zip(&cs.expert_tables) {
-                let bad = |detail: String| ExecError::ExpertTable {
+            let bound = match check.bound {
+                IndexBound::Below(n) => n,
+                IndexBound::Keys => s,
+            };
+            let ids = self.i32_view(plan, id, t, s)?;
+            if let Some((index, &bad)) = ids
+                .iter()
+                .enumerate()
+                .find(|(_, &v)| v < 0 || v as usize >= bound)
+            {
+                return Err(ExecError::Index {
                     step: i,
-                    arg: spec.arg,
-                    detail,
-                };
-                let Some(&Operand::Weight(w)) = step.args.get(spec.arg) else {
-                    return Err(bad("the operand is not a weight".into()));
-                };
-                let host = weights[w];
-                if spec.n_expert.checked_mul(spec.expert_bytes) != Some(host.len()) {
-                    return Err(bad(format!(
-                        "{} bytes are not {} experts of {} bytes",
-                        host.len(),
-                        spec.n_expert,
-                        spec.expert_bytes
-                    )));
-                }
-                table.clear();
-                let mut slices = Vec::new();
-                let interleaved = experts.is_some_and(|x| x.interleaved(w));
-                for (e, slice) in host.chunks_exact(spec.expert_bytes.max(1)).enumerate() {
-                    let fast = experts.and_then(|x| x.fast_copy(w, e));
-                    let il = interleaved && fast.is_some();
-                    let src = match fast {
-                        Some(copy) if copy.len() == spec.expert_bytes => copy,
-                        Some(copy) => {
-                            return Err(bad(format!(
-                                "the fast copy of expert {e} has {} bytes, not {}",
-                                copy.len(),
-                                spec.expert_bytes
-                            )))
-                        }
-                        None => slice,
-                    };
-                    // The oracle's kernels read the file's layout.
-                    table.push(if il { slice.as_ptr() } else { src.as_ptr() } as u64);
-                    if fast_moe {
-                        slices.push(WeightRows {
-                            bytes: src,
-                            interleaved: il,
-                        });
-                    }
-                }
-                table.resize(spec.n_expert, host.as_ptr() as u64);
-                args.args[spec.arg] = table.as_ptr() as *const u8;
-                if fast_moe {
-                    expert_slices.push(slices);
-                }
-            }
-            args.out = self.value_ptr(plan, cache, step.out, s)? as *mut u8;
-            args.scratch = if scratch > 0 {
-                self.scratch.as_mut_ptr()
-            } else {
-                std::ptr::null_mut()
-            };
-            match self.fast.get(i).copied().flatten() {
-                Some(FastStep::MatMul(m)) => {
-                    let copy = match step.args.first() {
-                        Some(&Operand::Weight(w)) => experts.and_then(|e| e.dense_copy(w)),
-                        _ => None,
-                    };
-                    match copy {
-                        Some((bytes, interleaved)) => {
-                            let rows = WeightRows { bytes, interleaved };
-                            let (x, y) = product_io(&m, &args, t_step);
-                            m.run_rows(rows, x, y, &mut self.fast_buf);
-                        }
-                        None => {
-                            weight_product(&m, step, weights, &args, t_step, &mut self.fast_buf)
-                        }
-                    }
-                }
-                Some(FastStep::HeadMatMul(m)) => {
-                    weight_product(&m, step, weights, &args, t_step, &mut self.fast_buf)
-                }
-                Some(FastStep::HeadGemm(m)) => {
-                    weight_product(&m, step, weights, &args, t_step, &mut self.fast_buf)
-                }
-                Some(FastStep::F32MatMul(m)) => {
-                    weight_product(&m, step, weights, &args, t_step, &mut self.fast_buf)
-                }
-                Some(FastStep::Moe(m)) => {
-                    let k = plan.values[self.value_id(step, 1)?].shape.numel(t, s) / t;
-                    // SAFETY: as above: h `[T, d]`, ids and weights `[T, k]`, the output `[T, d]`
-                    // are distinct slots sized by `bind`; the ids were checked below the expert
-                    // count before this step.
-                    let (h, ids, wts, y) = unsafe {
-                        (
-                            std::slice::from_raw_parts(args.args[0] as *const f32, t * m.width()),
-                            std::slice::from_raw_parts(args.args[1] as *const i32, t * k),
-                            std::slice::from_raw_parts(args.args[2] as *const f32, t * k),
-                            std::slice::from_raw_parts_mut(args.out as *mut f32, t * m.width()),
-                        )
-                    };
-                    m.run(h, ids, wts, &expert_slices, y, &mut self.fast_buf);
-                }
-                Some(FastStep::Scores { w, causal }) => {
-                    let rows = plan.values[self.value_id(step, 0)?].shape.numel(t_step, s) / w;
-                    let pos = match causal {
-                        Some(id)
-                            if plan.values[id].dtype == DType::I32
-                                && plan.values[id].shape.numel(t_step, s) == t_step =>
-                        {
-                            Some(self.value_ptr(plan, cache, id, s)? as *const i32)
-                        }
-                        _ => None,
-                    };
-                    // SAFETY: q `[rows, w]` in its slot, the keys `[S, w]` in the latent cache
-                    // (checked by `check_cache`), the output `[rows, S]` in its own slot; the
-                    // positions `[T]` (i32) in theirs, live until the `causal_mask` that reads
-                    // them after this step.
-                    let (q, k, y, pos) = unsafe {
-                        (
-                            std::slice::from_raw_parts(args.args[0] as *const f32, rows * w),
-                            std::slice::from_raw_parts(args.args[1] as *const f32, s * w),
-                            std::slice::from_raw_parts_mut(args.out as *mut f32, rows * s),
-                            pos.map(|p| std::slice::from_raw_parts(p, t_step)),
-                        )
-                    };
-                    crate::fastpath::scores(q, k, y, w, pos);
-                }
-                Some(FastStep::Softmax { n }) => {
-                    let n = n.unwrap_or(s);
-                    let numel = plan.values[step.out].shape.numel(t_step, s);
-                    // SAFETY: input and output `[rows, n]` (`numel` elements each) in distinct
-                    // slots (the lowering refuses a step whose output aliases an operand).
-                    let (x, y) = unsafe { unary_io(&args, numel) };
-                    crate::fastpath::softmax(x, y, n);
-                }
-                Some(FastStep::Scale { c }) => {
-                    let numel = plan.values[step.out].shape.numel(t_step, s);
-                    // SAFETY: input and output of `numel` elements in distinct slots (the
-                    // lowering refuses a step whose output aliases an operand).
-                    let (x, y) = unsafe { unary_io(&args, numel) };
-                    crate::fastpath::scale(x, y, c);
-                }
-                Some(FastStep::RmsNorm { n, eps }) => {
-                    let numel = plan.values[step.out].shape.numel(t_step, s);
-                    let Some(&Operand::Weight(w)) = step.args.get(1) else {
-                        unreachable!("plan_fast_steps takes an rms_norm by a weight only")
-                    };
-                    // SAFETY: input and output of `numel` elements in distinct slots (the
-                    // lowering refuses a step whose output aliases an operand).
-                    let (x, y) = unsafe { unary_io(&args, numel) };
-                    let g = self.fast_buf.f32_weight(&weights[w][..n * 4]);
-                    crate::fastpath::rms_norm(x, g, y, eps);
-                }
-                Some(FastStep::CausalMask) => {
-                    let numel = plan.values[step.out].shape.numel(t_step, s);
-                    // SAFETY: scores and output `[T, .., S]` (`numel` elements) in distinct
-                    // slots, the positions `[T]` (i32) in theirs (the lowering checked the
-                    // shapes).
-                    let (x, pos, y) = unsafe { rows_and_positions(&args, numel, t_step) };
-                    crate::fastpath::causal_mask(x, pos, y, s);
-                }
-                Some(FastStep::Silu) => {
-                    let numel = plan.values[step.out].shape.numel(t_step, s);
-                    // SAFETY: input and output of `numel` elements in distinct slots (the
-                    // lowering refuses a step whose output aliases an operand).
-                    let (x, y) = unsafe { unary_io(&args, numel) };
-                    crate::fastpath::silu(x, y);
-                }
-                Some(FastStep::Temperature { beta, length }) => {
-                    let numel = plan.values[step.out].shape.numel(t_step, s);
-                    // SAFETY: input and output `[T, n]` (`numel` elements) in distinct slots, the
-                    // positions `[T]` (i32) in theirs (the lowering checked the shapes).
-                    let (x, pos, y) = unsafe { rows_and_positions(&args, numel, t_step) };
-                    crate::fastpath::temperature(x, pos, y, beta, length);
-                }
-                Some(FastStep::Rope {
-                    d,
-                    pairs,
-                    theta,
-                    af,
-                }) => {
-                    let numel = plan.values[step.out].shape.numel(t_step, s);
-                    // SAFETY: as for the temperature: `[T, rows, d]` in and out, `[T]` positions.
-                    let (x, pos, y) = unsafe { rows_and_positions(&args, numel, t_step) };
-                    crate::fastpath::rope(x, pos, y, d, &theta[..pairs], af);
-                }
-                Some(FastStep::WeightedSum { w, len }) => {
-                    let rows = plan.values[self.value_id(step, 0)?].shape.numel(t_step, s) / s;
-                    // SAFETY: p `[rows, S]` in its slot, the values `[S, w]` in the latent cache,
-                    // the output `[rows, len]` in its own slot.
-                    let (p, v, y) = unsafe {
-                        (
-                            std::slice::from_raw_parts(args.args[0] as *const f32, rows * s),
-                            std::slice::from_raw_parts(args.args[1] as *const f32, s * w),
-                            std::slice::from_raw_parts_mut(args.out as *mut f32, rows * len),
-                        )
-                    };
-                    crate::fastpath::weighted_sum(p, v, y, w, len);
-                }
-                None => match (step.op, file, step.args.first()) {
-                    (Op::Embed, Some(file), Some(&Operand::Weight(w))) => {
-                        let table = EmbedTable {
-                            bytes: weights[w],
-                            rows: plan.weights[w].ne.iter().skip(1).product(),
-                            width: plan.values[step.out].shape.numel(1, s),
-                        };
-                        let rows = &mut self.embed_rows;
-                        embed_from_file(&cs.kernels, args, t_step, s, table, file, rows)
-                            .map_err(|detail| ExecError::Embed { step: i, detail })?
-                    }
-                    _ => {
-                        for kernel in &cs.kernels {
-                            launch(kernel, args, t_step, s)?;
-                        }
-                    }
-                },
-            }
-            let spent = started.elapsed().as_secs_f64();
-            let time = &mut self.times[i];
-            if t > 1 {
-                time.prefill_s += spent;
-            } else {
-                time.decode_s += spent;
+                    op: step.op.name(),
+                    what: check.what,
+                    index,
+                    id: bad as i64,
+                    bound,
+                });
             }
         }
         Ok(())
+    }
+
+    /// Runs step `i` with its bound kernel: binds its operand, output and scratch addresses and
+    /// its expert tables, then runs the cranelift kernels or the CPU backend's kernel.
+    fn run_step<'w>(
+        &mut self,
+        bound: &Bound<'w>,
+        cache: &mut LatentKvCache,
+        i: usize,
+        t: usize,
+        s: usize,
+    ) -> Result<(), ExecError> {
+        let (plan, weights) = (bound.plan, bound.weights);
+        let (step, cs) = (&plan.steps[i], &bound.program.steps()[i]);
+        let scratch = cs.scratch.eval(t, s).ok_or(ExecError::Extents {
+            t,
+            s,
+            detail: "scratch size overflows",
+        })?;
+        if self.scratch.len() < scratch {
+            self.scratch.resize(scratch, 0.0);
+        }
+        // `last_only`: this step runs for one token, the last, into row 0.
+        let (t_step, row_in) = if Some(step.out) == self.last_only {
+            (1, self.last_row_input(plan, step, t)?)
+        } else {
+            (t, 0)
+        };
+        let mut args = StepArgs::new(t_step, s, 0, 0);
+        for (j, a) in step.args.iter().enumerate() {
+            args.args[j] = match a {
+                Operand::Value(v) => self.value_ptr(plan, cache, *v, s)? as *const u8,
+                Operand::Weight(w) => weights[*w].as_ptr(),
+            };
+        }
+        if row_in > 0 {
+            // SAFETY: operand 1 is the `[T, n]` input (checked by `last_row_input`), its
+            // slot holds `T · n` f32 and `row_in = (T − 1) · n`.
+            args.args[1] = unsafe { (args.args[1] as *const f32).add(row_in) } as *const u8;
+        }
+        let kernel = &bound.binding.steps[i].kernel;
+        // The CPU `moe_ffn` reads the experts as slices; the cranelift kernels only the tables.
+        let slices = matches!(kernel, HostKernel::Cpu(k) if matches!(**k, CpuKernel::Moe(_)));
+        let expert_slices = self.expert_tables(bound, i, &mut args, slices)?;
+        args.out = self.value_ptr(plan, cache, step.out, s)? as *mut u8;
+        args.scratch = if scratch > 0 {
+            self.scratch.as_mut_ptr()
+        } else {
+            std::ptr::null_mut()
+        };
+        match (kernel, step.op, bound.file, step.args.first()) {
+            (HostKernel::Cpu(k), ..) => {
+                let io = StepIo {
+                    plan,
+                    index: i,
+                    step,
+                    args: &args,
+                    t: t_step,
+                    s,
+                    weights,
+                    experts: bound.experts,
+                    expert_slices: &expert_slices,
+                };
+                cpu::run(k, &io, &mut self.cpu_buf)
+            }
+            (HostKernel::Cranelift, Op::Embed, Some(file), Some(&Operand::Weight(w))) => {
+                let table = EmbedTable {
+                    bytes: weights[w],
+                    rows: plan.weights[w].ne.iter().skip(1).product(),
+                    width: plan.values[step.out].shape.numel(1, s),
+                };
+                let rows = &mut self.embed_rows;
+                embed_from_file(&cs.kernels, args, t_step, s, table, file, rows)
+                    .map_err(|detail| ExecError::Embed { step: i, detail })
+            }
+            (HostKernel::Cranelift, ..) => {
+                for kernel in &cs.kernels {
+                    launch(kernel, args, t_step, s)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Points each expert-table operand of step `i` at a table of per-expert addresses: the
+    /// fast-store copy of a resident expert in the file's layout, else its slice of the weight
+    /// view. With `slices`, also returns each table's experts as rows for the CPU `moe_ffn`
+    /// (which reads interleaved copies too).
+    fn expert_tables<'w>(
+        &mut self,
+        bound: &Bound<'w>,
+        i: usize,
+        args: &mut StepArgs,
+        slices: bool,
+    ) -> Result<Vec<Vec<WeightRows<'w>>>, ExecError> {
+        let (step, cs) = (&bound.plan.steps[i], &bound.program.steps()[i]);
+        if self.tables.len() < cs.expert_tables.len() {
+            self.tables.resize(cs.expert_tables.len(), Vec::new());
+        }
+        let mut all = Vec::new();
+        for (table, spec) in self.tables.iter_mut().zip(&cs.expert_tables) {
+            let bad = |detail: String| ExecError::ExpertTable {
+                step: i,
+                arg: spec.arg,
+                detail,
+            };
+            let Some(&Operand::Weight(w)) = step.args.get(spec.arg) else {
+                return Err(bad("the operand is not a weight".into()));
+            };
+            let host = bound.weights[w];
+            if spec.n_expert.checked_mul(spec.expert_bytes) != Some(host.len()) {
+                return Err(bad(format!(
+                    "{} bytes are not {} experts of {} bytes",
+                    host.len(),
+                    spec.n_expert,
+                    spec.expert_bytes
+                )));
+            }
+            table.clear();
+            let mut rows = Vec::new();
+            let experts = bound.experts;
+            let interleaved = experts.is_some_and(|x| x.interleaved(w));
+            for (e, slice) in host.chunks_exact(spec.expert_bytes.max(1)).enumerate() {
+                let fast = experts.and_then(|x| x.fast_copy(w, e));
+                let il = interleaved && fast.is_some();
+                let src = match fast {
+                    Some(copy) if copy.len() == spec.expert_bytes => copy,
+                    Some(copy) => {
+                        return Err(bad(format!(
+                            "the fast copy of expert {e} has {} bytes, not {}",
+                            copy.len(),
+                            spec.expert_bytes
+                        )))
+                    }
+                    None => slice,
+                };
+                // The cranelift kernels read the file's layout.
+                table.push(if il { slice.as_ptr() } else { src.as_ptr() } as u64);
+                if slices {
+                    rows.push(WeightRows {
+                        bytes: src,
+                        interleaved: il,
+                    });
+                }
+            }
+            table.resize(spec.n_expert, host.as_ptr() as u64);
+            args.args[spec.arg] = table.as_ptr() as *const u8;
+            if slices {
+                all.push(rows);
+            }
+        }
+        Ok(all)
     }
 
     /// The f32 elements of slot value `id` after the last [`Self::run`] (row-major, its shape at
@@ -903,77 +683,6 @@ impl Executor {
     }
 }
 
-/// Runs the fast weight product `p` of `step` (operand 0 its weight, operand 1 its input) for
-/// `t` tokens, on the operand and output addresses `run` bound in `args`.
-fn weight_product<P: WeightProduct>(
-    p: &P,
-    step: &aubier_compiler::plan::Step,
-    weights: &[&[u8]],
-    args: &StepArgs,
-    t: usize,
-    buf: &mut FastBuffers,
-) {
-    let Some(&Operand::Weight(w)) = step.args.first() else {
-        unreachable!("plan_fast_steps takes weight products of a weight only")
-    };
-    let (x, y) = product_io(p, args, t);
-    p.run(weights[w], x, y, buf);
-}
-
-/// The input `[t, n_in]` and output `[t, n_out]` of a weight product's step.
-fn product_io<'a, P: WeightProduct>(
-    p: &P,
-    args: &StepArgs,
-    t: usize,
-) -> (&'a [f32], &'a mut [f32]) {
-    let (x, y) = (p.input_len(t), p.output_len(t));
-    // SAFETY: `bind` sized the input's and the output's slots for their values at (T, S) (at
-    // least `t` rows); the CPU lowering refused a step whose output aliases an operand, so the
-    // two do not overlap; the slots outlive the step that uses these slices.
-    unsafe {
-        (
-            std::slice::from_raw_parts(args.args[1] as *const f32, x),
-            std::slice::from_raw_parts_mut(args.out as *mut f32, y),
-        )
-    }
-}
-
-/// Operand 0 and the output (`numel` f32 each) of an elementwise step.
-///
-/// # Safety
-/// `args` holds the step's bound addresses: operand 0 and the output are distinct slots of at
-/// least `numel` f32, live while the slices are used.
-unsafe fn unary_io<'a>(args: &StepArgs, numel: usize) -> (&'a [f32], &'a mut [f32]) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        (
-            std::slice::from_raw_parts(args.args[0] as *const f32, numel),
-            std::slice::from_raw_parts_mut(args.out as *mut f32, numel),
-        )
-    }
-}
-
-/// Operand 0 (`numel` f32), operand 1 (`t` i32 positions) and the output (`numel` f32) of an
-/// elementwise step by position (`causal_mask`, `attn_temperature`, `rope_yarn`).
-///
-/// # Safety
-/// `args` holds the step's bound addresses: operand 0 and the output are distinct slots of at
-/// least `numel` f32, operand 1 a slot of at least `t` i32, live while the slices are used.
-unsafe fn rows_and_positions<'a>(
-    args: &StepArgs,
-    numel: usize,
-    t: usize,
-) -> (&'a [f32], &'a [i32], &'a mut [f32]) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        (
-            std::slice::from_raw_parts(args.args[0] as *const f32, numel),
-            std::slice::from_raw_parts(args.args[1] as *const i32, t),
-            std::slice::from_raw_parts_mut(args.out as *mut f32, numel),
-        )
-    }
-}
-
 /// The argument block shared by the threads of one launch. Every thread only reads it (and
 /// copies it), and the memory its pointers reach is partitioned by the work ranges.
 struct Shared(StepArgs);
@@ -1099,6 +808,8 @@ fn launch(kernel: &Kernel, args: StepArgs, t: usize, s: usize) -> Result<(), Exe
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cpu::CpuNumerics;
+    use crate::backend::BackendKind;
     use crate::engine::host_symbols;
     use crate::ggml_type::GgmlType;
     use crate::quant;
@@ -1106,6 +817,11 @@ mod tests {
     use aubier_compiler::ops::Op;
     use aubier_compiler::plan::{Step, Value};
     use aubier_compiler::types::{Attrs, Shape, WeightRef};
+
+    /// `plan` bound to the oracle.
+    fn oracle_binding(plan: &Plan) -> Binding {
+        BackendKind::Oracle.backend().bind(plan).expect("bind")
+    }
 
     fn config() -> Mistral4Config {
         Mistral4Config {
@@ -1363,6 +1079,7 @@ mod tests {
                     ("q".into(), q),
                 ],
                 steps,
+                output_head: None,
             },
             weights,
         }
@@ -1376,6 +1093,7 @@ mod tests {
         threads: usize,
     ) -> Result<Vec<Vec<u32>>, ExecError> {
         let prog = CpuProgram::compile(&b.plan, &host_symbols()).expect("lowering");
+        let binding = oracle_binding(&b.plan);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
@@ -1394,6 +1112,7 @@ mod tests {
                     Bound {
                         plan: &b.plan,
                         program: &prog,
+                        binding: &binding,
                         weights: &views,
                         experts: None,
                         file: None,
@@ -1408,6 +1127,7 @@ mod tests {
                 Bound {
                     plan: &b.plan,
                     program: &prog,
+                    binding: &binding,
                     weights: &views,
                     experts: None,
                     file: None,
@@ -1522,6 +1242,7 @@ mod tests {
                 inputs: vec![("tokens".into(), tokens), ("pos".into(), pos)],
                 outputs,
                 steps,
+                output_head: None,
             },
             weights: vec![
                 f32_bytes(&noise(heads * w * vocab, 21)),
@@ -1536,6 +1257,7 @@ mod tests {
         exec: &mut Executor,
         b: &Built,
         prog: &CpuProgram,
+        binding: &Binding,
         cache: &mut LatentKvCache,
         tokens: &[i32],
         p0: usize,
@@ -1545,6 +1267,7 @@ mod tests {
         let bound = Bound {
             plan: &b.plan,
             program: prog,
+            binding,
             weights: &views,
             experts: None,
             file: None,
@@ -1574,12 +1297,12 @@ mod tests {
         b.plan.outputs = vec![("router".into(), router)];
         let prog = CpuProgram::compile(&b.plan, &host_symbols()).expect("lowering");
         let mut outs = Vec::new();
-        for kernels in [CpuKernels::Oracle, CpuKernels::Q8x2] {
+        for kind in [BackendKind::Oracle, BackendKind::Cpu(CpuNumerics::Q8x2)] {
+            let binding = kind.backend().bind(&b.plan).expect("bind");
             let mut exec = Executor::new(&b.plan, &prog).expect("exec");
-            exec.set_cpu_kernels(&b.plan, kernels);
             let mut cache = LatentKvCache::new(1, 16, 8).expect("cache");
             for (p0, tokens) in [(0, &[3, 1, 4, 1, 5][..]), (5, &[9][..])] {
-                run_at(&mut exec, &b, &prog, &mut cache, tokens, p0).expect("run");
+                run_at(&mut exec, &b, &prog, &binding, &mut cache, tokens, p0).expect("run");
             }
             let v = exec.f32_value(&b.plan, router).expect("router logits");
             outs.push(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
@@ -1594,20 +1317,21 @@ mod tests {
     fn oracle_and_fast_outputs(b: &Built, fast: usize, cache_w: usize) -> Vec<Vec<Vec<u32>>> {
         let prog = CpuProgram::compile(&b.plan, &host_symbols()).expect("lowering");
         let mut outs = Vec::new();
-        for kernels in [CpuKernels::Oracle, CpuKernels::Q8x2] {
+        for kind in [BackendKind::Oracle, BackendKind::Cpu(CpuNumerics::Q8x2)] {
+            let binding = kind.backend().bind(&b.plan).expect("bind");
             let mut exec = Executor::new(&b.plan, &prog).expect("exec");
-            exec.set_cpu_kernels(&b.plan, kernels);
-            let want = if kernels == CpuKernels::Oracle {
-                0
-            } else {
-                fast
-            };
-            assert_eq!(exec.fast_step_count(), want, "{kernels}");
+            let want = if kind == BackendKind::Oracle { 0 } else { fast };
+            let taken = binding
+                .steps
+                .iter()
+                .filter(|s| matches!(s.kernel, HostKernel::Cpu(_)))
+                .count();
+            assert_eq!(taken, want, "{kind}");
             let mut cache = LatentKvCache::new(1, 64, cache_w).expect("cache");
             let mut got = Vec::new();
             for (p0, t) in [(0usize, 20usize), (20, 1)] {
                 let tokens: Vec<i32> = (0..t).map(|i| ((p0 + i) * 7 % 10) as i32).collect();
-                run_at(&mut exec, b, &prog, &mut cache, &tokens, p0).expect("run");
+                run_at(&mut exec, b, &prog, &binding, &mut cache, &tokens, p0).expect("run");
                 for (_, id) in &b.plan.outputs {
                     let v = exec.f32_value(&b.plan, *id).expect("value");
                     got.push(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
@@ -1701,6 +1425,7 @@ mod tests {
                 inputs: vec![("tokens".into(), tokens), ("pos".into(), pos)],
                 outputs: vec![("r".into(), r), ("o".into(), o), ("g".into(), g)],
                 steps,
+                output_head: None,
             },
             weights: vec![f32_bytes(
                 &noise(heads * d * vocab, 31)
@@ -1746,6 +1471,7 @@ mod tests {
         let q: Vec<f32> = outs[3].iter().map(|&v| f32::from_bits(v)).collect();
         // recompute h = rms_norm(embed) in the same f32 order is not needed: read it back instead.
         let prog = CpuProgram::compile(&b.plan, &host_symbols()).expect("lowering");
+        let binding = oracle_binding(&b.plan);
         let mut exec = Executor::new(&b.plan, &prog).expect("exec");
         let mut cache = LatentKvCache::new(1, 16, 8).expect("cache");
         let views: Vec<&[u8]> = b.weights.iter().map(Vec::as_slice).collect();
@@ -1753,6 +1479,7 @@ mod tests {
             Bound {
                 plan: &b.plan,
                 program: &prog,
+                binding: &binding,
                 weights: &views,
                 experts: None,
                 file: None,
@@ -1799,6 +1526,7 @@ mod tests {
         file: Option<&dyn WeightFile>,
     ) -> Result<Vec<Vec<u32>>, ExecError> {
         let prog = CpuProgram::compile(&b.plan, &host_symbols()).expect("lowering");
+        let binding = oracle_binding(&b.plan);
         let mut exec = Executor::new(&b.plan, &prog)?;
         let mut cache = LatentKvCache::new(1, tokens.len(), 8).expect("cache");
         let views: Vec<&[u8]> = b.weights.iter().map(Vec::as_slice).collect();
@@ -1806,6 +1534,7 @@ mod tests {
         let bound = Bound {
             plan: &b.plan,
             program: &prog,
+            binding: &binding,
             weights: &views,
             experts: None,
             file,
@@ -1888,6 +1617,7 @@ mod tests {
         ));
         let b = build();
         let prog = CpuProgram::compile(&b.plan, &host_symbols()).expect("lowering");
+        let binding = oracle_binding(&b.plan);
         let mut exec = Executor::new(&b.plan, &prog).expect("exec");
         let mut cache = LatentKvCache::new(1, 16, 8).expect("cache");
         let views: Vec<&[u8]> = b.weights.iter().map(Vec::as_slice).collect();
@@ -1896,6 +1626,7 @@ mod tests {
                 Bound {
                     plan: &b.plan,
                     program: &prog,
+                    binding: &binding,
                     weights: &views,
                     experts: None,
                     file: None,
@@ -1915,6 +1646,7 @@ mod tests {
                 Bound {
                     plan: &b.plan,
                     program: &prog,
+                    binding: &binding,
                     weights: &views,
                     experts: None,
                     file: None,

@@ -24,14 +24,14 @@ pub trait Stepper {
     fn kv_max(&self) -> usize;
     /// Runs `tokens` at the next positions; returns `[T × n_vocab]` f32 logits, row-major.
     ///
-    /// Errors: [`crate::engine::EngineError`].
-    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>, crate::engine::EngineError>;
+    /// Errors: [`crate::error::EngineError`].
+    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>, crate::error::EngineError>;
 
     /// [`Stepper::step`] returning only the last token's row (`[n_vocab]`); a stepper that can
     /// skip the other rows' work overrides it.
     ///
-    /// Errors: [`crate::engine::EngineError`].
-    fn step_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>, crate::engine::EngineError> {
+    /// Errors: [`crate::error::EngineError`].
+    fn step_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>, crate::error::EngineError> {
         let all = self.step(tokens)?;
         let n_vocab = all.len() / tokens.len().max(1);
         Ok(all[all.len() - n_vocab..].to_vec())
@@ -47,11 +47,11 @@ impl Stepper for Session {
         Session::kv_max(self)
     }
 
-    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>, crate::engine::EngineError> {
+    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>, crate::error::EngineError> {
         Session::step(self, tokens)
     }
 
-    fn step_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>, crate::engine::EngineError> {
+    fn step_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>, crate::error::EngineError> {
         Session::step_last(self, tokens)
     }
 }
@@ -111,7 +111,7 @@ pub enum GenerateError {
     Sample(#[from] SampleError),
     /// The engine failed.
     #[error(transparent)]
-    Engine(#[from] crate::engine::EngineError),
+    Engine(#[from] crate::error::EngineError),
 }
 
 /// Runs one request: prefill `prompt`, then decode under `params`, calling `on_token` with each

@@ -1,10 +1,11 @@
 //! `aubier-runtime`: GGUF files, quant blocks, model binding, the executor and `Session`, sampling,
 //! the tokenizer and the chat template. It knows nothing of HTTP (ARCHITECTURE.md § runtime).
 
+pub mod backend;
 pub mod chat;
 pub mod engine;
+pub mod error;
 pub mod executor;
-pub mod fastpath;
 pub mod generate;
 /// The ggml type table lives in `aubier-kernels-gen` (its GPU emitters need it too).
 pub use aubier_kernels_gen::ggml_type;

@@ -14,9 +14,9 @@
 //! served fraction and rotates its fast slots; [`Session::reset`] resets it per its
 //! [`crate::store::expert_store::ResetMode`]. The logits never depend on where an expert lives.
 
-use crate::engine::{EngineError, Model};
+use crate::engine::Model;
+use crate::error::EngineError;
 use crate::executor::{Bound, Executor, StepTime};
-use crate::fastpath::CpuKernels;
 use crate::kv_cache::LatentKvCache;
 use crate::store::expert_store::{ExpertStore, StoreOptions, StoreReport};
 use aubier_compiler::config::Mistral4Config;
@@ -196,21 +196,6 @@ impl Session {
         Ok(logits)
     }
 
-    /// Selects the kernels of the weight products ([`CpuKernels::Oracle`] by default).
-    pub fn set_cpu_kernels(&mut self, kernels: CpuKernels) {
-        self.exec.set_cpu_kernels(&self.model.plan, kernels);
-    }
-
-    /// The kernels of the weight products.
-    pub fn cpu_kernels(&self) -> CpuKernels {
-        self.exec.cpu_kernels()
-    }
-
-    /// Plan steps the selected kernels run off the oracle (0 under [`CpuKernels::Oracle`]).
-    pub fn fast_step_count(&self) -> usize {
-        self.exec.fast_step_count()
-    }
-
     /// Wall time of each plan step since the session opened or [`Session::reset_step_times`].
     pub fn step_times(&self) -> &[StepTime] {
         self.exec.step_times()
@@ -254,7 +239,10 @@ impl Session {
         let model = Arc::clone(&self.model);
         let weights = model.weight_views();
         let (exec, cache, store) = (&mut self.exec, &mut self.cache, &self.store);
-        let keep = last_only.then_some(self.logits);
+        // The head runs for the last position alone when the plan marks the logits as its
+        // output (`Plan::output_head`); else every row is computed and the last one kept.
+        let head = model.plan.output_head.map(|h| h.value);
+        let keep = head.filter(|&v| last_only && v == self.logits);
         // On a worker of the rayon pool, so that the run's parallel steps fork from a worker (its
         // own deque) rather than inject each step from outside the pool and block the caller on
         // a latch; the other workers spin for the run's length (`pool::run_hot`).
@@ -262,6 +250,7 @@ impl Session {
             let bound = Bound {
                 plan: &model.plan,
                 program: model.program(),
+                binding: model.binding(),
                 weights: &weights,
                 experts: Some(store),
                 file: Some(&*model),
@@ -275,13 +264,16 @@ impl Session {
                 keep,
             )
         })?;
-        let logits = self.exec.f32_value(&model.plan, self.logits)?.to_vec();
-        let rows = if last_only { 1 } else { t };
+        let mut logits = self.exec.f32_value(&model.plan, self.logits)?.to_vec();
+        let rows = if keep.is_some() { 1 } else { t };
         if logits.len() != rows * n_vocab {
             return Err(EngineError::MissingOutput(format!(
                 "logits of {rows} × {n_vocab} (the plan's has {} values)",
                 logits.len()
             )));
+        }
+        if last_only && keep.is_none() {
+            logits.drain(..(t - 1) * n_vocab);
         }
         for (dst, &id) in self.router_ids.iter_mut().zip(&self.router_outputs) {
             *dst = self.exec.i32_value(&model.plan, id)?;
@@ -419,6 +411,7 @@ fn map_dense_weights(model: &Model, store: &ExpertStore) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::BackendKind;
     use std::path::PathBuf;
 
     fn data(rel: &str) -> PathBuf {
@@ -446,8 +439,9 @@ mod tests {
             .join(file)
     }
 
+    /// A session on the oracle, whose properties these tests check.
     fn open_path(path: &std::path::Path, kv_max: usize) -> Session {
-        let model = Model::load(path).expect("model loads");
+        let model = Model::load_with(path, BackendKind::Oracle).expect("model loads");
         Session::open(model, SessionOptions { kv_max }).expect("session opens")
     }
 
@@ -522,6 +516,7 @@ mod tests {
         let bound = Bound {
             plan: &model.plan,
             program: model.program(),
+            binding: model.binding(),
             weights: &weights,
             experts: None,
             file: None,

@@ -25,7 +25,7 @@
 //!    as ms per prefill and ms per decoded token. The prefill runs the output head for the last
 //!    position only (`Session::step_last`), as llama.cpp does.
 
-use crate::run::{KernelArgs, Loaded, PromptArgs, StoreArgs};
+use crate::run::{BackendArgs, Loaded, PromptArgs, StoreArgs};
 use anyhow::{bail, Context};
 use aubier_compiler::ops::Op;
 use aubier_compiler::plan::Operand;
@@ -72,9 +72,9 @@ pub struct BenchArgs {
     /// The split expert store, as for `aubier run`.
     #[command(flatten)]
     pub store: StoreArgs,
-    /// The CPU kernels, as for `aubier run`.
+    /// The backend, as for `aubier run`.
     #[command(flatten)]
-    pub kernels: KernelArgs,
+    pub backend: BackendArgs,
 }
 
 /// Median, minimum and maximum of one measure over the reps.
@@ -282,8 +282,11 @@ pub struct BenchReport {
     pub prefill_ms_by_component: ByComponent,
     /// Milliseconds per decoded token by component (mean over all decode steps of the reps).
     pub decode_ms_per_token_by_component: ByComponent,
-    /// The CPU kernels of the weight products.
-    pub cpu_kernels: String,
+    /// The backend (`cpu (q8x2)`, `oracle`, …).
+    pub backend: String,
+    /// The ISA tier of the cpu backend's kernels on this host (`amx`, `avx512-vnni`, `avx2`,
+    /// `scalar`).
+    pub isa: String,
     /// The twenty plan steps that took the most prefill time: op, first weight (or output value)
     /// name, ms per prefill.
     pub slowest_prefill_steps: Vec<(String, String, f64)>,
@@ -313,12 +316,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         None => BUNDLED_TEXT.to_owned(),
     };
+    let backend = args.backend.kind()?;
     let Loaded { model, prompt, .. } = PromptArgs {
         model: args.model.clone(),
         prompt_ids: None,
         prompt: Some(text),
     }
-    .load()?;
+    .load(backend)?;
     let prompt = fit_prompt(
         &prompt,
         args.n_prompt,
@@ -335,9 +339,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             model.config.n_ctx_train
         );
     }
-    let store = args.kernels.store_options(args.store.options()?);
+    let store = args.store.options(backend)?;
     let mut session = Session::open_with_store(model.clone(), SessionOptions { kv_max }, &store)?;
-    args.kernels.apply(&mut session);
+    session.set_ubatch(args.backend.ubatch);
     let params = GenerateParams {
         max_tokens: args.n_gen,
         sampling: SamplingParams {
@@ -426,7 +430,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         decode_ms_per_token_by_component: decode_t.scaled(per_token),
         slowest_prefill_steps: slowest(&|t| t.prefill_s * per_prefill),
         slowest_decode_steps: slowest(&|t| t.decode_s * per_token),
-        cpu_kernels: session.cpu_kernels().to_string(),
+        backend: backend.to_string(),
+        isa: aubier_runtime::backend::cpu::isa().to_string(),
         served_fraction: session.store_report().served_fraction,
     };
     if args.json {
@@ -474,13 +479,14 @@ fn print_text(r: &BenchReport) -> anyhow::Result<()> {
         )
     };
     outln!(
-        "{}: {} prompt + {} generated tokens, {} reps, {} threads, {} kernels",
+        "{}: {} prompt + {} generated tokens, {} reps, {} threads, backend {} ({} host)",
         r.model,
         r.n_prompt,
         r.n_gen,
         r.reps,
         r.threads,
-        r.cpu_kernels
+        r.backend,
+        r.isa
     );
     outln!("prefill  {}", s(&r.prefill_tok_s, "tok/s"));
     outln!("decode   {}", s(&r.decode_tok_s, "tok/s"));

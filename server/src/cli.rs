@@ -1,5 +1,6 @@
 //! Command-line front end: one `clap` subcommand per job.
 
+use crate::error_text::error_text;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -22,7 +23,7 @@ pub enum Command {
     Replay(crate::replay::ReplayArgs),
     /// Compile a GGUF model; print the graph after a pipeline stage, or the plan as JSON.
     Gen(crate::gen::GenArgs),
-    /// Run one prompt through the model on the CPU oracle (prefill, then decode).
+    /// Run one prompt through the model on a backend (prefill, then decode).
     Run(crate::run::RunArgs),
     /// Record the routing of every token of one generation as a JSONL trace (for `replay`).
     Trace(crate::trace::TraceArgs),
@@ -64,25 +65,6 @@ fn report(name: &str, r: anyhow::Result<()>) -> ExitCode {
     }
 }
 
-/// An error and its causes, outermost first, joined by `": "` as anyhow's `{:#}` does, except
-/// that a cause whose text the message so far already contains is left out: many of the
-/// runtime's errors print their source in their own message (`expert store: {0}`) and also
-/// return it as `source()`, which `{:#}` then printed a second (or third) time.
-pub fn error_text(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
-}
-
 /// Rust ignores SIGPIPE, so printing into a closed pipe (`aubier inspect FILE | head -1`) would
 /// panic; one-shot commands take the default action instead and end quietly, as Unix tools do.
 /// `serve` keeps it ignored: a client that vanishes must not kill the server.
@@ -90,30 +72,5 @@ fn restore_default_sigpipe() {
     // SAFETY: called once at start-up, before any thread is spawned; SIG_DFL is a valid handler.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::error_text;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("inner detail")]
-    struct Inner;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("outer: {0}")]
-    struct Outer(#[source] Inner);
-
-    #[test]
-    fn causes_already_in_the_message_are_printed_once() {
-        let e = anyhow::Error::new(Outer(Inner)).context("loading");
-        assert_eq!(
-            format!("{e:#}"),
-            "loading: outer: inner detail: inner detail"
-        );
-        assert_eq!(error_text(&e), "loading: outer: inner detail");
-        let plain = anyhow::anyhow!("alone").context("step");
-        assert_eq!(error_text(&plain), "step: alone");
     }
 }

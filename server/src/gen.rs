@@ -1,9 +1,12 @@
-//! `aubier gen [--model FILE] [--target cpu|gpu] [--fuse-phase|--fuse-wkb|--fuse-kqkv auto|on|off]
-//! [--out DIR] [--check] [--plan] [--dump-after STAGE [--format text|dot]] [--disable PASS]…`:
-//! compile the model of a GGUF file and generate the GPU kernels of its plan.
+//! `aubier gen [--model FILE] [--target oracle|cpu|gpu] [--fuse-phase|--fuse-wkb|--fuse-kqkv
+//! auto|on|off] [--out DIR] [--check] [--plan [--backend oracle|cpu [--cpu-numerics q8x2|q8]]]
+//! [--dump-after STAGE [--format text|dot]] [--disable PASS]…`: compile the model of a GGUF file
+//! and generate the GPU kernels of its plan.
 //!
 //! Modes, in order of precedence: `--dump-after STAGE` prints the graph after a pipeline stage;
-//! `--plan` prints the scheduled `Plan` as JSON; otherwise the HIP and CUDA source of every kernel
+//! `--plan` prints the scheduled `Plan` as JSON — with `--backend`, compiled for that backend's
+//! target and followed by its binding (`backend`, `isa`, and per step the kernel the backend
+//! chose and its variant); otherwise the HIP and CUDA source of every kernel
 //! of the plan (`aubier_kernels_gen::gpu::generate`) is written under `--out` (default
 //! `kernels-gen/generated/` of this workspace) with `MANIFEST.json` (the plan's hash, the flags,
 //! the command, every file's size and hash), and files of an earlier generation that the plan no
@@ -15,7 +18,8 @@
 //! and `weight_refs`: [`bind`]), turn the flags into `aubier_compiler::CompileOptions`
 //! ([`GenArgs::compile_options`]), then `aubier_compiler::dump_after` or
 //! `aubier_compiler::compile`. The target defaults to `gpu`, since `gen` is the generator of GPU
-//! kernels, so `auto` fusions are on; `--target cpu` gives the plan the CPU oracle runs. The
+//! kernels, so `auto` fusions are on; `--target oracle` gives the plan the oracle runs (unfused),
+//! `--target cpu` the cpu backend's (latent attention fused). The
 //! default model is the bundled `models/ms4-tiny256-q2k.gguf` of this workspace. Exit status 0 on
 //! success, 1 with the error on stderr otherwise.
 
@@ -25,6 +29,8 @@ use aubier_compiler::plan::Plan;
 use aubier_compiler::types::WeightRef;
 use aubier_compiler::{compile, dump_after, CompileOptions, DumpFormat, Fusion, Target};
 use aubier_kernels_gen::gpu::{fnv1a, generate as generate_kernels, plan_kernels, GeneratedFile};
+use aubier_runtime::backend::cpu::CpuNumerics;
+use aubier_runtime::backend::BackendKind;
 use aubier_runtime::gguf::GgufFile;
 use aubier_runtime::model::{read_config, weight_refs};
 use clap::{Args, ValueEnum};
@@ -58,9 +64,17 @@ pub struct GenArgs {
     /// GGUF model file (default: the workspace's models/ms4-tiny256-q2k.gguf).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Backend the plan is for; `auto` fusions are on for gpu and off for cpu (the oracle).
+    /// Kind of backend the plan is for: `auto` fusions are all on for gpu, KQKV only for cpu,
+    /// none for oracle.
     #[arg(long, value_enum, default_value_t = TargetArg::Gpu)]
     pub target: TargetArg,
+    /// With --plan: compile for this backend's target and print its binding (the kernel of
+    /// every step).
+    #[arg(long, value_enum, requires = "plan", conflicts_with = "target")]
+    pub backend: Option<crate::run::BackendName>,
+    /// With --backend cpu: its numerics (q8x2, q8).
+    #[arg(long, requires = "backend", value_parser = parse_cpu_numerics)]
+    pub cpu_numerics: Option<CpuNumerics>,
     /// PHASE fusion: RoPE, query temperature, c_kv RMSNorm and latent-cache write as one step.
     #[arg(long, value_enum, default_value_t = FusionArg::Auto)]
     pub fuse_phase: FusionArg,
@@ -92,31 +106,57 @@ pub struct GenArgs {
 }
 
 impl GenArgs {
+    /// The backend of `--backend` (with `--cpu-numerics`), if given.
+    ///
+    /// Errors: `--cpu-numerics` with `--backend oracle`.
+    pub fn backend(&self) -> anyhow::Result<Option<BackendKind>> {
+        crate::run::BackendArgs {
+            backend: self.backend,
+            cpu_numerics: self.cpu_numerics,
+            ..Default::default()
+        }
+        .kind()
+        .map(|k| self.backend.map(|_| k))
+    }
+
     /// The compiler options these flags ask for.
-    pub fn compile_options(&self) -> CompileOptions {
-        CompileOptions {
+    ///
+    /// Errors: as [`GenArgs::backend`].
+    pub fn compile_options(&self) -> anyhow::Result<CompileOptions> {
+        let target = match self.backend()? {
+            Some(b) => b.compile_options().target,
+            None => self.target.into(),
+        };
+        Ok(CompileOptions {
             disable: self.disable.clone(),
-            target: self.target.into(),
+            target,
             fuse_phase: self.fuse_phase.into(),
             fuse_wkb: self.fuse_wkb.into(),
             fuse_kqkv: self.fuse_kqkv.into(),
-        }
+        })
     }
+}
+
+fn parse_cpu_numerics(s: &str) -> Result<CpuNumerics, String> {
+    s.parse()
 }
 
 /// `--target`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TargetArg {
-    /// The CPU oracle (unfused plans).
+    /// The oracle (unfused plans).
+    Oracle,
+    /// The cpu backend (latent attention fused).
     Cpu,
-    /// A GPU backend of generated kernels.
+    /// A GPU backend of generated kernels (every fusion).
     Gpu,
 }
 
 impl From<TargetArg> for Target {
     fn from(t: TargetArg) -> Target {
         match t {
-            TargetArg::Cpu => Target::CpuOracle,
+            TargetArg::Oracle => Target::Oracle,
+            TargetArg::Cpu => Target::Cpu,
             TargetArg::Gpu => Target::Gpu,
         }
     }
@@ -125,7 +165,7 @@ impl From<TargetArg> for Target {
 /// `--fuse-phase`, `--fuse-wkb`, `--fuse-kqkv`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FusionArg {
-    /// On for `--target gpu`, off for `--target cpu`.
+    /// As the target says (all on for gpu, KQKV for cpu, none for oracle).
     Auto,
     /// Always run the pass (an error when it finds nothing to fuse).
     On,
@@ -171,7 +211,7 @@ pub fn run(args: GenArgs) -> anyhow::Result<()> {
 pub fn generate(args: &GenArgs) -> anyhow::Result<String> {
     let path = args.model.clone().unwrap_or_else(default_model);
     let (cfg, weights) = bind(&path)?;
-    let opts = args.compile_options();
+    let opts = args.compile_options()?;
     if let Some(stage) = &args.dump_after {
         let format = match args.format {
             Format::Text => DumpFormat::Text,
@@ -180,6 +220,9 @@ pub fn generate(args: &GenArgs) -> anyhow::Result<String> {
         return Ok(dump_after(&cfg, &weights, &opts, stage, format)?);
     }
     let plan = compile(&cfg, &weights, &opts)?;
+    if let (true, Some(backend)) = (args.plan, args.backend()?) {
+        return bound_plan_json(&plan, backend);
+    }
     let mut json = serde_json::to_string_pretty(&plan)?;
     json.push('\n');
     if args.plan {
@@ -210,6 +253,38 @@ pub fn generate(args: &GenArgs) -> anyhow::Result<String> {
             files.len()
         ))
     }
+}
+
+/// `plan` as pretty JSON with `backend`'s binding after it: `backend`, `isa` (the cpu backend's
+/// ISA tier on this host) and `binding`, per step `{step, op, out, kernel, variant}`.
+///
+/// Errors: the backend refuses a step (naming it).
+fn bound_plan_json(plan: &Plan, backend: BackendKind) -> anyhow::Result<String> {
+    let binding = backend.backend().bind(plan)?;
+    let steps: Vec<serde_json::Value> = binding
+        .steps
+        .iter()
+        .zip(&plan.steps)
+        .enumerate()
+        .map(|(i, (b, step))| {
+            serde_json::json!({
+                "step": i,
+                "op": step.op.name(),
+                "out": plan.values[step.out].name,
+                "kernel": b.choice.kernel,
+                "variant": b.choice.variant,
+            })
+        })
+        .collect();
+    let mut v = serde_json::to_value(plan)?;
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("backend".into(), backend.to_string().into());
+        obj.insert("isa".into(), aubier_runtime::backend::cpu::isa().into());
+        obj.insert("binding".into(), steps.into());
+    }
+    let mut json = serde_json::to_string_pretty(&v)?;
+    json.push('\n');
+    Ok(json)
 }
 
 /// The command line that regenerates `args`' output, with every flag spelled out (the model by
@@ -398,6 +473,8 @@ mod tests {
         GenArgs {
             model: None,
             target: TargetArg::Gpu,
+            backend: None,
+            cpu_numerics: None,
             fuse_phase: FusionArg::Auto,
             fuse_wkb: FusionArg::Auto,
             fuse_kqkv: FusionArg::Auto,
@@ -507,24 +584,51 @@ mod tests {
             "cpu",
         ])
         .unwrap();
-        let opts = cli.args.compile_options();
-        assert_eq!(opts.target, Target::CpuOracle);
+        let opts = cli.args.compile_options().unwrap();
+        assert_eq!(opts.target, Target::Cpu);
         assert_eq!(
             (opts.fuse_phase, opts.fuse_wkb, opts.fuse_kqkv),
             (Fusion::Off, Fusion::On, Fusion::Auto)
         );
         let default = Cli::try_parse_from(["gen"]).unwrap().args.compile_options();
-        assert_eq!(default.target, Target::Gpu);
+        assert_eq!(default.unwrap().target, Target::Gpu);
+        let oracle = Cli::try_parse_from(["gen", "--plan", "--backend", "oracle"]).unwrap();
+        assert_eq!(
+            oracle.args.compile_options().unwrap().target,
+            Target::Oracle
+        );
+        let numerics_without_cpu = Cli::try_parse_from([
+            "gen",
+            "--plan",
+            "--backend",
+            "oracle",
+            "--cpu-numerics",
+            "q8",
+        ])
+        .unwrap();
+        assert!(numerics_without_cpu.args.compile_options().is_err());
+        assert!(
+            Cli::try_parse_from(["gen", "--backend", "cpu"]).is_err(),
+            "needs --plan"
+        );
         assert!(Cli::try_parse_from(["gen", "--fuse-kqkv", "maybe"]).is_err());
         assert!(Cli::try_parse_from(["gen", "--target", "tpu"]).is_err());
     }
 
     #[test]
-    fn gpu_target_fuses_by_default_and_cpu_does_not() {
+    fn gpu_target_fuses_by_default_cpu_fuses_attention_and_oracle_nothing() {
         let gpu = plan_of(&args(None, Format::Text));
         assert_eq!(
             gpu.stages,
-            ["build", "cse", "fuse_kqkv", "fuse_phase", "fuse_wkb", "dce"]
+            [
+                "build",
+                "cse",
+                "fuse_kqkv",
+                "fuse_phase",
+                "fuse_wkb",
+                "dce",
+                "mark_head"
+            ]
         );
         let n_layer = gpu.config.n_layer;
         assert_eq!(count(&gpu, Op::Phase), n_layer);
@@ -534,15 +638,70 @@ mod tests {
         let mut cpu_args = args(None, Format::Text);
         cpu_args.target = TargetArg::Cpu;
         let cpu = plan_of(&cpu_args);
-        assert_eq!(cpu.stages, ["build", "cse", "dce"]);
-        assert!(cpu.steps.iter().all(|s| !s.op.is_fused()));
+        assert_eq!(
+            cpu.stages,
+            ["build", "cse", "fuse_kqkv", "dce", "mark_head"]
+        );
+        assert_eq!(count(&cpu, Op::Kqkv), n_layer);
+        assert!(cpu
+            .steps
+            .iter()
+            .all(|s| !s.op.is_fused() || s.op == Op::Kqkv));
 
-        let mut wkb_only = cpu_args;
+        let mut oracle_args = args(None, Format::Text);
+        oracle_args.target = TargetArg::Oracle;
+        let oracle = plan_of(&oracle_args);
+        assert_eq!(oracle.stages, ["build", "cse", "dce", "mark_head"]);
+        assert!(oracle.steps.iter().all(|s| !s.op.is_fused()));
+
+        let mut wkb_only = oracle_args;
         wkb_only.fuse_wkb = FusionArg::On;
         let plan = plan_of(&wkb_only);
-        assert_eq!(plan.stages, ["build", "cse", "fuse_wkb", "dce"]);
+        assert_eq!(
+            plan.stages,
+            ["build", "cse", "fuse_wkb", "dce", "mark_head"]
+        );
         assert_eq!(count(&plan, Op::Wkb), 2 * n_layer);
         assert_eq!(count(&plan, Op::Kqkv), 0);
+    }
+
+    /// `gen --plan --backend cpu` records a kernel for every step: the latent attention for each
+    /// `kqkv`, one Q8_K plane for the output head (a `mat_mul` the plan marks), two for the
+    /// other quantized products.
+    #[test]
+    fn plan_with_a_backend_prints_every_steps_kernel() {
+        let mut a = args(None, Format::Text);
+        a.backend = Some(crate::run::BackendName::Cpu);
+        let v: serde_json::Value = serde_json::from_str(&generate(&a).unwrap()).unwrap();
+        let steps = v["steps"].as_array().unwrap();
+        let binding = v["binding"].as_array().unwrap();
+        assert_eq!(v["backend"], "cpu (q8x2)");
+        assert_eq!(binding.len(), steps.len());
+        for (i, (b, s)) in binding.iter().zip(steps).enumerate() {
+            assert_eq!(b["step"], i);
+            assert_eq!(b["op"], s["op"]);
+            assert!(!b["kernel"].as_str().unwrap().is_empty(), "step {i}");
+            if s["op"] == "kqkv" {
+                assert_eq!(b["kernel"], "latent_attention");
+            }
+        }
+        let head = v["output_head"]["step"].as_u64().unwrap() as usize;
+        assert_eq!(steps[head]["op"], "mat_mul");
+        assert_eq!(binding[head]["kernel"], "q8_mat_mul");
+        let variant = |i: usize| binding[i]["variant"].as_str().unwrap().to_string();
+        assert!(variant(head).contains(", 1 plane,"), "{}", variant(head));
+        let other = (0..binding.len())
+            .find(|&i| i != head && binding[i]["kernel"] == "q8_mat_mul")
+            .unwrap();
+        assert!(variant(other).contains(", 2 planes,"), "{}", variant(other));
+
+        a.backend = Some(crate::run::BackendName::Oracle);
+        let v: serde_json::Value = serde_json::from_str(&generate(&a).unwrap()).unwrap();
+        assert!(v["binding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b["kernel"] == "cranelift"));
     }
 
     #[test]
@@ -555,9 +714,9 @@ mod tests {
             let text = generate(&args(Some(stage), Format::Text)).unwrap();
             assert!(text.contains(op), "{stage}: {text}");
         }
-        let mut cpu = args(Some("fuse_kqkv"), Format::Text);
-        cpu.target = TargetArg::Cpu;
-        let e = generate(&cpu).unwrap_err();
+        let mut oracle = args(Some("fuse_kqkv"), Format::Text);
+        oracle.target = TargetArg::Oracle;
+        let e = generate(&oracle).unwrap_err();
         assert!(format!("{e:#}").contains("fuse_kqkv"), "{e:#}");
     }
 

@@ -112,7 +112,7 @@ pub fn run(args: InspectArgs) -> ExitCode {
     match inspect(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", crate::cli::error_text(&e));
+            eprintln!("error: {}", crate::error_text::error_text(&e));
             ExitCode::FAILURE
         }
     }

@@ -21,7 +21,6 @@
 //!    higher likelihood); above 0 → WORSE; otherwise INSUFFICIENT.
 
 use anyhow::{bail, Context};
-use aubier_compiler::CompileOptions;
 use aubier_runtime::engine::Model;
 use aubier_runtime::gguf::{GgufFile, MetaValue};
 use aubier_runtime::model::{read_config, weight_refs};
@@ -97,9 +96,9 @@ pub struct ModelFlags {
     /// `mistral4.expert_used_count=int:2`). Repeatable.
     #[arg(long = "override-kv", value_name = "KEY=TYPE:VALUE", value_parser = parse_kv_override)]
     pub override_kv: Vec<KvOverride>,
-    /// The CPU kernels of this configuration.
+    /// The backend of this configuration.
     #[command(flatten)]
-    pub kernels: crate::run::KernelArgs,
+    pub backend: crate::run::BackendArgs,
 }
 
 /// A configuration string parsed as command-line flags.
@@ -120,7 +119,8 @@ impl ModelFlags {
 
     /// Loads `path` with these flags: opens the GGUF, applies the overrides to its metadata
     /// (an integer or float override keeps the key's existing type), then reads the config,
-    /// compiles and binds the plan as `Model::load` does.
+    /// compiles the plan for the configuration's backend and binds it as `Model::load_with`
+    /// does.
     ///
     /// Errors: the file, an override of a key the file does not have (a misspelt key would
     /// otherwise change nothing) or that does not fit the key's type, the model binding.
@@ -142,8 +142,9 @@ impl ModelFlags {
         }
         let config = read_config(&file)?;
         let refs = weight_refs(&file, &config)?;
-        let plan = aubier_compiler::compile(&config, &refs, &CompileOptions::default())?;
-        Ok(Model::from_plan(Arc::new(file), config, plan)?)
+        let backend = self.backend.kind()?;
+        let plan = aubier_compiler::compile(&config, &refs, &backend.compile_options())?;
+        Ok(Model::from_plan(Arc::new(file), config, plan, backend)?)
     }
 }
 
@@ -298,14 +299,14 @@ pub fn paired_verdict(d: &[f64], margin: f64) -> PairedStats {
 }
 
 /// Teacher-forced NLL of `tokens[i + 1]` at every position `i` (nats), prefilled in chunks, the
-/// weight products and prompt pass size of `kernels`.
+/// model's backend, prompt passes of at most `ubatch` tokens ([`Session::set_ubatch`]).
 ///
 /// Errors: a `chunk` of 0, an id outside the vocabulary (checked before anything runs, with its
 /// position), a position whose logits give no finite NLL (NaN or infinite logits), the session
 /// (KV capacity, execution).
 pub fn teacher_forced_nll(
     model: Arc<Model>,
-    kernels: &crate::run::KernelArgs,
+    ubatch: usize,
     tokens: &[u32],
     chunk: usize,
 ) -> anyhow::Result<Vec<f64>> {
@@ -326,7 +327,7 @@ pub fn teacher_forced_nll(
             kv_max: tokens.len().max(1),
         },
     )?;
-    kernels.apply(&mut session);
+    session.set_ubatch(ubatch);
     let mut nll = Vec::with_capacity(tokens.len().saturating_sub(1));
     for (c, part) in tokens.chunks(chunk).enumerate() {
         let logits = session.step(part)?;
@@ -403,10 +404,10 @@ pub fn run(args: QualityArgs) -> anyhow::Result<()> {
     };
     let total = tokens.len();
     tokens.truncate(limit);
-    let nll_a = teacher_forced_nll(model_a, &flags_a.kernels, &tokens, args.chunk)
+    let nll_a = teacher_forced_nll(model_a, flags_a.backend.ubatch, &tokens, args.chunk)
         .context("configuration A")?;
     let model_b = flags_b.load(&args.model).context("configuration B")?;
-    let nll_b = teacher_forced_nll(model_b, &flags_b.kernels, &tokens, args.chunk)
+    let nll_b = teacher_forced_nll(model_b, flags_b.backend.ubatch, &tokens, args.chunk)
         .context("configuration B")?;
     let d: Vec<f64> = nll_b.iter().zip(&nll_a).map(|(b, a)| b - a).collect();
     let stats = paired_verdict(&d, args.margin);

@@ -1,9 +1,10 @@
-//! `aubier run`: one prompt through the model on the CPU oracle, from the command line. It drives the
-//! same `Session` and decode loop (`aubier_runtime::generate`) as the server.
+//! `aubier run`: one prompt through the model on a backend (`--backend`), from the command line.
+//! It drives the same `Session` and decode loop (`aubier_runtime::generate`) as the server.
 
 use anyhow::{bail, Context};
+use aubier_runtime::backend::cpu::CpuNumerics;
+use aubier_runtime::backend::BackendKind;
 use aubier_runtime::engine::Model;
-use aubier_runtime::fastpath::CpuKernels;
 use aubier_runtime::generate::{generate, FinishReason, GenerateParams};
 use aubier_runtime::sampler::SamplingParams;
 use aubier_runtime::session::{Session, SessionOptions};
@@ -42,9 +43,10 @@ pub struct Loaded {
 }
 
 impl PromptArgs {
-    /// Loads the model and resolves the prompt. Errors: the file, the tokenizer, or no prompt.
-    pub fn load(&self) -> anyhow::Result<Loaded> {
-        let model = Model::load(&self.model)
+    /// Loads the model for `backend` and resolves the prompt. Errors: the file, the binding,
+    /// the tokenizer, or no prompt.
+    pub fn load(&self, backend: BackendKind) -> anyhow::Result<Loaded> {
+        let model = Model::load_with(&self.model, backend)
             .with_context(|| format!("loading {}", self.model.display()))?;
         let tokenizer = Tokenizer::from_gguf(&model.file).ok();
         let prompt: Vec<u32> = match (&self.prompt_ids, &self.prompt) {
@@ -70,16 +72,24 @@ impl PromptArgs {
     }
 }
 
-/// The CPU executor's kernel choice, shared by `aubier run`, `serve`, `bench` and the
-/// configurations of `aubier quality` (`#[command(flatten)]`).
-#[derive(Args, Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KernelArgs {
-    /// Kernels of the weight products: `q8x2` (default: activations as two Q8_K planes, value and
-    /// residual, integer SIMD dots — `aubier quality` EQUIVALENT to the oracle, see
-    /// docs/BENCHMARKS.md), `q8` (one plane, as llama.cpp's CPU backend: faster, measurably
-    /// less exact) or `oracle` (f32 activations, the numerics reference).
-    #[arg(long, default_value_t = DEFAULT_CPU_KERNELS, value_parser = parse_cpu_kernels)]
-    pub cpu_kernels: CpuKernels,
+/// The backend and its options, shared by `aubier run`, `serve`, `bench` and the configurations
+/// of `aubier quality` (`#[command(flatten)]`); [`BackendArgs::kind`] resolves them.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct BackendArgs {
+    /// Backend: `cpu` (default: SIMD kernels over Q8_K activations, latent attention fused —
+    /// `aubier quality` EQUIVALENT to the oracle under q8x2, see docs/BENCHMARKS.md) or `oracle`
+    /// (the cranelift lowering of the unfused plan, f32 activations: the numerics reference).
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendName>,
+    /// Numerics of the cpu backend: `q8x2` (default: each activation as two Q8_K planes, value
+    /// and residual) or `q8` (one plane, as llama.cpp's CPU backend: faster, measurably less
+    /// exact).
+    #[arg(long, value_parser = parse_cpu_numerics)]
+    pub cpu_numerics: Option<CpuNumerics>,
+    /// Deprecated alias: `oracle` = `--backend oracle`, `q8x2` / `q8` = `--backend cpu
+    /// --cpu-numerics q8x2 / q8`.
+    #[arg(long, value_name = "oracle|q8x2|q8", conflicts_with_all = ["backend", "cpu_numerics"])]
+    pub cpu_kernels: Option<String>,
     /// Most prompt tokens per forward pass (llama.cpp's `--ubatch-size`): a longer prompt runs
     /// in equal passes of at most this many tokens, which bounds its activation memory; the
     /// logits do not change. 0 runs a prompt in one pass.
@@ -87,39 +97,63 @@ pub struct KernelArgs {
     pub ubatch: usize,
 }
 
-/// The command line's kernels: `q8x2`, the fastest with an EQUIVALENT `aubier quality` verdict.
-const DEFAULT_CPU_KERNELS: CpuKernels = CpuKernels::Q8x2;
+/// `--backend`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendName {
+    /// The cpu backend (the product path).
+    Cpu,
+    /// The cranelift oracle.
+    Oracle,
+}
+
 /// The command line's prompt pass size: llama.cpp's default `n_ubatch`.
 const DEFAULT_UBATCH: usize = 512;
 
-impl Default for KernelArgs {
-    /// [`DEFAULT_CPU_KERNELS`] and [`DEFAULT_UBATCH`], as the command line.
+impl Default for BackendArgs {
+    /// The default backend and [`DEFAULT_UBATCH`], as the command line.
     fn default() -> Self {
-        KernelArgs {
-            cpu_kernels: DEFAULT_CPU_KERNELS,
+        BackendArgs {
+            backend: None,
+            cpu_numerics: None,
+            cpu_kernels: None,
             ubatch: DEFAULT_UBATCH,
         }
     }
 }
 
-impl KernelArgs {
-    /// `store` with the fast store's expert copies interleaved for the fast path's decode
-    /// kernels, unless the kernels are the oracle's (which read the file's layout).
-    pub fn store_options(&self, store: StoreOptions) -> StoreOptions {
-        StoreOptions {
-            interleave: self.cpu_kernels != CpuKernels::Oracle,
-            ..store
+impl BackendArgs {
+    /// The backend these flags name ([`BackendKind::default`] when none), printing a warning
+    /// on stderr for the deprecated `--cpu-kernels`.
+    ///
+    /// Errors: `--cpu-numerics` with `--backend oracle`; an unknown `--cpu-kernels` value.
+    pub fn kind(&self) -> anyhow::Result<BackendKind> {
+        if let Some(old) = &self.cpu_kernels {
+            let kind = match old.as_str() {
+                "oracle" => BackendKind::Oracle,
+                other => BackendKind::Cpu(other.parse().map_err(|_| {
+                    anyhow::anyhow!(
+                        "--cpu-kernels: unknown value `{old}` (expected oracle, q8x2 or q8)"
+                    )
+                })?),
+            };
+            let new = match kind {
+                BackendKind::Oracle => "--backend oracle".to_string(),
+                BackendKind::Cpu(n) => format!("--backend cpu --cpu-numerics {n}"),
+            };
+            eprintln!("warning: --cpu-kernels is deprecated; use {new}");
+            return Ok(kind);
         }
-    }
-
-    /// Sets `session`'s weight-product kernels and prompt pass size.
-    pub fn apply(&self, session: &mut Session) {
-        session.set_cpu_kernels(self.cpu_kernels);
-        session.set_ubatch(self.ubatch);
+        match (self.backend, self.cpu_numerics) {
+            (Some(BackendName::Oracle), Some(n)) => {
+                bail!("--cpu-numerics {n} applies to the cpu backend, not --backend oracle")
+            }
+            (Some(BackendName::Oracle), None) => Ok(BackendKind::Oracle),
+            (_, n) => Ok(BackendKind::Cpu(n.unwrap_or_default())),
+        }
     }
 }
 
-fn parse_cpu_kernels(s: &str) -> Result<CpuKernels, String> {
+fn parse_cpu_numerics(s: &str) -> Result<CpuNumerics, String> {
     s.parse()
 }
 
@@ -157,9 +191,10 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
-    /// The runtime options (copies in the file's layout: [`KernelArgs::store_options`] decides
-    /// the interleaving). Errors: the resident-set file cannot be read or parsed.
-    pub fn options(&self) -> anyhow::Result<StoreOptions> {
+    /// The runtime options for `backend` (the experts' copies interleaved for the cpu
+    /// backend's decode kernels, in the file's layout for the oracle). Errors: the resident-set
+    /// file cannot be read or parsed.
+    pub fn options(&self, backend: BackendKind) -> anyhow::Result<StoreOptions> {
         let budget = match (self.n_res, self.fast_budget) {
             (Some(n), _) => FastBudget::Slots(n),
             (None, Some(b)) => FastBudget::Bytes(b),
@@ -180,7 +215,7 @@ impl StoreArgs {
             a1out: self.a1out,
             max_promotions: self.max_promotions,
             reset: self.reset,
-            interleave: false,
+            interleave: matches!(backend, BackendKind::Cpu(_)),
         })
     }
 }
@@ -249,25 +284,26 @@ pub struct RunArgs {
     /// The split expert store.
     #[command(flatten)]
     pub store: StoreArgs,
-    /// The CPU kernels.
+    /// The backend.
     #[command(flatten)]
-    pub kernels: KernelArgs,
+    pub backend: BackendArgs,
 }
 
 /// Runs `aubier run`.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let backend = args.backend.kind()?;
     let Loaded {
         model,
         tokenizer,
         prompt,
-    } = args.input.load()?;
+    } = args.input.load(backend)?;
     let opts = match args.kv_max {
         Some(kv_max) => SessionOptions { kv_max },
         None => SessionOptions::for_config(&model.config),
     };
-    let store = args.kernels.store_options(args.store.options()?);
+    let store = args.store.options(backend)?;
     let mut session = Session::open_with_store(model.clone(), opts, &store)?;
-    args.kernels.apply(&mut session);
+    session.set_ubatch(args.backend.ubatch);
     let params = GenerateParams {
         max_tokens: args.max_tokens,
         sampling: SamplingParams {

@@ -1,7 +1,7 @@
 //! `aubier trace`: records the routing of every token of one generation as a JSONL routing trace
 //! (`aubier_runtime::store::trace` format: one object per token, in order), for `aubier replay`.
 
-use crate::run::{Loaded, PromptArgs};
+use crate::run::{BackendArgs, Loaded, PromptArgs};
 use anyhow::Context;
 use aubier_runtime::generate::{generate, GenerateParams};
 use aubier_runtime::sampler::SamplingParams;
@@ -26,6 +26,9 @@ pub struct TraceArgs {
     /// Where to write the trace (JSONL).
     #[arg(long)]
     pub out: PathBuf,
+    /// The backend whose routing is recorded.
+    #[command(flatten)]
+    pub backend: BackendArgs,
 }
 
 /// Runs `aubier trace`: prefill + greedy decode with routing recorded, then one trace line per
@@ -35,9 +38,10 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         model,
         tokenizer,
         prompt,
-    } = args.input.load()?;
+    } = args.input.load(args.backend.kind()?)?;
     let cfg = model.config.clone();
     let mut session = Session::open(model, SessionOptions::for_config(&cfg))?;
+    session.set_ubatch(args.backend.ubatch);
     session.record_routing(true);
     let params = GenerateParams {
         max_tokens: args.max_tokens,

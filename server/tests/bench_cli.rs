@@ -34,7 +34,12 @@ fn json_report_on_the_bundled_model() {
     assert!(v["peak_rss_bytes"].as_u64().unwrap() > 1 << 20);
     let served = v["served_fraction"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&served));
-    assert_eq!(v["cpu_kernels"], "q8x2");
+    assert_eq!(v["backend"], "cpu (q8x2)");
+    let isa = v["isa"].as_str().unwrap();
+    assert!(
+        ["amx", "avx512-vnni", "avx2", "scalar"].contains(&isa),
+        "{isa}"
+    );
     let components = [
         "attention",
         "router",

@@ -25,7 +25,7 @@ fn logits_out_writes_every_prompt_row_and_max_tokens_zero_runs_the_prompt_only()
             "--max-tokens",
             "0",
             "--json",
-            "--cpu-kernels",
+            "--backend",
             "oracle",
             "--logits-out",
         ])
@@ -70,6 +70,12 @@ fn greedy_json_matches_the_reference_chain_and_bad_input_is_an_error() {
         .output()
         .expect("runs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The deprecated spelling still works, and says so.
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--cpu-kernels is deprecated; use --backend oracle"),
+        "{err}"
+    );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(json_ids(&v, "generated_ids"), expected);
     assert!(v["text"].is_string());
@@ -83,6 +89,31 @@ fn greedy_json_matches_the_reference_chain_and_bad_input_is_an_error() {
     assert!(!bad.status.success());
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("999999"), "error names the bad id: {err}");
+}
+
+#[test]
+fn backend_flags_that_contradict_each_other_are_errors() {
+    for (args, says) in [
+        (
+            &["--backend", "oracle", "--cpu-numerics", "q8"][..],
+            "--cpu-numerics q8 applies to the cpu backend",
+        ),
+        (
+            &["--cpu-kernels", "q8", "--backend", "cpu"][..],
+            "cannot be used with",
+        ),
+        (&["--cpu-kernels", "q4"][..], "unknown value `q4`"),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
+            .args(["run", "--prompt-ids", "1", "--max-tokens", "1", "--model"])
+            .arg(models_dir().join("ms4-tiny256-q2k.gguf"))
+            .args(args)
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
 }
 
 #[test]

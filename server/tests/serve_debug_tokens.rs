@@ -7,6 +7,7 @@
 
 mod serve_common;
 
+use aubier_runtime::backend::BackendKind;
 use aubier_runtime::engine::Model;
 use aubier_runtime::store::expert_store::{FastBudget, StoreOptions};
 use aubier_server::serve::real::RealEngine;
@@ -72,14 +73,16 @@ async fn debug_tokens_equal_aubier_run_and_the_reference_chain_first_and_after_r
     let expected = ids(&reference["generated_ids"]);
     let n = expected.len();
 
-    let model = Model::load(&bundled_model()).expect("load the bundled model");
+    // The oracle: its greedy chain is held to transformers' exactly.
+    let model =
+        Model::load_with(&bundled_model(), BackendKind::Oracle).expect("load the bundled model");
     let kv_max = model.config.n_ctx_train.min(4096);
     let store = StoreOptions {
         budget: FastBudget::Slots(4),
         a1in: 0.0,
         ..StoreOptions::default()
     };
-    let engine = RealEngine::open(model, kv_max, &store).expect("session");
+    let engine = RealEngine::open(model, kv_max, &store, 0).expect("session");
     let srv = start(Box::new(engine), None, limits()).await;
 
     let first = debug_tokens(&srv, &prefix, n).await;

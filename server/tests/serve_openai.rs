@@ -137,7 +137,10 @@ async fn async_openai_against_the_fake_engine() {
 async fn async_openai_against_the_real_engine() {
     let model = Model::load(&bundled_model()).expect("load the bundled model");
     let kv_max = model.config.n_ctx_train.min(4096);
-    let engine = RealEngine::open(model, kv_max, &StoreOptions::default()).expect("session");
+    // What `aubier serve` runs by default: the default backend, store and prompt pass size.
+    let ubatch = aubier_server::run::BackendArgs::default().ubatch;
+    let engine =
+        RealEngine::open(model, kv_max, &StoreOptions::default(), ubatch).expect("session");
     let srv = start(Box::new(engine), None, limits()).await;
     exercise(&srv, 8).await;
     srv.stop().await;

@@ -66,16 +66,32 @@ pub fn model_path(file: &str) -> PathBuf {
     }
 }
 
-/// The bundled model `models/ms4-tiny256-q2k.gguf`, loaded once per test binary and shared.
+/// The bundled model `models/ms4-tiny256-q2k.gguf` on the default backend (the product path),
+/// loaded once per test binary and shared.
 pub fn bundled_model() -> std::sync::Arc<aubier_runtime::engine::Model> {
-    static MODEL: std::sync::OnceLock<std::sync::Arc<aubier_runtime::engine::Model>> =
-        std::sync::OnceLock::new();
-    MODEL
-        .get_or_init(|| {
-            aubier_runtime::engine::Model::load(&models_dir().join("ms4-tiny256-q2k.gguf"))
-                .expect("bundled model loads")
-        })
-        .clone()
+    bundled_model_on(aubier_runtime::backend::BackendKind::default())
+}
+
+/// The bundled model bound to `backend`, loaded once per test binary and backend and shared.
+pub fn bundled_model_on(
+    backend: aubier_runtime::backend::BackendKind,
+) -> std::sync::Arc<aubier_runtime::engine::Model> {
+    use aubier_runtime::engine::Model;
+    use std::sync::{Arc, Mutex, OnceLock};
+    type Loaded = Mutex<Vec<(String, Arc<Model>)>>;
+    static MODELS: OnceLock<Loaded> = OnceLock::new();
+    let key = backend.to_string();
+    let mut models = MODELS
+        .get_or_init(|| Mutex::new(Vec::new()))
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some((_, m)) = models.iter().find(|(k, _)| *k == key) {
+        return Arc::clone(m);
+    }
+    let model = Model::load_with(&models_dir().join("ms4-tiny256-q2k.gguf"), backend)
+        .expect("bundled model loads");
+    models.push((key, Arc::clone(&model)));
+    model
 }
 
 /// Runs a clang-19 tool (`clang-19`, `clang++-19`) with `args` then `source`. A missing compiler

@@ -6,6 +6,7 @@ pub mod dce;
 pub mod fuse_kqkv;
 pub mod fuse_phase;
 pub mod fuse_wkb;
+pub mod mark_head;
 
 use crate::error::CompileError;
 use crate::infer::infer_node;
@@ -29,7 +30,7 @@ pub struct Pass {
 /// the fusions, then DCE (which removes what the fusions left unread). KQKV runs before PHASE
 /// because a `phase` replaces a `cache_write` only once every reader of that write is a `kqkv`
 /// (the fused node has no cache-view output for unfused readers); WKB runs last so that it sees
-/// the absorbed query whether or not PHASE rebuilt it.
+/// the absorbed query whether or not PHASE rebuilt it. `mark_head` runs on the final graph.
 pub const PASSES: &[Pass] = &[
     Pass {
         name: "cse",
@@ -55,6 +56,11 @@ pub const PASSES: &[Pass] = &[
         name: "dce",
         flag: None,
         run: dce::run,
+    },
+    Pass {
+        name: "mark_head",
+        flag: None,
+        run: mark_head::run,
     },
 ];
 

@@ -270,6 +270,19 @@ impl CpuProgram {
     /// [`LowerError::Weight`] for a weight whose type has no kernels or whose `ne` is unusable;
     /// [`LowerError::Isa`] / [`LowerError::Codegen`] from cranelift.
     pub fn compile(plan: &Plan, host: &HostSymbols) -> Result<CpuProgram, LowerError> {
+        CpuProgram::compile_steps(plan, host, |_| true)
+    }
+
+    /// [`CpuProgram::compile`] lowering only the steps `lower` selects (by step index); every
+    /// other step gets a [`CompiledStep`] without kernels, checks or tables, for a backend that
+    /// runs it with a kernel of its own (a fused step of the CPU backend).
+    ///
+    /// Errors: those of [`CpuProgram::compile`] for the selected steps.
+    pub fn compile_steps(
+        plan: &Plan,
+        host: &HostSymbols,
+        lower: impl Fn(usize) -> bool,
+    ) -> Result<CpuProgram, LowerError> {
         let weights = plan
             .weights
             .iter()
@@ -283,7 +296,15 @@ impl CpuProgram {
             .steps
             .iter()
             .enumerate()
-            .map(|(i, step)| lower::lower_step(&cx, i, step))
+            .map(|(i, step)| match lower(i) {
+                true => lower::lower_step(&cx, i, step),
+                false => Ok(lower::StepSpec {
+                    kernels: Vec::new(),
+                    scratch: Extent::fixed(0),
+                    checks: Vec::new(),
+                    expert_tables: Vec::new(),
+                }),
+            })
             .collect::<Result<Vec<_>, _>>()?;
 
         let mut module = new_module(host)?;

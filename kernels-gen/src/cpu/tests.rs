@@ -235,6 +235,7 @@ impl OneStep {
                 args: self.args,
                 out: id,
             }],
+            output_head: None,
         };
         (plan, self.weights)
     }

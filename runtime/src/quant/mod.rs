@@ -35,7 +35,6 @@ mod kquants;
 mod legacy;
 #[cfg(target_arch = "x86_64")]
 mod legacy_avx512;
-pub mod q8;
 pub mod random;
 mod ternary;
 
@@ -476,7 +475,7 @@ pub fn dot_rows(ty: GgmlType, src: &[u8], x: &[f32], y: &mut [f32]) -> Result<()
 /// Reads the little-endian f16 at byte `at` and widens it to f32 (ggml `GGML_FP16_TO_FP32`;
 /// exact, via `half`).
 #[inline(always)]
-fn f16_at<const B: usize>(block: &[u8; B], at: usize) -> f32 {
+pub(crate) fn f16_at<const B: usize>(block: &[u8; B], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([block[at], block[at + 1]])).to_f32()
 }
 

@@ -27,16 +27,17 @@
 //! [`ResetMode::Exact`] [`ExpertStore::reset`] restores both before each request (copying back the
 //! experts that left) and reports how long it took; [`ResetMode::None`] keeps them.
 
-use super::hotset::{HotSet, HotSetError};
+use super::hotset::HotSet;
 use super::policy::{
     Access, Lfu, Lru, Policy, PolicyError, PolicyKind, Snapshot, StaticSet, TwoQ, TwoQParams,
 };
-use crate::engine::Model;
-use crate::executor::ExpertSource;
-use crate::ggml_type::GgmlType;
-use crate::quant::q8::{
+use crate::backend::cpu::q8::{
     deinterleave_rows, interleave_rows, q8_interleaved_fn, q8_rows_fn, INTERLEAVE_ROWS,
 };
+use crate::backend::{BackendKind, ExpertSource};
+use crate::engine::Model;
+use crate::error::StoreError;
+use crate::ggml_type::GgmlType;
 use aubier_compiler::ops::Op;
 use aubier_compiler::plan::{Operand, WeightId};
 use aubier_compiler::types::{Attrs, WeightRef};
@@ -119,17 +120,19 @@ pub struct StoreOptions {
     /// Between requests.
     pub reset: ResetMode,
     /// Copies of Q2_K / Q3_K expert tensors in the interleaved layout of the decode kernels
-    /// ([`crate::quant::q8::interleave_rows`]) where the CPU has them: for the fast path
-    /// (`--cpu-kernels q8x2 | q8`), whose decode then streams each group of rows in address
-    /// order with no transpose. The oracle reads such experts from the host alias instead. Also
-    /// copies the dense `mat_mul` weights into huge pages for the fast path: interleaved where
-    /// they have such kernels, else (the Q6_K output head) as the file's bytes (`dense_copies`).
+    /// ([`crate::backend::cpu::q8::interleave_rows`]) where the CPU has them: for the `cpu`
+    /// backend, whose decode then streams each group of rows in address order with no
+    /// transpose. The oracle reads such experts from the host alias instead. Also copies the
+    /// dense `mat_mul` weights into huge pages for the `cpu` backend: interleaved where they
+    /// have such kernels, else (the Q6_K output head) as the file's bytes (`dense_copies`).
+    /// On by default (the product path); it applies to a model bound to the `cpu` backend only
+    /// (the oracle reads the file's layout, in place).
     pub interleave: bool,
 }
 
 impl Default for StoreOptions {
     /// [`FastBudget::Auto`], identity seed, 2Q with the paper's fractions, no cap, exact reset,
-    /// copies in the file's layout.
+    /// interleaved copies (the `cpu` backend's layout).
     fn default() -> Self {
         StoreOptions {
             budget: FastBudget::Auto,
@@ -139,59 +142,9 @@ impl Default for StoreOptions {
             a1out: TwoQParams::PAPER_A1OUT,
             max_promotions: None,
             reset: ResetMode::Exact,
-            interleave: false,
+            interleave: true,
         }
     }
-}
-
-/// Errors of building or driving the store.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// `--n-res` above the experts of a layer.
-    #[error("--n-res {n_res} exceeds the {n_expert} experts of a layer")]
-    TooManySlots {
-        /// Slots asked for.
-        n_res: usize,
-        /// Experts per layer.
-        n_expert: usize,
-    },
-    /// `--policy min` (needs the future).
-    #[error(
-        "policy `min` is an offline oracle (it reads the whole trace); use it with `aubier replay`"
-    )]
-    OfflinePolicy,
-    /// The resident set does not fit the model.
-    #[error(transparent)]
-    HotSet(#[from] HotSetError),
-    /// A policy refused its knobs, seed or an access.
-    #[error("layer {layer}: {source}")]
-    Policy {
-        /// 0-based MoE layer.
-        layer: usize,
-        /// What the policy said.
-        source: PolicyError,
-    },
-    /// The plan's MoE steps are not what the store expects (layers, expert counts).
-    #[error("plan: {0}")]
-    Plan(String),
-    /// A routed id is outside the layer's experts.
-    #[error("layer {layer}: routed expert id {id} is outside 0..{n_expert}")]
-    Routed {
-        /// 0-based MoE layer.
-        layer: usize,
-        /// The id.
-        id: i64,
-        /// Experts per layer.
-        n_expert: usize,
-    },
-    /// The fast store cannot be allocated.
-    #[error("allocating the fast store ({bytes} bytes): {source}")]
-    Alloc {
-        /// Bytes asked for.
-        bytes: usize,
-        /// The OS error.
-        source: std::io::Error,
-    },
 }
 
 /// What one request did with the store (`aubier run --json`'s `store`, the server's log line).
@@ -301,6 +254,8 @@ impl ExpertStore {
             return Err(StoreError::OfflinePolicy);
         }
         let n_weights = model.plan.weights.len();
+        // Only the cpu backend reads the copies of dense weights and interleaved experts.
+        let interleave = opts.interleave && matches!(model.backend(), BackendKind::Cpu(_));
         let mut layers: Vec<Layer> = Vec::new();
         let mut n_expert = None;
         for (step, cs) in model.plan.steps.iter().zip(model.program().steps()) {
@@ -337,8 +292,7 @@ impl ExpertStore {
                     weight,
                     expert_bytes: t.expert_bytes,
                     offset,
-                    interleave: opts
-                        .interleave
+                    interleave: interleave
                         .then(|| interleavable(&model.plan.weights[weight], t.expert_bytes))
                         .flatten(),
                 });
@@ -398,7 +352,7 @@ impl ExpertStore {
             None
         };
 
-        let (dense, dense_at) = if opts.interleave {
+        let (dense, dense_at) = if interleave {
             dense_copies(&model, &by_weight)?
         } else {
             (None, vec![None; n_weights])

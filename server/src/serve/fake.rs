@@ -9,7 +9,7 @@
 //! is the real one, shared with the real engine.
 
 use super::engine::{Engine, EngineFailure};
-use aubier_runtime::engine::EngineError;
+use aubier_runtime::error::EngineError;
 use aubier_runtime::generate::{generate, GenerateOutput, GenerateParams, Stepper};
 use serde::Deserialize;
 use std::ops::ControlFlow;

@@ -100,9 +100,9 @@ pub struct ServeArgs {
     /// The split expert store (real engine).
     #[command(flatten)]
     pub store: crate::run::StoreArgs,
-    /// The CPU kernels (real engine).
+    /// The backend (real engine).
     #[command(flatten)]
-    pub kernels: crate::run::KernelArgs,
+    pub backend: crate::run::BackendArgs,
 }
 
 /// Errors of `aubier serve` before or after serving.
@@ -199,11 +199,12 @@ pub fn model_id_of(path: &Path) -> String {
 /// The fake engine's script when no `--fake-script` is given.
 pub const DEFAULT_FAKE_TEXT: &str = "This is aubier's fake engine: scripted tokens, no model.";
 
+/// What [`load_engine`] loads: the text side, the engine and, for the real engine, the name of its
+/// backend (`cpu (q8x2)`, `oracle`).
+type Loaded = (Arc<TextModel>, Box<dyn Engine>, Option<String>);
+
 /// Loads the text side and the chosen engine from `path`.
-fn load_engine(
-    path: &Path,
-    args: &ServeArgs,
-) -> Result<(Arc<TextModel>, Box<dyn Engine>), ServeError> {
+fn load_engine(path: &Path, args: &ServeArgs) -> Result<Loaded, ServeError> {
     let load_err = |message: String| ServeError::Load {
         path: path.display().to_string(),
         message,
@@ -213,20 +214,22 @@ fn load_engine(
             if args.fake_script.is_some() {
                 return Err(ServeError::ScriptWithoutFake);
             }
-            let model = Model::load(path).map_err(|e| load_err(e.to_string()))?;
+            let backend = args
+                .backend
+                .kind()
+                .map_err(|e| load_err(crate::error_text::error_text(&e)))?;
+            let model = Model::load_with(path, backend).map_err(|e| load_err(e.to_string()))?;
             let text = TextModel::from_gguf(&model.file).map_err(|e| load_err(e.to_string()))?;
             let kv_max = args
                 .kv_max
                 .unwrap_or_else(|| model.config.n_ctx_train.min(DEFAULT_KV_MAX));
-            let store = args.kernels.store_options(
-                args.store
-                    .options()
-                    .map_err(|e| load_err(crate::cli::error_text(&e)))?,
-            );
-            let engine = real::RealEngine::open(model, kv_max, &store)
-                .map_err(|e| load_err(e.to_string()))?
-                .with_kernels(&args.kernels);
-            Ok((Arc::new(text), Box::new(engine)))
+            let store = args
+                .store
+                .options(backend)
+                .map_err(|e| load_err(crate::error_text::error_text(&e)))?;
+            let engine = real::RealEngine::open(model, kv_max, &store, args.backend.ubatch)
+                .map_err(|e| load_err(e.to_string()))?;
+            Ok((Arc::new(text), Box::new(engine), Some(backend.to_string())))
         }
         EngineKind::Fake => {
             let file = GgufFile::open(path).map_err(|e| load_err(e.to_string()))?;
@@ -257,7 +260,7 @@ fn load_engine(
                 text.tokenizer().n_vocab(),
                 text.tokenizer().eos_id(),
             );
-            Ok((Arc::new(text), Box::new(engine)))
+            Ok((Arc::new(text), Box::new(engine), None))
         }
     }
 }
@@ -311,7 +314,7 @@ fn serve_blocking(args: ServeArgs) -> Result<(), ServeError> {
     let lock = LockFile::acquire(&lock_path, Duration::from_millis(args.lock_wait_ms))?;
     let path = resolve_model(args.model.as_deref())?;
     let model_id = args.model_id.clone().unwrap_or_else(|| model_id_of(&path));
-    let (text, engine) = load_engine(&path, &args)?;
+    let (text, engine, backend) = load_engine(&path, &args)?;
     let metrics = Arc::new(Metrics::default());
     let engine = EngineHandle::spawn(engine, text.clone(), metrics.clone())
         .map_err(io_err("starting the engine thread"))?;
@@ -335,10 +338,10 @@ fn serve_blocking(args: ServeArgs) -> Result<(), ServeError> {
             .local_addr()
             .map_err(io_err("reading the bound address"))?;
         eprintln!(
-            "aubier serve: listening on http://{addr} (model id {model_id}, {}, engine {:?}, CPU kernels {}, kv_max {kv_max}, lock {})",
+            "aubier serve: listening on http://{addr} (model id {model_id}, {}, engine {:?}, backend {}, kv_max {kv_max}, lock {})",
             path.display(),
             args.engine,
-            args.kernels.cpu_kernels,
+            backend.as_deref().unwrap_or("none"),
             lock.path().display()
         );
         serve(listener, state, shutdown_signal())

@@ -2,7 +2,8 @@
 //! `aubier_runtime::generate::generate`, the one decode loop `aubier run` uses too.
 
 use super::engine::{Engine, EngineFailure};
-use aubier_runtime::engine::{EngineError, Model};
+use aubier_runtime::engine::Model;
+use aubier_runtime::error::EngineError;
 use aubier_runtime::generate::{generate, GenerateOutput, GenerateParams};
 use aubier_runtime::session::{Session, SessionOptions};
 use aubier_runtime::store::expert_store::{StoreOptions, StoreReport};
@@ -23,7 +24,8 @@ impl std::fmt::Debug for RealEngine {
 }
 
 impl RealEngine {
-    /// Opens a session of `kv_max` tokens on `model` with the expert store `store`.
+    /// Opens a session of `kv_max` tokens on `model` with the expert store `store`, running
+    /// prompts in passes of at most `ubatch` tokens ([`Session::set_ubatch`]).
     ///
     /// Errors: the session's [`EngineError`] (e.g. a KV cache that cannot be allocated, a store
     /// that cannot be built).
@@ -31,16 +33,11 @@ impl RealEngine {
         model: Arc<Model>,
         kv_max: usize,
         store: &StoreOptions,
+        ubatch: usize,
     ) -> Result<RealEngine, EngineError> {
-        Ok(RealEngine {
-            session: Session::open_with_store(model, SessionOptions { kv_max }, store)?,
-        })
-    }
-
-    /// This engine with its session's weight-product kernels and prompt pass size from `kernels`.
-    pub fn with_kernels(mut self, kernels: &crate::run::KernelArgs) -> RealEngine {
-        kernels.apply(&mut self.session);
-        self
+        let mut session = Session::open_with_store(model, SessionOptions { kv_max }, store)?;
+        session.set_ubatch(ubatch);
+        Ok(RealEngine { session })
     }
 }
 

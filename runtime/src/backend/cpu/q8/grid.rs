@@ -44,7 +44,7 @@
 //! thread, cold weights, 20 tokens × 2 planes: Q2_K 118–133 → 149, Q3_K 140 → 155–159 GMAC/s).
 
 use super::lanes::{q2_unpack, q3_unpack, LaneScales};
-use super::tiles::{Q8Tiles, GROUP};
+use super::tiles::{CBuf, Q8Tiles, Unpacked, GROUP};
 use super::vnni::{q2_prep, q3_prep};
 use super::Q8GridFn;
 use crate::ggml_type::GgmlType;
@@ -185,24 +185,6 @@ impl From<super::vnni::Q3> for Scales {
         }
     }
 }
-
-/// One block of 16 unpacked weight rows (256 effective weights each): row by row (row `r` at
-/// `256r`), or with the rows' words in the lanes (word `k` of row `r` at `64k + 4r`, the
-/// interleaved layout's order, [`q2_unpack`]).
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-pub(super) struct Unpacked(pub(super) [u8; GROUP * 256]);
-
-impl Unpacked {
-    /// Row `r` of a row-by-row block.
-    fn row(&mut self, r: usize) -> &mut [u8] {
-        &mut self.0[256 * r..256 * (r + 1)]
-    }
-}
-
-/// Two `C` tiles (16 × 16 i32 each, weight row major).
-#[repr(C, align(64))]
-pub(super) struct CBuf(pub(super) [[i32; GROUP * GROUP]; 2]);
 
 /// The rows of `w` for a grid call with block bytes `bytes`: `Some(n)`, or None after filling `y`
 /// with NaN when the lengths disagree (`debug_assert` in debug builds) — see

@@ -58,11 +58,40 @@ mod vnni;
 
 pub use tiles::{Q8Tiles, GROUP as Q8_TILE_ROWS};
 
-use super::QuantError;
 use crate::ggml_type::GgmlType;
+use crate::quant::QuantError;
 
 /// Elements of one Q8_K block.
 pub const QK_K: usize = 256;
+
+/// The instruction sets the Q8_K kernels dispatch on, as this CPU (and OS, for AMX) offers them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Isa {
+    /// AVX2 with FMA and F16C: the AVX2 dots.
+    pub avx2: bool,
+    /// AVX-512 F/BW/VL/VNNI with the above: the VNNI dots, decode and tile kernels.
+    pub avx512_vnni: bool,
+    /// AMX-TILE and AMX-INT8 granted by the OS, with the above: the AMX tile kernels.
+    pub amx: bool,
+}
+
+/// The [`Isa`] of this CPU, probed once.
+pub fn isa() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        Isa {
+            avx2: avx2::detected(),
+            avx512_vnni: vnni::detected(),
+            amx: amx::detected(),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    Isa {
+        avx2: false,
+        avx512_vnni: false,
+        amx: false,
+    }
+}
 
 /// One Q8_K activation block: 256 values `x ≈ d · qs[i]`; `bsums[j]` = Σ qs[16j .. 16j+16] (i16).
 ///
@@ -509,6 +538,16 @@ fn permute_groups(
         }
     }
     Ok(())
+}
+
+/// The `R` rows' blocks (`nb` of `B` bytes each) of the group `w` (`rb` bytes per row).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn row_blocks<const B: usize, const R: usize>(w: &[u8], rb: usize, nb: usize) -> [&[[u8; B]]; R] {
+    std::array::from_fn(|r| {
+        let (blocks, _) = w[r * rb..(r + 1) * rb].as_chunks::<B>();
+        &blocks[..nb]
+    })
 }
 
 /// `w[from .. to]`, both ends clamped to `w.len()` (empty past the end).

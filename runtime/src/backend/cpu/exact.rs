@@ -47,7 +47,6 @@
 //! Vectors are AVX-512 where the CPU has it, else `[f32; 16]` arrays with the same operations
 //! ([`V16`]): the two give the same bits.
 
-use super::SharedOut;
 use aubier_kernels_gen::cpu::expf::expf;
 use rayon::prelude::*;
 
@@ -383,7 +382,7 @@ fn scores_with(q: &[f32], k: &[f32], y: &mut [f32], w: usize, causal: Option<&[i
         let live = (r0..r0 + nr).map(seen).max().unwrap_or(s).clamp(j0, j1);
         let qg = &q[r0 * w..(r0 + nr) * w];
         if rows < SPLIT_ROWS {
-            crate::quant::q8::prefetch_l2_of(&k[j0 * w..live * w]);
+            crate::backend::cpu::q8::prefetch_l2_of(&k[j0 * w..live * w]);
         }
         let keys = (j0, live);
         let at = (r0, s);
@@ -881,6 +880,34 @@ pub(crate) fn rms_norm(x: &[f32], w: &[f32], y: &mut [f32], eps: f32) {
                 *o = (v * inv) * g;
             }
         });
+}
+
+/// Disjoint-index writes from several threads into one f32 buffer.
+pub(super) struct SharedOut(pub(super) *mut f32, pub(super) usize);
+
+// SAFETY: the callers partition the indices: each index is written by one work item only, and
+// nothing reads the buffer until the parallel loop has joined.
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    pub(super) fn new(v: &mut [f32]) -> Self {
+        SharedOut(v.as_mut_ptr(), v.len())
+    }
+
+    /// The first element, for a kernel that writes a disjoint part through a pointer.
+    pub(super) fn base(&self) -> *mut f32 {
+        self.0
+    }
+
+    /// Writes `v` at `i` (bounds-checked).
+    ///
+    /// # Safety
+    /// No other thread writes or reads index `i` during the parallel loop.
+    pub(super) unsafe fn put(&self, i: usize, v: f32) {
+        assert!(i < self.1, "write {i} outside {}", self.1);
+        // SAFETY: in bounds (checked), exclusive by the caller's contract.
+        unsafe { *self.0.add(i) = v }
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
-//! The Q8 fast path of the CPU executor (`--cpu-kernels q8`, `aubier_runtime::fastpath`) on the
-//! bundled 2-bit model, against the external references of `tests/data/models`:
-//! * it deviates from the exact reference (transformers on the dequantized weights) no more than
+//! The `cpu` backend (`aubier_runtime::backend::cpu`) on the bundled 2-bit model, against the
+//! external references of `tests/data/models`:
+//! * under `q8` numerics it deviates from the exact reference (transformers on the dequantized weights) no more than
 //!   llama.cpp — which also quantizes activations to Q8_K — deviates from it: the mean and the
 //!   99th percentile (nearest rank) of the log-prob errors over llama.cpp's top-20 ids at most
 //!   llama.cpp's own (the peer's deviation is the error budget; nothing here is tuned). The
@@ -12,19 +12,20 @@
 //!   except for the output head's input, one plane) has at most half `q8`'s mean log-prob
 //!   error: the errors carried through the layers shrink 254-fold and only the head's own
 //!   rounding stays, one of the ~20 roundings `q8` accumulates before the logits;
-//! * the path is taken (the model's quantized products qualify), its results do not depend on the
-//!   thread count or on where an expert lives (fast-store copy or mapped file);
-//! * `step_last` returns exactly the last row of `step`, under every kernel choice;
+//! * its kernels are bound (the model's quantized products qualify), its results do not depend on
+//!   the thread count or on where an expert lives (fast-store copy or mapped file);
+//! * `step_last` returns exactly the last row of `step`, under every backend;
 //! * a step run in chunks of `ubatch` tokens (`Session::set_ubatch`, runs of equal size, here
 //!   100 tokens as 7 runs of 14–15 and 4 of 25) gives exactly the logits of the whole step, under
-//!   every kernel choice (every kernel computes a token's row independently of the other rows of
-//!   its run).
+//!   every backend (every kernel computes a token's row independently of the other rows of its
+//!   run).
 
-use aubier_runtime::fastpath::CpuKernels;
+use aubier_runtime::backend::cpu::CpuNumerics;
+use aubier_runtime::backend::BackendKind;
 use aubier_runtime::sampler::argmax;
 use aubier_runtime::session::{Session, SessionOptions};
 use aubier_runtime::store::expert_store::{FastBudget, StoreOptions};
-use aubier_tests::{bundled_model, data_dir, json_ids, read_f32, read_i32, read_json};
+use aubier_tests::{bundled_model_on, data_dir, json_ids, read_f32, read_i32, read_json};
 
 const N_VOCAB: usize = 8192;
 const POSITIONS: usize = 200;
@@ -36,11 +37,17 @@ fn prompt() -> Vec<u32> {
     )
 }
 
-fn session(kernels: CpuKernels, store: &StoreOptions) -> Session {
-    let mut s = Session::open_with_store(bundled_model(), SessionOptions { kv_max: 256 }, store)
-        .expect("session");
-    s.set_cpu_kernels(kernels);
-    s
+const ORACLE: BackendKind = BackendKind::Oracle;
+const Q8: BackendKind = BackendKind::Cpu(CpuNumerics::Q8);
+const Q8X2: BackendKind = BackendKind::Cpu(CpuNumerics::Q8x2);
+
+fn session(kernels: BackendKind, store: &StoreOptions) -> Session {
+    Session::open_with_store(
+        bundled_model_on(kernels),
+        SessionOptions { kv_max: 256 },
+        store,
+    )
+    .expect("session")
 }
 
 /// Log-probabilities of `ids` in `row` (f64 log-sum-exp).
@@ -54,17 +61,21 @@ fn log_probs(row: &[f32], ids: &[i32]) -> Vec<f64> {
 
 /// Per position: top-1 agreement with the exact reference, and the |Δ log-prob| against it of
 /// llama.cpp's top-20 ids under `kernels` (sorted ascending), with llama.cpp's own errors.
-fn errors(kernels: CpuKernels) -> (usize, Vec<f64>, usize, Vec<f64>) {
+fn errors(kernels: BackendKind) -> (usize, Vec<f64>, usize, Vec<f64>) {
     let dir = data_dir().join("models");
     let exact = read_f32(&dir.join("ms4-tiny256-q2k.transformers-dequant.logits.f32"));
     let top_ids = read_i32(&dir.join("ms4-tiny256-q2k.llamacpp.top20_ids.i32"));
     let top_logits = read_f32(&dir.join("ms4-tiny256-q2k.llamacpp.top20_logits.f32"));
     let lse = read_f32(&dir.join("ms4-tiny256-q2k.llamacpp.logsumexp.f32"));
     let mut s = session(kernels, &StoreOptions::default());
-    assert!(
-        s.fast_step_count() > 0,
-        "{kernels}: the fast path takes no step"
-    );
+    let q8_products = s
+        .model()
+        .binding()
+        .steps
+        .iter()
+        .filter(|b| b.choice.kernel == "q8_mat_mul")
+        .count();
+    assert!(q8_products > 0, "{kernels}: no Q8_K product bound");
     let ours = s.step(&prompt()).expect("prefill");
     assert_eq!(ours.len(), POSITIONS * N_VOCAB);
     let (mut ours_top1, mut llama_top1) = (0, 0);
@@ -96,7 +107,7 @@ fn stats(v: &[f64]) -> (f64, f64, f64) {
 
 #[test]
 fn q8_deviates_from_the_exact_reference_no_more_than_llamacpp() {
-    let (ours_top1, ours_err, llama_top1, llama_err) = errors(CpuKernels::Q8);
+    let (ours_top1, ours_err, llama_top1, llama_err) = errors(Q8);
     let (ours_mean, ours_p99, ours_max) = stats(&ours_err);
     let (llama_mean, llama_p99, llama_max) = stats(&llama_err);
     eprintln!(
@@ -116,8 +127,8 @@ fn q8_deviates_from_the_exact_reference_no_more_than_llamacpp() {
 
 #[test]
 fn q8x2_is_at_least_twice_as_close_as_q8() {
-    let (top1, err, _, _) = errors(CpuKernels::Q8x2);
-    let (_, q8_err, _, _) = errors(CpuKernels::Q8);
+    let (top1, err, _, _) = errors(Q8X2);
+    let (_, q8_err, _, _) = errors(Q8);
     let (mean, p99, max) = stats(&err);
     let q8_mean = stats(&q8_err).0;
     eprintln!(
@@ -128,7 +139,7 @@ fn q8x2_is_at_least_twice_as_close_as_q8() {
 }
 
 /// Prefill of 20 tokens then 8 decode steps; the logits' bits.
-fn run_bits(kernels: CpuKernels, store: &StoreOptions) -> Vec<u32> {
+fn run_bits(kernels: BackendKind, store: &StoreOptions) -> Vec<u32> {
     let ids = prompt();
     let mut s = session(kernels, store);
     let mut out = s.step(&ids[..20]).expect("prefill");
@@ -139,11 +150,14 @@ fn run_bits(kernels: CpuKernels, store: &StoreOptions) -> Vec<u32> {
 }
 
 #[test]
-fn fast_paths_do_not_depend_on_threads_or_placement() {
-    let host = StoreOptions::default();
+fn cpu_kernels_do_not_depend_on_threads_or_placement() {
+    let host = StoreOptions {
+        interleave: false,
+        ..StoreOptions::default()
+    };
     let resident = StoreOptions {
         budget: FastBudget::Slots(16),
-        ..StoreOptions::default()
+        ..host.clone()
     };
     let interleaved = StoreOptions {
         interleave: true,
@@ -155,8 +169,8 @@ fn fast_paths_do_not_depend_on_threads_or_placement() {
             .build()
             .expect("pool")
     };
-    let oracle = run_bits(CpuKernels::Oracle, &host);
-    for kernels in [CpuKernels::Q8, CpuKernels::Q8x2] {
+    let oracle = run_bits(ORACLE, &host);
+    for kernels in [Q8, Q8X2] {
         let one = pool(1).install(|| run_bits(kernels, &host));
         let two = pool(2).install(|| run_bits(kernels, &host));
         let three_resident = pool(3).install(|| run_bits(kernels, &resident));
@@ -176,7 +190,7 @@ fn fast_paths_do_not_depend_on_threads_or_placement() {
     }
     // The oracle reads interleaved experts from the host alias: its own bits.
     assert!(
-        run_bits(CpuKernels::Oracle, &interleaved) == oracle,
+        run_bits(ORACLE, &interleaved) == oracle,
         "oracle with an interleaved store"
     );
 }
@@ -184,7 +198,7 @@ fn fast_paths_do_not_depend_on_threads_or_placement() {
 #[test]
 fn step_last_is_the_last_row_of_step() {
     let ids = prompt();
-    for kernels in [CpuKernels::Oracle, CpuKernels::Q8, CpuKernels::Q8x2] {
+    for kernels in [ORACLE, Q8, Q8X2] {
         let mut s = session(kernels, &StoreOptions::default());
         let all = s.step(&ids[..33]).expect("step");
         let all_next = s.step(&ids[33..40]).expect("step");
@@ -202,7 +216,7 @@ fn step_last_is_the_last_row_of_step() {
 #[test]
 fn a_step_in_ubatch_chunks_is_the_whole_step() {
     let ids = prompt();
-    for kernels in [CpuKernels::Oracle, CpuKernels::Q8, CpuKernels::Q8x2] {
+    for kernels in [ORACLE, Q8, Q8X2] {
         let mut whole = session(kernels, &StoreOptions::default());
         let all = whole.step(&ids[..100]).expect("step");
         let next = whole.step(&ids[100..103]).expect("step");

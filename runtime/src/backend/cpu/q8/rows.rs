@@ -48,7 +48,7 @@
 
 use super::avx2::{bsums, load16, load32, sum_lanes8};
 use super::vnni::detected;
-use super::{q3_k_raw_scales, BlockQ8K, Q8RowsFn};
+use super::{q3_k_raw_scales, row_blocks, BlockQ8K, Q8RowsFn};
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
@@ -342,19 +342,6 @@ fn prefetch_share(ahead: &[u8], b: usize, share: usize) {
     } else {
         super::prefetch(part);
     }
-}
-
-/// The `R` rows' blocks (`nb` of `B` bytes each) of the group `w` (`rb` bytes per row).
-#[inline(always)]
-pub(super) fn row_blocks<const B: usize, const R: usize>(
-    w: &[u8],
-    rb: usize,
-    nb: usize,
-) -> [&[[u8; B]]; R] {
-    std::array::from_fn(|r| {
-        let (blocks, _) = w[r * rb..(r + 1) * rb].as_chunks::<B>();
-        &blocks[..nb]
-    })
 }
 
 /// Q2_K, `R` rows × `P` planes (`R·P ≤ 8`).

@@ -16,8 +16,7 @@
 //! XFEATURE_XTILEDATA)`), asked once per process. Source for the instruction semantics: Intel 64
 //! and IA-32 Architectures Software Developer's Manual, vol. 2, `TDPBUSD`, `TILELOADD`, `LDTILECFG`.
 
-use super::grid::{CBuf, Unpacked};
-use super::tiles::{Q8Tiles, Tile, GROUP};
+use super::tiles::{CBuf, Q8Tiles, Tile, Unpacked, GROUP};
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;

@@ -19,21 +19,26 @@
 
 #![allow(non_snake_case)] // the kernels keep ggml's type names (q2_K)
 
-use super::super::grids::{IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};
 use super::{
     dot_blocks, k4_scales_mins, q3_k_raw_scales, value_d, value_dmin, value_iq2, value_legacy,
     BlockQ8K, Q8DotFn,
 };
 use crate::ggml_type::GgmlType;
+use aubier_kernels_gen::quant_grids::{IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};
 use std::arch::x86_64::*;
 
-/// The AVX2 kernel of `ty`, or None when `ty` has none or the CPU lacks AVX2, FMA or F16C
-/// (F16C, for the f16 block scales, is on every AVX2 CPU).
-pub(super) fn dot_fn(ty: GgmlType) -> Option<Q8DotFn> {
-    if !(is_x86_feature_detected!("avx2")
+/// Whether the CPU has AVX2, FMA and F16C (F16C, for the f16 block scales, is on every AVX2
+/// CPU).
+pub(super) fn detected() -> bool {
+    is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c"))
-    {
+        && is_x86_feature_detected!("f16c")
+}
+
+/// The AVX2 kernel of `ty`, or None when `ty` has none or the CPU lacks the features of
+/// [`detected`].
+pub(super) fn dot_fn(ty: GgmlType) -> Option<Q8DotFn> {
+    if !detected() {
         return None;
     }
     // SAFETY (for every wrapper below): the wrappers call `#[target_feature(enable =

@@ -5,13 +5,13 @@
 
 #![allow(non_snake_case)] // the kernels keep ggml's type names (q2_K)
 
-use super::super::f16_at;
-use super::super::grids::{IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};
 use super::{
     dot_blocks, k4_scales_mins, q3_k_raw_scales, value_d, value_dmin, value_iq2, value_legacy,
     BlockQ8K, Q8DotFn,
 };
 use crate::ggml_type::GgmlType;
+use crate::quant::f16_at;
+use aubier_kernels_gen::quant_grids::{IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};
 
 /// The scalar kernel of `ty`, or None.
 pub(super) fn dot_fn(ty: GgmlType) -> Option<Q8DotFn> {

@@ -64,8 +64,7 @@
 
 #![allow(non_snake_case)] // the kernels keep ggml's type names (q2_K)
 
-use super::rows::row_blocks;
-use super::{rows_lengths, BlockQ8K};
+use super::{row_blocks, rows_lengths, BlockQ8K};
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 

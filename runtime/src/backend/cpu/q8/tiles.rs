@@ -20,6 +20,24 @@ pub const GROUP: usize = 16;
 #[derive(Clone, Copy)]
 pub(super) struct Tile(pub(super) [u8; 1024]);
 
+/// One block of 16 unpacked weight rows (256 effective weights each): row by row (row `r` at
+/// `256r`), or with the rows' words in the lanes (word `k` of row `r` at `64k + 4r`, the
+/// interleaved layout's order, `lanes::q2_unpack`).
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub(super) struct Unpacked(pub(super) [u8; GROUP * 256]);
+
+impl Unpacked {
+    /// Row `r` of a row-by-row block.
+    pub(super) fn row(&mut self, r: usize) -> &mut [u8] {
+        &mut self.0[256 * r..256 * (r + 1)]
+    }
+}
+
+/// Two `C` tiles (16 × 16 i32 each, weight row major).
+#[repr(C, align(64))]
+pub(super) struct CBuf(pub(super) [[i32; GROUP * GROUP]; 2]);
+
 /// `rows` Q8_K activation rows of `nb` blocks each, packed (module note).
 pub struct Q8Tiles {
     rows: usize,

@@ -1,0 +1,413 @@
+//! The `cpu` backend: hand-written SIMD kernels for the steps that dominate a token
+//! ([`kernels`]: quantized products over Q8_K activations, f32 GEMM, attention and elementwise
+//! steps in vector lanes), the cranelift kernel of the oracle lowering for every other step.
+//!
+//! Contract. Plans are compiled for [`Target::Cpu`] (latent attention fused into `kqkv`, the
+//! rest unfused). Binding gives every step a kernel: its own where [`kernels::kernel_for`] has
+//! one, else the step's cranelift kernel (a step the oracle lowers), recorded as such; a fused
+//! step other than `kqkv` is refused by name. The kernels dispatch once per process on the CPU's
+//! ISA tier ([`isa`]: AMX, AVX-512 VNNI, AVX2 or scalar), each tier with the bits of the scalar
+//! kernel. Numerics: [`CpuNumerics`].
+
+pub(crate) mod exact;
+pub(crate) mod kernels;
+pub mod q8;
+
+use super::oracle::cranelift_choice;
+use super::{
+    Backend, BackendKind, BindError, Binding, BoundStep, ExecError, ExpertSource, HostKernel,
+    KernelChoice,
+};
+use aubier_compiler::plan::{Operand, Plan, Step};
+use aubier_compiler::Target;
+use aubier_kernels_gen::cpu::StepArgs;
+pub(crate) use kernels::{CpuKernel, FastBuffers, WeightRows};
+use kernels::{WeightProduct, ROPE_MAX_PAIRS};
+
+/// How the `cpu` backend quantizes the activations of its weight products.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpuNumerics {
+    /// One Q8_K plane per activation row, as llama.cpp's CPU backend.
+    Q8,
+    /// Two Q8_K planes, the value and its rounding residual (about 15 significant bits; twice the
+    /// integer work), except the output head's input (one plane). The default.
+    #[default]
+    Q8x2,
+}
+
+impl CpuNumerics {
+    /// Q8_K planes per activation row.
+    pub fn planes(self) -> usize {
+        match self {
+            CpuNumerics::Q8 => 1,
+            CpuNumerics::Q8x2 => 2,
+        }
+    }
+}
+
+impl std::str::FromStr for CpuNumerics {
+    type Err = String;
+
+    /// `q8` or `q8x2`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "q8" => Ok(CpuNumerics::Q8),
+            "q8x2" => Ok(CpuNumerics::Q8x2),
+            _ => Err(format!("unknown CPU numerics `{s}` (expected q8x2 or q8)")),
+        }
+    }
+}
+
+impl std::fmt::Display for CpuNumerics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CpuNumerics::Q8 => "q8",
+            CpuNumerics::Q8x2 => "q8x2",
+        })
+    }
+}
+
+/// The ISA tier the `cpu` backend's kernels run on here, probed once: `amx` (AMX-INT8 tiles with
+/// AVX-512 VNNI), `avx512-vnni`, `avx2` (with FMA and F16C) or `scalar`.
+pub fn isa() -> &'static str {
+    let isa = q8::isa();
+    if isa.amx {
+        "amx"
+    } else if isa.avx512_vnni {
+        "avx512-vnni"
+    } else if isa.avx2 {
+        "avx2"
+    } else {
+        "scalar"
+    }
+}
+
+/// The `cpu` backend with its numerics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend {
+    numerics: CpuNumerics,
+}
+
+impl CpuBackend {
+    /// The backend with `numerics`.
+    pub fn new(numerics: CpuNumerics) -> Self {
+        CpuBackend { numerics }
+    }
+}
+
+impl Backend for CpuBackend {
+    fn target(&self) -> Target {
+        Target::Cpu
+    }
+
+    fn bind(&self, plan: &Plan) -> Result<Binding, BindError> {
+        let isa = isa();
+        let steps = (0..plan.steps.len())
+            .map(|i| {
+                let step = &plan.steps[i];
+                let refuse = |reason: String| BindError {
+                    backend: "cpu",
+                    step: i,
+                    op: step.op.name(),
+                    reason,
+                };
+                match kernels::kernel_for(plan, i, self.numerics.planes()) {
+                    Some(k) => {
+                        let (kernel, variant) = k.choice(isa);
+                        Ok(BoundStep {
+                            choice: KernelChoice { kernel, variant },
+                            kernel: HostKernel::Cpu(Box::new(k)),
+                        })
+                    }
+                    None if step.op.is_fused() => Err(refuse(format!(
+                        "the cpu backend has no kernel for a fused `{}` of these operands (it \
+                         fuses latent attention only: compile for the cpu target)",
+                        step.op.name()
+                    ))),
+                    None if !step.op.has_oracle() => Err(refuse(
+                        "the op has neither a cpu kernel nor an oracle lowering".into(),
+                    )),
+                    None => Ok(BoundStep {
+                        choice: cranelift_choice(plan, i),
+                        kernel: HostKernel::Cranelift,
+                    }),
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Binding {
+            backend: BackendKind::Cpu(self.numerics),
+            steps,
+        })
+    }
+}
+
+/// What a CPU kernel of one step reads and writes: the step's bound operand and output
+/// addresses (`args`, sized by the executor for `(T, S)`), the plan, the weights and the expert
+/// slices the executor resolved.
+pub(crate) struct StepIo<'a, 'w> {
+    pub plan: &'a Plan,
+    pub index: usize,
+    pub step: &'a Step,
+    pub args: &'a StepArgs,
+    /// Tokens this step runs for (1 for the output head of a last-position-only run).
+    pub t: usize,
+    /// Keys.
+    pub s: usize,
+    pub weights: &'a [&'w [u8]],
+    pub experts: Option<&'a dyn ExpertSource>,
+    /// Per expert table of the step, each expert's rows (fast copy or file slice).
+    pub expert_slices: &'a [Vec<WeightRows<'w>>],
+}
+
+impl StepIo<'_, '_> {
+    /// Elements of the step's output at these extents.
+    fn out_numel(&self) -> usize {
+        self.plan.values[self.step.out].shape.numel(self.t, self.s)
+    }
+
+    /// Elements of value operand `i`.
+    fn arg_numel(&self, i: usize) -> Result<usize, ExecError> {
+        match self.step.args.get(i) {
+            Some(&Operand::Value(v)) => Ok(self.plan.values[v].shape.numel(self.t, self.s)),
+            _ => Err(ExecError::Value {
+                value: usize::MAX,
+                name: format!("operand {i} of step {}", self.index),
+                detail: "expected a value".into(),
+            }),
+        }
+    }
+
+    /// The weight of operand `i`.
+    fn weight(&self, i: usize) -> Result<usize, ExecError> {
+        match self.step.args.get(i) {
+            Some(&Operand::Weight(w)) => Ok(w),
+            _ => Err(ExecError::Value {
+                value: usize::MAX,
+                name: format!("operand {i} of step {}", self.index),
+                detail: "expected a weight".into(),
+            }),
+        }
+    }
+}
+
+/// Runs `kernel` on the step of `io`.
+///
+/// Errors: [`ExecError::Value`] when an operand is not what the kernel was bound for;
+/// [`ExecError::Index`] for a `kqkv` position outside the keys.
+pub(crate) fn run(
+    kernel: &CpuKernel,
+    io: &StepIo<'_, '_>,
+    buf: &mut FastBuffers,
+) -> Result<(), ExecError> {
+    let (args, t, s) = (io.args, io.t, io.s);
+    match *kernel {
+        CpuKernel::MatMul(m) => {
+            let w = io.weight(0)?;
+            match io.experts.and_then(|e| e.dense_copy(w)) {
+                Some((bytes, interleaved)) => {
+                    let rows = WeightRows { bytes, interleaved };
+                    let (x, y) = product_io(&m, args, t);
+                    m.run_rows(rows, x, y, buf);
+                }
+                None => weight_product(&m, io, buf)?,
+            }
+        }
+        CpuKernel::HeadMatMul(m) => weight_product(&m, io, buf)?,
+        CpuKernel::HeadGemm(m) => weight_product(&m, io, buf)?,
+        CpuKernel::F32MatMul(m) => weight_product(&m, io, buf)?,
+        CpuKernel::Moe(m) => {
+            let k = io.arg_numel(1)? / t;
+            // SAFETY: h `[T, d]`, ids and weights `[T, k]`, the output `[T, d]` are distinct
+            // slots sized by the executor; the ids were checked below the expert count before
+            // this step.
+            let (h, ids, wts, y) = unsafe {
+                (
+                    std::slice::from_raw_parts(args.args[0] as *const f32, t * m.width()),
+                    std::slice::from_raw_parts(args.args[1] as *const i32, t * k),
+                    std::slice::from_raw_parts(args.args[2] as *const f32, t * k),
+                    std::slice::from_raw_parts_mut(args.out as *mut f32, t * m.width()),
+                )
+            };
+            m.run(h, ids, wts, io.expert_slices, y, buf);
+        }
+        CpuKernel::Scores { w } => {
+            let rows = io.arg_numel(0)? / w;
+            // SAFETY: q `[rows, w]` in its slot, the keys `[S, w]` in the latent cache (checked
+            // by the executor), the output `[rows, S]` in its own slot.
+            let (q, k, y) = unsafe {
+                (
+                    std::slice::from_raw_parts(args.args[0] as *const f32, rows * w),
+                    std::slice::from_raw_parts(args.args[1] as *const f32, s * w),
+                    std::slice::from_raw_parts_mut(args.out as *mut f32, rows * s),
+                )
+            };
+            kernels::scores(q, k, y, w, None);
+        }
+        CpuKernel::Softmax { n } => {
+            // SAFETY: input and output of `numel` elements in distinct slots (the lowering
+            // refuses a step whose output aliases an operand).
+            let (x, y) = unsafe { unary_io(args, io.out_numel()) };
+            kernels::softmax(x, y, n.unwrap_or(s));
+        }
+        CpuKernel::Scale { c } => {
+            // SAFETY: as for the softmax.
+            let (x, y) = unsafe { unary_io(args, io.out_numel()) };
+            kernels::scale(x, y, c);
+        }
+        CpuKernel::RmsNorm { n, eps } => {
+            let w = io.weight(1)?;
+            // SAFETY: as for the softmax.
+            let (x, y) = unsafe { unary_io(args, io.out_numel()) };
+            let g = buf.f32_weight(&io.weights[w][..n * 4]);
+            kernels::rms_norm(x, g, y, eps);
+        }
+        CpuKernel::CausalMask => {
+            // SAFETY: scores and output `[T, .., S]` (`numel` elements) in distinct slots, the
+            // positions `[T]` (i32) in theirs (the lowering checked the shapes).
+            let (x, pos, y) = unsafe { rows_and_positions(args, io.out_numel(), t) };
+            kernels::causal_mask(x, pos, y, s);
+        }
+        CpuKernel::Silu => {
+            // SAFETY: as for the softmax.
+            let (x, y) = unsafe { unary_io(args, io.out_numel()) };
+            kernels::silu(x, y);
+        }
+        CpuKernel::Temperature { beta, length } => {
+            // SAFETY: input and output `[T, n]` in distinct slots, the positions `[T]` (i32) in
+            // theirs (the lowering checked the shapes).
+            let (x, pos, y) = unsafe { rows_and_positions(args, io.out_numel(), t) };
+            kernels::temperature(x, pos, y, beta, length);
+        }
+        CpuKernel::Rope {
+            d,
+            pairs,
+            theta,
+            af,
+        } => {
+            // SAFETY: as for the temperature: `[T, rows, d]` in and out, `[T]` positions.
+            let (x, pos, y) = unsafe { rows_and_positions(args, io.out_numel(), t) };
+            kernels::rope(x, pos, y, d, &theta[..pairs.min(ROPE_MAX_PAIRS)], af);
+        }
+        CpuKernel::WeightedSum { w, len } => {
+            let rows = io.arg_numel(0)? / s;
+            // SAFETY: p `[rows, S]` in its slot, the values `[S, w]` in the latent cache, the
+            // output `[rows, len]` in its own slot.
+            let (p, v, y) = unsafe {
+                (
+                    std::slice::from_raw_parts(args.args[0] as *const f32, rows * s),
+                    std::slice::from_raw_parts(args.args[1] as *const f32, s * w),
+                    std::slice::from_raw_parts_mut(args.out as *mut f32, rows * len),
+                )
+            };
+            kernels::weighted_sum(p, v, y, w, len);
+        }
+        CpuKernel::Kqkv {
+            heads,
+            w,
+            len,
+            scale,
+        } => {
+            let rows = t * heads;
+            // SAFETY: q `[T, heads, w]` and the output `[T, heads, len]` in distinct slots, the
+            // positions `[T]` (i32) in theirs, the keys `[S, w]` in the latent cache (the
+            // binding checked these shapes, the executor the cache's extent).
+            let (q, pos, k, y) = unsafe {
+                (
+                    std::slice::from_raw_parts(args.args[0] as *const f32, rows * w),
+                    std::slice::from_raw_parts(args.args[1] as *const i32, t),
+                    std::slice::from_raw_parts(args.args[2] as *const f32, s * w),
+                    std::slice::from_raw_parts_mut(args.out as *mut f32, rows * len),
+                )
+            };
+            if let Some((index, &p)) = pos
+                .iter()
+                .enumerate()
+                .find(|(_, &p)| usize::try_from(p).map_or(true, |p| p >= s))
+            {
+                return Err(ExecError::Index {
+                    step: io.index,
+                    op: io.step.op.name(),
+                    what: "position",
+                    index,
+                    id: i64::from(p),
+                    bound: s,
+                });
+            }
+            let [a, b] = &mut buf.att;
+            a.resize(rows * s, 0.0);
+            b.resize(rows * s, 0.0);
+            kernels::scores(q, k, a, w, Some(pos));
+            kernels::scale(a, b, scale);
+            kernels::causal_mask(b, pos, a, s);
+            kernels::softmax(a, b, s);
+            kernels::weighted_sum(b, k, y, w, len);
+        }
+    }
+    Ok(())
+}
+
+/// Runs the weight product `p` of the step (operand 0 its weight, operand 1 its input).
+fn weight_product<P: WeightProduct>(
+    p: &P,
+    io: &StepIo<'_, '_>,
+    buf: &mut FastBuffers,
+) -> Result<(), ExecError> {
+    let w = io.weight(0)?;
+    let (x, y) = product_io(p, io.args, io.t);
+    p.run(io.weights[w], x, y, buf);
+    Ok(())
+}
+
+/// The input `[t, n_in]` and output `[t, n_out]` of a weight product's step.
+fn product_io<'a, P: WeightProduct>(
+    p: &P,
+    args: &StepArgs,
+    t: usize,
+) -> (&'a [f32], &'a mut [f32]) {
+    let (x, y) = (p.input_len(t), p.output_len(t));
+    // SAFETY: the executor sized the input's and the output's slots for their values at (T, S)
+    // (at least `t` rows); the CPU lowering refused a step whose output aliases an operand, so
+    // the two do not overlap; the slots outlive the step that uses these slices.
+    unsafe {
+        (
+            std::slice::from_raw_parts(args.args[1] as *const f32, x),
+            std::slice::from_raw_parts_mut(args.out as *mut f32, y),
+        )
+    }
+}
+
+/// Operand 0 and the output (`numel` f32 each) of an elementwise step.
+///
+/// # Safety
+/// `args` holds the step's bound addresses: operand 0 and the output are distinct slots of at
+/// least `numel` f32, live while the slices are used.
+unsafe fn unary_io<'a>(args: &StepArgs, numel: usize) -> (&'a [f32], &'a mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        (
+            std::slice::from_raw_parts(args.args[0] as *const f32, numel),
+            std::slice::from_raw_parts_mut(args.out as *mut f32, numel),
+        )
+    }
+}
+
+/// Operand 0 (`numel` f32), operand 1 (`t` i32 positions) and the output (`numel` f32) of an
+/// elementwise step by position (`causal_mask`, `attn_temperature`, `rope_yarn`).
+///
+/// # Safety
+/// `args` holds the step's bound addresses: operand 0 and the output are distinct slots of at
+/// least `numel` f32, operand 1 a slot of at least `t` i32, live while the slices are used.
+unsafe fn rows_and_positions<'a>(
+    args: &StepArgs,
+    numel: usize,
+    t: usize,
+) -> (&'a [f32], &'a [i32], &'a mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        (
+            std::slice::from_raw_parts(args.args[0] as *const f32, numel),
+            std::slice::from_raw_parts(args.args[1] as *const i32, t),
+            std::slice::from_raw_parts_mut(args.out as *mut f32, numel),
+        )
+    }
+}
