@@ -1185,6 +1185,123 @@ mod tests {
         }
     }
 
+    /// Which ISA variants of the Q8_K kernels ran on this machine and which were skipped, and
+    /// why: every variant the CPU has is checked against the scalar kernel (one case per type:
+    /// single-row dots, many-row dots, decode rows, interleaved decode, tile kernels); a variant
+    /// it lacks is listed as skipped, never passed over in silence. The list is printed with
+    /// `--nocapture` (`.ci/run` runs this test so) and in the panic message of a failure.
+    #[test]
+    fn isa_variants_ran_and_skipped() {
+        use std::panic::{catch_unwind, AssertUnwindSafe};
+        let here = isa();
+        let mut rng = ChaCha8Rng::seed_from_u64(99);
+        let (mut ran, mut skipped, mut failed) = (Vec::new(), Vec::new(), Vec::new());
+        let mut variant = |name: &str, present: bool, why: &str, check: &mut dyn FnMut()| {
+            if !present {
+                skipped.push(format!("{name} ({why})"));
+            } else if catch_unwind(AssertUnwindSafe(check)).is_ok() {
+                ran.push(name.to_string());
+            } else {
+                failed.push(name.to_string());
+            }
+        };
+        let (no_avx2, no_vnni, no_amx) = (
+            "the CPU lacks AVX2, FMA or F16C",
+            "the CPU lacks AVX-512 F/BW/VL/VNNI",
+            "the CPU lacks AMX-TILE/AMX-INT8 or the OS refused the tile state",
+        );
+        let nb = 2;
+        let x1 = quantize(&activations(nb, &mut rng));
+        let x2 = two_planes(&activations(nb, &mut rng));
+        for &ty in &TYPES {
+            let row = weights(ty, nb, &mut rng);
+            let group: Vec<u8> = (0..INTERLEAVE_ROWS)
+                .flat_map(|_| weights(ty, nb, &mut rng))
+                .collect();
+            variant(&format!("scalar dot {ty}"), true, "", &mut || {
+                q8_dot_fn_scalar(ty).expect("every type has a scalar dot");
+            });
+            #[cfg(target_arch = "x86_64")]
+            {
+                let dot = avx2::dot_fn(ty);
+                variant(
+                    &format!("avx2 dot {ty}"),
+                    dot.is_some(),
+                    no_avx2,
+                    &mut || check_single_row(ty, dot.unwrap(), &mut rng),
+                );
+                let dot = vnni::dot_fn(ty);
+                if dot.is_some() || ty == GgmlType::Q3_K {
+                    variant(
+                        &format!("avx512-vnni dot {ty}"),
+                        dot.is_some(),
+                        no_vnni,
+                        &mut || check_single_row(ty, dot.unwrap(), &mut rng),
+                    );
+                }
+                if TYPES[..5].contains(&ty) {
+                    let present = vnni::many_fn(ty).is_some();
+                    variant(
+                        &format!("avx512-vnni many-row {ty}"),
+                        present,
+                        no_vnni,
+                        &mut || check_many(ty, &row, &x1, 1, "isa report"),
+                    );
+                }
+                if matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K) {
+                    let present = rows::rows_fn(ty).is_some();
+                    variant(
+                        &format!("avx512-vnni decode {ty}"),
+                        present,
+                        no_vnni,
+                        &mut || check_rows(ty, &group, &x2, 2, INTERLEAVE_ROWS, "isa report"),
+                    );
+                }
+                if matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K) {
+                    let present = q8_interleaved_fn(ty).is_some();
+                    variant(
+                        &format!("avx512-vnni interleaved decode {ty}"),
+                        present,
+                        no_vnni,
+                        &mut || check_rows(ty, &group, &x1, 1, INTERLEAVE_ROWS, "isa report"),
+                    );
+                    let tiles = grid::vnni_grid_fn(ty);
+                    variant(
+                        &format!("avx512-vnni tiles {ty}"),
+                        tiles.is_some(),
+                        no_vnni,
+                        &mut || check_grid(ty, tiles.unwrap(), &row, &x1, 1, 1),
+                    );
+                    let tiles = q8_grid_fn(ty).filter(|_| here.amx);
+                    variant(
+                        &format!("amx tiles {ty}"),
+                        tiles.is_some(),
+                        no_amx,
+                        &mut || check_grid(ty, tiles.unwrap(), &row, &x1, 1, 1),
+                    );
+                }
+            }
+        }
+        let report = format!(
+            "Q8_K kernel ISA variants on this machine ({here:?}):\n  ran ({}): {}\n  skipped ({}): {}",
+            ran.len(),
+            ran.join(", "),
+            skipped.len(),
+            if skipped.is_empty() {
+                "none".to_string()
+            } else {
+                skipped.join(", ")
+            }
+        );
+        eprintln!("{report}");
+        assert!(
+            failed.is_empty(),
+            "{report}\n  FAILED: {}",
+            failed.join(", ")
+        );
+        assert!(!ran.is_empty(), "{report}");
+    }
+
     /// Two planes as the fast path makes them: the value, then its rounding residual.
     fn two_planes(x: &[f32]) -> Vec<BlockQ8K> {
         let hi = quantize(x);
