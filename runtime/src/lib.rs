@@ -1,7 +1,7 @@
 //! `aubier-runtime`: GGUF files, quant blocks, model binding, the executor and `Session`, sampling,
-//! the tokenizer and the chat template. It knows nothing of HTTP (ARCHITECTURE.md § runtime).
+//! text (`text/`: the tokenizer, the chat template, the reasoning split). It knows nothing of HTTP
+//! (ARCHITECTURE.md § runtime).
 
-pub mod chat;
 pub mod engine;
 pub mod executor;
 pub mod fastpath;
@@ -17,4 +17,4 @@ pub mod quant;
 pub mod sampler;
 pub mod session;
 pub mod store;
-pub mod tokenizer;
+pub mod text;
