@@ -2,9 +2,10 @@
 //! case (text and ids) through the GGUF's Jinja template and through the built-in v15 renderer,
 //! and every error case rejected.
 
-use aubier_runtime::chat::{split_reasoning, ChatRequest, ChatTemplate, ReasoningSplitter};
 use aubier_runtime::gguf::GgufFile;
-use aubier_runtime::tokenizer::Tokenizer;
+use aubier_runtime::text::chat::{ChatRequest, ChatTemplate};
+use aubier_runtime::text::reasoning::{split_reasoning, ReasoningSplitter};
+use aubier_runtime::text::tokenizer::Tokenizer;
 use aubier_tests::{data_dir, json_ids, model_path};
 use serde_json::{json, Value};
 

@@ -3,7 +3,7 @@
 //! fixture models' cut vocab on the shared prompt.
 
 use aubier_runtime::gguf::GgufFile;
-use aubier_runtime::tokenizer::Tokenizer;
+use aubier_runtime::text::tokenizer::Tokenizer;
 use aubier_tests::{data_dir, json_ids, model_path, read_json};
 use serde_json::Value;
 

@@ -1,8 +1,9 @@
-//! `aubier-runtime`: GGUF files, quant blocks, model binding, the executor and `Session`, sampling,
-//! the tokenizer and the chat template. It knows nothing of HTTP (ARCHITECTURE.md § runtime).
+//! `aubier-runtime`: GGUF files, quant blocks, model binding, the backends (`backend/`: oracle,
+//! cpu) and their executor, the split expert store, `Session`, sampling,
+//! text (`text/`: the tokenizer, the chat template, the reasoning split). It knows nothing of HTTP
+//! (ARCHITECTURE.md § runtime).
 
 pub mod backend;
-pub mod chat;
 pub mod engine;
 pub mod error;
 pub mod executor;
@@ -18,4 +19,4 @@ pub mod quant;
 pub mod sampler;
 pub mod session;
 pub mod store;
-pub mod tokenizer;
+pub mod text;

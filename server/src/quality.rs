@@ -25,7 +25,7 @@ use aubier_runtime::engine::Model;
 use aubier_runtime::gguf::{GgufFile, MetaValue};
 use aubier_runtime::model::{read_config, weight_refs};
 use aubier_runtime::session::{Session, SessionOptions};
-use aubier_runtime::tokenizer::Tokenizer;
+use aubier_runtime::text::tokenizer::Tokenizer;
 use clap::{Args, Parser};
 use serde::Serialize;
 use statrs::distribution::{ContinuousCDF, StudentsT};

@@ -11,7 +11,7 @@ use aubier_runtime::session::{Session, SessionOptions};
 use aubier_runtime::store::expert_store::{FastBudget, ResetMode, StoreOptions};
 use aubier_runtime::store::hotset::HotSet;
 use aubier_runtime::store::policy::PolicyKind;
-use aubier_runtime::tokenizer::Tokenizer;
+use aubier_runtime::text::tokenizer::Tokenizer;
 use clap::Args;
 use std::io::Write;
 use std::ops::ControlFlow;

@@ -34,7 +34,7 @@ pub struct ChatParams {
     /// The `model` field.
     pub model: String,
     /// `messages`, `reasoning_effort` and `continue_final_message`, as a JSON object for
-    /// `aubier_runtime::chat::ChatRequest`'s deserializer.
+    /// `aubier_runtime::text::chat::ChatRequest`'s deserializer.
     pub chat: Value,
     /// `max_completion_tokens` (or its older name `max_tokens`); `None` = up to the KV capacity.
     pub max_tokens: Option<usize>,

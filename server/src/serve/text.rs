@@ -7,8 +7,8 @@
 //!    (a character whose bytes span several tokens is held back until complete). `[THINK]` and
 //!    `[/THINK]` are decoded as their text; every other control token is dropped, as OpenAI-style
 //!    servers skip special tokens;
-//! 2. chat only: route the text through `aubier_runtime::chat::ReasoningSplitter`, so text inside
-//!    `[THINK]…[/THINK]` becomes `reasoning_content` and the rest `content`;
+//! 2. chat only: route the text through `aubier_runtime::text::reasoning::ReasoningSplitter`, so
+//!    text inside `[THINK]…[/THINK]` becomes `reasoning_content` and the rest `content`;
 //! 3. match stop strings on the content with [`StopMatcher`] (the reasoning is never cut by a
 //!    stop string), which holds back any suffix that could still become a stop.
 //!
@@ -16,9 +16,10 @@
 
 use super::error::ApiError;
 use super::stop::StopMatcher;
-use aubier_runtime::chat::{ChatError, ChatRequest, ChatTemplate, ReasoningSplitter};
 use aubier_runtime::gguf::GgufFile;
-use aubier_runtime::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
+use aubier_runtime::text::chat::{ChatError, ChatRequest, ChatTemplate};
+use aubier_runtime::text::reasoning::ReasoningSplitter;
+use aubier_runtime::text::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
 /// The GGUF's tokenizer and chat template, plus what the server needs to know about them.
 #[derive(Debug)]
@@ -83,7 +84,7 @@ impl Delta {
 
 impl TextModel {
     /// Reads the tokenizer and chat template of `file` (a file without a template gets the
-    /// built-in v15 renderer, see `aubier_runtime::chat`).
+    /// built-in v15 renderer, see `aubier_runtime::text::chat`).
     ///
     /// Errors: [`TextModelError`] naming the key at fault.
     pub fn from_gguf(file: &GgufFile) -> Result<TextModel, TextModelError> {

@@ -1,0 +1,8 @@
+//! Text in and out of the model: the tekken [`tokenizer`] (text ↔ token ids, from the GGUF's
+//! `tokenizer.ggml.*` keys), the [`chat`] template (an OpenAI chat request → the v15 prompt, as
+//! text or ids) and the [`reasoning`] splitter (generated text → `reasoning_content` and
+//! `content`).
+
+pub mod chat;
+pub mod reasoning;
+pub mod tokenizer;
