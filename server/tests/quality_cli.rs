@@ -2,7 +2,10 @@
 //! - A = B: every paired difference is exactly 0, so the interval is [0, 0] → EQUIVALENT;
 //! - a text sampled from the model under A, scored against B = fewer routed experts: the expected
 //!   difference E_A[NLL_B − NLL_A] is KL(A ‖ B) > 0 → WORSE;
-//! - a one-letter text (BOS + one token) has one position, too few for an interval → INSUFFICIENT.
+//! - a one-letter text (BOS + one token) has one position, too few for an interval → INSUFFICIENT;
+//! - the product path (the default backend, `cpu` with `q8x2`) against the oracle on real English
+//!   (alice.txt) → EQUIVALENT within ±0.01 nats/token, the verdict its default ships on
+//!   (ARCHITECTURE.md § numerics policy).
 
 use aubier_tests::{json_ids, models_dir};
 use std::path::PathBuf;
@@ -52,6 +55,26 @@ fn identical_configurations_are_equivalent_with_zero_difference() {
     assert!(v["tokens_in_input"].as_u64().unwrap() > 256);
     let nll = v["a"]["mean_nll"].as_f64().unwrap();
     assert!(nll > 0.0 && nll.is_finite());
+}
+
+#[test]
+fn the_default_backend_is_equivalent_to_the_oracle_on_real_text() {
+    let v = quality_json(&[
+        "--text",
+        &alice(),
+        "--a",
+        "--backend oracle",
+        "--b",
+        "",
+        "--margin",
+        "0.01",
+    ]);
+    eprintln!(
+        "oracle → default backend on alice.txt: mean NLL {} → {}, diff {} {}, {}",
+        v["a"]["mean_nll"], v["b"]["mean_nll"], v["mean_diff"], v["ci95"], v["verdict"]
+    );
+    assert_eq!(v["positions"], 255);
+    assert_eq!(v["verdict"], "EQUIVALENT", "{v}");
 }
 
 #[test]

@@ -118,7 +118,7 @@ unsafe fn by_fours(
     four: impl Fn([*const u8; 4]) -> [f32; 4],
     one: impl Fn(*const u8) -> f32,
 ) {
-    // SAFETY (every `add`): row `r` starts `r · rb` bytes into `src`, inside its y.len() rows.
+    // SAFETY: (every `add`) row `r` starts `r · rb` bytes into `src`, inside its y.len() rows.
     let row = |r: usize| unsafe { src.add(r * rb) };
     let whole = y.len() / 4 * 4;
     for (c, ys) in y[..whole].chunks_exact_mut(4).enumerate() {

@@ -139,7 +139,7 @@ mod avx512 {
     /// in the same order, the table looked up by two 16-entry permutes and a blend on bit 4.
     #[inline(always)]
     fn exp8(xd: __m512d) -> __m512d {
-        // SAFETY (every intrinsic here): the CPU has AVX-512F (the module's contract); the table
+        // SAFETY: (every intrinsic here) the CPU has AVX-512F (the module's contract); the table
         // loads read 8 of the 32 entries at offsets 0, 8, 16, 24.
         unsafe {
             let t = |i: usize| _mm512_loadu_pd(EXP_TABLE[i..].as_ptr());
@@ -170,7 +170,7 @@ mod avx512 {
     /// each rounded once to f32.
     #[inline(always)]
     pub(super) fn exp16(x: __m512) -> __m512 {
-        // SAFETY (every intrinsic here): the CPU has AVX-512F (the module's contract).
+        // SAFETY: (every intrinsic here) the CPU has AVX-512F (the module's contract).
         unsafe {
             let xc = _mm512_max_ps(
                 _mm512_min_ps(x, _mm512_set1_ps(EXP_HI)),
@@ -212,11 +212,12 @@ mod avx512 {
     impl super::V16 for Z {
         #[inline(always)]
         fn zero() -> Self {
-            // SAFETY (every intrinsic here): the CPU has AVX-512F (the type's contract).
+            // SAFETY: (every intrinsic here) the CPU has AVX-512F (the type's contract).
             Z(unsafe { _mm512_setzero_ps() })
         }
         #[inline(always)]
         fn splat(x: f32) -> Self {
+            // SAFETY: the CPU has AVX-512F (the type's contract).
             Z(unsafe { _mm512_set1_ps(x) })
         }
         #[inline(always)]
@@ -232,19 +233,23 @@ mod avx512 {
         }
         #[inline(always)]
         fn add(self, o: Self) -> Self {
+            // SAFETY: the CPU has AVX-512F (the type's contract).
             Z(unsafe { _mm512_add_ps(self.0, o.0) })
         }
         #[inline(always)]
         fn sub(self, o: Self) -> Self {
+            // SAFETY: the CPU has AVX-512F (the type's contract).
             Z(unsafe { _mm512_sub_ps(self.0, o.0) })
         }
         #[inline(always)]
         fn mul(self, o: Self) -> Self {
+            // SAFETY: the CPU has AVX-512F (the type's contract).
             Z(unsafe { _mm512_mul_ps(self.0, o.0) })
         }
         #[inline(always)]
         fn neg(self) -> Self {
             // The sign bit flipped (integer xor: AVX-512F has no f32 xor).
+            // SAFETY: the CPU has AVX-512F (the type's contract).
             Z(unsafe {
                 _mm512_castsi512_ps(_mm512_xor_si512(
                     _mm512_castps_si512(self.0),
@@ -254,14 +259,17 @@ mod avx512 {
         }
         #[inline(always)]
         fn div(self, o: Self) -> Self {
+            // SAFETY: the CPU has AVX-512F (the type's contract).
             Z(unsafe { _mm512_div_ps(self.0, o.0) })
         }
         #[inline(always)]
         fn max(self, o: Self) -> Self {
+            // SAFETY: the CPU has AVX-512F (the type's contract).
             Z(unsafe { _mm512_max_ps(self.0, o.0) })
         }
         #[inline(always)]
         fn has_nan(self) -> bool {
+            // SAFETY: the CPU has AVX-512F (the type's contract).
             unsafe { _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(self.0, self.0) != 0 }
         }
         #[inline(always)]

@@ -306,43 +306,59 @@ pub(crate) fn run(
             w,
             len,
             scale,
-        } => {
-            let rows = t * heads;
-            // SAFETY: q `[T, heads, w]` and the output `[T, heads, len]` in distinct slots, the
-            // positions `[T]` (i32) in theirs, the keys `[S, w]` in the latent cache (the
-            // binding checked these shapes, the executor the cache's extent).
-            let (q, pos, k, y) = unsafe {
-                (
-                    std::slice::from_raw_parts(args.args[0] as *const f32, rows * w),
-                    std::slice::from_raw_parts(args.args[1] as *const i32, t),
-                    std::slice::from_raw_parts(args.args[2] as *const f32, s * w),
-                    std::slice::from_raw_parts_mut(args.out as *mut f32, rows * len),
-                )
-            };
-            if let Some((index, &p)) = pos
-                .iter()
-                .enumerate()
-                .find(|(_, &p)| usize::try_from(p).map_or(true, |p| p >= s))
-            {
-                return Err(ExecError::Index {
-                    step: io.index,
-                    op: io.step.op.name(),
-                    what: "position",
-                    index,
-                    id: i64::from(p),
-                    bound: s,
-                });
-            }
-            let [a, b] = &mut buf.att;
-            a.resize(rows * s, 0.0);
-            b.resize(rows * s, 0.0);
-            kernels::scores(q, k, a, w, Some(pos));
-            kernels::scale(a, b, scale);
-            kernels::causal_mask(b, pos, a, s);
-            kernels::softmax(a, b, s);
-            kernels::weighted_sum(b, k, y, w, len);
-        }
+        } => latent_attention(io, heads, (w, len), scale, buf)?,
     }
+    Ok(())
+}
+
+/// `kqkv` over the step of `io`: `heads` query rows of `w` values per token, the keys' first
+/// `len` values summed (`widths = (w, len)`), scores scaled by `scale` — the five steps it fuses
+/// in their order, each with its unfused kernel's bits, alternating between `buf.att`'s two
+/// `[rows, S]` buffers.
+///
+/// Errors: [`ExecError::Index`] for a position outside the keys.
+fn latent_attention(
+    io: &StepIo<'_, '_>,
+    heads: usize,
+    (w, len): (usize, usize),
+    scale: f32,
+    buf: &mut FastBuffers,
+) -> Result<(), ExecError> {
+    let (args, t, s) = (io.args, io.t, io.s);
+    let rows = t * heads;
+    // SAFETY: q `[T, heads, w]` and the output `[T, heads, len]` in distinct slots, the
+    // positions `[T]` (i32) in theirs, the keys `[S, w]` in the latent cache (the binding
+    // checked these shapes, the executor the cache's extent).
+    let (q, pos, k, y) = unsafe {
+        (
+            std::slice::from_raw_parts(args.args[0] as *const f32, rows * w),
+            std::slice::from_raw_parts(args.args[1] as *const i32, t),
+            std::slice::from_raw_parts(args.args[2] as *const f32, s * w),
+            std::slice::from_raw_parts_mut(args.out as *mut f32, rows * len),
+        )
+    };
+    if let Some((index, &p)) = pos
+        .iter()
+        .enumerate()
+        .find(|(_, &p)| usize::try_from(p).map_or(true, |p| p >= s))
+    {
+        return Err(ExecError::Index {
+            step: io.index,
+            op: io.step.op.name(),
+            what: "position",
+            index,
+            id: i64::from(p),
+            bound: s,
+        });
+    }
+    let [a, b] = &mut buf.att;
+    a.resize(rows * s, 0.0);
+    b.resize(rows * s, 0.0);
+    kernels::scores(q, k, a, w, Some(pos));
+    kernels::scale(a, b, scale);
+    kernels::causal_mask(b, pos, a, s);
+    kernels::softmax(a, b, s);
+    kernels::weighted_sum(b, k, y, w, len);
     Ok(())
 }
 

@@ -41,7 +41,7 @@ pub(super) fn dot_fn(ty: GgmlType) -> Option<Q8DotFn> {
     if !detected() {
         return None;
     }
-    // SAFETY (for every wrapper below): the wrappers call `#[target_feature(enable =
+    // SAFETY: (for every wrapper below) the wrappers call `#[target_feature(enable =
     // "avx2,fma,f16c")]` functions; they are only handed out here, after the features were
     // detected.
     macro_rules! wrap {

@@ -97,7 +97,7 @@ pub(super) fn vnni_grid_fn(ty: GgmlType) -> Option<Q8GridFn> {
 /// interleaved (`IL`); the caller has checked that the backend's features (and, for AMX, the OS
 /// permission) are there.
 fn kernel<const AMX: bool, const IL: bool>(ty: GgmlType) -> Option<Q8GridFn> {
-    // SAFETY (every wrapper below): `kernel` enables exactly the AVX-512 features of
+    // SAFETY: (every wrapper below) `kernel` enables exactly the AVX-512 features of
     // `vnni::detected()`, which `grid_fn` saw (`amx::detected()` includes them), and the AMX
     // instructions run only when `amx::detected()` saw them and got the OS permission.
     macro_rules! wrap {
@@ -447,10 +447,12 @@ fn epilogue<const MINS: bool>(
     nr: usize,
     acc: &mut [__m512; GROUP],
 ) {
-    // SAFETY (loads): each reads 16 lanes from an array of 16.
+    // SAFETY: (loads) each reads 16 lanes from an array of 16.
     let d8 = unsafe { _mm512_loadu_ps(x.d8[gb].as_ptr()) };
     let pairs: [__m512i; 8] =
+        // SAFETY: 16 lanes read from an array of 16 (AVX-512F detected by the caller's dispatch).
         std::array::from_fn(|i| unsafe { _mm512_loadu_si512(x.pairs[gb][i].as_ptr().cast()) });
+    // SAFETY: 16 lanes read from an array of 16 (AVX-512F detected by the caller's dispatch).
     let neg127 = unsafe { _mm512_loadu_si512(x.neg127[gb].as_ptr().cast()) };
     for (r, (a, cr)) in acc
         .iter_mut()
@@ -458,6 +460,7 @@ fn epilogue<const MINS: bool>(
         .enumerate()
         .take(nr)
     {
+        // SAFETY: 16 lanes read from an array of 16 (AVX-512F detected by the caller's dispatch).
         let sum = unsafe { _mm512_loadu_si512(cr.as_ptr().cast()) };
         let d = _mm512_set1_ps(sc.d[r]);
         let v = if MINS {

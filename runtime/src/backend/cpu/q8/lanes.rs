@@ -145,11 +145,13 @@ pub(super) fn interleaved_fn(ty: GgmlType) -> Option<super::Q8RowsFn> {
     if !super::vnni::detected() {
         return None;
     }
-    // SAFETY (both wrappers): the features were detected just above.
+    // SAFETY: (both wrappers) the features were detected just above.
     fn q2(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
+        // SAFETY: the features this kernel enables were detected before the wrapper was handed out.
         unsafe { interleaved::<84>(w, x, planes, y) }
     }
     fn q3(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
+        // SAFETY: the features this kernel enables were detected before the wrapper was handed out.
         unsafe { interleaved::<110>(w, x, planes, y) }
     }
     match ty {
@@ -326,11 +328,13 @@ pub(super) fn interleaved_tokens_fn(ty: GgmlType) -> Option<super::Q8TokensFn> {
     if !super::vnni::detected() {
         return None;
     }
-    // SAFETY (both wrappers): the features were detected just above.
+    // SAFETY: (both wrappers) the features were detected just above.
     fn q2(w: &[u8], x: &[BlockQ8K], planes: usize, tokens: usize, y: &mut [f32]) {
+        // SAFETY: the features this kernel enables were detected before the wrapper was handed out.
         unsafe { interleaved_tokens::<84>(w, x, planes, tokens, y) }
     }
     fn q3(w: &[u8], x: &[BlockQ8K], planes: usize, tokens: usize, y: &mut [f32]) {
+        // SAFETY: the features this kernel enables were detected before the wrapper was handed out.
         unsafe { interleaved_tokens::<110>(w, x, planes, tokens, y) }
     }
     match ty {
@@ -1012,6 +1016,7 @@ mod tests {
                 let mut col = [0i32; 16];
                 // SAFETY: 64 writable bytes each.
                 unsafe { _mm512_storeu_si512(got.as_mut_ptr().cast(), t[i]) };
+                // SAFETY: 64 writable bytes.
                 unsafe { _mm512_storeu_si512(col.as_mut_ptr().cast(), column(&u, i)) };
                 let want: [i32; 16] = std::array::from_fn(|r| words[r][i]);
                 assert_eq!(got, want, "vector {i}");

@@ -58,15 +58,18 @@ pub(super) fn rows_fn(ty: GgmlType) -> Option<Q8RowsFn> {
     if !detected() {
         return None;
     }
-    // SAFETY (every wrapper): the kernels enable exactly the features `detected()` just found
+    // SAFETY: (every wrapper) the kernels enable exactly the features `detected()` just found
     // on this CPU; the wrappers are only handed out after that.
     fn q2(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
+        // SAFETY: the features this kernel enables were detected before the wrapper was handed out.
         unsafe { q2_K_rows(w, x, planes, y) }
     }
     fn q3(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
+        // SAFETY: the features this kernel enables were detected before the wrapper was handed out.
         unsafe { q3_K_rows(w, x, planes, y) }
     }
     fn q6(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
+        // SAFETY: the features this kernel enables were detected before the wrapper was handed out.
         unsafe { q6_K_rows(w, x, planes, y) }
     }
     match ty {

@@ -113,7 +113,7 @@ pub(super) fn many_fn(ty: GgmlType) -> Option<Q8DotManyFn> {
     // The kernel of a type: [`dot_many`] with its block bytes `$b`, unpacking `$prep` and
     // per-row values `$rows` (for four rows and for one); `$t` is the index of the type in
     // `super::TYPES`, for the row-by-row path below `MIN_ROWS`.
-    // SAFETY (for every wrapper below): `kernel` enables exactly the features that
+    // SAFETY: (for every wrapper below) `kernel` enables exactly the features that
     // `detected()` just found on this CPU.
     macro_rules! wrap {
         ($t:literal, $b:literal, $prep:path, $rows:ident) => {{
