@@ -4,22 +4,17 @@
 //! `rayon::scope`, so the run's parallel steps fork from that worker's own deque) and, for the
 //! body's duration, every other worker of the pool runs a spinner: a loop of
 //! `rayon::yield_now` (take one pending job of the pool, stolen or injected, and run it) and a
-//! `pause` when there was none, until the body returns. Between two parallel steps of a decode
-//! step (a few serial microseconds: a norm, a RoPE, a top-k) an idle rayon worker otherwise goes
-//! to sleep on a condition variable after about 32 rounds of `sched_yield`, and the next step
-//! waits for the futex wake-up; on the 2-vCPU Zen 4 guest of docs/BENCHMARKS.md a two-way
-//! `rayon::join` of 2 × 20 µs took 40–55 µs after a gap of 30 µs or more and 20.7 µs with the
-//! spinner. ggml's CPU thread pool does the like: its workers meet at a spinning barrier
-//! between graph nodes and poll for the next graph before sleeping (`ggml-cpu.c`,
-//! `ggml_barrier`, `ggml_graph_compute_poll_for_work`).
+//! `pause` when there was none, until the body returns. Otherwise, between two parallel steps of
+//! a decode step (a few serial microseconds: a norm, a RoPE, a top-k), an idle worker goes to
+//! sleep on a condition variable after about 32 rounds of `sched_yield` and the next step waits
+//! for the futex wake-up. ggml's CPU thread pool does the like (`ggml-cpu.c`, `ggml_barrier`,
+//! `ggml_graph_compute_poll_for_work`).
 //!
-//! The spinner of the body's own worker returns at once (that worker runs the body; if it
-//! picked up its own spinner while waiting for a stolen job, spinning there would never let the
-//! body resume). Every `OS_YIELD_ROUNDS` idle rounds a spinner also yields to the OS, so an
-//! oversubscribed pool does not starve the body. The body's end is signalled by a guard's
-//! `Drop`, so a panicking body stops the spinners too and the scope rethrows the panic instead
-//! of waiting forever. Nothing spins between runs: a server idle between requests, or a caller
-//! between tokens, leaves the workers to sleep.
+//! Contract. The spinner of the body's own worker returns at once (spinning there, while it
+//! waits for a stolen job, would never let the body resume). Every `OS_YIELD_ROUNDS` idle rounds
+//! a spinner yields to the OS, so an oversubscribed pool does not starve the body. The body's end
+//! is signalled by a guard's `Drop`, so a panicking body stops the spinners and the scope
+//! rethrows the panic. Nothing spins between runs: between requests or tokens, workers sleep.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -1,46 +1,33 @@
 //! The fast path's f32 steps that keep the oracle's bits — attention over the latent cache
 //! (`scores_qk`, `weighted_sum`, `softmax`, `scale`, `causal_mask`), `rms_norm`, `silu`,
-//! `attn_temperature` and `rope_yarn` — with the
-//! oracle's operations in the oracle's order (`kernels-gen/src/cpu/lower.rs`, `emit.rs`'s
-//! `dot_f32`), so that every result has the oracle's bits (NaN payloads aside), in vector lanes
-//! instead of the oracle's scalar loops.
+//! `attn_temperature` and `rope_yarn` — with the oracle's operations in the oracle's order
+//! (`kernels-gen/src/cpu/lower.rs`, `emit.rs`'s `dot_f32`) in vector lanes instead of its
+//! scalar loops, so that every result has the oracle's bits (NaN payloads aside).
 //!
 //! Algorithm.
 //! - `scores_qk`, `y[r, j] = q[r, :] · k[j, :]`: the oracle's dot keeps eight partial sums
 //!   (element `i` into sum `i mod 8`, each product rounded, then added, from `+0.0`), adds a tail
 //!   of `w mod 8` elements into sums `0 ..`, and reduces `((s0 + s1) + (s2 + s3)) + ((s4 + s5) +
-//!   (s6 + s7))`. Here lane `l` of a vector is query row `r0 + l` of a group of 16: the group's
-//!   rows are transposed once (`qt[i]` holds element `i` of the 16 rows), and for each pair of
-//!   keys the eight sums of all 16 rows are eight vectors per key, each step a multiply of `qt[i]`
-//!   by the broadcast key element and an add — no horizontal reduction. Work items are (row
-//!   group, key range); with the causal cut, a group's keys after the last position of its rows'
-//!   tokens are written `0.0` instead of computed (the plan's `causal_mask` replaces them).
-//!   Below `SPLIT_ROWS` rows (decode) an item first asks for its key rows in L2
-//!   (`prefetch_l2_of`): the latent cache comes cold from memory, and the item's own sequential
-//!   reads met a new 4 KiB page every three rows (32 rows × 576 keys × 320 after a 96 MiB
-//!   flush, two threads: 190–270 → 164–169 µs; 93–122 µs warm).
+//!   (s6 + s7))`. Lane `l` is query row `r0 + l` of a group of 16, transposed once (`qt[i]`
+//!   holds element `i` of the 16 rows), so each step is a multiply of `qt[i]` by the broadcast
+//!   key element and an add, no horizontal reduction.
+//!   Work items are (row group, key range); keys after a group's last causal position are
+//!   written `0.0` (the plan's `causal_mask` replaces them). Below `SPLIT_ROWS` rows (decode) an
+//!   item first asks for its key rows in L2 (`prefetch_l2_of`): the latent cache comes cold.
 //! - `weighted_sum`, `y[r, c] = Σ_j p[r, j] · v[j, c]`, `j` ascending from `+0.0`, multiply then
-//!   add: lanes are 16 columns `c`; a work item is eight rows × 32 columns (sixteen vectors of
-//!   sums), each key step two loads of `v[j]` shared by the eight rows and one broadcast of each
-//!   row's `p[r, j]`. At prefill a block of rows stops at its last nonzero weight, never before
-//!   a value row that is not finite: the skipped terms are `±0.0` added to a sum that started at
-//!   `+0.0`, which leave it unchanged.
-//! - `softmax`: the row's maximum (NaN if an element is; vector compares), `e = exp(x − max)` in
-//!   vectors by the lanes version of `expf` (the oracle's `exp`: a masked score's −∞ gives
-//!   `+0.0`), summed from `+0.0` in index order (scalar, as the oracle's chain), then `e / sum` in
-//!   vectors.
-//! - `silu` (and the routed experts' `silu(g) · u`): `x / (1 + exp(−x))` in vectors, the same
-//!   `exp`.
-//!
-//! - `scale` (`y = x · c`) and `causal_mask` (`y[t, .., j] = j > pos[t] ? −∞ : x[t, .., j]`):
-//!   the oracle's expressions over chunks of rows in parallel; the mask writes −∞ without
-//!   reading the scores it replaces.
-//!
-//! - `attn_temperature` and `rope_yarn`: the oracle's per-token factor (`1 + β ln(1 + ⌊p/L⌋)`)
-//!   and per-(token, pair) cos / sin (libm's, as the oracle calls them) computed once per token
-//!   instead of once per element or per row (head), then the oracle's multiplies and adds.
-//!
-//! - `rms_norm`, `y = (x · inv) · w` with `inv = 1 / sqrt(dot(x, x) / n + eps)`: the dot by
+//!   add: lanes are 16 columns `c`, a work item eight rows × 32 columns. At prefill a block of
+//!   rows stops at its last nonzero weight, never before a value row that is not finite (the
+//!   skipped terms are `±0.0` added to a sum that started at `+0.0`: no change).
+//! - `softmax`: the row's maximum (NaN if an element is), `e = exp(x − max)` by the lanes
+//!   version of `expf` (the oracle's `exp`: −∞ gives `+0.0`), summed from `+0.0` in index order
+//!   (scalar, as the oracle's chain), then `e / sum`. `silu` (and the routed experts'
+//!   `silu(g) · u`): `x / (1 + exp(−x))`, the same `exp`.
+//! - `scale` (`y = x · c`) and `causal_mask` (`y[t, .., j] = j > pos[t] ? −∞ : x[t, .., j]`): the
+//!   oracle's expressions over chunks of rows in parallel (the mask reads no score it replaces).
+//! - `attn_temperature`, `rope_yarn`: the oracle's per-token factor (`1 + β ln(1 + ⌊p/L⌋)`) and
+//!   per-(token, pair) cos / sin (libm's, as the oracle calls them) computed once per token, then
+//!   the oracle's multiplies and adds.
+//! - `rms_norm`, `y = (x · inv) · w`, `inv = 1 / sqrt(dot(x, x) / n + eps)`: the dot by
 //!   [`crate::quant::dot_f32`] (the oracle's eight lanes), rows in parallel, element loops left
 //!   to the compiler's vectorizer (no reassociation: each element is its own two products).
 //!
@@ -740,8 +727,7 @@ fn silu_chunk<V: V16>(g: &mut [f32], u: Option<&[f32]>) {
 }
 
 /// Elements per parallel chunk of `scale` and `causal_mask`, so a decoded token's (32 heads ×
-/// S ≈ 600 keys) runs on one thread: split in two, both steps took 25–28 µs per layer, most of
-/// it waking the second thread (Zen 4 VM), against 2.5–5 µs on one.
+/// S ≈ 600 keys) runs on one thread: waking a second thread costs more than the work.
 const ELEMENT_CHUNK: usize = 1 << 16;
 
 /// `scale`: `y[i] = x[i] · c`, the oracle's `fmul` (elements in parallel).

@@ -8,40 +8,25 @@
 //! each activation row's codes `64c + 4rr .. 64c + 4rr + 4` as one 32-bit word, lane `t` for row
 //! `t`). The 16 weight rows are first unpacked whole, row by row (sequential reads of the
 //! weights), into the u8 effective weights of the VNNI kernels (`vnni.rs`; Q2_K `q·sc`, Q3_K
-//! `(q3 − 4)·(sc − 32) + 127`), 256 bytes per block in element order. Then for each 256-element
-//! block and activation group:
+//! `(q3 − 4)·(sc − 32) + 127`), 256 bytes per block in element order: once per weight block
+//! for all activation rows of the call. Then for each 256-element block and activation group:
 //! - the block's integer sum for all 16 × 16 (weight row, activation row) pairs (Q3_K: before
-//!   its `−127·Σ x8` offset):
-//!   * AMX: the 16 unpacked rows are loaded once per block as four `A` tiles, and `tdpbusd`
-//!     (u8 × i8, four products added into each i32, exact) runs four times per group into a
-//!     `C` tile (two groups at a time), which is stored;
-//!   * VNNI: for each of the 64 words `k` of the block, the group's tile row (16 activation
-//!     rows' words `k`, one `__m512i`) is loaded once, and each weight row's word `k` is
-//!     broadcast and `vpdpbusd`-ed with it into that row's 16 lanes: after 64 steps lane `t` of
-//!     row `r` is the pair's whole sum — no horizontal reduction;
+//!   its `−127·Σ x8` offset): AMX loads the 16 unpacked rows once per block as four `A` tiles
+//!   and runs `tdpbusd` (u8 × i8, four products into each i32, exact) four times per group into
+//!   a `C` tile (two groups at a time), which is stored; VNNI, for each of the 64 words `k` of
+//!   the block, loads the group's tile row once and `vpdpbusd`s each weight row's broadcast word
+//!   `k` with it into that row's 16 lanes, so lane `t` of row `r` ends as the pair's whole sum;
 //! - epilogue: per weight row, 16 lanes of AVX-512 compute the block's value exactly as the
 //!   scalar helper does per pair (`d8·(d·f32(S) − dmin·f32(M))` with `M = Σ_j m_j·bsum_j` by
 //!   eight `vpdpwssd`, or `d8·(d·f32(S))`), added into the pair's f32 accumulator, blocks in
 //!   order from `+0.0`.
 //!
-//! Weight rows in the interleaved layout (the fast store's experts) are unpacked on the VNNI
-//! backend 16 rows at once, with their words in the vector lanes as the layout holds them
-//! (`lanes::q2_unpack`, `lanes::q3_unpack`: Q3_K's products by sub-block tables and `vpshufb`),
-//! and the words stay in that order (word `k` of row `r` at `64k + 4r`) for the broadcasts;
-//! before, each row's block was gathered word by word and unpacked alone. The scales of a block
-//! are kept lane by lane (`LaneScales`), which the epilogue reads per weight row; a per-row
-//! struct filled from the lanes compiled to scatter instructions. Zen 4, one thread, interleaved
-//! rows, 8 / 16 / 64 tokens × 2 planes: Q3_K 125 / 157 / 187 → 150 / 178 / 205 GMAC/s, Q2_K
-//! 131 / 153 / 169 → 148 / 164 / 178.
-//!
-//! The unpacking is paid once per weight block for all activation rows of the call. The VNNI
-//! backend issues one `vpdpbusd` (64 multiply-adds) per broadcast word, with the activation
-//! tile row shared by the 16 weight rows. A last group of at most [`HALF`] activation rows goes
-//! through it at 256 bits (the tile row's first eight lanes): Zen 4 issues two 256-bit
-//! `vpdpbusd` per cycle against one at 512 (measured 6.7 and 3.6 G/s, 215 and 232 GMAC/s), so
-//! those rows cost half a group. An expert's share of a 512-token prompt (about 16 tokens, 32
-//! activation rows under `q8x2`, Binomial-distributed) then pads 9 % instead of 22 % (Zen 4, one
-//! thread, cold weights, 20 tokens × 2 planes: Q2_K 118–133 → 149, Q3_K 140 → 155–159 GMAC/s).
+//! Interleaved weight rows (the fast store's experts) are unpacked on the VNNI backend 16 rows at
+//! once with their words in the lanes (`lanes::q2_unpack`, `lanes::q3_unpack`) and kept in that
+//! order (word `k` of row `r` at `64k + 4r`) for the broadcasts; a block's scales are kept lane
+//! by lane (`LaneScales`: a per-row struct filled from the lanes compiles to scatters). A last
+//! group of at most [`HALF`] activation rows goes through the VNNI backend at 256 bits (the tile
+//! row's first eight lanes), for no more than half a group's cost.
 
 use super::lanes::{q2_unpack, q3_unpack, LaneScales};
 use super::tiles::{CBuf, Q8Tiles, Unpacked, GROUP};
@@ -287,8 +272,7 @@ fn grid<const B: usize, const MINS: bool, const AMX: bool, const IL: bool>(
             }
         }
         // The next row group's weights, prefetched into L2 a block's share at a time while this
-        // group is computed (its unpacking read them from memory otherwise: 23 % of the grid
-        // kernel's samples on Zen 4 waited on those loads).
+        // group is computed (its unpacking would wait on reads from memory otherwise).
         let next = super::clamped(w, (r0 + GROUP) * nb * B, (r0 + 2 * GROUP) * nb * B);
         for b in 0..nb {
             super::prefetch_l2(super::clamped(next, b * GROUP * B, (b + 1) * GROUP * B));
@@ -336,8 +320,8 @@ fn grid<const B: usize, const MINS: bool, const AMX: bool, const IL: bool>(
 }
 
 /// Activation rows of a half group: a last group with this many rows or fewer goes through the
-/// VNNI backend at 256 bits (its lanes `0 .. 8`), which on Zen 4 issues twice as many
-/// `vpdpbusd` per cycle as at 512 bits, so half the padding costs nothing.
+/// VNNI backend at 256 bits (its lanes `0 .. 8`): where 256-bit `vpdpbusd` issue at twice the
+/// 512-bit rate, half the padding costs nothing.
 pub(super) const HALF: usize = GROUP / 2;
 
 /// A vector of i32 lanes for [`vnni_sums`]: all 16 of a tile row (`__m512i`) or its first

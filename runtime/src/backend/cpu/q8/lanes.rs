@@ -1,66 +1,48 @@
 //! Decode kernels with the weight rows in the vector lanes (AVX-512): 16 Q2_K or Q3_K weight
 //! rows against the two Q8_K planes of one token (`q8x2`), with the integer sums and f32
 //! expressions of the scalar kernels, so that every row gets the bits of
-//! [`super::q8_dot_fn`] summed over the planes in plane order (steps 1–3 as written for Q2_K).
+//! [`super::q8_dot_fn`] summed over the planes in plane order.
 //!
-//! Algorithm. `rows.rs` keeps a row's 256 codes in the lanes of four vectors and so has to
-//! reduce each block's lanes to one sum per row and plane. Here lane `r` of every vector belongs
-//! to weight row `r` of a group of 16, so a block's sums come out whole in the lanes, with no
-//! horizontal reduction, and the activation side is a broadcast:
+//! Algorithm (steps as written for Q2_K). Lane `r` of every vector belongs to weight row `r` of
+//! a group of 16, so a block's sums come out whole in the lanes, with no horizontal reduction
+//! (`rows.rs` reduces each block's lanes per row and plane), and the activation side is a
+//! broadcast:
 //!
 //! 1. Per block, each row's bytes `0 .. 64` (the 16 scale bytes and code bytes `0 .. 48`) and
 //!    `20 .. 84` (code bytes `4 .. 64`, then `d` and `dmin`) are loaded as 16 32-bit words and
-//!    the 16 × 16 words transposed (`unpack` 32 / 64-bit, then two `shuffle_i32x4` stages; of the
-//!    second load only the five words needed), so that vector `q` holds code word `q` (bytes
-//!    `4q .. 4q + 4` of the 64 code bytes) of all 16 rows, and likewise the scale words and the
-//!    `(d, dmin)` word.
+//!    the 16 × 16 words transposed (`unpack` 32 / 64-bit, then two `shuffle_i32x4` stages), so
+//!    that vector `q` holds code word `q` (bytes `4q .. 4q + 4` of the 64 code bytes) of all 16
+//!    rows, and likewise the scale words and the `(d, dmin)` word.
 //! 2. Code word `q` holds, at bits `2j .. 2j + 2` of its four bytes, the elements
 //!    `128·(q / 8) + 32j + 4·(q mod 8) ..` + 4 (Q2_K's order), all in sub-block
 //!    `8·(q / 8) + 2j + (q mod 8) / 4`. Shift and mask give the codes; per plane four `vpdpbusd`
-//!    with the broadcast activation words of the same elements add a sub-block's 16 products
-//!    into an i32 per row (|sum| ≤ 16·3·128, so it is also its own low i16), and one `vpdpwssd`
-//!    by the row's scale of that sub-block (in the low i16 of its lane, the high half zero, so
-//!    the sum's sign half contributes nothing) adds `sc_j·Σ_16 q·x8` into one of four
-//!    accumulators, chosen by `j`: `S = Σ_j sc_j·Σ_16 q·x8`, exact. (Before, the codes were
-//!    multiplied by their scale first and all 64 `vpdpbusd` of a block and plane went into one
-//!    accumulator, a dependent chain that bounded the kernel.) The mins: `M = Σ_j m_j·bsum_j`
-//!    by eight `vpdpwssd` per plane of the rows' min pairs `(m_2t, m_2t+1)` (16-bit halves of a
+//!    with the broadcast activation words add a sub-block's 16 products into an i32 per row
+//!    (|sum| ≤ 16·3·128, so also its own low i16), and one `vpdpwssd` by the row's scale of that
+//!    sub-block (low i16 of the lane, high half zero) adds `sc_j·Σ_16 q·x8` into one of four
+//!    accumulators chosen by `j`: `S = Σ_j sc_j·Σ_16 q·x8`, exact. The mins `M = Σ_j m_j·bsum_j`:
+//!    eight `vpdpwssd` per plane of the rows' min pairs `(m_2t, m_2t+1)` (16-bit halves of a
 //!    lane) with the broadcast pair `(bsum_2t, bsum_2t+1)`.
-//! 3. Per plane the block's value `d8·(d·f32(S) − dmin·f32(M))` is evaluated in the 16 lanes with
-//!    the scalar helper's operations in its order (`mul`/`sub`, no FMA; `S`, `M` exact i32s
-//!    converted to nearest), and added into the plane's f32 accumulator, blocks in order from
-//!    `+0.0`; the row's result is its plane accumulators added in plane order.
+//! 3. Per plane `d8·(d·f32(S) − dmin·f32(M))` is evaluated in the 16 lanes with the scalar
+//!    helper's operations in its order (`mul`/`sub`, no FMA), added into the plane's f32
+//!    accumulator, blocks in order from `+0.0`; a row's result is its plane accumulators added in
+//!    plane order.
 //!
-//! Q3_K follows the same three steps with its own unpacking ([`q3_block`]: the 3-bit codes
-//! `q + 4·hbit` through `vpdpbusd` per sub-block, then `vpdpwssd` by the signed 6-bit scale, no
-//! mins; the scales decoded for all 16 sub-blocks at once, four bytes per lane by nibble
-//! selects, instead of one sub-block at a time).
+//! Q3_K ([`q3_block`]): the 3-bit codes `q + 4·hbit` through `vpdpbusd` per sub-block, then
+//! `vpdpwssd` by the signed 6-bit scale, no mins; the 16 scales decoded at once, four bytes per
+//! lane by nibble selects.
 //!
 //! Prefill of a few tokens, or of an expert's share of a prompt ([`interleaved_tokens`]): each
-//! block of a group of 16 rows is unpacked once into the tile kernels' effective weights with
-//! the words in the lanes ([`q2_unpack`], [`q3_unpack`]), then meets up to eight activation rows
-//! (token planes) per pass: one `vpdpbusd` per word and row, the row's word a broadcast folded
-//! into the instruction, and the tile epilogue's f32 expressions per row with the weight rows in
-//! the lanes — so no activation row is padded to a 16-row tile (the tile kernel's cost at 17
-//! activation rows is that of 24) and nothing is packed. (Before, the block functions of the
-//! decode kernels decoded the codes again on every pass of eight rows, and Q3_K paid a
-//! `vpdpwssd` per sub-block and row: Q3_K 94–97 GMAC/s.) Zen 4, one thread, 4096-element rows:
-//! Q2_K 152 / 164 / 168 / 174 GMAC/s at 8 / 17 / 16 / 32 tokens × 2 planes, Q3_K 150 / 171 /
-//! 174 / 187 (the tile kernel 150 / 136 / 166 / 176 and 153 / 154 / 181 / 199).
+//! block of a group of 16 rows is unpacked once into the tile kernels' effective weights with the
+//! words in the lanes ([`q2_unpack`], [`q3_unpack`]), then meets up to eight activation rows per
+//! pass (one `vpdpbusd` per word and row, the row's word a broadcast) and the tile epilogue's f32
+//! expressions per row: no activation row is padded to a 16-row tile, nothing is packed.
 //!
-//! As in `rows.rs`, the next group's bytes are prefetched in address order while a group is
-//! computed, here into L2 (a group is 21 KiB at 4096 elements: two of them do not fit the
-//! 32 KiB L1D of Zen 4). Fewer than 16 rows go to `rows.rs`.
-//!
-//! Weights in the interleaved layout (`super::interleave_rows`, the fast store's expert copies)
-//! hold each group's block words already in step 1's order, so [`interleaved`] replaces the
-//! loads and the transpose by 21 (Q2_K) or 27 (Q3_K, and its 16 `d`) plain loads per block and
-//! runs the same block functions ([`q2_block`], [`q3_block`]), for one or two planes. Zen 4,
-//! one thread, two planes, streamed / L2-resident rows (`cargo bench --bench q8_dot --
-//! q8_decode`, `interleaved_q8x2`), one chain and the scales per sub-block → the sub-block sums
-//! in four chains and the scales decoded once per block: Q2_K 15.2 / 17.0 → 18.5 / 20.0 GiB/s,
-//! Q3_K 10.7 / 11.7 → 15.6 / 19.3 GiB/s (the transposing kernels on the file's layout share the
-//! block functions).
+//! While a group is computed the next one's bytes are prefetched into L2 in address order (a
+//! group is 21 KiB at 4096 elements, two do not fit L1). Fewer than 16 rows go to `rows.rs`.
+//! Weights in the interleaved layout (`super::interleave_rows`) hold each group's block words
+//! already in step 1's order, so [`interleaved`] replaces the loads and the transpose by 21
+//! (Q2_K) or 27 (Q3_K, and its 16 `d`) plain loads per block and runs the same block functions
+//! ([`q2_block`], [`q3_block`]), for one or two planes.
 
 #![allow(non_snake_case)] // the kernels keep ggml's type names (q2_K)
 
@@ -74,9 +56,7 @@ pub(super) const LANES: usize = 16;
 /// `y[i] = dot(row_i, x_0) + dot(row_i, x_1)` for the whole groups of 16 rows of `w` and two
 /// planes (`Q8RowsFn`'s contract for Q2_K, `B` = 84, or Q3_K, `B` = 110); returns the rows done
 /// (a multiple of 16, or all of them after a failed length check), the rest left to the caller.
-/// One plane goes to the caller whole: `rows.rs`'s groups of eight measured faster there (Zen
-/// 4, cache-resident Q2_K rows: 16.5 against 15.4 GB/s; at two planes these kernels 13.7
-/// against 9.6).
+/// One plane goes to the caller whole: there `rows.rs`'s groups of eight are faster.
 ///
 /// # Safety
 /// The CPU has the features of `vnni::detected` (checked by the caller).

@@ -1,21 +1,16 @@
 //! Integer dot kernels of weight rows against Q8_K-quantized activations (the CPU fast path).
 //!
 //! Algorithm. An activation row is quantized once to Q8_K ([`quantize_row_q8k`]): 256-element
-//! blocks of one f32 scale `d8`, 256 i8 values and the 16 i16 sums of each 16 values (llama.cpp
-//! `block_q8_K`, `ggml/src/ggml-common.h`; `quantize_row_q8_K_ref` in `ggml-quants.c`). Every
-//! weight row is then dotted against it block by block: the weight codes and the activation
-//! codes are multiplied and summed as exact `i32`s (the sub-block scales are integers too), and
-//! only then one fixed f32 expression per 256-element block turns the sums into a value. The
-//! blocks are added in order into one f32 accumulator starting at `+0.0`:
+//! blocks of one f32 scale `d8`, 256 i8 codes `x8[i] = qs[i]` and the 16 i16 sums
+//! `bsum[j] = Σ x8[16j .. 16j+16]` (llama.cpp `block_q8_K`, `ggml/src/ggml-common.h`;
+//! `quantize_row_q8_K_ref` in `ggml-quants.c`). Every weight row is dotted with it block by
+//! block: codes times codes and the integer sub-block scales summed as exact `i32`s, then one
+//! fixed f32 expression `value(b)` per block, the blocks added in order into one f32
+//! accumulator: `acc = +0.0; for b in 0..nb: acc = acc + value(b)` (left to right).
 //!
-//! ```text
-//! acc = +0.0;  for b in 0..nb:  acc = acc + value(b)        // f32, left to right
-//! ```
-//!
-//! With `x8[i] = qs[i]` the activation codes, `bsum[j] = Σ x8[16j .. 16j+16]`, the sub-block
-//! scales and codes as the layouts in `kquants.rs` / `iquants.rs` / `legacy.rs` define them
-//! (`d`, `dmin`: the block's f16 super-scales widened to f32), `value(b)` is, per type (every
-//! `Σ` exact in i32, `f32(s)` the conversion of the integer `s` to f32, round to nearest):
+//! Per type (scales and codes as `kquants.rs` / `iquants.rs` / `legacy.rs` lay them out; `d`,
+//! `dmin`: the block's f16 super-scales widened to f32; every `Σ` exact in i32; `f32(s)` the
+//! conversion of the integer `s` to f32, round to nearest):
 //!
 //! | type | integer sums | `value(b)` in f32 |
 //! |---|---|---|
@@ -26,19 +21,18 @@
 //! | IQ2_XXS, IQ2_XS | `S = Σ_j (2·s_j + 1)·Σ grid·sign·x8` (j: the 32 or 16 elements of a scale) | `0.125·(d8·(d·f32(S)))` |
 //! | Q4_0, Q8_0 | `S_k = Σ_{32} (q − 8)·x8` resp. `Σ_{32} q·x8` for the 8 weight blocks `k` | `d8·(((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)))`, `p_k = d_k·f32(S_k)` |
 //!
-//! (`IQ2`: the dequantized value `d·(0.5 + s)·0.25·grid` is `d·(2s + 1)·grid / 8`.) The scalar
-//! kernels (`scalar.rs`) and the AVX2 ones (`avx2.rs`) compute the same integers and then call
-//! the same f32 helpers of this module (no FMA contraction: Rust never fuses `a·b + c`), so the
-//! two agree bit for bit. The result differs from the f32 oracle [`crate::quant::dot_row`] by the
-//! activation rounding (|x − d8·x8| ≤ d8/2) and by f32 rounding of a different summation order.
+//! (`IQ2`: the dequantized value `d·(0.5 + s)·0.25·grid` is `d·(2s + 1)·grid / 8`.)
 //!
-//! For prefill, [`q8_dot_many_fn`] dots one weight row with several activation rows in one
-//! call. Where the CPU has AVX-512 VNNI, the kernels of `vnni.rs` (Q2_K, Q3_K, Q4_K, Q5_K,
-//! Q6_K) unpack each weight block once for all of them; they compute the same integers and call
-//! the same helpers, so each row gets exactly the bits of the single-row kernel. Where the CPU
-//! has AMX, [`q8_grid_fn`] (Q2_K, Q3_K; `amx.rs`) takes many weight rows against many activation
-//! rows packed as tiles ([`Q8Tiles`], `tiles.rs`): the integer sums come from the tile unit's
-//! `tdpbusd`, the f32 expressions are the same per pair, so again the single-row bits.
+//! Contract. Every kernel computes these integers and then the same f32 helpers of this module
+//! (no FMA contraction: Rust never fuses `a·b + c`), so all give the scalar kernel's bits: the
+//! scalar (`scalar.rs`) and AVX2 (`avx2.rs`) single-row kernels; [`q8_dot_many_fn`]'s one
+//! weight row against several activation rows (prefill; `vnni.rs` unpacks each weight block once
+//! for all of them: Q2_K to Q6_K); the decode kernels of [`q8_rows_fn`] (`rows.rs`, `lanes.rs`:
+//! the planes' values added in plane order); and [`q8_grid_fn`]'s many weight rows against many
+//! activation rows packed as [`Q8Tiles`] (`tiles.rs`; Q2_K, Q3_K; sums by AMX's `tdpbusd` in
+//! `amx.rs` or by VNNI in `grid.rs`). The result differs from the f32 oracle
+//! [`crate::quant::dot_row`] by the activation rounding (|x − d8·x8| ≤ d8/2) and by f32 rounding
+//! of a different summation order.
 
 mod scalar;
 mod tiles;
@@ -214,9 +208,7 @@ fn quantize_block(x: &[f32; QK_K], y: &mut BlockQ8K) {
 /// result is that of ±128, and for NaN that of −128. No libm `roundf` call, so that the loop
 /// vectorizes: truncate, then step away from zero when the dropped fraction `t − trunc(t)`
 /// (exact in f32) is at least one half. The truncation is an unchecked conversion of `t`
-/// clamped to ±128: a saturating `as i32` compiled to scalar code per element (with it and a
-/// sequential maximum, a 4096-element row took 6.1 µs to quantize on Zen 4; 1.8 µs now,
-/// `cargo bench -p aubier-runtime --bench q8_dot -- quantize_row_q8k`).
+/// clamped to ±128: a saturating `as i32` compiles to scalar code per element.
 #[inline(always)]
 fn round_half_away(t: f32) -> i32 {
     // `max` / `min` return the operand that is not NaN, so `c` is in [−128, 128] (`clamp`
@@ -558,9 +550,8 @@ fn clamped(w: &[u8], from: usize, to: usize) -> &[u8] {
 
 /// Asks the CPU to start loading `bytes` into L1 (one hint per 64-byte line): the weight rows
 /// after the next ones, while these are dotted. A hint, never a fault. The loop over `chunks`
-/// stays a loop (one hint per iteration): the same hints unrolled into a burst of eight
-/// back-to-back `prefetcht0` measured 10–30 % slower streams on Zen 4 (the decode kernels at
-/// two threads, 512 MiB matrices).
+/// stays a loop (one hint per iteration): unrolled into bursts of back-to-back `prefetcht0`,
+/// the same hints slow the streams down.
 #[inline(always)]
 fn prefetch(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]

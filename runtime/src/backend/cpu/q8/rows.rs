@@ -1,48 +1,38 @@
-//! Decode kernels (AVX-512, 512-bit vectors): many weight rows against the Q8_K planes of one
-//! token, with the integer sums and f32 expressions of the scalar kernels, so that every row
-//! gets the bits of [`super::q8_dot_fn`] summed over the planes in plane order.
+//! Decode kernels (AVX-512, 512-bit vectors): many Q2_K, Q3_K or Q6_K weight rows against the
+//! Q8_K planes of one token (`q8`: one plane; `q8x2`: value and residual), with the integer sums
+//! and f32 expressions of the scalar kernels, so that every row gets the bits of
+//! [`super::q8_dot_fn`] summed over the planes in plane order.
 //!
-//! Algorithm. At decode a weight row meets one activation row, held as one Q8_K plane (`q8`) or
-//! two (`q8x2`: value and residual). Called row by row, the single-row kernels unpack every
-//! weight block once per plane and reduce every block's integer sums to a scalar on their own
-//! (a horizontal add per block and row): for `q8x2` both costs dominate the products. Here a
-//! group of `8 / P` weight rows (`P` the planes) is walked block by block:
+//! Algorithm. A group of `R = 8 / P` weight rows (`P` the planes) is walked block by block, so
+//! that each weight block is unpacked once for all planes and the group's sums are reduced
+//! together rather than block by block and row by row:
 //!
 //! 1. The activation codes of block `b` are loaded once per group, per plane four `__m512i`:
 //!    vector `j` is `qs[32j .. 32j + 32]` then `qs[128 + 32j .. 128 + 32j + 32]`, the element
 //!    order in which Q2_K and Q3_K store the 2-bit codes of one 64-byte run (bits `2j .. 2j + 2`
 //!    of byte `l` are element `32j + l`, of byte `32 + l` element `128 + 32j + l`). So each
-//!    128-bit lane of vector `j` is one 16-element sub-block: `2j`, `2j + 1`, `8 + 2j`,
-//!    `9 + 2j`.
+//!    128-bit lane of vector `j` is one 16-element sub-block: `2j`, `2j + 1`, `8 + 2j`, `9 + 2j`.
 //! 2. Each row's block is unpacked once (shift and mask per `j`) and dotted with every plane:
-//!    * Q2_K: the codes times the lane's 4-bit scale (`_mm512_mullo_epi16` of the code bytes by
-//!      the scale as an i16: `q·sc ≤ 45`, so the two bytes of each product do not carry), then
-//!      `vpdpbusd` per plane (`S = Σ_j sc_j·Σ_16 q·x8`); the mins `M = Σ_j m_j·bsum_j` by one
-//!      `madd` per plane.
-//!    * Q3_K: the 3-bit codes `q3 = q + 4·hbit` (0..=7; the high bit tested per byte into a
-//!      mask), `maddubs` per plane (|pair| ≤ 2·7·127) and `vpdpwssd` by the lane's signed scale
-//!      `sc − 32` (`vpermw` from the 16 scales); the `− 4` of `q3 − 4` is `− 4·Σ_j s_j·bsum_j`,
-//!      one `madd` per plane that starts the accumulator.
-//!    * Q6_K: the same with the 6-bit codes (0..=63, |pair| ≤ 2·63·127), the signed 8-bit
-//!      scales and the `− 32` of `q − 32` as `− 32·Σ_j sc_j·bsum_j`. Its `ql` and `qh` bytes hold
-//!      the same element order per 128-element half as Q2_K's codes, so vector `j` is built
-//!      from two 32-byte runs of `ql` and the 64 `qh` bytes.
-//! 3. The group's `8` integer sums (`R` rows × `P` planes; Q2_K also its `8` mins), exact i32s
-//!    equal to the scalar kernels', are reduced at once by one transpose-and-add tree into the
-//!    eight i32 lanes `r·P + p`, converted to f32 as the scalar kernels convert them (round to
-//!    nearest) and turned into the block's value with their f32 expression evaluated lane-wise
-//!    (`mul`/`sub` in the same order, no FMA): `d8·(d·S − dmin·M)` (Q2_K), `d8·(d·S)` (Q3_K,
-//!    Q6_K). Each lane adds the value into its own
-//!    f32 accumulator, block after block from `+0.0` — the single-row kernels' order.
-//! 4. Row `r`'s result is its plane accumulators added in plane order (`acc_0 + acc_1`), as the
-//!    fast path adds the plane dots.
+//!    * Q2_K: codes times the lane's 4-bit scale (`_mm512_mullo_epi16` by the scale as an i16:
+//!      `q·sc ≤ 45`, no carry between the bytes), then `vpdpbusd` per plane; the mins
+//!      `M = Σ_j m_j·bsum_j` by one `madd` per plane.
+//!    * Q3_K: codes `q3 = q + 4·hbit` (0..=7), `maddubs` per plane (|pair| ≤ 2·7·127) and
+//!      `vpdpwssd` by the lane's signed scale `sc − 32`; the `− 4` is `− 4·Σ_j s_j·bsum_j`, one
+//!      `madd` per plane that starts the accumulator.
+//!    * Q6_K: the same with the 6-bit codes (|pair| ≤ 2·63·127), the signed 8-bit scales and
+//!      `− 32·Σ_j sc_j·bsum_j`; its `ql` and `qh` bytes hold Q2_K's element order per
+//!      128-element half (vector `j` from two 32-byte runs of `ql` and the 64 `qh` bytes).
+//! 3. The group's eight exact i32 sums (`R` rows × `P` planes; Q2_K also its eight mins) are
+//!    reduced by one transpose-and-add tree into the i32 lanes `r·P + p`, converted to f32
+//!    (round to nearest) and turned into the block's value by the scalar f32 expression
+//!    lane-wise (`mul`/`sub` in the same order, no FMA): `d8·(d·S − dmin·M)` (Q2_K), `d8·(d·S)`
+//!    (Q3_K, Q6_K); each lane adds it into its f32 accumulator, blocks in order from `+0.0`.
+//!    Row `r`'s result is its plane accumulators added in plane order.
 //!
 //! While a group is computed, the next group's bytes are prefetched in address order, one
-//! block's share per block step: a group's rows are read block-major, `R` strided streams that
-//! the hardware prefetchers follow badly (measured on Zen 4, two threads streaming a 512 MiB
-//! Q2_K matrix under `q8x2`: 12.4 GB/s without, 18.9 GB/s with), into L1 when two groups fit
-//! it, else into L2 (the Q6_K head's groups of 27 KiB). Rows that do not fill a group go one at
-//! a time through the same code (`R = 1`).
+//! block's share per block step (a group's rows are `R` strided streams, which the hardware
+//! prefetchers follow badly): into L1 when two groups fit it, else into L2 (the Q6_K head's
+//! 27 KiB groups). Rows that do not fill a group go one at a time through the same code (`R = 1`).
 
 #![allow(non_snake_case)] // the kernels keep ggml's type names (q2_K)
 
@@ -86,8 +76,8 @@ pub(super) fn rows_fn(ty: GgmlType) -> Option<Q8RowsFn> {
 /// bytes `b·R·B .. (b + 1)·R·B`, a block's share in address order.
 type Group<const R: usize> = unsafe fn(&[u8], usize, &[BlockQ8K], usize, &[u8]) -> [f32; R];
 
-/// Groups between the one computed and the one prefetched: the next (measured on Zen 4, 2
-/// threads streaming from memory: 1 beats 2 and 4, whose rows no longer fit the 32 KiB L1D).
+/// Groups between the one computed and the one prefetched: the next (further ahead, the
+/// prefetched rows no longer fit L1 beside the ones being read).
 const D: usize = 1;
 
 /// The row loop of every kernel: the length check of [`Q8RowsFn`] (NaN in every `y[i]`
@@ -331,9 +321,7 @@ fn finish<const R: usize, const P: usize>(acc: __m256) -> [f32; R] {
 }
 
 /// Bytes of a prefetched group beyond which it goes to L2 instead of L1: two groups (the one
-/// read and the one prefetched) must fit the 32 KiB L1D of Zen 4 for L1 to pay (measured: the
-/// Q6_K output head, 8 rows of 3360 bytes, streamed 29 -> 33 GB/s into L2 on two threads;
-/// two-plane Q2_K's 5 KiB groups are faster into L1).
+/// read and the one prefetched) must fit a 32 KiB L1D for L1 to pay.
 const L1_GROUP_MAX: usize = 12 * 1024;
 
 /// The `b`-th share (`share` bytes) of the next group `ahead` prefetched (module note).

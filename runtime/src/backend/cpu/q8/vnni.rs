@@ -2,42 +2,32 @@
 //! Q8_K activation rows, with the same integer sums and the same f32 helpers as the scalar
 //! kernels (so every result has the scalar bits).
 //!
-//! Algorithm. Each 256-element weight block is unpacked once, then dotted with every
-//! activation row in turn (four at a time); the i32 lanes of four rows are summed by one
-//! transpose-and-add tree, and each row's value goes through the shared f32 helper. The
-//! unpacking is paid once per block for all rows. Q2_K and Q3_K unpack into eight `__m256i` of
-//! u8 "effective weights" with the sub-block scale already multiplied in (lane `i` of vector
-//! `k` for element `32k + i`, so the low 128-bit half is sub-block `2k`, the high half
-//! sub-block `2k + 1`), and `vpdpbusd` (`_mm256_dpbusd_epi32`: u8 × i8 products, four at a
-//! time, added into i32 lanes without saturation) takes a row's 256 products in eight
-//! instructions.
+//! Algorithm. Each 256-element weight block is unpacked once, then dotted with every activation
+//! row in turn (four at a time; the i32 lanes of four rows summed by one transpose-and-add tree,
+//! each row's value through the shared f32 helper). Q2_K and Q3_K unpack into eight `__m256i` of
+//! u8 "effective weights" with the sub-block scale multiplied in (lane `i` of vector `k` for
+//! element `32k + i`: the low 128-bit half is sub-block `2k`, the high half `2k + 1`), and
+//! `vpdpbusd` (`_mm256_dpbusd_epi32`: u8 × i8, four products added into each i32 lane, no
+//! saturation) takes a row's 256 products in eight instructions.
 //!
-//! * Q2_K: `w = q·sc` with `q ≤ 3`, `sc ≤ 15`, so `w ≤ 45` is a byte; `S = Σ w·x8` exactly as
-//!   `Σ_j sc_j·Σ_16 q·x8`. Bytes are multiplied by `_mm256_mullo_epi16` of the code bytes by the
-//!   scale (< 256) as an i16: a 16-bit lane `lo + 256·hi` times `sc` is `lo·sc + 256·hi·sc`,
-//!   and `lo·sc ≤ 45 < 256`, `hi·sc ≤ 45`, so the two bytes of the product are `lo·sc` and
-//!   `hi·sc` with no carry and no overflow. `M = Σ_j m_j·bsum_j` is one `madd` per row.
-//! * Q3_K: the signed product `v = (q3 − 4)·(sc − 32)` (`q3 = q + 4·hbit` in 0..=7, so
-//!   `q3 − 4 = q − 4·!hbit`; `sc − 32` in −32..=31) lies in −124..=128, so `w = v + 127` lies in
-//!   3..=255, a byte. It is looked up (`pshufb`) in a per-half table `[(i − 4)·s + 127; i < 8]`
-//!   built with 16-bit arithmetic and packed with unsigned saturation (exact: 3..=255).
-//!   `Σ w·x8 = S + 127·Σ x8`, and `Σ x8 = Σ_j bsum_j`, so `S` is the `vpdpbusd` sum plus one
-//!   `vpdpwssd` of the block sums by −127. Every sum is below 2^24 in magnitude.
-//! * Q6_K, Q4_K, Q5_K (scaled codes too wide for a byte): the codes are unpacked once (u8,
-//!   0..=63 resp. 0..=31) with their i16 scale vectors; per row, `_mm256_maddubs_epi16` (pairs,
-//!   |pair| ≤ 2·63·127 < 2^15, no saturation) then `vpdpwssd` (`_mm256_dpwssd_epi32`: i16
-//!   pairs times the scales added into i32 lanes). Q6_K's `− 32` offset is one more `vpdpwssd`
-//!   of the block sums by `−32·sc` (|·| ≤ 4096, an i16); the Q4_K/Q5_K mins as in AVX2.
+//! * Q2_K: `w = q·sc ≤ 3·15 = 45`, a byte, by `_mm256_mullo_epi16` of the code bytes by the scale
+//!   as an i16 (a lane `lo + 256·hi` gives `lo·sc + 256·hi·sc`, both ≤ 45: no carry, no
+//!   overflow); `S = Σ w·x8`; `M = Σ_j m_j·bsum_j` one `madd` per row.
+//! * Q3_K: `w = (q3 − 4)·(sc − 32) + 127` in 3..=255 (`q3 = q + 4·hbit` in 0..=7), looked up
+//!   (`pshufb`) in a per-half table `[(i − 4)·s + 127; i < 8]` (16-bit arithmetic, packed with
+//!   unsigned saturation, exact); `Σ w·x8 = S + 127·Σ_j bsum_j`, so `S` is the `vpdpbusd` sum
+//!   plus one `vpdpwssd` of the block sums by −127. Every sum is below 2^24 in magnitude.
+//! * Q6_K, Q4_K, Q5_K (scaled codes too wide for a byte): the codes unpacked once (u8, 0..=63
+//!   resp. 0..=31) with their i16 scale vectors; per row `_mm256_maddubs_epi16` (|pair| ≤
+//!   2·63·127 < 2^15) then `vpdpwssd` by the scales. Q6_K's `− 32` is one more `vpdpwssd` of the
+//!   block sums by `−32·sc` (|·| ≤ 4096, an i16); the Q4_K/Q5_K mins as in AVX2.
 //!
 //! The single-row Q3_K kernel ([`dot_fn`]) keeps the AVX2 layout (`maddubs` per 32 codes, four
-//! accumulators) but takes `q3 = q + 4·hbit` (0..=7) as the code and the `− 4` through the
-//! block sums, `Σ s·(q3 − 4)·x8 = Σ s·q3·x8 − 4·Σ_j s_j·bsum_j` (`|4·s| ≤ 128`, an i16), and
-//! fuses each scale `madd` and add into one `vpdpwssd`. (For Q2_K the same fusion measured
-//! slower than AVX2, so Q2_K keeps the AVX2 single-row kernel.)
-//!
-//! Fewer than [`MIN_ROWS`] activation rows go to the single-row kernel of [`super::q8_dot_fn`]
-//! row by row: unpacking a block for one or two rows costs more than it saves. Every path gives
-//! the single-row bits.
+//! accumulators) but takes `q3` as the code and the `− 4` through the block sums
+//! (`− 4·Σ_j s_j·bsum_j`, `|4·s| ≤ 128`), and fuses each scale `madd` and add into one
+//! `vpdpwssd`; Q2_K keeps the AVX2 single-row kernel. Fewer than [`MIN_ROWS`] activation rows go
+//! to the single-row kernel of [`super::q8_dot_fn`] row by row (unpacking a block for one or two
+//! rows costs more than it saves). Every path gives the single-row bits.
 
 #![allow(non_snake_case)] // the kernels keep ggml's type names (q2_K)
 
@@ -64,7 +54,7 @@ pub(super) fn detected() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
-/// The single-row VNNI kernel of `ty` (Q3_K only: for Q2_K the AVX2 kernel measured faster),
+/// The single-row VNNI kernel of `ty` (Q3_K only: for Q2_K the AVX2 kernel is faster),
 /// or None (no kernel for `ty`, or the CPU lacks a feature).
 pub(super) fn dot_fn(ty: GgmlType) -> Option<Q8DotFn> {
     if ty != GgmlType::Q3_K || !detected() {
@@ -101,8 +91,8 @@ fn q3_K_one(row: &[u8], x: &[BlockQ8K]) -> f32 {
     })
 }
 
-/// Activation rows from which the multi-row kernels beat the single-row one (measured, Q2_K
-/// and Q3_K on Sapphire Rapids).
+/// Activation rows from which the multi-row kernels beat the single-row one (Q2_K and Q3_K;
+/// docs/BENCHMARKS.md).
 const MIN_ROWS: usize = 3;
 
 /// The multi-row VNNI kernel of `ty`, or None (no kernel for `ty`, or the CPU lacks a feature).
