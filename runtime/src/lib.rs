@@ -8,6 +8,7 @@ pub mod engine;
 pub mod error;
 pub mod executor;
 pub mod generate;
+pub mod isa;
 /// The ggml type table lives in `aubier-kernels-gen` (its GPU emitters need it too).
 pub use aubier_kernels_gen::ggml_type;
 pub mod gguf;

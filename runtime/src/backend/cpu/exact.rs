@@ -279,14 +279,7 @@ mod avx512 {
 
 /// Whether the AVX-512 lanes may be used on this CPU.
 pub(super) fn avx512_detected() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    crate::isa::isa().avx512f
 }
 
 /// `$generic::<lanes>(args)` with the AVX-512 lanes, inside a function compiled for AVX-512F,

@@ -36,10 +36,9 @@
 //! the number of rows a multi-row kernel takes. Verdicts of `aubier quality` against the oracle:
 //! docs/BENCHMARKS.md.
 
-use crate::backend::cpu::q8::{
-    deinterleave_rows, q8_dot_many_fn, q8_grid_cost_rows, q8_grid_fn, q8_grid_interleaved_fn,
-    q8_interleaved_fn, q8_interleaved_tokens_fn, q8_rows_fn, quantize_row_q8k, BlockQ8K,
-    Q8DotManyFn, Q8GridFn, Q8RowsFn, Q8Tiles, Q8TokensFn, INTERLEAVE_ROWS, Q8_TILE_ROWS,
+use super::q8::{
+    deinterleave_rows, q8_grid_cost_rows, quantize_row_q8k, type_kernels, BlockQ8K, Q8DotManyFn,
+    Q8GridFn, Q8RowsFn, Q8Tiles, Q8TokensFn, INTERLEAVE_ROWS, Q8_TILE_ROWS,
 };
 use crate::ggml_type::GgmlType;
 use aubier_compiler::config::ExpertLayout;
@@ -112,15 +111,6 @@ fn tokens_model(ty: GgmlType) -> (f64, f64, f64) {
     }
 }
 
-/// The decode, tile and many-token kernels of `ty` for the interleaved layout, where the CPU
-/// has all three.
-fn interleaved_kernels(ty: GgmlType) -> Option<(Q8RowsFn, Q8GridFn, Q8TokensFn)> {
-    Some((
-        q8_interleaved_fn(ty)?,
-        q8_grid_interleaved_fn(ty)?,
-        q8_interleaved_tokens_fn(ty)?,
-    ))
-}
 /// Weight rows per parallel work item of a tiled `mat_mul` (a multiple of 16).
 const GRID_ROWS: usize = 64;
 const _: () =
@@ -220,13 +210,14 @@ impl Rows {
         if w.ne.len() != dims || n == 0 || n % QK != 0 {
             return None;
         }
+        let k = type_kernels(ty)?;
         Some(Rows {
             ty,
             row_bytes: ty.row_size(n)?,
-            many: q8_dot_many_fn(ty)?,
-            decode: q8_rows_fn(ty)?,
-            grid: q8_grid_fn(ty),
-            interleaved: interleaved_kernels(ty),
+            many: k.many,
+            decode: k.rows,
+            grid: k.grid,
+            interleaved: k.interleaved,
             planes,
         })
     }
@@ -1391,7 +1382,7 @@ fn gemm(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::q8::{q8_dot_fn, q8_rows_fn_by_row};
+    use crate::backend::cpu::q8::{q8_dot_fn, q8_grid_fn, q8_interleaved_fn, q8_rows_fn_by_row};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -1550,10 +1541,10 @@ mod tests {
         Rows {
             ty,
             row_bytes: ty.row_size(k).unwrap(),
-            many: q8_dot_many_fn(ty).unwrap(),
-            decode: q8_rows_fn(ty).unwrap(),
+            many: type_kernels(ty).unwrap().many,
+            decode: type_kernels(ty).unwrap().rows,
             grid,
-            interleaved: interleaved_kernels(ty),
+            interleaved: type_kernels(ty).unwrap().interleaved,
             planes,
         }
     }

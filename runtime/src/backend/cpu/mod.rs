@@ -67,19 +67,10 @@ impl std::fmt::Display for CpuNumerics {
     }
 }
 
-/// The ISA tier the `cpu` backend's kernels run on here, probed once: `amx` (AMX-INT8 tiles with
-/// AVX-512 VNNI), `avx512-vnni`, `avx2` (with FMA and F16C) or `scalar`.
+/// The ISA tier the `cpu` backend's kernels run on here ([`crate::isa::Isa::tier`]): `amx`,
+/// `avx512-vnni`, `avx2` or `scalar`.
 pub fn isa() -> &'static str {
-    let isa = q8::isa();
-    if isa.amx {
-        "amx"
-    } else if isa.avx512_vnni {
-        "avx512-vnni"
-    } else if isa.avx2 {
-        "avx2"
-    } else {
-        "scalar"
-    }
+    crate::isa::isa().tier()
 }
 
 /// The `cpu` backend with its numerics.

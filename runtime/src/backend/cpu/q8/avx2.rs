@@ -30,9 +30,7 @@ use std::arch::x86_64::*;
 /// Whether the CPU has AVX2, FMA and F16C (F16C, for the f16 block scales, is on every AVX2
 /// CPU).
 pub(super) fn detected() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
+    crate::isa::isa().avx2
 }
 
 /// The AVX2 kernel of `ty`, or None when `ty` has none or the CPU lacks the features of

@@ -26,11 +26,11 @@
 //! Contract. Every kernel computes these integers and then the same f32 helpers of this module
 //! (no FMA contraction: Rust never fuses `a·b + c`), so all give the scalar kernel's bits: the
 //! scalar (`scalar.rs`) and AVX2 (`avx2.rs`) single-row kernels; [`q8_dot_many_fn`]'s one
-//! weight row against several activation rows (prefill; `vnni.rs` unpacks each weight block once
-//! for all of them: Q2_K to Q6_K); the decode kernels of [`q8_rows_fn`] (`rows.rs`, `lanes.rs`:
+//! weight row against several activation rows (prefill; `avx512/vnni.rs` unpacks each weight block once
+//! for all of them: Q2_K to Q6_K); the decode kernels of [`q8_rows_fn`] (`avx512/rows.rs`, `avx512/lanes.rs`:
 //! the planes' values added in plane order); and [`q8_grid_fn`]'s many weight rows against many
 //! activation rows packed as [`Q8Tiles`] (`tiles.rs`; Q2_K, Q3_K; sums by AMX's `tdpbusd` in
-//! `amx.rs` or by VNNI in `grid.rs`). The result differs from the f32 oracle
+//! `avx512/amx.rs` or by VNNI in `avx512/grid.rs`). The result differs from the f32 oracle
 //! [`crate::quant::dot_row`] by the activation rounding (|x − d8·x8| ≤ d8/2) and by f32 rounding
 //! of a different summation order.
 
@@ -38,17 +38,11 @@ mod scalar;
 mod tiles;
 
 #[cfg(target_arch = "x86_64")]
-mod amx;
-#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod grid;
+mod avx512;
 #[cfg(target_arch = "x86_64")]
-mod lanes;
-#[cfg(target_arch = "x86_64")]
-mod rows;
-#[cfg(target_arch = "x86_64")]
-mod vnni;
+use avx512::{grid, lanes, rows, vnni};
 
 pub use tiles::{Q8Tiles, GROUP as Q8_TILE_ROWS};
 
@@ -58,33 +52,48 @@ use crate::quant::QuantError;
 /// Elements of one Q8_K block.
 pub const QK_K: usize = 256;
 
-/// The instruction sets the Q8_K kernels dispatch on, as this CPU (and OS, for AMX) offers them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Isa {
-    /// AVX2 with FMA and F16C: the AVX2 dots.
-    pub avx2: bool,
-    /// AVX-512 F/BW/VL/VNNI with the above: the VNNI dots, decode and tile kernels.
-    pub avx512_vnni: bool,
-    /// AMX-TILE and AMX-INT8 granted by the OS, with the above: the AMX tile kernels.
-    pub amx: bool,
+/// Every Q8_K kernel of one ggml type on this CPU, resolved once per process ([`type_kernels`];
+/// the role of ggml's `type_traits_cpu`): the single-row dot, the many-row dot, the decode kernel
+/// and, where the CPU has them, the tile kernel and the interleaved layout's decode, tile and
+/// many-token kernels. Every kernel gives the bits of the scalar one.
+#[derive(Clone, Copy, Debug)]
+pub struct TypeKernels {
+    /// [`q8_dot_fn`].
+    pub dot: Q8DotFn,
+    /// [`q8_dot_many_fn`].
+    pub many: Q8DotManyFn,
+    /// [`q8_rows_fn`].
+    pub rows: Q8RowsFn,
+    /// [`q8_grid_fn`].
+    pub grid: Option<Q8GridFn>,
+    /// [`q8_interleaved_fn`], [`q8_grid_interleaved_fn`] and [`q8_interleaved_tokens_fn`], where
+    /// the CPU has all three.
+    pub interleaved: Option<(Q8RowsFn, Q8GridFn, Q8TokensFn)>,
 }
 
-/// The [`Isa`] of this CPU, probed once.
-pub fn isa() -> Isa {
-    #[cfg(target_arch = "x86_64")]
-    {
-        Isa {
-            avx2: avx2::detected(),
-            avx512_vnni: vnni::detected(),
-            amx: amx::detected(),
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    Isa {
-        avx2: false,
-        avx512_vnni: false,
-        amx: false,
-    }
+/// The [`TypeKernels`] of `ty`, or None when it has no Q8_K dot (the types of [`q8_dot_fn`]).
+pub fn type_kernels(ty: GgmlType) -> Option<&'static TypeKernels> {
+    static TABLE: std::sync::OnceLock<Vec<Option<TypeKernels>>> = std::sync::OnceLock::new();
+    let at = TYPES.iter().position(|&t| t == ty)?;
+    let resolve = |ty: GgmlType| {
+        Some(TypeKernels {
+            dot: q8_dot_fn(ty)?,
+            many: q8_dot_many_fn(ty)?,
+            rows: q8_rows_fn(ty)?,
+            grid: q8_grid_fn(ty),
+            interleaved: q8_interleaved_fn(ty).and_then(|rows| {
+                Some((
+                    rows,
+                    q8_grid_interleaved_fn(ty)?,
+                    q8_interleaved_tokens_fn(ty)?,
+                ))
+            }),
+        })
+    };
+    TABLE
+        .get_or_init(|| TYPES.iter().map(|&t| resolve(t)).collect())
+        .get(at)?
+        .as_ref()
 }
 
 /// One Q8_K activation block: 256 values `x ≈ d · qs[i]`; `bsums[j]` = Σ qs[16j .. 16j+16] (i16).
@@ -146,7 +155,7 @@ pub fn quantize_row_q8k(x: &[f32], y: &mut [BlockQ8K]) -> Result<(), QuantError>
     }
     let (xs, _) = x.as_chunks::<QK_K>();
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+    if crate::isa::isa().avx512bw {
         // SAFETY: the features `quantize_blocks_avx512` enables were just detected.
         unsafe { quantize_blocks_avx512(xs, y) };
         return Ok(());
@@ -274,9 +283,9 @@ pub fn q8_dot_many_fn(ty: GgmlType) -> Option<Q8DotManyFn> {
 /// (`debug_assert` in debug builds).
 pub type Q8GridFn = fn(w: &[u8], x: &Q8Tiles, y: &mut [f32]);
 
-/// The grid kernel for `ty` on this CPU (`grid.rs`), or None: for Q2_K and Q3_K, the AMX backend
+/// The grid kernel for `ty` on this CPU (`avx512/grid.rs`), or None: for Q2_K and Q3_K, the AMX backend
 /// when the CPU has AMX-TILE and AMX-INT8 (with the AVX-512 features of [`q8_dot_many_fn`]'s
-/// VNNI kernels) and Linux grants the tile state (`amx.rs`), else the AVX-512 VNNI backend when
+/// VNNI kernels) and Linux grants the tile state (`avx512/amx.rs`), else the AVX-512 VNNI backend when
 /// the CPU has those features; None elsewhere, where [`q8_dot_many_fn`] serves.
 pub fn q8_grid_fn(ty: GgmlType) -> Option<Q8GridFn> {
     #[cfg(target_arch = "x86_64")]
@@ -302,7 +311,7 @@ pub fn q8_grid_interleaved_fn(ty: GgmlType) -> Option<Q8GridFn> {
 
 /// The activation rows that `rows` of them cost in [`q8_grid_fn`]'s kernels on this CPU: whole
 /// groups of [`Q8_TILE_ROWS`], except that the VNNI backend computes a last group of at most
-/// half as many rows at half width, at no more than half its cost (`grid.rs`). `rows` itself
+/// half as many rows at half width, at no more than half its cost (`avx512/grid.rs`). `rows` itself
 /// where there is no grid kernel.
 pub fn q8_grid_cost_rows(rows: usize) -> usize {
     #[cfg(target_arch = "x86_64")]
@@ -335,7 +344,7 @@ pub const MAX_PLANES: usize = 2;
 
 /// The fastest decode kernel for `ty` on this CPU (the types of [`q8_dot_fn`]), or None: for
 /// Q2_K, Q3_K and Q6_K, when `is_x86_feature_detected!` finds the features of [`q8_dot_many_fn`]'s
-/// VNNI kernels, the AVX-512 kernel of `rows.rs` (groups of weight rows, each block unpacked
+/// VNNI kernels, the AVX-512 kernel of `avx512/rows.rs` (groups of weight rows, each block unpacked
 /// once for both planes, one reduction per group and block); else [`q8_dot_many_fn`]'s kernel
 /// once per weight row (its planes as activation rows), the row after next prefetched while a
 /// row is dotted. Every kernel gives the same bits.
@@ -1184,7 +1193,7 @@ mod tests {
     #[test]
     fn isa_variants_ran_and_skipped() {
         use std::panic::{catch_unwind, AssertUnwindSafe};
-        let here = isa();
+        let here = *crate::isa::isa();
         let mut rng = ChaCha8Rng::seed_from_u64(99);
         let (mut ran, mut skipped, mut failed) = (Vec::new(), Vec::new(), Vec::new());
         let mut variant = |name: &str, present: bool, why: &str, check: &mut dyn FnMut()| {
@@ -1595,7 +1604,7 @@ mod tests {
         let cases = [0, 1, 8, 9, 16, 17, 24, 25, 40];
         let got: Vec<usize> = cases.iter().map(|&r| q8_grid_cost_rows(r)).collect();
         #[cfg(target_arch = "x86_64")]
-        let (amx, vnni) = (amx::detected(), vnni::detected());
+        let (amx, vnni) = (crate::isa::isa().amx, vnni::detected());
         #[cfg(not(target_arch = "x86_64"))]
         let (amx, vnni) = (false, false);
         let want = match (amx, vnni) {

@@ -37,31 +37,31 @@ use std::arch::x86_64::*;
 
 /// The grid kernel of `ty` (Q2_K, Q3_K) on this CPU, or None (another type, or neither AMX nor
 /// the AVX-512 features of `vnni::detected`).
-pub(super) fn grid_fn(ty: GgmlType) -> Option<Q8GridFn> {
+pub(crate) fn grid_fn(ty: GgmlType) -> Option<Q8GridFn> {
     backend_kernel::<false>(ty)
 }
 
 /// [`grid_fn`] for weight rows in the interleaved layout (`super::interleave_rows`): a group of
 /// 16 rows is one row group here, and each row's block is gathered from the group's words before
 /// it is unpacked; the same bits.
-pub(super) fn grid_interleaved_fn(ty: GgmlType) -> Option<Q8GridFn> {
+pub(crate) fn grid_interleaved_fn(ty: GgmlType) -> Option<Q8GridFn> {
     backend_kernel::<true>(ty)
 }
 
 /// `super::q8_grid_cost_rows` on this CPU.
-pub(super) fn cost_rows(rows: usize) -> usize {
+pub(crate) fn cost_rows(rows: usize) -> usize {
     let (whole, rest) = (rows / GROUP * GROUP, rows % GROUP);
     match rest {
         0 => whole,
-        1..=HALF if !super::amx::detected() && super::vnni::detected() => whole + HALF,
-        _ if super::amx::detected() || super::vnni::detected() => whole + GROUP,
+        1..=HALF if !crate::isa::isa().amx && super::vnni::detected() => whole + HALF,
+        _ if crate::isa::isa().amx || super::vnni::detected() => whole + GROUP,
         _ => rows,
     }
 }
 
 /// The kernel of the CPU's backend for rows in their own layout or interleaved (`IL`).
 fn backend_kernel<const IL: bool>(ty: GgmlType) -> Option<Q8GridFn> {
-    if super::amx::detected() {
+    if crate::isa::isa().amx {
         kernel::<true, IL>(ty)
     } else if super::vnni::detected() {
         kernel::<false, IL>(ty)
@@ -72,7 +72,7 @@ fn backend_kernel<const IL: bool>(ty: GgmlType) -> Option<Q8GridFn> {
 
 /// The VNNI grid kernel of `ty` even on a CPU with AMX (for tests), or None.
 #[cfg(test)]
-pub(super) fn vnni_grid_fn(ty: GgmlType) -> Option<Q8GridFn> {
+pub(crate) fn vnni_grid_fn(ty: GgmlType) -> Option<Q8GridFn> {
     super::vnni::detected()
         .then(|| kernel::<false, false>(ty))
         .flatten()
@@ -322,7 +322,7 @@ fn grid<const B: usize, const MINS: bool, const AMX: bool, const IL: bool>(
 /// Activation rows of a half group: a last group with this many rows or fewer goes through the
 /// VNNI backend at 256 bits (its lanes `0 .. 8`): where 256-bit `vpdpbusd` issue at twice the
 /// 512-bit rate, half the padding costs nothing.
-pub(super) const HALF: usize = GROUP / 2;
+pub(crate) const HALF: usize = GROUP / 2;
 
 /// A vector of i32 lanes for [`vnni_sums`]: all 16 of a tile row (`__m512i`) or its first
 /// [`HALF`] (`__m256i`, for a last group of at most that many activation rows).

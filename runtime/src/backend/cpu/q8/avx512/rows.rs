@@ -44,7 +44,7 @@ use std::arch::x86_64::*;
 
 /// The AVX-512 decode kernel of `ty` (Q2_K, Q3_K, Q6_K), or None (no kernel for `ty`, or the CPU
 /// lacks a feature of `vnni::detected`).
-pub(super) fn rows_fn(ty: GgmlType) -> Option<Q8RowsFn> {
+pub(crate) fn rows_fn(ty: GgmlType) -> Option<Q8RowsFn> {
     if !detected() {
         return None;
     }

@@ -18,43 +18,6 @@
 
 use super::tiles::{CBuf, Q8Tiles, Tile, Unpacked, GROUP};
 use std::arch::asm;
-use std::arch::x86_64::*;
-use std::sync::OnceLock;
-
-/// Whether this CPU and OS run the tile kernels (module note), checked once.
-pub(super) fn detected() -> bool {
-    static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| {
-        #[allow(unused_unsafe)]
-        // SAFETY: CPUID is available on every x86_64 CPU; leaf 7 is read only when the maximum
-        // basic leaf includes it.
-        let leaf7 = unsafe { (__get_cpuid_max(0).0 >= 7).then(|| __cpuid_count(7, 0)) };
-        let amx = leaf7.is_some_and(|l| l.edx & (1 << 24) != 0 && l.edx & (1 << 25) != 0);
-        amx && super::vnni::detected() && permitted()
-    })
-}
-
-/// Asks Linux for the AMX tile data state (`ARCH_REQ_XCOMP_PERM` = 0x1023,
-/// `XFEATURE_XTILEDATA` = 18; `arch/x86/include/uapi/asm/prctl.h`): true when granted.
-#[cfg(target_os = "linux")]
-fn permitted() -> bool {
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
-    // SAFETY: this request only extends the process's permitted XSAVE features; it reads and
-    // writes no memory of ours.
-    unsafe {
-        libc::syscall(
-            libc::SYS_arch_prctl,
-            ARCH_REQ_XCOMP_PERM,
-            XFEATURE_XTILEDATA,
-        ) == 0
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn permitted() -> bool {
-    false
-}
 
 /// The 64-byte tile configuration: palette 1, all eight tiles 16 rows × 64 bytes.
 #[repr(C, align(64))]
@@ -76,7 +39,7 @@ const CONFIG: Config = {
 ///
 /// # Safety
 /// [`detected`] returned true (the CPU has AMX and the OS granted the tile state).
-pub(super) unsafe fn configure() {
+pub(crate) unsafe fn configure() {
     // SAFETY: by the caller's contract; `CONFIG` is a valid palette-1 configuration.
     unsafe { asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly)) };
 }
@@ -85,7 +48,7 @@ pub(super) unsafe fn configure() {
 ///
 /// # Safety
 /// As [`configure`].
-pub(super) unsafe fn release() {
+pub(crate) unsafe fn release() {
     // SAFETY: by the caller's contract.
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
 }
@@ -95,7 +58,7 @@ pub(super) unsafe fn release() {
 ///
 /// # Safety
 /// As [`configure`], after it in this call.
-pub(super) unsafe fn load_weights(a: &Unpacked) {
+pub(crate) unsafe fn load_weights(a: &Unpacked) {
     const _: () = assert!(std::mem::size_of::<Unpacked>() == GROUP * 256);
     // SAFETY: four 16 × 64-byte reads at `a + 64c` with stride 256: row `r` reads bytes
     // `256r .. 256r + 256` of the 4 KiB block; AMX by the contract.
@@ -117,7 +80,7 @@ pub(super) unsafe fn load_weights(a: &Unpacked) {
 ///
 /// # Safety
 /// As [`load_weights`], after it for block `b`; `g` is a group of `x` (checked).
-pub(super) unsafe fn sums(x: &Q8Tiles, g: usize, b: usize, c: &mut CBuf) -> usize {
+pub(crate) unsafe fn sums(x: &Q8Tiles, g: usize, b: usize, c: &mut CBuf) -> usize {
     let (groups, nb) = (x.groups(), x.blocks());
     assert!(
         g < groups && b < nb,

@@ -51,7 +51,7 @@ use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
 /// Weight rows per group: the i32 lanes of a vector.
-pub(super) const LANES: usize = 16;
+pub(crate) const LANES: usize = 16;
 
 /// `y[i] = dot(row_i, x_0) + dot(row_i, x_1)` for the whole groups of 16 rows of `w` and two
 /// planes (`Q8RowsFn`'s contract for Q2_K, `B` = 84, or Q3_K, `B` = 110); returns the rows done
@@ -61,7 +61,7 @@ pub(super) const LANES: usize = 16;
 /// # Safety
 /// The CPU has the features of `vnni::detected` (checked by the caller).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn two_planes<const B: usize>(
+pub(crate) unsafe fn two_planes<const B: usize>(
     w: &[u8],
     x: &[BlockQ8K],
     planes: usize,
@@ -121,7 +121,7 @@ unsafe fn interleaved<const B: usize>(w: &[u8], x: &[BlockQ8K], planes: usize, y
 
 /// The interleaved decode kernel of `ty` (Q2_K, Q3_K) on a CPU with the features of
 /// `vnni::detected`, or None.
-pub(super) fn interleaved_fn(ty: GgmlType) -> Option<super::Q8RowsFn> {
+pub(crate) fn interleaved_fn(ty: GgmlType) -> Option<super::Q8RowsFn> {
     if !super::vnni::detected() {
         return None;
     }
@@ -304,7 +304,7 @@ fn i32x16(v: &[i32; LANES]) -> __m512i {
 
 /// The many-token kernel of `ty` (Q2_K, Q3_K) for the interleaved layout on a CPU with the
 /// features of `vnni::detected`, or None.
-pub(super) fn interleaved_tokens_fn(ty: GgmlType) -> Option<super::Q8TokensFn> {
+pub(crate) fn interleaved_tokens_fn(ty: GgmlType) -> Option<super::Q8TokensFn> {
     if !super::vnni::detected() {
         return None;
     }
@@ -795,10 +795,10 @@ fn q3_six(words: &impl Fn(usize) -> __m512i) -> [__m512i; 4] {
 /// The scales of a block of 16 interleaved rows that the tile kernels' epilogue needs, lane `r`
 /// for row `r`: `d`, `dmin` (Q2_K; zero for Q3_K) and the eight min pairs (Q2_K: word `t` holds
 /// `m_2t` in its low and `m_2t+1` in its high 16 bits; zero for Q3_K).
-pub(super) struct LaneScales {
-    pub(super) d: [f32; LANES],
-    pub(super) dmin: [f32; LANES],
-    pub(super) mins: [[i32; LANES]; 8],
+pub(crate) struct LaneScales {
+    pub(crate) d: [f32; LANES],
+    pub(crate) dmin: [f32; LANES],
+    pub(crate) mins: [[i32; LANES]; 8],
 }
 
 /// The 16 f32 lanes of `v` as an array.
@@ -835,7 +835,7 @@ fn store64(out: &mut [u8], at: usize, v: __m512i) {
 /// 4k + 4`, element order) of row `r` into `out[64k + 4r ..]`, as [`q2_block_scaled`] scales
 /// them; the scales as [`q2_value`] reads them.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) fn q2_unpack(blk: &[u8], out: &mut [u8; 64 * 64]) -> LaneScales {
+pub(crate) fn q2_unpack(blk: &[u8], out: &mut [u8; 64 * 64]) -> LaneScales {
     let words = |k: usize| load64(blk, 64 * k);
     let (m3, m15) = (_mm512_set1_epi8(3), _mm512_set1_epi32(0x000f_000f));
     for q0 in [0, 4, 8, 12] {
@@ -892,7 +892,7 @@ const fn replicate(m: usize) -> [u8; 64] {
 /// (exact mod 256, and every value fits a byte); the index is `v` plus the row's place in its
 /// 128-bit lane, and the high bit picks the table by a masked shuffle.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) fn q3_unpack(blk: &[u8], out: &mut [u8; 64 * 64]) -> LaneScales {
+pub(crate) fn q3_unpack(blk: &[u8], out: &mut [u8; 64 * 64]) -> LaneScales {
     let words = |k: usize| load64(blk, 64 * k);
     let six = q3_six(&words);
     let (m3, c127, c32) = (

@@ -44,19 +44,13 @@ use std::arch::x86_64::*;
 
 /// Whether this CPU has every feature the kernels enable (AVX2, FMA, F16C for the shared AVX2
 /// helpers; AVX-512 F, BW, VL and VNNI for `vpdpbusd` on 256-bit vectors).
-pub(super) fn detected() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-        && is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni")
+pub(crate) fn detected() -> bool {
+    crate::isa::isa().avx512_vnni
 }
 
 /// The single-row VNNI kernel of `ty` (Q3_K only: for Q2_K the AVX2 kernel is faster),
 /// or None (no kernel for `ty`, or the CPU lacks a feature).
-pub(super) fn dot_fn(ty: GgmlType) -> Option<Q8DotFn> {
+pub(crate) fn dot_fn(ty: GgmlType) -> Option<Q8DotFn> {
     if ty != GgmlType::Q3_K || !detected() {
         return None;
     }
@@ -96,7 +90,7 @@ fn q3_K_one(row: &[u8], x: &[BlockQ8K]) -> f32 {
 const MIN_ROWS: usize = 3;
 
 /// The multi-row VNNI kernel of `ty`, or None (no kernel for `ty`, or the CPU lacks a feature).
-pub(super) fn many_fn(ty: GgmlType) -> Option<Q8DotManyFn> {
+pub(crate) fn many_fn(ty: GgmlType) -> Option<Q8DotManyFn> {
     if !detected() {
         return None;
     }
@@ -242,16 +236,16 @@ fn dp8(init: __m256i, w: &[__m256i; 8], y: &BlockQ8K) -> __m256i {
 }
 
 /// One unpacked Q2_K block: the effective weights `q·sc`, the 16 mins as i16, `d`, `dmin`.
-pub(super) struct Q2 {
-    pub(super) w: [__m256i; 8],
-    pub(super) mins: __m256i,
-    pub(super) d: f32,
-    pub(super) dmin: f32,
+pub(crate) struct Q2 {
+    pub(crate) w: [__m256i; 8],
+    pub(crate) mins: __m256i,
+    pub(crate) d: f32,
+    pub(crate) dmin: f32,
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-pub(super) fn q2_prep(b: &[u8; 84]) -> Q2 {
+pub(crate) fn q2_prep(b: &[u8; 84]) -> Q2 {
     let (scale_bytes, mins) = q2k_scales_mins(b);
     let mut w = [_mm256_setzero_si256(); 8];
     for n in 0..2 {
@@ -276,14 +270,14 @@ fn q2_rows<const N: usize>(p: &Q2, xs: [&BlockQ8K; N]) -> [f32; N] {
 }
 
 /// One unpacked Q3_K block: the effective weights `(q3 − 4)·(sc − 32) + 127`, and `d`.
-pub(super) struct Q3 {
-    pub(super) w: [__m256i; 8],
-    pub(super) d: f32,
+pub(crate) struct Q3 {
+    pub(crate) w: [__m256i; 8],
+    pub(crate) d: f32,
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-pub(super) fn q3_prep(b: &[u8; 110]) -> Q3 {
+pub(crate) fn q3_prep(b: &[u8; 110]) -> Q3 {
     let halves = scale_halves_i16(q3k_scales(b));
     let offsets = _mm256_setr_epi16(-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3);
     let bias = _mm256_set1_epi16(127);

@@ -1,0 +1,16 @@
+//! The AVX-512 tier of the Q8_K kernels (x86_64): [`vnni`] (single- and many-row dots with
+//! AVX-512 VNNI), [`rows`] (decode: groups of weight rows against one token's planes),
+//! [`lanes`] (the interleaved layout's decode and many-token kernels), [`grid`] (tile kernels of
+//! 16 weight rows by 16 activation rows) and [`amx`] (the grid's AMX backend). Each gives the bits
+//! of the scalar kernel (`super::scalar`, the reference); each is handed out only where
+//! [`crate::isa`] reports its features.
+
+pub(super) mod amx;
+pub(super) mod grid;
+pub(super) mod lanes;
+pub(super) mod rows;
+pub(super) mod vnni;
+
+// The Q8_K module's shared items (blocks, lengths checks, prefetch, the AVX2 helpers), as
+// `super::…` for the kernels of this folder.
+use super::*;
