@@ -63,14 +63,6 @@ impl BackendKind {
         }
     }
 
-    /// The backend's name as `--backend` takes it (`oracle`, `cpu`).
-    pub fn name(self) -> &'static str {
-        match self {
-            BackendKind::Oracle => "oracle",
-            BackendKind::Cpu(_) => "cpu",
-        }
-    }
-
     /// The compile options of a plan for this backend: its target, every fusion `Auto`.
     pub fn compile_options(self) -> CompileOptions {
         CompileOptions {
