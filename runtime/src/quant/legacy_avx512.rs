@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 
 /// The AVX-512 dot of `ty` (Q4_0, Q8_0) when the CPU has AVX-512F, else None.
 pub(super) fn dot_fn(ty: GgmlType) -> Option<super::DotFn> {
-    if !is_x86_feature_detected!("avx512f") {
+    if !crate::isa::isa().avx512f {
         return None;
     }
     match ty {
@@ -39,7 +39,7 @@ pub(super) type DotsFn =
 /// rows four at a time, each with its own accumulator (a single row's chain of dependent adds
 /// bounds the one-row kernel on 64-element rows).
 pub(super) fn dots_fn(ty: GgmlType) -> Option<DotsFn> {
-    if !is_x86_feature_detected!("avx512f") {
+    if !crate::isa::isa().avx512f {
         return None;
     }
     match ty {

@@ -241,10 +241,9 @@ fn round_half_away(t: f32) -> i32 {
 pub type Q8DotFn = fn(row: &[u8], x: &[BlockQ8K]) -> f32;
 
 /// The fastest kernel for `ty` on this CPU, or None when `ty` has no Q8_K kernel. Supported:
-/// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, Q4_0, Q8_0. AVX-512 VNNI for Q3_K when
-/// `is_x86_feature_detected!` finds `"avx512f"`, `"avx512bw"`, `"avx512vl"`,
-/// `"avx512vnni"`, `"avx2"`, `"fma"` and `"f16c"`; else AVX2 when it finds `"avx2"`, `"fma"`
-/// and `"f16c"`; else scalar. Every kernel gives the same bits.
+/// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, Q4_0, Q8_0. AVX-512 VNNI for Q3_K where
+/// [`crate::isa`] reports `avx512_vnni`; else AVX2 where it reports `avx2`; else scalar. Every
+/// kernel gives the same bits.
 pub fn q8_dot_fn(ty: GgmlType) -> Option<Q8DotFn> {
     #[cfg(target_arch = "x86_64")]
     if let Some(f) = vnni::dot_fn(ty).or_else(|| avx2::dot_fn(ty)) {
@@ -262,8 +261,7 @@ pub fn q8_dot_fn(ty: GgmlType) -> Option<Q8DotFn> {
 pub type Q8DotManyFn = fn(row: &[u8], x: &[BlockQ8K], y: &mut [f32]);
 
 /// The fastest multi-row kernel for `ty` on this CPU (the types of [`q8_dot_fn`]), or None:
-/// for Q2_K, Q3_K, Q4_K, Q5_K and Q6_K, when `is_x86_feature_detected!` finds `"avx512f"`,
-/// `"avx512bw"`, `"avx512vl"`, `"avx512vnni"`, `"avx2"`, `"fma"` and `"f16c"`, the VNNI kernel
+/// for Q2_K, Q3_K, Q4_K, Q5_K and Q6_K, where [`crate::isa`] reports `avx512_vnni`, the VNNI kernel
 /// (each weight block unpacked once for all activation rows; fewer than three rows go row by
 /// row); else [`q8_dot_fn`]'s kernel once per activation row.
 pub fn q8_dot_many_fn(ty: GgmlType) -> Option<Q8DotManyFn> {
@@ -343,8 +341,7 @@ pub type Q8TokensFn = fn(w: &[u8], x: &[BlockQ8K], planes: usize, tokens: usize,
 pub const MAX_PLANES: usize = 2;
 
 /// The fastest decode kernel for `ty` on this CPU (the types of [`q8_dot_fn`]), or None: for
-/// Q2_K, Q3_K and Q6_K, when `is_x86_feature_detected!` finds the features of [`q8_dot_many_fn`]'s
-/// VNNI kernels, the AVX-512 kernel of `avx512/rows.rs` (groups of weight rows, each block unpacked
+/// Q2_K, Q3_K and Q6_K, where [`crate::isa`] reports `avx512_vnni`, the AVX-512 kernel of `avx512/rows.rs` (groups of weight rows, each block unpacked
 /// once for both planes, one reduction per group and block); else [`q8_dot_many_fn`]'s kernel
 /// once per weight row (its planes as activation rows), the row after next prefetched while a
 /// row is dotted. Every kernel gives the same bits.
