@@ -1,4 +1,5 @@
-//! `aubier-runtime`: GGUF files, quant blocks, model binding, the executor and `Session`, sampling,
+//! `aubier-runtime`: GGUF files and quant blocks ([`gguf`]), model binding, the executor and
+//! `Session`, expert placement ([`placement`]) and the split expert store ([`store`]), sampling,
 //! the tokenizer and the chat template. It knows nothing of HTTP (ARCHITECTURE.md § runtime).
 
 pub mod backend;
@@ -10,11 +11,10 @@ pub mod generate;
 /// The ggml type table lives in `aubier-kernels-gen` (its GPU emitters need it too).
 pub use aubier_kernels_gen::ggml_type;
 pub mod gguf;
-pub mod gguf_write;
 pub mod kv_cache;
 pub mod model;
+pub mod placement;
 pub mod pool;
-pub mod quant;
 pub mod sampler;
 pub mod session;
 pub mod store;

@@ -29,8 +29,9 @@
 //! (`IQ2`: the dequantized value `d·(0.5 + s)·0.25·grid` is `d·(2s + 1)·grid / 8`.) The scalar
 //! kernels (`scalar.rs`) and the AVX2 ones (`avx2.rs`) compute the same integers and then call
 //! the same f32 helpers of this module (no FMA contraction: Rust never fuses `a·b + c`), so the
-//! two agree bit for bit. The result differs from the f32 oracle [`crate::quant::dot_row`] by the
-//! activation rounding (|x − d8·x8| ≤ d8/2) and by f32 rounding of a different summation order.
+//! two agree bit for bit. The result differs from the f32 oracle [`crate::gguf::quant::dot_row`]
+//! by the activation rounding (|x − d8·x8| ≤ d8/2) and by f32 rounding of a different summation
+//! order.
 //!
 //! For prefill, [`q8_dot_many_fn`] dots one weight row with several activation rows in one
 //! call. Where the CPU has AVX-512 VNNI, the kernels of `vnni.rs` (Q2_K, Q3_K, Q4_K, Q5_K,
@@ -59,7 +60,7 @@ mod vnni;
 pub use tiles::{Q8Tiles, GROUP as Q8_TILE_ROWS};
 
 use crate::ggml_type::GgmlType;
-use crate::quant::QuantError;
+use crate::gguf::quant::QuantError;
 
 /// Elements of one Q8_K block.
 pub const QK_K: usize = 256;
@@ -757,8 +758,8 @@ fn k4_scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::dequantize_row;
-    use crate::quant::random::BlockSampler;
+    use crate::gguf::quant::dequantize_row;
+    use crate::gguf::quant::random::BlockSampler;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -974,7 +975,7 @@ mod tests {
     }
 
     /// The scalar kernel against an independent f64 sum over the bit-exact dequantized weights
-    /// (`quant::dequantize_row`, the oracle) and the dequantized activations `d8·qs`.
+    /// (`gguf::quant::dequantize_row`, the oracle) and the dequantized activations `d8·qs`.
     ///
     /// Tolerance 1e-5·Σ|w·x8| + 1e-30: the kernel rounds at most 6 times per block (two i32 →
     /// f32 conversions, two products, a difference, the `d8` product) and once per block in the
