@@ -2,8 +2,8 @@
 //! error variant and that the message names the key or tensor; every truncation of a small valid
 //! file; and byte-identical round trips of every fixture through the test writer.
 
+use aubier_runtime::gguf::write::{encode_array, gguf_string, value_type as vt, GgufWriter};
 use aubier_runtime::gguf::{GgufError, GgufFile, MetaArray, MetaValue};
-use aubier_runtime::gguf_write::{encode_array, gguf_string, value_type as vt, GgufWriter};
 use aubier_tests::{data_dir, model_path};
 
 const F32: u32 = 0;

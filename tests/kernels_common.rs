@@ -14,7 +14,7 @@ use aubier_kernels_gen::cpu::{CpuProgram, StepArgs};
 use aubier_kernels_gen::gpu::cpu_exec::{self, Arg};
 use aubier_kernels_gen::gpu::ir::Kernel;
 use aubier_runtime::ggml_type::GgmlType;
-use aubier_runtime::quant::dequantize_row;
+use aubier_runtime::gguf::quant::dequantize_row;
 use rand::SeedableRng;
 
 /// Unit roundoff of f32.
@@ -41,7 +41,7 @@ impl W {
     /// A random valid weight of `ty` (rows of `ne[0]`, RMS `std`), from the runtime's sampler.
     pub fn random(ty: &str, ne: Vec<usize>, seed: u64, std: f32) -> W {
         let t = GgmlType::from_name(ty).expect("type");
-        let sampler = aubier_runtime::quant::random::BlockSampler::new(t).expect("sampler");
+        let sampler = aubier_runtime::gguf::quant::random::BlockSampler::new(t).expect("sampler");
         let rb = t.row_size(ne[0]).expect("row size");
         let rows: usize = ne[1..].iter().product();
         let mut bytes = vec![0u8; rb * rows];

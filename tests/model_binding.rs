@@ -4,8 +4,8 @@
 //! with the test writer).
 
 use aubier_compiler::config::{ExpertLayout, Mistral4Config, QueryTemperature};
+use aubier_runtime::gguf::write::{tensor_specs, GgufWriter, TensorSpec};
 use aubier_runtime::gguf::{GgufFile, MetaValue};
-use aubier_runtime::gguf_write::{tensor_specs, GgufWriter, TensorSpec};
 use aubier_runtime::model::{read_config, weight_refs, ModelError};
 use aubier_tests::{data_dir, model_path};
 

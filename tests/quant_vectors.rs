@@ -22,8 +22,8 @@ use std::collections::BTreeSet;
 use std::sync::OnceLock;
 
 use aubier_runtime::ggml_type::GgmlType;
+use aubier_runtime::gguf::quant::{dequantize_row, dot_fn, dot_row, is_supported, QuantError};
 use aubier_runtime::gguf::GgufFile;
-use aubier_runtime::quant::{dequantize_row, dot_fn, dot_row, is_supported, QuantError};
 use proptest::prelude::*;
 
 /// One type's vectors.

@@ -4,10 +4,12 @@
 //! ceiling of the other policies, and a replay of the routing that transformers recorded for the
 //! tiny model (`tests/data/models/ms4-tiny.transformers.router_ids.i32`).
 
-use aubier_runtime::store::policy::PolicyKind;
-use aubier_runtime::store::policy::{Access, Lfu, Lru, Min, Policy, StaticSet, TwoQ, TwoQParams};
-use aubier_runtime::store::replay::{replay, ReplayOptions};
-use aubier_runtime::store::trace::{Trace, TraceRecord, TraceWriter};
+use aubier_runtime::placement::policy::PolicyKind;
+use aubier_runtime::placement::policy::{
+    Access, Lfu, Lru, Min, Policy, StaticSet, TwoQ, TwoQParams,
+};
+use aubier_runtime::placement::replay::{replay, ReplayOptions};
+use aubier_runtime::placement::trace::{Trace, TraceRecord, TraceWriter};
 use proptest::prelude::*;
 
 const HIT: Access = Access::Hit;

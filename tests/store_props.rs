@@ -10,12 +10,12 @@
 //! * `reset` with `exact` returns membership and policy state to the boot state, so a sequence
 //!   after a reset is served exactly as on a fresh store; with `none` the state is kept.
 
+use aubier_runtime::placement::hotset::HotSet;
+use aubier_runtime::placement::policy::{
+    Access, Lfu, Lru, Policy, PolicyKind, StaticSet, TwoQ, TwoQParams,
+};
 use aubier_runtime::store::expert_store::{
     ExpertStore, FastBudget, ResetMode, StoreOptions, StoreReport,
-};
-use aubier_runtime::store::hotset::HotSet;
-use aubier_runtime::store::policy::{
-    Access, Lfu, Lru, Policy, PolicyKind, StaticSet, TwoQ, TwoQParams,
 };
 use aubier_tests::bundled_model;
 use proptest::prelude::*;

@@ -7,10 +7,10 @@
 //!   logits) exactly as on a fresh boot; `--reset none`: the same second request is served
 //!   differently (the first request's rotation carries over).
 
+use aubier_runtime::placement::hotset::HotSet;
+use aubier_runtime::placement::policy::PolicyKind;
 use aubier_runtime::session::{Session, SessionOptions};
 use aubier_runtime::store::expert_store::{FastBudget, ResetMode, StoreOptions, StoreReport};
-use aubier_runtime::store::hotset::HotSet;
-use aubier_runtime::store::policy::PolicyKind;
 use aubier_tests::{bundled_model, data_dir, json_ids, read_json};
 
 /// The ids of `prompt-shared.json` (mistral-common's tokenization of a real text).

@@ -59,7 +59,7 @@ def main():
         "//! Each grid row is one little-endian integer whose bytes are the row's elements, as in",
         "//! llama.cpp `ggml/src/ggml-common.h` (`iq2xxs_grid`, `iq2xs_grid`, `iq2s_grid`,",
         "//! `iq3xxs_grid`, `iq3s_grid`, `iq1s_grid`, `ksigns_iq2xs`, `kvalues_iq4nl`, `kvalues_mxfp4`).",
-        "//! The runtime's CPU decoders (`aubier_runtime::quant`) and the GPU dequant device functions",
+        "//! The runtime's CPU decoders (`aubier_runtime::gguf::quant`) and the GPU dequant device functions",
         "//! ([`crate::gpu::quant`]) both read these tables, so both decode with the same values.",
         "//! Regenerate: `python3 kernels-gen/tools/gen_quant_grids.py > kernels-gen/src/quant_grids.rs`.",
         "",

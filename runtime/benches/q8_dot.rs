@@ -1,9 +1,9 @@
-//! Throughput of the Q8_K dot kernels (`quant::q8`), in weight bytes per second, one thread.
+//! Throughput of the Q8_K dot kernels (`backend::cpu::q8`), in weight bytes per second, one thread.
 //!
 //! Shape: a 4096-element activation row, quantized once, dotted with 2048 weight rows of each
 //! type (a 4096 × 2048 mat-vec: 2.75 MB of Q2_K … 8.9 MB of Q8_0, streamed from L3/memory).
 //! `q8_dot_l2` repeats the first 16 rows (≤ 70 kB, cache-resident) to show the kernels' own
-//! speed; `oracle` is the f32 CPU oracle `quant::dot_row` on the same rows, for contrast.
+//! speed; `oracle` is the f32 CPU oracle `gguf::quant::dot_row` on the same rows, for contrast.
 //! `q8_prefill/<type>` (Q2_K, Q3_K, Q6_K, Q4_K, Q5_K) is the prefill shape: 512 weight rows of 4096 elements against 16
 //! activation rows, as the single-row kernel once per weight row and activation row
 //! (`per_row`) and as the multi-row kernel once per weight row (`many`), in multiply-adds per
@@ -28,8 +28,8 @@ use aubier_runtime::backend::cpu::q8::{
     BlockQ8K, Q8Tiles, QK_K,
 };
 use aubier_runtime::ggml_type::GgmlType;
-use aubier_runtime::quant::dot_row;
-use aubier_runtime::quant::random::BlockSampler;
+use aubier_runtime::gguf::quant::dot_row;
+use aubier_runtime::gguf::quant::random::BlockSampler;
 use criterion::{criterion_group, criterion_main, Bencher, BenchmarkId, Criterion, Throughput};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -7,14 +7,14 @@
 //! the backend binds the plan (a kernel for every step, [`crate::backend`]) → bind each plan
 //! weight to its tensor in the file (name, ggml type, `ne` and byte length checked) →
 //! [`CpuProgram::compile_steps`] of the unfused steps, with the quant kernels of
-//! [`crate::quant`] as host functions. Weights stay in the map: the kernels read quantized rows
-//! (and only the selected experts' rows) straight from it.
+//! [`crate::gguf::quant`] as host functions. Weights stay in the map: the kernels read quantized
+//! rows (and only the selected experts' rows) straight from it.
 
 use crate::backend::{BackendKind, Binding};
 use crate::error::EngineError;
 use crate::ggml_type::GgmlType;
+use crate::gguf::quant;
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::quant;
 use aubier_compiler::config::Mistral4Config;
 use aubier_compiler::plan::Plan;
 use aubier_kernels_gen::cpu::{CpuProgram, HostSymbols, QuantKernels};
@@ -192,7 +192,7 @@ impl Model {
 }
 
 /// The host functions generated code may call: dot and dequantize of every ggml type that
-/// [`crate::quant`] implements, except `F32` (generated inline).
+/// [`crate::gguf::quant`] implements, except `F32` (generated inline).
 pub fn host_symbols() -> HostSymbols {
     let mut host = HostSymbols::new();
     for &ty in GgmlType::ALL {

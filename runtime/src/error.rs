@@ -6,8 +6,8 @@ use crate::backend::{BindError, ExecError};
 use crate::gguf::GgufError;
 use crate::kv_cache::KvCacheError;
 use crate::model::ModelError;
-use crate::store::hotset::HotSetError;
-use crate::store::policy::PolicyError;
+use crate::placement::hotset::HotSetError;
+use crate::placement::policy::PolicyError;
 use aubier_compiler::CompileError;
 use aubier_kernels_gen::cpu::LowerError;
 

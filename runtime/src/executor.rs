@@ -812,7 +812,7 @@ mod tests {
     use crate::backend::BackendKind;
     use crate::engine::host_symbols;
     use crate::ggml_type::GgmlType;
-    use crate::quant;
+    use crate::gguf::quant;
     use aubier_compiler::config::{ExpertLayout, Mistral4Config, QueryTemperature, YarnParams};
     use aubier_compiler::ops::Op;
     use aubier_compiler::plan::{Step, Value};

@@ -1,7 +1,7 @@
-//! `aubier-runtime`: GGUF files, quant blocks, model binding, the backends (`backend/`: oracle,
-//! cpu) and their executor, the split expert store, `Session`, sampling,
-//! text (`text/`: the tokenizer, the chat template, the reasoning split). It knows nothing of HTTP
-//! (ARCHITECTURE.md § runtime).
+//! `aubier-runtime`: GGUF files and quant blocks ([`gguf`]), model binding, the backends
+//! ([`backend`]: oracle, cpu) and their executor, expert placement ([`placement`]) and the split
+//! expert store ([`store`]), `Session`, sampling, text ([`text`]: the tokenizer, the chat
+//! template, the reasoning split). It knows nothing of HTTP (ARCHITECTURE.md § runtime).
 
 pub mod backend;
 pub mod engine;
@@ -12,11 +12,10 @@ pub mod isa;
 /// The ggml type table lives in `aubier-kernels-gen` (its GPU emitters need it too).
 pub use aubier_kernels_gen::ggml_type;
 pub mod gguf;
-pub mod gguf_write;
 pub mod kv_cache;
 pub mod model;
+pub mod placement;
 pub mod pool;
-pub mod quant;
 pub mod sampler;
 pub mod session;
 pub mod store;

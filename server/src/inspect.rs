@@ -6,7 +6,8 @@
 //! per layer (`blk.N.*`) and per routed expert (each `*_exps` tensor divided by its `ne[2]`); bind
 //! the model (`aubier_runtime::model::read_config` + `weight_refs`) and report the config or the
 //! refusal. `--dequant` writes one tensor, every row through
-//! `aubier_runtime::quant::dequantize_row`, as little-endian f32 in row-major order (ne[0] fastest).
+//! `aubier_runtime::gguf::quant::dequantize_row`, as little-endian f32 in row-major order (ne[0]
+//! fastest).
 //!
 //! Exit status: 0 when the file is valid GGUF (even if the model binding is refused: that is
 //! part of the report), 1 when the file is refused or `--dequant` fails.
@@ -18,9 +19,9 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use aubier_compiler::config::Mistral4Config;
+use aubier_runtime::gguf::quant::dequantize_row;
 use aubier_runtime::gguf::{GgufFile, MetaValue, TensorInfo};
 use aubier_runtime::model::{read_config, weight_refs};
-use aubier_runtime::quant::dequantize_row;
 use clap::Args;
 use serde::Serialize;
 use serde_json::{json, Value};

@@ -1,13 +1,13 @@
 //! `aubier replay`: a routing trace (recorded, or synthetic) through the expert-placement policies,
 //! printing each policy's served fraction — the offline half of the expert store
-//! (`aubier_runtime::store`). With `--sweep` it repeats the replay for several slot counts.
+//! (`aubier_runtime::placement`). With `--sweep` it repeats the replay for several slot counts.
 
 use anyhow::{bail, Context};
-use aubier_runtime::store::hotset::HotSet;
-use aubier_runtime::store::policy::{PolicyKind, TwoQParams};
-use aubier_runtime::store::replay::{replay, ReplayOptions};
-use aubier_runtime::store::synthetic::{synthetic_trace, SyntheticSpec};
-use aubier_runtime::store::trace::Trace;
+use aubier_runtime::placement::hotset::HotSet;
+use aubier_runtime::placement::policy::{PolicyKind, TwoQParams};
+use aubier_runtime::placement::replay::{replay, ReplayOptions};
+use aubier_runtime::placement::synthetic::{synthetic_trace, SyntheticSpec};
+use aubier_runtime::placement::trace::Trace;
 use clap::Args;
 use serde_json::{json, Map, Value};
 use std::io::Write;

@@ -16,17 +16,17 @@
 //!    ggml-org/llama.cpp 007dbbf): see [`mix_type`].
 //! 4. Values (the recipe of the fixture models, `tests/data/models/README.md`): linear weights
 //!    RMS 1/√fan_in, embeddings 1, router 2/√hidden (F32), output 4/√hidden, norms 1 + 0.1·N(0,1);
-//!    quant blocks from `aubier_runtime::quant::random`, so activations stay O(1) through every
-//!    layer.
+//!    quant blocks from `aubier_runtime::gguf::quant::random`, so activations stay O(1) through
+//!    every layer.
 //! 5. Streaming: the header is written first, then each tensor in chunks of rows generated in
 //!    parallel (rayon), each chunk from its own ChaCha8 stream seeded by (seed, tensor, chunk), so
 //!    the file is a pure function of the arguments and only a few chunks are in memory.
 
 use anyhow::{bail, Context};
 use aubier_runtime::ggml_type::GgmlType;
+use aubier_runtime::gguf::quant::random::BlockSampler;
+use aubier_runtime::gguf::write::{GgufWriter, StreamedTensor};
 use aubier_runtime::gguf::{GgufFile, MetaValue};
-use aubier_runtime::gguf_write::{GgufWriter, StreamedTensor};
-use aubier_runtime::quant::random::BlockSampler;
 use clap::{Args, ValueEnum};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;

@@ -1,12 +1,13 @@
 //! `aubier trace`: records the routing of every token of one generation as a JSONL routing trace
-//! (`aubier_runtime::store::trace` format: one object per token, in order), for `aubier replay`.
+//! (`aubier_runtime::placement::trace` format: one object per token, in order), for
+//! `aubier replay`.
 
 use crate::run::{BackendArgs, Loaded, PromptArgs};
 use anyhow::Context;
 use aubier_runtime::generate::{generate, GenerateParams};
+use aubier_runtime::placement::trace::{TraceRecord, TraceWriter};
 use aubier_runtime::sampler::SamplingParams;
 use aubier_runtime::session::{Session, SessionOptions};
-use aubier_runtime::store::trace::{TraceRecord, TraceWriter};
 use clap::Args;
 use std::ops::ControlFlow;
 use std::path::PathBuf;

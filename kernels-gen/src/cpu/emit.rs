@@ -2,8 +2,8 @@
 //! uses — reading [`StepArgs`](super::StepArgs) fields, counted loops, f32/i32 loads and stores,
 //! calls of imported host functions, and the one f32 dot product of the oracle.
 //!
-//! The f32 dot follows the reduction order of `aubier_runtime::quant` (eight lanes, element `i`
-//! into lane `i % 8`, `w·x` rounded then added, no FMA, lanes folded as
+//! The f32 dot follows the reduction order of `aubier_runtime::gguf::quant` (eight lanes,
+//! element `i` into lane `i % 8`, `w·x` rounded then added, no FMA, lanes folded as
 //! `((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))`), so an inline F32 dot is bit-identical to the runtime's
 //! `dot_fn(F32)`. The eight lanes are two `f32x4` registers; the tail (< 8 elements) goes through
 //! a 32-byte stack slot holding the lanes.

@@ -5,7 +5,7 @@
 //! Every host function follows the platform C calling convention. The generated code passes
 //! pointers as 64-bit integers and element counts as `usize`.
 
-/// Dot of one weight row with f32 activations, as `aubier_runtime::quant::DotFn`:
+/// Dot of one weight row with f32 activations, as `aubier_runtime::gguf::quant::DotFn`:
 /// `Σ_i dequant(row)_i · x_i` over `n` elements, in the quant module's fixed reduction order.
 ///
 /// # Safety
@@ -13,7 +13,7 @@
 /// readable bytes; `x` points to `n` readable, 4-byte-aligned f32.
 pub type HostDotFn = unsafe extern "C" fn(row: *const u8, x: *const f32, n: usize) -> f32;
 
-/// Dequantization of one weight row to `n` f32, as `aubier_runtime::quant::DequantFn`.
+/// Dequantization of one weight row to `n` f32, as `aubier_runtime::gguf::quant::DequantFn`.
 ///
 /// # Safety
 /// As [`HostDotFn`], with `y` pointing to `n` writable, 4-byte-aligned f32 not overlapping `row`.

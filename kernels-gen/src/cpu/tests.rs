@@ -860,7 +860,7 @@ proptest! {
 
 // ---------------------------------------------------------------- bit-level properties
 
-/// The documented reduction order of the oracle's dot (and of `aubier_runtime::quant`).
+/// The documented reduction order of the oracle's dot (and of `aubier_runtime::gguf::quant`).
 fn dot8(w: &[f32], x: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     for i in 0..w.len() {

@@ -12,14 +12,14 @@
 //! pieces and never decodes a whole 256-element super-block per thread.
 //!
 //! Numerics. Each value is computed with the f32 operations, in the order, of the runtime's CPU
-//! decoders (`aubier_runtime::quant`, which follow llama.cpp `ggml-quants.c` and are bit-exact
-//! with gguf-py `gguf.quants.dequantize`): `dl = d·sc`, `y = dl·q − ml`, `db = d·(0.5 + s)·0.25`,
-//! the sign applied last. Every product in these formulas is exact in f32 (an f16 significand
-//! of 11 bits times integers of at most 13 bits together, e.g. Q5_K `d·sc·q` ≤ 11 + 6 + 5 bits),
-//! so a compiler that contracts `dl·q − ml` into an FMA (HIP and CUDA do by default) still
-//! rounds once, at the same place: the result does not depend on `-ffp-contract`. f16 is widened
-//! by integer bit manipulation (subnormals through an exact int→float conversion), so
-//! flush-to-zero modes cannot change a value either.
+//! decoders (`aubier_runtime::gguf::quant`, which follow llama.cpp `ggml-quants.c` and are
+//! bit-exact with gguf-py `gguf.quants.dequantize`): `dl = d·sc`, `y = dl·q − ml`,
+//! `db = d·(0.5 + s)·0.25`, the sign applied last. Every product in these formulas is exact in
+//! f32 (an f16 significand of 11 bits times integers of at most 13 bits together, e.g. Q5_K
+//! `d·sc·q` ≤ 11 + 6 + 5 bits), so a compiler that contracts `dl·q − ml` into an FMA (HIP and
+//! CUDA do by default) still rounds once, at the same place: the result does not depend on
+//! `-ffp-contract`. f16 is widened by integer bit manipulation (subnormals through an exact
+//! int→float conversion), so flush-to-zero modes cannot change a value either.
 //!
 //! Emitted text. [`device_fn`] writes the helpers the type needs (each wrapped in an
 //! `#ifndef AUBIER_DQ_…` guard) and then the function; [`device_tables`] writes the grid and

@@ -13,7 +13,7 @@
 //! the host alias otherwise. After a step ran, [`ExpertStore::observe`] counts every routed
 //! (token, layer, expert) as served from the fast store when the expert was resident while the
 //! step computed it, then feeds each token's routed ids, in token order, to the layer's
-//! [`Policy`] (2Q by default, `crate::store::policy`) and makes the slots follow the policy's
+//! [`Policy`] (2Q by default, `crate::placement::policy`) and makes the slots follow the policy's
 //! resident set: experts it dropped free their slot, experts it admitted are copied in (a
 //! *promotion*). Within a multi-token prefill the placement is fixed while the step computes, so
 //! an expert admitted at token 3 serves token 5 of the same prefill from the host store; one token
@@ -27,10 +27,6 @@
 //! [`ResetMode::Exact`] [`ExpertStore::reset`] restores both before each request (copying back the
 //! experts that left) and reports how long it took; [`ResetMode::None`] keeps them.
 
-use super::hotset::HotSet;
-use super::policy::{
-    Access, Lfu, Lru, Policy, PolicyError, PolicyKind, Snapshot, StaticSet, TwoQ, TwoQParams,
-};
 use crate::backend::cpu::q8::{
     deinterleave_rows, interleave_rows, q8_interleaved_fn, q8_rows_fn, INTERLEAVE_ROWS,
 };
@@ -38,6 +34,10 @@ use crate::backend::{BackendKind, ExpertSource};
 use crate::engine::Model;
 use crate::error::StoreError;
 use crate::ggml_type::GgmlType;
+use crate::placement::hotset::HotSet;
+use crate::placement::policy::{
+    Access, Lfu, Lru, Policy, PolicyError, PolicyKind, Snapshot, StaticSet, TwoQ, TwoQParams,
+};
 use aubier_compiler::ops::Op;
 use aubier_compiler::plan::{Operand, WeightId};
 use aubier_compiler::types::{Attrs, WeightRef};

@@ -28,7 +28,7 @@
 //!   per-(token, pair) cos / sin (libm's, as the oracle calls them) computed once per token, then
 //!   the oracle's multiplies and adds.
 //! - `rms_norm`, `y = (x · inv) · w`, `inv = 1 / sqrt(dot(x, x) / n + eps)`: the dot by
-//!   [`crate::quant::dot_f32`] (the oracle's eight lanes), rows in parallel, element loops left
+//!   [`crate::gguf::quant::dot_f32`] (the oracle's eight lanes), rows in parallel, element loops left
 //!   to the compiler's vectorizer (no reassociation: each element is its own two products).
 //!
 //! Vectors are AVX-512 where the CPU has it, else `[f32; 16]` arrays with the same operations
@@ -861,7 +861,7 @@ pub(crate) fn rms_norm(x: &[f32], w: &[f32], y: &mut [f32], eps: f32) {
         .zip(x.par_chunks(n))
         .with_min_len((ELEMENT_CHUNK / n).max(1))
         .for_each(|(yr, xr)| {
-            let ss = crate::quant::dot_f32(xr, xr);
+            let ss = crate::gguf::quant::dot_f32(xr, xr);
             let inv = 1.0 / ((ss / n as f32) + eps).sqrt();
             for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
                 *o = (v * inv) * g;

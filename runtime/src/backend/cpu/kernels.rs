@@ -576,7 +576,7 @@ pub(crate) fn kernel_for(plan: &Plan, i: usize, planes: usize) -> Option<CpuKern
             };
             // Whole rows of whole blocks of a type with a dequantizer.
             ty.row_size(n_in)?;
-            if !crate::quant::is_supported(ty) {
+            if !crate::gguf::quant::is_supported(ty) {
                 return None;
             }
             Some(CpuKernel::HeadGemm(FastHeadGemm {
@@ -1043,7 +1043,7 @@ impl WeightProduct for FastF32MatMul {
     }
 
     /// `y[t, r] = W[r, :] · x[t, :]` in f32. At one token each output is
-    /// [`crate::quant::dot_row`] of its row ([`crate::quant::dot_rows`], chunks of
+    /// [`crate::gguf::quant::dot_row`] of its row ([`crate::gguf::quant::dot_rows`], chunks of
     /// [`F32_DECODE_ROWS`] rows in parallel): the oracle's value, the same dot in the same order.
     /// At more: `x [T, n_in] × Wᵀ [n_in, n_out]` by `matrixmultiply::sgemm` (the weight read in
     /// place when 4-byte aligned, else copied into `buf.wf`).
@@ -1055,7 +1055,7 @@ impl WeightProduct for FastF32MatMul {
                 .par_chunks_mut(F32_DECODE_ROWS)
                 .zip(w[..n_in * n_out * 4].par_chunks(F32_DECODE_ROWS * n_in * 4))
                 .for_each(|(ys, ws)| {
-                    crate::quant::dot_rows(GgmlType::F32, ws, x, ys)
+                    crate::gguf::quant::dot_rows(GgmlType::F32, ws, x, ys)
                         .expect("whole F32 rows, checked by plan_fast_steps")
                 });
             return;
@@ -1073,11 +1073,10 @@ impl WeightProduct for FastHeadGemm {
     }
 
     /// `y[t, h, o] = W[h][o, :] · x[t, h, :]` in f32. At one token each output is
-    /// [`crate::quant::dot_row`] of its row ([`crate::quant::dot_rows`], heads in parallel): the
-    /// oracle's value, which dequantizes the row and takes the dot in the same order. At more:
-    /// `w` dequantized into
-    /// `buf.wf` (rows in parallel), then per head (in parallel) `x_h [T, n_in] × W_hᵀ [n_in,
-    /// n_out]` by `matrixmultiply::sgemm`.
+    /// [`crate::gguf::quant::dot_row`] of its row ([`crate::gguf::quant::dot_rows`], heads in
+    /// parallel): the oracle's value, which dequantizes the row and takes the dot in the same
+    /// order. At more: `w` dequantized into `buf.wf` (rows in parallel), then per head (in
+    /// parallel) `x_h [T, n_in] × W_hᵀ [n_in, n_out]` by `matrixmultiply::sgemm`.
     fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut FastBuffers) {
         let (n_in, n_out, heads) = (self.n_in, self.n_out, self.heads);
         let t = x.len() / (heads * n_in);
@@ -1089,7 +1088,7 @@ impl WeightProduct for FastHeadGemm {
                 .zip(w.par_chunks((rb * n_out).max(1)))
                 .zip(x.par_chunks(n_in.max(1)))
                 .for_each(|((yh, wh), xh)| {
-                    crate::quant::dot_rows(self.ty, wh, xh, yh).expect(
+                    crate::gguf::quant::dot_rows(self.ty, wh, xh, yh).expect(
                         "whole rows of a type with a dot kernel, checked by plan_fast_steps",
                     )
                 });
@@ -1102,7 +1101,7 @@ impl WeightProduct for FastHeadGemm {
             .par_chunks_mut(n_in)
             .zip(w.par_chunks(rb.max(1)))
             .for_each(|(dst, src)| {
-                crate::quant::dequantize_row(self.ty, src, dst)
+                crate::gguf::quant::dequantize_row(self.ty, src, dst)
                     .expect("whole rows of a type with a dequantizer, checked by plan_fast_steps")
             });
         let wf = &buf.wf[..rows * n_in];
@@ -1441,7 +1440,7 @@ mod tests {
         let ty = GgmlType::Q2_K;
         let rb = ty.row_size(n_in).unwrap();
         let mut w = vec![0u8; rb * n_out * heads];
-        let sampler = crate::quant::random::BlockSampler::new(ty).unwrap();
+        let sampler = crate::gguf::quant::random::BlockSampler::new(ty).unwrap();
         let mut rng = ChaCha8Rng::seed_from_u64(4);
         for row in w.chunks_exact_mut(rb) {
             sampler.fill_row(&mut rng, 0.5, n_in, row).unwrap();
@@ -1487,7 +1486,7 @@ mod tests {
     fn matrix(ty: GgmlType, n: usize, k: usize, seed: u64) -> Vec<u8> {
         let rb = ty.row_size(k).unwrap();
         let mut w = vec![0u8; rb * n];
-        let sampler = crate::quant::random::BlockSampler::new(ty).unwrap();
+        let sampler = crate::gguf::quant::random::BlockSampler::new(ty).unwrap();
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         for row in w.chunks_exact_mut(rb) {
             sampler.fill_row(&mut rng, 0.5, k, row).unwrap();
@@ -1775,7 +1774,7 @@ mod tests {
         let ty = GgmlType::Q4_0;
         let w = matrix(ty, heads * n_out, n_in, 12);
         let mut wf = vec![0f32; heads * n_out * n_in];
-        crate::quant::dequantize_row(ty, &w, &mut wf).unwrap();
+        crate::gguf::quant::dequantize_row(ty, &w, &mut wf).unwrap();
         let x = noise(t * heads * n_in, 13);
         let op = FastHeadGemm {
             n_in,
@@ -1801,8 +1800,8 @@ mod tests {
     }
 
     /// At one token the f32 `head_mat_mul` gives each output the type's dot of its row with its
-    /// head's input bit for bit ([`crate::quant::dot_row`], the oracle's value: the executor's
-    /// `quantized_mat_mul_equals_the_quant_dot_bitwise`), for Q4_0 and Q8_0.
+    /// head's input bit for bit ([`crate::gguf::quant::dot_row`], the oracle's value: the
+    /// executor's `quantized_mat_mul_equals_the_quant_dot_bitwise`), for Q4_0 and Q8_0.
     #[test]
     fn head_gemm_at_one_token_is_the_row_dot() {
         let (n_in, n_out, heads) = (64, 40, 3);
@@ -1822,7 +1821,8 @@ mod tests {
                 for o in 0..n_out {
                     let r = h * n_out + o;
                     let xh = &x[h * n_in..(h + 1) * n_in];
-                    let want = crate::quant::dot_row(ty, &w[r * rb..(r + 1) * rb], xh).unwrap();
+                    let want =
+                        crate::gguf::quant::dot_row(ty, &w[r * rb..(r + 1) * rb], xh).unwrap();
                     assert_eq!(y[r].to_bits(), want.to_bits(), "{ty} head {h} row {o}");
                 }
             }

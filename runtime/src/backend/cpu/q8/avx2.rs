@@ -110,7 +110,7 @@ pub(super) fn hsum(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
-/// The f16 at bytes `at .. at + 2` of `b`, widened to f32 (exact, as `quant::f16_at`).
+/// The f16 at bytes `at .. at + 2` of `b`, widened to f32 (exact, as `gguf::quant::f16_at`).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) fn f16_at(b: &[u8], at: usize) -> f32 {

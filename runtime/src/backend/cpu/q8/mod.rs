@@ -31,7 +31,7 @@
 //! the planes' values added in plane order); and [`q8_grid_fn`]'s many weight rows against many
 //! activation rows packed as [`Q8Tiles`] (`tiles.rs`; Q2_K, Q3_K; sums by AMX's `tdpbusd` in
 //! `avx512/amx.rs` or by VNNI in `avx512/grid.rs`). The result differs from the f32 oracle
-//! [`crate::quant::dot_row`] by the activation rounding (|x − d8·x8| ≤ d8/2) and by f32 rounding
+//! [`crate::gguf::quant::dot_row`] by the activation rounding (|x − d8·x8| ≤ d8/2) and by f32 rounding
 //! of a different summation order.
 
 mod scalar;
@@ -47,7 +47,7 @@ use avx512::{grid, lanes, rows, vnni};
 pub use tiles::{Q8Tiles, GROUP as Q8_TILE_ROWS};
 
 use crate::ggml_type::GgmlType;
-use crate::quant::QuantError;
+use crate::gguf::quant::QuantError;
 
 /// Elements of one Q8_K block.
 pub const QK_K: usize = 256;
@@ -754,8 +754,8 @@ fn k4_scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::dequantize_row;
-    use crate::quant::random::BlockSampler;
+    use crate::gguf::quant::dequantize_row;
+    use crate::gguf::quant::random::BlockSampler;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -971,7 +971,7 @@ mod tests {
     }
 
     /// The scalar kernel against an independent f64 sum over the bit-exact dequantized weights
-    /// (`quant::dequantize_row`, the oracle) and the dequantized activations `d8·qs`.
+    /// (`gguf::quant::dequantize_row`, the oracle) and the dequantized activations `d8·qs`.
     ///
     /// Tolerance 1e-5·Σ|w·x8| + 1e-30: the kernel rounds at most 6 times per block (two i32 →
     /// f32 conversions, two products, a difference, the `d8` product) and once per block in the

@@ -10,7 +10,7 @@ use super::{
     BlockQ8K, Q8DotFn,
 };
 use crate::ggml_type::GgmlType;
-use crate::quant::f16_at;
+use crate::gguf::quant::f16_at;
 use aubier_kernels_gen::quant_grids::{IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};
 
 /// The scalar kernel of `ty`, or None.

@@ -15,6 +15,13 @@
 //! multiple of the block size, offset aligned, data range inside the file; then the ranges, sorted
 //! by offset, are checked for overlap. Only a file that passes all of this becomes a [`GgufFile`], so
 //! [`GgufFile::tensor_data`] can slice without further checks.
+//!
+//! This file is the reader; the folder also holds the format's other halves:
+//! * [`write`] — the GGUF v3 writer (in memory for test files, streamed for large ones).
+//! * [`quant`] — the reference ggml dequantizers and the oracle's f32 dot, bit-exact with ggml.
+
+pub mod quant;
+pub mod write;
 
 use std::collections::HashMap;
 use std::fs::File;

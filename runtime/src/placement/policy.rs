@@ -85,7 +85,7 @@ pub enum Access {
     },
 }
 
-/// The policies known to [`crate::store::replay`] and `aubier replay`.
+/// The policies known to [`crate::placement::replay`] and `aubier replay`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PolicyKind {
     /// [`TwoQ`], named `2q`.

@@ -1,5 +1,5 @@
 //! AVX-512 dots of Q4_0 and Q8_0 rows (and, many rows at once, F32 rows) with f32 activations
-//! that compute the scalar dot's operations in its order (the module note of `crate::quant`),
+//! that compute the scalar dot's operations in its order (the module note of `crate::gguf::quant`),
 //! so the same bits: they replace the scalar kernels behind [`super::dot_fn`] and
 //! [`super::dot_rows`] where the CPU has AVX-512F (the oracle's `attn_k_b` at decode is 8,192
 //! Q4_0 rows of 64 elements per layer; the router at decode 128 F32 rows of 4096).
@@ -290,7 +290,7 @@ mod tests {
                 continue;
             };
             let scalar = super::super::scalar_dot_fn(ty).expect("scalar kernel");
-            let sampler = crate::quant::random::BlockSampler::new(ty).expect("sampler");
+            let sampler = crate::gguf::quant::random::BlockSampler::new(ty).expect("sampler");
             for blocks in 1..10 {
                 let n = 32 * blocks;
                 let mut row = vec![0u8; ty.row_size(n).expect("size")];
@@ -322,7 +322,7 @@ mod tests {
                 continue;
             };
             let scalar = super::super::scalar_dot_fn(ty).expect("scalar kernel");
-            let sampler = crate::quant::random::BlockSampler::new(ty).expect("sampler");
+            let sampler = crate::gguf::quant::random::BlockSampler::new(ty).expect("sampler");
             for (rows, blocks) in (1..10).flat_map(|r| (1..4).map(move |b| (r, b))) {
                 let n = 32 * blocks;
                 let rb = ty.row_size(n).expect("size");

@@ -178,7 +178,7 @@ pub fn replay(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::trace::TraceRecord;
+    use crate::placement::trace::TraceRecord;
 
     fn trace(layers: &[Vec<Vec<u32>>], n_experts: u32) -> Trace {
         let tokens = layers[0].len();

@@ -1,0 +1,17 @@
+//! Expert placement as pure algorithms (ARCHITECTURE.md § runtime): which MoE experts of each
+//! layer live in the fast store. Nothing here touches memory or a model; the split expert store
+//! ([`crate::store::expert_store`]) drives these policies and moves bytes to follow them.
+//!
+//! * [`policy`] — the [`policy::Policy`] trait (one routed expert access at a time; the resident
+//!   set it answers), and 2Q, LRU, LFU, static and Belady's MIN (with bypass, the exact optimum of
+//!   the cache model).
+//! * [`trace`] — routing traces as JSON lines: reader (with line/field errors) and writer.
+//! * [`hotset`] — the `--resident-set hotset.json` seed membership.
+//! * [`replay`] — a trace through a policy, one instance per layer: the served fraction.
+//! * [`synthetic`] — traces with a Zipf-like skew and a drifting hot set, for benchmarks.
+
+pub mod hotset;
+pub mod policy;
+pub mod replay;
+pub mod synthetic;
+pub mod trace;
