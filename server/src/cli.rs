@@ -33,6 +33,8 @@ pub enum Command {
     Quality(crate::quality::QualityArgs),
     /// Measure prefill and decode tok/s, time to first token, peak RSS and weight bytes per token.
     Bench(crate::bench::BenchArgs),
+    /// List the Vulkan devices with the limits and features the GPU kernels depend on.
+    Devices(crate::devices::DevicesArgs),
 }
 
 /// Parses the command line and runs the chosen subcommand.
@@ -51,6 +53,7 @@ pub fn main() -> ExitCode {
         Command::Synth(args) => report("synth", crate::synth::run(args)),
         Command::Quality(args) => report("quality", crate::quality::run(args)),
         Command::Bench(args) => report("bench", crate::bench::run(args)),
+        Command::Devices(args) => report("devices", crate::devices::run(args)),
     }
 }
 

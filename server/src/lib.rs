@@ -27,6 +27,7 @@ macro_rules! out {
 
 pub mod bench;
 pub mod cli;
+pub mod devices;
 pub mod error_text;
 pub mod gen;
 pub mod inspect;

@@ -15,12 +15,16 @@
 //!   cranelift kernel, recorded as such. Its numerics ([`cpu::CpuNumerics`]) are an option of
 //!   the backend. The product path: the default of the library and of the command line.
 //!
+//! [`vulkan`] is the device layer of a Vulkan backend to come (devices, buffers, pipelines,
+//! GLSL compiled to SPIR-V); it is not a `--backend` yet.
+//!
 //! The backends read weights through the contract here too: [`ExpertSource`] (where the split
 //! expert store keeps its copies) and [`WeightFile`] (the mapped file read without mapping);
 //! [`ExecError`] is how a run fails.
 
 pub mod cpu;
 pub mod oracle;
+pub mod vulkan;
 
 use aubier_compiler::plan::{Plan, ValueId, WeightId};
 use aubier_compiler::{CompileOptions, Target};

@@ -1,0 +1,664 @@
+//! One open Vulkan device: buffers addressed by device address, compute pipelines, dispatch.
+//!
+//! Every submission (a dispatch, the copy of an upload or a download) is recorded into the
+//! context's one command buffer, submitted to its one compute queue and waited for before the
+//! call returns, behind a barrier that orders it after every earlier submission and makes its
+//! writes visible to the host: once a call returns, the device uses no buffer. Threads sharing a
+//! context submit one at a time; which buffers a kernel reaches (by the addresses it is given)
+//! while another thread reads or writes them is the caller's to order.
+
+use super::device::{DeviceInfo, Instance};
+use super::{is_spirv, vk_call, VulkanError};
+use ash::vk;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// The logical device and the instance it was made from, shared by the context and every
+/// buffer and pipeline it made, so that they are destroyed before it.
+struct Shared {
+    /// The logical device.
+    device: ash::Device,
+    /// Dropped after `Drop::drop` destroyed the device.
+    _instance: Instance,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // SAFETY: the last holder is gone: every buffer, pipeline and the context's own command
+        // pool and fence (each holds this `Arc`) were destroyed; waiting for idle first makes
+        // sure no submission still runs.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            self.device.destroy_device(None);
+        }
+    }
+}
+
+/// One Vulkan device opened for compute: one queue, one command buffer, one fence.
+pub struct VulkanContext {
+    /// The device's description (its limits bound the arguments of every call).
+    info: DeviceInfo,
+    /// Memory types of the device.
+    memory: vk::PhysicalDeviceMemoryProperties,
+    /// The compute queue.
+    queue: vk::Queue,
+    /// The pool of `cmd` (null until made).
+    pool: vk::CommandPool,
+    /// The command buffer every submission is recorded into.
+    cmd: vk::CommandBuffer,
+    /// Signalled when a submission completes (null until made).
+    fence: vk::Fence,
+    /// Held through each submission: the command buffer, the fence and the queue are used by
+    /// one submission at a time (Vulkan's external synchronization).
+    submitting: Mutex<()>,
+    /// Dropped after `Drop::drop` destroyed the pool and the fence.
+    shared: Arc<Shared>,
+}
+
+impl VulkanContext {
+    /// Opens device `device_index` (the index of [`super::device::list_devices`]) with one
+    /// compute queue, enabling `bufferDeviceAddress` and, where the device has them, 8- and
+    /// 16-bit storage-buffer access, `shaderFloat16` and `shaderInt8`.
+    ///
+    /// Errors: those of `list_devices`; [`VulkanError::Selection`] when no device has that
+    /// index; [`VulkanError::Unsupported`] without `bufferDeviceAddress` (Vulkan 1.2) or a
+    /// compute queue; [`VulkanError::Vk`].
+    pub fn new(device_index: usize) -> Result<Self, VulkanError> {
+        let instance = Instance::new()?;
+        let mut devices = instance.devices()?;
+        let found = devices
+            .iter()
+            .map(|(_, d)| format!("{}: {}", d.index, d.name))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let Some(pos) = devices.iter().position(|(_, d)| d.index == device_index) else {
+            return Err(VulkanError::Selection {
+                reason: format!("--device {device_index} names no Vulkan device"),
+                found,
+            });
+        };
+        let (pd, info) = devices.swap_remove(pos);
+        let unsupported = |what: &str| VulkanError::Unsupported {
+            device: info.index,
+            name: info.name.clone(),
+            what: what.into(),
+        };
+        let f = info.features;
+        if !f.buffer_device_address {
+            return Err(unsupported(
+                "no bufferDeviceAddress (Vulkan 1.2), which every kernel's buffers need",
+            ));
+        }
+        // SAFETY: `pd` was enumerated from the live instance.
+        let families = unsafe {
+            instance
+                .instance
+                .get_physical_device_queue_family_properties(pd)
+        };
+        let family = families
+            .iter()
+            .position(|q| q.queue_flags.contains(vk::QueueFlags::COMPUTE))
+            .ok_or_else(|| unsupported("no compute queue"))? as u32;
+        let priorities = [1.0f32];
+        let queues = [vk::DeviceQueueCreateInfo::default()
+            .queue_family_index(family)
+            .queue_priorities(&priorities)];
+        let mut v11 = vk::PhysicalDeviceVulkan11Features::default()
+            .storage_buffer16_bit_access(f.storage_buffer_16bit_access);
+        let mut v12 = vk::PhysicalDeviceVulkan12Features::default()
+            .buffer_device_address(true)
+            .storage_buffer8_bit_access(f.storage_buffer_8bit_access)
+            .shader_float16(f.shader_float16)
+            .shader_int8(f.shader_int8);
+        let create = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&queues)
+            .push_next(&mut v11)
+            .push_next(&mut v12);
+        // SAFETY: `pd` belongs to the live instance; the device is Vulkan 1.2 (it has
+        // bufferDeviceAddress), so the Vulkan 1.1/1.2 feature structures are valid, and every
+        // feature enabled is one it reported; `create` and what it points to outlive the call.
+        let device = vk_call("vkCreateDevice", unsafe {
+            instance.instance.create_device(pd, &create, None)
+        })?;
+        // SAFETY: `pd` belongs to the live instance.
+        let memory = unsafe { instance.instance.get_physical_device_memory_properties(pd) };
+        // SAFETY: queue 0 of `family` was asked for in `create`.
+        let queue = unsafe { device.get_device_queue(family, 0) };
+        let mut ctx = VulkanContext {
+            info,
+            memory,
+            queue,
+            pool: vk::CommandPool::null(),
+            cmd: vk::CommandBuffer::null(),
+            fence: vk::Fence::null(),
+            submitting: Mutex::new(()),
+            shared: Arc::new(Shared {
+                device,
+                _instance: instance,
+            }),
+        };
+        // From here on, a failure drops `ctx`, which destroys what was made.
+        let d = &ctx.shared.device;
+        let pool_info = vk::CommandPoolCreateInfo::default()
+            .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER)
+            .queue_family_index(family);
+        // SAFETY: the device is alive; `pool_info` outlives the call.
+        ctx.pool = vk_call("vkCreateCommandPool", unsafe {
+            d.create_command_pool(&pool_info, None)
+        })?;
+        let alloc = vk::CommandBufferAllocateInfo::default()
+            .command_pool(ctx.pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        // SAFETY: the pool belongs to the device; one buffer is asked for and returned.
+        let cmds = vk_call("vkAllocateCommandBuffers", unsafe {
+            d.allocate_command_buffers(&alloc)
+        })?;
+        ctx.cmd = one("vkAllocateCommandBuffers", cmds)?;
+        // SAFETY: the device is alive.
+        ctx.fence = vk_call("vkCreateFence", unsafe {
+            d.create_fence(&vk::FenceCreateInfo::default(), None)
+        })?;
+        Ok(ctx)
+    }
+
+    /// The device this context opened.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// A buffer of `size` bytes in `location`, bound to memory of its own, usable as a storage
+    /// buffer, a copy source and destination, and by its device address.
+    ///
+    /// Errors: [`VulkanError::Invalid`] for 0 bytes; [`VulkanError::Unsupported`] when no memory
+    /// type fits; [`VulkanError::Vk`] (e.g. `ERROR_OUT_OF_DEVICE_MEMORY`).
+    pub fn buffer(&self, size: u64, location: Location) -> Result<Buffer, VulkanError> {
+        if size == 0 {
+            return Err(VulkanError::Invalid("a buffer of 0 bytes".into()));
+        }
+        let d = &self.shared.device;
+        let mut buffer = Buffer {
+            buffer: vk::Buffer::null(),
+            memory: vk::DeviceMemory::null(),
+            mapped: std::ptr::null_mut(),
+            size,
+            address: 0,
+            location,
+            shared: Arc::clone(&self.shared),
+        };
+        // From here on, a failure drops `buffer`, which frees what was made.
+        let info = vk::BufferCreateInfo::default()
+            .size(size)
+            .usage(
+                vk::BufferUsageFlags::STORAGE_BUFFER
+                    | vk::BufferUsageFlags::TRANSFER_SRC
+                    | vk::BufferUsageFlags::TRANSFER_DST
+                    | vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS,
+            )
+            .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        // SAFETY: the device is alive; `info` outlives the call.
+        buffer.buffer = vk_call("vkCreateBuffer", unsafe { d.create_buffer(&info, None) })?;
+        // SAFETY: the buffer was made by this device.
+        let needs = unsafe { d.get_buffer_memory_requirements(buffer.buffer) };
+        let type_index = self.memory_type(needs.memory_type_bits, location)?;
+        let mut flags =
+            vk::MemoryAllocateFlagsInfo::default().flags(vk::MemoryAllocateFlags::DEVICE_ADDRESS);
+        let alloc = vk::MemoryAllocateInfo::default()
+            .allocation_size(needs.size)
+            .memory_type_index(type_index)
+            .push_next(&mut flags);
+        // SAFETY: the device has bufferDeviceAddress enabled (the DEVICE_ADDRESS flag); `alloc`
+        // outlives the call.
+        buffer.memory = vk_call("vkAllocateMemory", unsafe {
+            d.allocate_memory(&alloc, None)
+        })?;
+        // SAFETY: fresh memory of a type the buffer accepts and of the size it needs, offset 0.
+        vk_call("vkBindBufferMemory", unsafe {
+            d.bind_buffer_memory(buffer.buffer, buffer.memory, 0)
+        })?;
+        if location == Location::Host {
+            // SAFETY: host-visible memory, not mapped yet, mapped whole.
+            let ptr = vk_call("vkMapMemory", unsafe {
+                d.map_memory(
+                    buffer.memory,
+                    0,
+                    vk::WHOLE_SIZE,
+                    vk::MemoryMapFlags::empty(),
+                )
+            })?;
+            buffer.mapped = ptr.cast();
+        }
+        let address = vk::BufferDeviceAddressInfo::default().buffer(buffer.buffer);
+        // SAFETY: the buffer has SHADER_DEVICE_ADDRESS usage and is bound to memory allocated
+        // with the DEVICE_ADDRESS flag.
+        buffer.address = unsafe { d.get_buffer_device_address(&address) };
+        Ok(buffer)
+    }
+
+    /// The first memory type among `allowed` (a bit mask) with the properties `location`
+    /// wants: device-local for [`Location::Device`]; host-visible and coherent for
+    /// [`Location::Host`], cached if one is.
+    fn memory_type(&self, allowed: u32, location: Location) -> Result<u32, VulkanError> {
+        use vk::MemoryPropertyFlags as F;
+        let wanted: &[F] = match location {
+            Location::Device => &[F::DEVICE_LOCAL],
+            Location::Host => &[
+                F::HOST_VISIBLE | F::HOST_COHERENT | F::HOST_CACHED,
+                F::HOST_VISIBLE | F::HOST_COHERENT,
+            ],
+        };
+        let types = self.memory.memory_types_as_slice();
+        wanted
+            .iter()
+            .find_map(|&props| {
+                (0..types.len())
+                    .find(|&i| allowed & (1 << i) != 0 && types[i].property_flags.contains(props))
+            })
+            .map(|i| i as u32)
+            .ok_or_else(|| VulkanError::Unsupported {
+                device: self.info.index,
+                name: self.info.name.clone(),
+                what: format!("no memory type for a {location:?} buffer"),
+            })
+    }
+
+    /// Writes `data` into `buffer` at byte `offset`: straight into the mapping of a
+    /// [`Location::Host`] buffer, through a host staging buffer and a copy for a
+    /// [`Location::Device`] one.
+    ///
+    /// Errors: [`VulkanError::Invalid`] when the bytes do not fit in the buffer or it belongs to
+    /// another context; those of [`VulkanContext::buffer`] and of the copy's submission.
+    pub fn upload(&self, buffer: &Buffer, offset: u64, data: &[u8]) -> Result<(), VulkanError> {
+        self.check_range(buffer, offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        match buffer.location {
+            Location::Host => {
+                // SAFETY: the range is inside the mapping (checked above); no submission is in
+                // flight (each is waited for); `data` is host memory, not the mapping.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        data.as_ptr(),
+                        buffer.mapped.add(offset as usize),
+                        data.len(),
+                    )
+                };
+                Ok(())
+            }
+            Location::Device => {
+                let staging = self.buffer(data.len() as u64, Location::Host)?;
+                self.upload(&staging, 0, data)?;
+                self.copy(&staging, 0, buffer, offset, data.len() as u64)
+            }
+        }
+    }
+
+    /// Reads `out.len()` bytes of `buffer` from byte `offset` into `out` (the way back of
+    /// [`VulkanContext::upload`]).
+    ///
+    /// Errors: as [`VulkanContext::upload`].
+    pub fn download(
+        &self,
+        buffer: &Buffer,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), VulkanError> {
+        self.check_range(buffer, offset, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        match buffer.location {
+            Location::Host => {
+                // SAFETY: as in `upload`, the other way.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        buffer.mapped.add(offset as usize),
+                        out.as_mut_ptr(),
+                        out.len(),
+                    )
+                };
+                Ok(())
+            }
+            Location::Device => {
+                let staging = self.buffer(out.len() as u64, Location::Host)?;
+                self.copy(buffer, offset, &staging, 0, out.len() as u64)?;
+                self.download(&staging, 0, out)
+            }
+        }
+    }
+
+    /// `Err(Invalid)` unless `buffer` is this context's and `offset..offset + len` lies in it.
+    fn check_range(&self, buffer: &Buffer, offset: u64, len: usize) -> Result<(), VulkanError> {
+        if !Arc::ptr_eq(&buffer.shared, &self.shared) {
+            return Err(VulkanError::Invalid(
+                "the buffer belongs to another Vulkan context".into(),
+            ));
+        }
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= buffer.size => Ok(()),
+            _ => Err(VulkanError::Invalid(format!(
+                "bytes {offset}..{offset}+{len} are outside the buffer of {} bytes",
+                buffer.size
+            ))),
+        }
+    }
+
+    /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset` (ranges checked by
+    /// the caller).
+    fn copy(
+        &self,
+        src: &Buffer,
+        src_offset: u64,
+        dst: &Buffer,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<(), VulkanError> {
+        let region = [vk::BufferCopy {
+            src_offset,
+            dst_offset,
+            size: len,
+        }];
+        self.submit(|d, cmd| {
+            // SAFETY: both buffers belong to this device, have TRANSFER usage and hold the
+            // ranges (checked by the caller); `cmd` is recording.
+            unsafe { d.cmd_copy_buffer(cmd, src.buffer, dst.buffer, &region) }
+        })
+    }
+
+    /// A compute pipeline of the SPIR-V module `spirv` (entry point `main`) taking
+    /// `push_constant_bytes` bytes of push constants and no descriptor sets (its buffers come by
+    /// device address, in the push constants). Made once, dispatched any number of times.
+    ///
+    /// Errors: [`VulkanError::Invalid`] when `spirv` is not SPIR-V or the push constants are not
+    /// a multiple of 4 bytes or exceed the device's `maxPushConstantsSize`; [`VulkanError::Vk`]
+    /// when the driver refuses the module or the pipeline.
+    pub fn pipeline(
+        &self,
+        spirv: &[u32],
+        push_constant_bytes: u32,
+    ) -> Result<Pipeline, VulkanError> {
+        if !is_spirv(spirv) {
+            return Err(VulkanError::Invalid(
+                "the words given for a pipeline are not a SPIR-V module".into(),
+            ));
+        }
+        let max = self.info.limits.max_push_constants_size;
+        if !push_constant_bytes.is_multiple_of(4) || push_constant_bytes > max {
+            return Err(VulkanError::Invalid(format!(
+                "{push_constant_bytes} bytes of push constants: a multiple of 4 up to {max} \
+                 (maxPushConstantsSize) is needed"
+            )));
+        }
+        let d = &self.shared.device;
+        let mut pipeline = Pipeline {
+            pipeline: vk::Pipeline::null(),
+            layout: vk::PipelineLayout::null(),
+            push_constant_bytes,
+            shared: Arc::clone(&self.shared),
+        };
+        // From here on, a failure drops `pipeline`, which destroys what was made.
+        let ranges = [vk::PushConstantRange {
+            stage_flags: vk::ShaderStageFlags::COMPUTE,
+            offset: 0,
+            size: push_constant_bytes,
+        }];
+        let ranges: &[vk::PushConstantRange] = if push_constant_bytes == 0 {
+            &[]
+        } else {
+            &ranges
+        };
+        let layout_info = vk::PipelineLayoutCreateInfo::default().push_constant_ranges(ranges);
+        // SAFETY: the device is alive; `layout_info` outlives the call.
+        pipeline.layout = vk_call("vkCreatePipelineLayout", unsafe {
+            d.create_pipeline_layout(&layout_info, None)
+        })?;
+        let module_info = vk::ShaderModuleCreateInfo::default().code(spirv);
+        // SAFETY: `spirv` is whole words starting with the SPIR-V header (checked above); the
+        // driver validates the rest.
+        let module = vk_call("vkCreateShaderModule", unsafe {
+            d.create_shader_module(&module_info, None)
+        })?;
+        let stage = vk::PipelineShaderStageCreateInfo::default()
+            .stage(vk::ShaderStageFlags::COMPUTE)
+            .module(module)
+            .name(c"main");
+        let create = [vk::ComputePipelineCreateInfo::default()
+            .stage(stage)
+            .layout(pipeline.layout)];
+        // SAFETY: the module and the layout belong to this device; `create` outlives the call.
+        let made = unsafe { d.create_compute_pipelines(vk::PipelineCache::null(), &create, None) };
+        // SAFETY: the module is only read while the pipeline is made, which is done.
+        unsafe { d.destroy_shader_module(module, None) };
+        let made = vk_call(
+            "vkCreateComputePipelines",
+            made.map_err(|(_, result)| result),
+        )?;
+        pipeline.pipeline = one("vkCreateComputePipelines", made)?;
+        Ok(pipeline)
+    }
+
+    /// Runs `pipeline` over `groups` workgroups (x, y, z) with `push_constants` (exactly the
+    /// pipeline's push-constant bytes, as the shader lays them out: std430, little-endian, a
+    /// buffer reference being its 8-byte [`Buffer::address`]) and waits for it to finish.
+    ///
+    /// Errors: [`VulkanError::Invalid`] when the push constants have another size, a group count
+    /// exceeds `maxComputeWorkGroupCount` or the pipeline belongs to another context;
+    /// [`VulkanError::Vk`] when the submission or the wait fails (e.g. `ERROR_DEVICE_LOST`).
+    pub fn dispatch(
+        &self,
+        pipeline: &Pipeline,
+        groups: [u32; 3],
+        push_constants: &[u8],
+    ) -> Result<(), VulkanError> {
+        if !Arc::ptr_eq(&pipeline.shared, &self.shared) {
+            return Err(VulkanError::Invalid(
+                "the pipeline belongs to another Vulkan context".into(),
+            ));
+        }
+        if push_constants.len() != pipeline.push_constant_bytes as usize {
+            return Err(VulkanError::Invalid(format!(
+                "{} bytes of push constants for a pipeline taking {}",
+                push_constants.len(),
+                pipeline.push_constant_bytes
+            )));
+        }
+        let max = self.info.limits.max_compute_work_group_count;
+        if groups.iter().zip(max).any(|(&g, m)| g > m) {
+            return Err(VulkanError::Invalid(format!(
+                "{groups:?} workgroups exceed the device's maxComputeWorkGroupCount {max:?}"
+            )));
+        }
+        self.submit(|d, cmd| {
+            // SAFETY: the pipeline and its layout belong to this device; the push constants are
+            // exactly its range (checked above); `cmd` is recording.
+            unsafe {
+                d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
+                if !push_constants.is_empty() {
+                    d.cmd_push_constants(
+                        cmd,
+                        pipeline.layout,
+                        vk::ShaderStageFlags::COMPUTE,
+                        0,
+                        push_constants,
+                    );
+                }
+                d.cmd_dispatch(cmd, groups[0], groups[1], groups[2]);
+            }
+        })
+    }
+
+    /// Records `record` into the command buffer between two barriers (every earlier write of
+    /// the queue before it; its writes visible to the host after it), submits it and waits.
+    fn submit(
+        &self,
+        record: impl FnOnce(&ash::Device, vk::CommandBuffer),
+    ) -> Result<(), VulkanError> {
+        // A panic while holding the lock left nothing half-done that the reset below does not
+        // undo.
+        let _one_at_a_time = self
+            .submitting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let d = &self.shared.device;
+        let cmd = self.cmd;
+        let before = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+            .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)];
+        let after = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+            .dst_access_mask(vk::AccessFlags::HOST_READ)];
+        let begin = vk::CommandBufferBeginInfo::default()
+            .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+        // SAFETY: the command buffer is not pending (every submission is waited for below, under
+        // the lock held here) and its pool allows resetting it; the barriers and `begin` outlive the calls.
+        unsafe {
+            vk_call(
+                "vkResetCommandBuffer",
+                d.reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty()),
+            )?;
+            vk_call("vkBeginCommandBuffer", d.begin_command_buffer(cmd, &begin))?;
+            d.cmd_pipeline_barrier(
+                cmd,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::DependencyFlags::empty(),
+                &before,
+                &[],
+                &[],
+            );
+        }
+        record(d, cmd);
+        let cmds = [cmd];
+        let submits = [vk::SubmitInfo::default().command_buffers(&cmds)];
+        // SAFETY: `cmd` was begun above and recorded by `record`; the fence is unsignalled
+        // (reset before the submission) and not in use; the wait returns once the queue
+        // finished, so nothing of this submission is in flight afterwards.
+        unsafe {
+            d.cmd_pipeline_barrier(
+                cmd,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::PipelineStageFlags::HOST,
+                vk::DependencyFlags::empty(),
+                &after,
+                &[],
+                &[],
+            );
+            vk_call("vkEndCommandBuffer", d.end_command_buffer(cmd))?;
+            vk_call("vkResetFences", d.reset_fences(&[self.fence]))?;
+            vk_call(
+                "vkQueueSubmit",
+                d.queue_submit(self.queue, &submits, self.fence),
+            )?;
+            vk_call(
+                "vkWaitForFences",
+                d.wait_for_fences(&[self.fence], true, u64::MAX),
+            )
+        }
+    }
+}
+
+/// The one handle `call` was asked for (`ERROR_UNKNOWN` should a driver return none).
+fn one<T>(call: &'static str, handles: Vec<T>) -> Result<T, VulkanError> {
+    handles.into_iter().next().ok_or(VulkanError::Vk {
+        call,
+        result: vk::Result::ERROR_UNKNOWN,
+    })
+}
+
+impl Drop for VulkanContext {
+    fn drop(&mut self) {
+        let d = &self.shared.device;
+        // SAFETY: nothing is in flight once the device is idle; the pool (with its command
+        // buffer) and the fence were made by this device, or are null (a no-op).
+        unsafe {
+            let _ = d.device_wait_idle();
+            d.destroy_fence(self.fence, None);
+            d.destroy_command_pool(self.pool, None);
+        }
+    }
+}
+
+/// Where a [`Buffer`]'s memory lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Location {
+    /// Device-local memory: fastest for kernels; the host reaches it through copies.
+    Device,
+    /// Host-visible, coherent memory, mapped for the buffer's life: the host reads and writes it
+    /// directly (kernels read it over the bus on a discrete GPU).
+    Host,
+}
+
+/// A buffer of a [`VulkanContext`] with memory of its own, freed on drop.
+pub struct Buffer {
+    /// The buffer (null until made).
+    buffer: vk::Buffer,
+    /// Its memory (null until allocated).
+    memory: vk::DeviceMemory,
+    /// The mapping of a [`Location::Host`] buffer's memory, else null.
+    mapped: *mut u8,
+    /// Bytes.
+    size: u64,
+    /// Its device address.
+    address: u64,
+    /// Where its memory lives.
+    location: Location,
+    /// The device, kept alive until the buffer is freed.
+    shared: Arc<Shared>,
+}
+
+impl Buffer {
+    /// Bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Its device address: what a kernel receives (in push constants) to reach it through
+    /// `GL_EXT_buffer_reference`.
+    pub fn address(&self) -> u64 {
+        self.address
+    }
+
+    /// Where its memory lives.
+    pub fn location(&self) -> Location {
+        self.location
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let d = &self.shared.device;
+        // SAFETY: no submission is in flight (each is waited for); the handles were made by this
+        // device, or are null (a no-op); the memory is unmapped before it is freed.
+        unsafe {
+            if !self.mapped.is_null() {
+                d.unmap_memory(self.memory);
+            }
+            d.destroy_buffer(self.buffer, None);
+            d.free_memory(self.memory, None);
+        }
+    }
+}
+
+/// A compute pipeline of a [`VulkanContext`] ([`VulkanContext::pipeline`]), destroyed on drop.
+pub struct Pipeline {
+    /// The pipeline (null until made).
+    pipeline: vk::Pipeline,
+    /// Its layout: one push-constant range, no descriptor sets (null until made).
+    layout: vk::PipelineLayout,
+    /// Bytes of push constants every dispatch passes.
+    push_constant_bytes: u32,
+    /// The device, kept alive until the pipeline is destroyed.
+    shared: Arc<Shared>,
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        let d = &self.shared.device;
+        // SAFETY: no submission is in flight (each is waited for); the handles were made by this
+        // device, or are null (a no-op).
+        unsafe {
+            d.destroy_pipeline(self.pipeline, None);
+            d.destroy_pipeline_layout(self.layout, None);
+        }
+    }
+}
