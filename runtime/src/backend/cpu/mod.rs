@@ -305,7 +305,7 @@ pub(crate) fn run(
 /// `kqkv` over the step of `io`: `heads` query rows of `w` values per token, the keys' first
 /// `len` values summed (`widths = (w, len)`), scores scaled by `scale` — the five steps it fuses
 /// in their order, each with its unfused kernel's bits, alternating between `buf.att`'s two
-/// `[rows, S]` buffers.
+/// `[rows, S]` buffers, over runs of tokens ([`ATT_BYTES`]).
 ///
 /// Errors: [`ExecError::Index`] for a position outside the keys.
 fn latent_attention(
@@ -342,16 +342,46 @@ fn latent_attention(
             bound: s,
         });
     }
-    let [a, b] = &mut buf.att;
-    a.resize(rows * s, 0.0);
-    b.resize(rows * s, 0.0);
-    kernels::scores(q, k, a, w, Some(pos));
-    kernels::scale(a, b, scale);
-    kernels::causal_mask(b, pos, a, s);
-    kernels::softmax(a, b, s);
-    kernels::weighted_sum(b, k, y, w, len);
+    let run = (ATT_BYTES / (2 * 4 * (heads * s).max(1))).clamp(1, t);
+    attention_runs(q, pos, k, y, (heads, w, len), scale, run, &mut buf.att);
     Ok(())
 }
+
+/// The chain of [`latent_attention`] over runs of `run` tokens: q `[T, heads, w]`, pos `[T]`,
+/// k `[S, w]`, y `[T, heads, len]`. Every row is independent, so any `run` gives the bits of one
+/// run over all tokens, while `att` holds only `2 · run · heads · S` values.
+#[allow(clippy::too_many_arguments)] // the chain's operands, extents and buffers
+fn attention_runs(
+    q: &[f32],
+    pos: &[i32],
+    k: &[f32],
+    y: &mut [f32],
+    (heads, w, len): (usize, usize, usize),
+    scale: f32,
+    run: usize,
+    att: &mut [Vec<f32>; 2],
+) {
+    let s = k.len() / w.max(1);
+    let per_token = heads * s;
+    let [a, b] = att;
+    a.resize(run * per_token, 0.0);
+    b.resize(run * per_token, 0.0);
+    for t0 in (0..pos.len()).step_by(run.max(1)) {
+        let n = run.min(pos.len() - t0);
+        let (a, b) = (&mut a[..n * per_token], &mut b[..n * per_token]);
+        let pos = &pos[t0..t0 + n];
+        kernels::scores(&q[t0 * heads * w..(t0 + n) * heads * w], k, a, w, Some(pos));
+        kernels::scale(a, b, scale);
+        kernels::causal_mask(b, pos, a, s);
+        kernels::softmax(a, b, s);
+        let out = &mut y[t0 * heads * len..(t0 + n) * heads * len];
+        kernels::weighted_sum(b, k, out, w, len);
+    }
+}
+
+/// Bytes of `kqkv`'s two score buffers ([`latent_attention`]): a prefill of 512 tokens over 512
+/// keys and 32 heads would take 64 MiB at once, this takes runs of 64 tokens.
+const ATT_BYTES: usize = 8 << 20;
 
 /// Runs the weight product `p` of the step (operand 0 its weight, operand 1 its input).
 fn weight_product<P: WeightProduct>(
@@ -416,5 +446,33 @@ unsafe fn rows_and_positions<'a>(
             std::slice::from_raw_parts(args.args[1] as *const i32, t),
             std::slice::from_raw_parts_mut(args.out as *mut f32, numel),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attention_runs;
+
+    /// Runs of 1, 2, 3 and 5 tokens give the bits of one run over the whole prompt (the causal
+    /// cut included: the prompt's positions end at the last key).
+    #[test]
+    fn attention_in_runs_of_tokens_gives_the_bits_of_one_run() {
+        let (t, s, heads, w, len) = (7usize, 20usize, 3usize, 43usize, 37usize);
+        let val = |i: usize| ((i * 7919 % 1000) as f32 / 250.0 - 2.0) * 0.5;
+        let q: Vec<f32> = (0..t * heads * w).map(val).collect();
+        let k: Vec<f32> = (0..s * w).map(|i| val(i + 13)).collect();
+        let pos: Vec<i32> = (0..t).map(|i| (s - t + i) as i32).collect();
+        let attend = |run: usize| {
+            let mut y = vec![0f32; t * heads * len];
+            let mut att = [Vec::new(), Vec::new()];
+            attention_runs(&q, &pos, &k, &mut y, (heads, w, len), 0.125, run, &mut att);
+            assert!(att[0].len() <= run * heads * s);
+            y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let whole = attend(t);
+        assert!(whole.iter().any(|&b| f32::from_bits(b) != 0.0));
+        for run in [1, 2, 3, 5] {
+            assert_eq!(attend(run), whole, "runs of {run}");
+        }
     }
 }
