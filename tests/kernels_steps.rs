@@ -548,3 +548,63 @@ fn argmax_matches_a_plain_scan() {
     assert_eq!(got, want);
     assert_eq!(&want[1..4], &[700, 0, -1]);
 }
+
+/// `launch::launches` binds every parameter of every kernel of the bundled model's plans (fused
+/// and unfused): weights to weight operands (an experts table to a stacked expert tensor), f32 /
+/// i32 buffers to values of that type, the cache to a layer of the model, scratch only to the
+/// named scratch parameters; every step but an in-place reshape launches something.
+#[test]
+fn launches_bind_every_parameter_of_the_bundled_plans() {
+    use aubier_compiler::plan::{Operand, Storage};
+    use aubier_compiler::Target;
+    use aubier_kernels_gen::gpu::ir::ParamKind;
+    use aubier_kernels_gen::gpu::launch::{launches, Arg};
+    for target in [Target::Oracle, Target::Gpu] {
+        let plan = bundled_plan(target, |_| {});
+        for (i, step) in plan.steps.iter().enumerate() {
+            let ls = launches(&plan, i).unwrap_or_else(|e| panic!("{e}"));
+            let in_place = step.op == Op::Reshape
+                && matches!(step.args[0], Operand::Value(v) if plan.values[v].storage == plan.values[step.out].storage);
+            assert_eq!(ls.is_empty(), in_place, "step {i} ({})", step.op.name());
+            for l in &ls {
+                assert_eq!(l.args.len(), l.kernel.params.len());
+                for ((name, kind), arg) in l.kernel.params.iter().zip(&l.args) {
+                    let what = format!("step {i} kernel {} param {name}: {arg:?}", l.kernel.name);
+                    let value_dtype = |v: usize| plan.values[v].dtype;
+                    match (kind, arg) {
+                        (ParamKind::Weight { .. } | ParamKind::Experts { .. }, Arg::Operand(o)) => {
+                            assert!(matches!(step.args[*o], Operand::Weight(_)), "{what}")
+                        }
+                        (ParamKind::F32 { .. }, Arg::Operand(o)) => match step.args[*o] {
+                            Operand::Value(v) => assert_eq!(value_dtype(v), DType::F32, "{what}"),
+                            Operand::Weight(_) => panic!("{what}"),
+                        },
+                        (ParamKind::I32 { .. }, Arg::Operand(o)) => match step.args[*o] {
+                            Operand::Value(v) => assert_eq!(value_dtype(v), DType::I32, "{what}"),
+                            Operand::Weight(_) => panic!("{what}"),
+                        },
+                        (ParamKind::F32 { .. }, Arg::Output) => {
+                            assert_eq!(value_dtype(step.out), DType::F32, "{what}")
+                        }
+                        (ParamKind::I32 { .. }, Arg::Output) => {
+                            assert_eq!(value_dtype(step.out), DType::I32, "{what}")
+                        }
+                        (ParamKind::F32 { .. }, Arg::Cache(layer)) => {
+                            assert!(*layer < plan.config.n_layer, "{what}");
+                            assert_eq!(name, "cache", "{what}");
+                        }
+                        (ParamKind::F32 { .. }, Arg::Scratch { name: s, .. }) => {
+                            assert!(s == "act" || s == "part", "{what}")
+                        }
+                        _ => panic!("{what}"),
+                    }
+                }
+            }
+            if let Some(Storage::KvCache { .. }) = plan.values.get(step.out).map(|v| v.storage) {
+                assert!(ls
+                    .iter()
+                    .any(|l| l.args.iter().any(|a| matches!(a, Arg::Cache(_)))));
+            }
+        }
+    }
+}

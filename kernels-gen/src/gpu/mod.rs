@@ -14,6 +14,7 @@ pub mod cpu_exec;
 pub mod emit;
 pub mod ir;
 pub mod kernels;
+pub mod launch;
 pub mod math;
 pub mod quant;
 pub mod steps;
