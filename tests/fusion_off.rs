@@ -102,6 +102,7 @@ fn refused(
             .steps
             .iter()
             .position(|s| s.op.is_fused() && s.op.name() != "kqkv"),
+        other => panic!("{other} binds fused plans"),
     }
     .unwrap();
     match Model::from_plan(Arc::clone(file), cfg.clone(), plan, backend) {
@@ -147,7 +148,7 @@ fn the_oracle_refuses_fused_plans() {
 #[test]
 fn the_cpu_backend_refuses_the_gpu_fusions_by_name() {
     let (file, cfg, refs) = bind();
-    let cpu = BackendKind::default();
+    let cpu = BackendKind::Cpu(CpuNumerics::default());
     let plan = compile(&cfg, &refs, &opts(Target::Gpu, Fusion::Auto)).unwrap();
     let (_, op) = refused(plan, &file, &cfg, cpu);
     assert_eq!(op, "phase");

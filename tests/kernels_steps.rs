@@ -562,7 +562,7 @@ fn launches_bind_every_parameter_of_the_bundled_plans() {
     for target in [Target::Oracle, Target::Gpu] {
         let plan = bundled_plan(target, |_| {});
         for (i, step) in plan.steps.iter().enumerate() {
-            let ls = launches(&plan, i).unwrap_or_else(|e| panic!("{e}"));
+            let ls = launches(&plan, i, 32).unwrap_or_else(|e| panic!("{e}"));
             let in_place = step.op == Op::Reshape
                 && matches!(step.args[0], Operand::Value(v) if plan.values[v].storage == plan.values[step.out].storage);
             assert_eq!(ls.is_empty(), in_place, "step {i} ({})", step.op.name());

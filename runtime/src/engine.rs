@@ -10,6 +10,7 @@
 //! [`crate::gguf::quant`] as host functions. Weights stay in the map: the kernels read quantized
 //! rows (and only the selected experts' rows) straight from it.
 
+use crate::backend::vulkan::exec::DevicePlan;
 use crate::backend::{BackendKind, Binding};
 use crate::error::EngineError;
 use crate::ggml_type::GgmlType;
@@ -33,6 +34,8 @@ pub struct Model {
     binding: Binding,
     /// `plan.weights[w]`'s tensor in `file`.
     tensors: Vec<TensorInfo>,
+    /// The plan made ready on the device of a `vulkan` binding.
+    device: Option<DevicePlan>,
 }
 
 impl std::fmt::Debug for Model {
@@ -77,8 +80,9 @@ impl Model {
     /// Binds an already compiled `plan` to `backend` and to `file`'s tensors, and lowers its
     /// unfused steps to native code.
     ///
-    /// Errors: [`EngineError::Bind`] when the backend has no kernel for a step (a fused step for
-    /// the oracle); [`EngineError::Weight`] when a plan weight is absent from the file or differs
+    /// Errors: [`EngineError::Vulkan`] when a `vulkan` backend has no device or cannot make the
+    /// plan ready on it; [`EngineError::Bind`] when the backend has no kernel for a step (a fused
+    /// step for the oracle); [`EngineError::Weight`] when a plan weight is absent from the file or differs
     /// in ggml type, `ne` or byte length; [`EngineError::Lower`].
     pub fn from_plan(
         file: Arc<GgufFile>,
@@ -86,6 +90,12 @@ impl Model {
         plan: Plan,
         backend: BackendKind,
     ) -> Result<Arc<Model>, EngineError> {
+        let backend = backend.resolve();
+        // The device first: a machine without one fails before any work.
+        let context = match backend {
+            BackendKind::Vulkan(choice) => Some(choice.open()?),
+            _ => None,
+        };
         let binding = backend.backend().bind(&plan)?;
         let mut tensors = Vec::with_capacity(plan.weights.len());
         for w in &plan.weights {
@@ -123,6 +133,13 @@ impl Model {
                 });
             }
         }
+        let device = match context {
+            Some(ctx) => {
+                let views: Vec<&[u8]> = tensors.iter().map(|t| file.tensor_data(t)).collect();
+                Some(DevicePlan::new(ctx, &plan, &views)?)
+            }
+            None => None,
+        };
         tracing::info!(
             steps = plan.steps.len(),
             kernels = program
@@ -141,7 +158,13 @@ impl Model {
             program,
             binding,
             tensors,
+            device,
         }))
+    }
+
+    /// The plan made ready on the device, for a model bound to the `vulkan` backend.
+    pub fn device_plan(&self) -> Option<&DevicePlan> {
+        self.device.as_ref()
     }
 
     /// The backend's kernel for every plan step.

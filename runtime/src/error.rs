@@ -59,6 +59,10 @@ pub enum EngineError {
         /// Why it is refused.
         reason: String,
     },
+    /// The Vulkan backend failed: no loader or device, a shader the compiler refused, a driver
+    /// error.
+    #[error("vulkan backend: {0}")]
+    Vulkan(#[from] crate::backend::vulkan::VulkanError),
     /// A backend other than the CPU executor failed a step (its own words in `message`).
     #[error("backend: {message}")]
     Backend {

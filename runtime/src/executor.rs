@@ -402,6 +402,7 @@ impl Executor {
                 embed_from_file(&cs.kernels, args, t_step, s, table, file, rows)
                     .map_err(|detail| ExecError::Embed { step: i, detail })
             }
+            (HostKernel::Device, ..) => Err(ExecError::DeviceStep { step: i }),
             (HostKernel::Cranelift, ..) => {
                 for kernel in &cs.kernels {
                     launch(kernel, args, t_step, s)?;

@@ -8,17 +8,23 @@
 //! after [`Session::reset`]; cache rows of earlier requests are zeroed, and a step never reads a
 //! row it did not write in the current request (rows `0..S` were all written since the reset).
 //!
+//! The steps run on the host executor (`oracle`, `cpu`: the latent cache in host memory) or on
+//! the device of a `vulkan` model ([`DeviceRun`]: the latent cache in device memory, the routed
+//! ids read back after each step).
+//!
 //! Every session owns a split expert store ([`ExpertStore`], `crate::store::expert_store`): the
 //! step's `moe_ffn` kernels read resident experts from its fast copies and the others from the
 //! mapped file; after each step the routed ids of every layer go to the store, which counts the
 //! served fraction and rotates its fast slots; [`Session::reset`] resets it per its
 //! [`crate::store::expert_store::ResetMode`]. The logits never depend on where an expert lives.
 
+use crate::backend::vulkan::exec::{f32s, DeviceRun, KernelTime};
+use crate::backend::ExecError;
 use crate::engine::Model;
 use crate::error::EngineError;
 use crate::executor::{Bound, Executor, StepTime};
 use crate::kv_cache::LatentKvCache;
-use crate::store::expert_store::{ExpertStore, StoreOptions, StoreReport};
+use crate::store::expert_store::{ExpertStore, FastBudget, StoreOptions, StoreReport};
 use aubier_compiler::config::Mistral4Config;
 use aubier_compiler::ops::Op;
 use aubier_compiler::plan::{Operand, ValueId};
@@ -47,8 +53,7 @@ impl SessionOptions {
 #[derive(Debug)]
 pub struct Session {
     model: Arc<Model>,
-    exec: Executor,
-    cache: LatentKvCache,
+    runner: Runner,
     kv_max: usize,
     position: usize,
     steps: u64,
@@ -61,6 +66,19 @@ pub struct Session {
     /// Per-token routing since the last [`Session::take_routing`], when recording.
     routing_log: Option<Vec<TokenRouting>>,
     store: ExpertStore,
+}
+
+/// What runs a session's steps.
+#[derive(Debug)]
+enum Runner {
+    /// The host executor and its latent cache (the `oracle` and `cpu` backends).
+    Host {
+        exec: Executor,
+        cache: LatentKvCache,
+    },
+    /// The device state of a model bound to the `vulkan` backend (its latent cache in device
+    /// memory).
+    Device(DeviceRun),
 }
 
 /// The routing of one token: its position and, per layer, the routed expert ids in descending
@@ -122,14 +140,32 @@ impl Session {
         let router_outputs = (0..cfg.n_layer)
             .map(|l| output(&format!("router_ids.{l}")))
             .collect::<Result<Vec<_>, _>>()?;
-        let cache = LatentKvCache::new(cfg.n_layer, kv_max, cfg.kv_cache_width())?;
-        let exec = Executor::new(&model.plan, model.program())?;
-        let store = ExpertStore::new(Arc::clone(&model), store)?;
-        map_dense_weights(&model, &store);
+        let (runner, store) = match model.device_plan() {
+            Some(dp) => {
+                let run =
+                    DeviceRun::new(dp, &model.plan, cfg.n_layer, kv_max, cfg.kv_cache_width())?;
+                // Every expert is in device memory: the host store keeps no copy (the split
+                // store on the device is the next step), it only follows the routing.
+                let host_only = StoreOptions {
+                    budget: FastBudget::Slots(0),
+                    ..store.clone()
+                };
+                (
+                    Runner::Device(run),
+                    ExpertStore::new(Arc::clone(&model), &host_only)?,
+                )
+            }
+            None => {
+                let cache = LatentKvCache::new(cfg.n_layer, kv_max, cfg.kv_cache_width())?;
+                let exec = Executor::new(&model.plan, model.program())?;
+                let store = ExpertStore::new(Arc::clone(&model), store)?;
+                map_dense_weights(&model, &store);
+                (Runner::Host { exec, cache }, store)
+            }
+        };
         Ok(Session {
             store,
-            exec,
-            cache,
+            runner,
             kv_max,
             position: 0,
             steps: 0,
@@ -196,14 +232,39 @@ impl Session {
         Ok(logits)
     }
 
-    /// Wall time of each plan step since the session opened or [`Session::reset_step_times`].
+    /// Starts (`true`, zeroed) or stops timing every kernel launch on the GPU (a session of the
+    /// `vulkan` backend; a host session has nothing to time this way).
+    ///
+    /// Errors: [`EngineError::Vulkan`] when the device has no timestamps.
+    pub fn profile_device(&mut self, on: bool) -> Result<(), EngineError> {
+        if let (Runner::Device(run), Some(dp)) = (&mut self.runner, self.model.device_plan()) {
+            run.set_profile(dp, on)?;
+        }
+        Ok(())
+    }
+
+    /// GPU time per kernel since [`Session::profile_device`] started it; empty on a host session.
+    pub fn device_kernel_times(&self) -> &[KernelTime] {
+        match &self.runner {
+            Runner::Device(run) => run.kernel_times(),
+            Runner::Host { .. } => &[],
+        }
+    }
+
+    /// Wall time of each plan step since the session opened or [`Session::reset_step_times`]
+    /// (host sessions; empty for a `vulkan` session: [`Session::device_kernel_times`]).
     pub fn step_times(&self) -> &[StepTime] {
-        self.exec.step_times()
+        match &self.runner {
+            Runner::Host { exec, .. } => exec.step_times(),
+            Runner::Device(_) => &[],
+        }
     }
 
     /// Zeroes [`Session::step_times`].
     pub fn reset_step_times(&mut self) {
-        self.exec.reset_step_times()
+        if let Runner::Host { exec, .. } = &mut self.runner {
+            exec.reset_step_times()
+        }
     }
 
     /// The checks of [`Session::step`] before anything runs: the position after `tokens`.
@@ -237,34 +298,55 @@ impl Session {
         let ids: Vec<i32> = tokens.iter().map(|&id| id as i32).collect();
         let pos: Vec<i32> = (self.position..end).map(|p| p as i32).collect();
         let model = Arc::clone(&self.model);
-        let weights = model.weight_views();
-        let (exec, cache, store) = (&mut self.exec, &mut self.cache, &self.store);
         // The head runs for the last position alone when the plan marks the logits as its
         // output (`Plan::output_head`); else every row is computed and the last one kept.
         let head = model.plan.output_head.map(|h| h.value);
         let keep = head.filter(|&v| last_only && v == self.logits);
-        // On a worker of the rayon pool, so that the run's parallel steps fork from a worker (its
-        // own deque) rather than inject each step from outside the pool and block the caller on
-        // a latch; the other workers spin for the run's length (`pool::run_hot`).
-        crate::pool::run_hot(|| {
-            let bound = Bound {
-                plan: &model.plan,
-                program: model.program(),
-                binding: model.binding(),
-                weights: &weights,
-                experts: Some(store),
-                file: Some(&*model),
-            };
-            exec.run_rows(
-                bound,
-                cache,
-                &[("tokens", &ids), ("pos", &pos)],
-                t,
-                end,
-                keep,
-            )
-        })?;
-        let mut logits = self.exec.f32_value(&model.plan, self.logits)?.to_vec();
+        let inputs: [(&str, &[i32]); 2] = [("tokens", &ids), ("pos", &pos)];
+        let mut logits = match &mut self.runner {
+            Runner::Host { exec, cache } => {
+                let weights = model.weight_views();
+                let store = &self.store;
+                // On a worker of the rayon pool, so that the run's parallel steps fork from a
+                // worker (its own deque) rather than inject each step from outside the pool and
+                // block the caller on a latch; the other workers spin for the run's length
+                // (`pool::run_hot`).
+                crate::pool::run_hot(|| {
+                    let bound = Bound {
+                        plan: &model.plan,
+                        program: model.program(),
+                        binding: model.binding(),
+                        weights: &weights,
+                        experts: Some(store),
+                        file: Some(&*model),
+                    };
+                    exec.run_rows(bound, cache, &inputs, t, end, keep)
+                })?;
+                for (dst, &id) in self.router_ids.iter_mut().zip(&self.router_outputs) {
+                    *dst = exec.i32_value(&model.plan, id)?;
+                }
+                exec.f32_value(&model.plan, self.logits)?.to_vec()
+            }
+            Runner::Device(run) => {
+                let dp = model.device_plan().ok_or_else(|| EngineError::Backend {
+                    message: "a device session on a model without a device plan".into(),
+                })?;
+                let mut wanted = vec![self.logits];
+                wanted.extend(&self.router_outputs);
+                let mut out = run
+                    .run(dp, &model.plan, &inputs, t, end, keep, &wanted)?
+                    .into_iter();
+                let logits = out.next().map(|b| f32s(&b)).unwrap_or_default();
+                for (dst, bytes) in self.router_ids.iter_mut().zip(out) {
+                    *dst = bytes
+                        .chunks_exact(4)
+                        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect();
+                }
+                check_expert_ids(&self.router_ids, model.config.n_expert)?;
+                logits
+            }
+        };
         let rows = if keep.is_some() { 1 } else { t };
         if logits.len() != rows * n_vocab {
             return Err(EngineError::MissingOutput(format!(
@@ -274,9 +356,6 @@ impl Session {
         }
         if last_only && keep.is_none() {
             logits.drain(..(t - 1) * n_vocab);
-        }
-        for (dst, &id) in self.router_ids.iter_mut().zip(&self.router_outputs) {
-            *dst = self.exec.i32_value(&model.plan, id)?;
         }
         self.store.observe(&self.router_ids, t)?;
         if let Some(log) = &mut self.routing_log {
@@ -321,7 +400,16 @@ impl Session {
     /// policies back to the boot state (the time it took is in [`Session::store_report`]).
     pub fn reset(&mut self) {
         self.position = 0;
-        self.cache.reset();
+        match &mut self.runner {
+            Runner::Host { cache, .. } => cache.reset(),
+            Runner::Device(run) => {
+                if let Some(dp) = self.model.device_plan() {
+                    if let Err(e) = run.reset(dp) {
+                        tracing::error!("zeroing the device's latent cache: {e}");
+                    }
+                }
+            }
+        }
         for r in &mut self.router_ids {
             r.clear();
         }
@@ -367,10 +455,37 @@ impl Session {
         &self.router_ids
     }
 
-    /// The latent KV cache (for traces and tests).
-    pub fn kv_cache(&self) -> &LatentKvCache {
-        &self.cache
+    /// The latent KV cache in host memory (for traces and tests); `None` for a session of the
+    /// `vulkan` backend, whose cache is in device memory.
+    pub fn kv_cache(&self) -> Option<&LatentKvCache> {
+        match &self.runner {
+            Runner::Host { cache, .. } => Some(cache),
+            Runner::Device(_) => None,
+        }
     }
+}
+
+/// `Err` when a routed expert id is outside `0..n_expert` (a NaN router selects none: `−1`), as
+/// the host executor's index check refuses it.
+fn check_expert_ids(router_ids: &[Vec<i32>], n_expert: usize) -> Result<(), EngineError> {
+    for (layer, ids) in router_ids.iter().enumerate() {
+        if let Some((index, &id)) = ids
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| usize::try_from(id).map_or(true, |e| e >= n_expert))
+        {
+            return Err(ExecError::Index {
+                step: layer,
+                op: "top_k",
+                what: "expert id of layer",
+                index,
+                id: i64::from(id),
+                bound: n_expert,
+            }
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// Maps the pages of every weight a token reads in full (everything but what the store holds —

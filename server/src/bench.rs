@@ -296,6 +296,11 @@ pub struct BenchReport {
     /// Routed (token, layer, expert) slots of the last rep served from the fast expert store ÷
     /// all routed slots (`Session::store_report`).
     pub served_fraction: f64,
+    /// The Vulkan device of the `vulkan` backend (`None` for a host backend).
+    pub device: Option<String>,
+    /// The `vulkan` backend's GPU time per kernel from timestamp queries, most decode time
+    /// first: name, ms per prefill, ms per decoded token, launches (empty for a host backend).
+    pub gpu_kernels: Vec<(String, f64, f64, u64)>,
 }
 
 /// Runs `aubier bench`.
@@ -342,6 +347,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let store = args.store.options(backend)?;
     let mut session = Session::open_with_store(model.clone(), SessionOptions { kv_max }, &store)?;
     session.set_ubatch(args.backend.ubatch);
+    session.profile_device(true)?;
     let params = GenerateParams {
         max_tokens: args.n_gen,
         sampling: SamplingParams {
@@ -415,7 +421,20 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         v.truncate(20);
         v
     };
+    let mut gpu_kernels: Vec<(String, f64, f64, u64)> = session
+        .device_kernel_times()
+        .iter()
+        .map(|k| {
+            let (p, d) = (k.prefill_s * per_prefill, k.decode_s * per_token);
+            (k.name.clone(), p, d, k.launches)
+        })
+        .collect();
+    gpu_kernels.sort_by(|a, b| b.2.total_cmp(&a.2));
     let report = BenchReport {
+        device: model
+            .device_plan()
+            .map(|dp| dp.context().info().name.clone()),
+        gpu_kernels,
         model: args.model.display().to_string(),
         n_prompt: prompt.len(),
         n_gen: args.n_gen,
@@ -527,6 +546,19 @@ fn print_text(r: &BenchReport) -> anyhow::Result<()> {
         outln!("slowest {what}: {}", steps.join(", "));
     }
     outln!("served fraction {:.4} (last rep)", r.served_fraction);
+    if let Some(device) = &r.device {
+        let kernels: Vec<String> = r
+            .gpu_kernels
+            .iter()
+            .take(20)
+            .map(|(name, p, d, n)| format!("{name} {p:.2}/{d:.3} ({n})"))
+            .collect();
+        outln!("device {device}");
+        outln!(
+            "GPU time per kernel (ms/prefill / ms/token (launches)): {}",
+            kernels.join(", ")
+        );
+    }
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Context};
 use aubier_runtime::backend::cpu::CpuNumerics;
+use aubier_runtime::backend::vulkan::DeviceChoice;
 use aubier_runtime::backend::BackendKind;
 use aubier_runtime::engine::Model;
 use aubier_runtime::generate::{generate, FinishReason, GenerateParams};
@@ -76,11 +77,18 @@ impl PromptArgs {
 /// of `aubier quality` (`#[command(flatten)]`); [`BackendArgs::kind`] resolves them.
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
 pub struct BackendArgs {
-    /// Backend: `cpu` (default: SIMD kernels over Q8_K activations, latent attention fused —
-    /// `aubier quality` EQUIVALENT to the oracle under q8x2, see docs/BENCHMARKS.md) or `oracle`
+    /// Backend: `auto` (default: `vulkan` on a hardware GPU when the machine has one, else
+    /// `cpu`; a software Vulkan device such as lavapipe only when `vulkan` is named), `cpu` (SIMD
+    /// kernels over Q8_K activations, latent attention fused — `aubier quality` EQUIVALENT to
+    /// the oracle under q8x2, see docs/BENCHMARKS.md), `vulkan` (the generated GPU kernels,
+    /// PHASE / WKB / KQKV fused, on a Vulkan device: `aubier devices` lists them) or `oracle`
     /// (the cranelift lowering of the unfused plan, f32 activations: the numerics reference).
     #[arg(long, value_enum)]
     pub backend: Option<BackendName>,
+    /// The Vulkan device of `--backend vulkan`, by its index in `aubier devices` (default: the
+    /// first hardware GPU, else a software device).
+    #[arg(long)]
+    pub device: Option<usize>,
     /// Numerics of the cpu backend: `q8x2` (default: each activation as two Q8_K planes, value
     /// and residual) or `q8` (one plane, as llama.cpp's CPU backend: faster, measurably less
     /// exact).
@@ -100,8 +108,12 @@ pub struct BackendArgs {
 /// `--backend`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendName {
-    /// The cpu backend (the product path).
+    /// `vulkan` on a hardware GPU when there is one, else `cpu` (the product path).
+    Auto,
+    /// The cpu backend.
     Cpu,
+    /// The generated GPU kernels on a Vulkan device.
+    Vulkan,
     /// The cranelift oracle.
     Oracle,
 }
@@ -114,6 +126,7 @@ impl Default for BackendArgs {
     fn default() -> Self {
         BackendArgs {
             backend: None,
+            device: None,
             cpu_numerics: None,
             cpu_kernels: None,
             ubatch: DEFAULT_UBATCH,
@@ -122,34 +135,43 @@ impl Default for BackendArgs {
 }
 
 impl BackendArgs {
-    /// The backend these flags name ([`BackendKind::default`] when none), printing a warning
-    /// on stderr for the deprecated `--cpu-kernels`.
+    /// The backend these flags name ([`BackendKind::default`], `auto`, when none), `auto`
+    /// resolved on this machine ([`BackendKind::resolve`]), printing a warning on stderr for the
+    /// deprecated `--cpu-kernels`.
     ///
-    /// Errors: `--cpu-numerics` with `--backend oracle`; an unknown `--cpu-kernels` value.
+    /// Errors: `--cpu-numerics` with a backend other than cpu; `--device` with a backend other
+    /// than vulkan; an unknown `--cpu-kernels` value.
     pub fn kind(&self) -> anyhow::Result<BackendKind> {
         if let Some(old) = &self.cpu_kernels {
-            let kind = match old.as_str() {
-                "oracle" => BackendKind::Oracle,
-                other => BackendKind::Cpu(other.parse().map_err(|_| {
-                    anyhow::anyhow!(
-                        "--cpu-kernels: unknown value `{old}` (expected oracle, q8x2 or q8)"
+            let (kind, new) = match old.as_str() {
+                "oracle" => (BackendKind::Oracle, "--backend oracle".to_string()),
+                other => {
+                    let n: CpuNumerics = other.parse().map_err(|_| {
+                        anyhow::anyhow!(
+                            "--cpu-kernels: unknown value `{old}` (expected oracle, q8x2 or q8)"
+                        )
+                    })?;
+                    (
+                        BackendKind::Cpu(n),
+                        format!("--backend cpu --cpu-numerics {n}"),
                     )
-                })?),
-            };
-            let new = match kind {
-                BackendKind::Oracle => "--backend oracle".to_string(),
-                BackendKind::Cpu(n) => format!("--backend cpu --cpu-numerics {n}"),
+                }
             };
             eprintln!("warning: --cpu-kernels is deprecated; use {new}");
             return Ok(kind);
         }
-        match (self.backend, self.cpu_numerics) {
-            (Some(BackendName::Oracle), Some(n)) => {
-                bail!("--cpu-numerics {n} applies to the cpu backend, not --backend oracle")
-            }
-            (Some(BackendName::Oracle), None) => Ok(BackendKind::Oracle),
-            (_, n) => Ok(BackendKind::Cpu(n.unwrap_or_default())),
+        let name = self.backend.unwrap_or(BackendName::Auto);
+        if let (Some(d), false) = (self.device, name == BackendName::Vulkan) {
+            bail!("--device {d} applies to --backend vulkan")
         }
+        let kind = match (name, self.cpu_numerics) {
+            (BackendName::Cpu, n) => BackendKind::Cpu(n.unwrap_or_default()),
+            (_, Some(n)) => bail!("--cpu-numerics {n} applies to --backend cpu"),
+            (BackendName::Oracle, None) => BackendKind::Oracle,
+            (BackendName::Vulkan, None) => BackendKind::Vulkan(DeviceChoice { index: self.device }),
+            (BackendName::Auto, None) => BackendKind::Auto,
+        };
+        Ok(kind.resolve())
     }
 }
 

@@ -71,14 +71,29 @@ fn operand_names(op: Op, experts_split: bool) -> &'static [&'static str] {
     }
 }
 
-/// The kernels of step `idx` of `plan` with every parameter bound ([`Arg`]); empty for a step
-/// that needs no kernel (a reshape in place).
+/// The kernels of step `idx` of `plan`, built for reductions over `warp` lanes and named by
+/// content, with every parameter bound ([`Arg`]); empty for a step that needs no kernel (a
+/// reshape in place).
 ///
 /// Errors: those of [`for_step`]; [`GenError::Step`] when a parameter resolves to nothing or the
 /// latent-cache layer of the step cannot be found.
-pub fn launches(plan: &Plan, idx: usize) -> Result<Vec<Launch>, GenError> {
+pub fn launches(plan: &Plan, idx: usize, warp: u32) -> Result<Vec<Launch>, GenError> {
+    let step = plan.steps.get(idx).ok_or_else(|| GenError::Step {
+        step: idx,
+        op: "?",
+        detail: "no such step".into(),
+    })?;
+    if warp != super::ir::WARP {
+        return Err(GenError::Step {
+            step: idx,
+            op: step.op.name(),
+            detail: format!(
+                "kernels are built for {}-lane reductions, not {warp}",
+                super::ir::WARP
+            ),
+        });
+    }
     let kernels = for_step(plan, idx)?;
-    let step = &plan.steps[idx];
     let err = |detail: String| GenError::Step {
         step: idx,
         op: step.op.name(),
@@ -136,7 +151,10 @@ pub fn launches(plan: &Plan, idx: usize) -> Result<Vec<Launch>, GenError> {
                     }
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok(Launch { kernel, args })
+            Ok(Launch {
+                kernel: super::name_by_content(kernel),
+                args,
+            })
         })
         .collect()
 }

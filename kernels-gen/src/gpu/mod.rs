@@ -69,7 +69,7 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 /// Names `k` `<base>_<hash of its IR>` (8 hex digits).
-fn name_by_content(mut k: Kernel) -> Kernel {
+pub(crate) fn name_by_content(mut k: Kernel) -> Kernel {
     let base = std::mem::take(&mut k.name);
     let h = fnv1a(format!("{k:?}").as_bytes());
     k.name = format!("{base}_{:08x}", h as u32);

@@ -13,7 +13,12 @@
 //! - `cpu` ([`cpu`]): hand-written SIMD kernels (AVX2 / AVX-512 VNNI / AMX) over activations
 //!   quantized to Q8_K, latent attention fused; the steps without a kernel of their own take the
 //!   cranelift kernel, recorded as such. Its numerics ([`cpu::CpuNumerics`]) are an option of
-//!   the backend. The product path: the default of the library and of the command line.
+//!   the backend.
+//! - `vulkan` ([`vulkan`]): the generated GPU kernels of the GPU target (PHASE, WKB and KQKV
+//!   fused) as GLSL compute shaders on a Vulkan device, the latent cache in device memory.
+//! - `auto`, the default of the library and of the command line (the product path): `vulkan`
+//!   on a hardware GPU when the machine has one, else `cpu` — a software Vulkan device
+//!   (lavapipe) only when named.
 //!
 //! [`vulkan`] is the device layer of a Vulkan backend to come (devices, buffers, pipelines,
 //! GLSL compiled to SPIR-V); it is not a `--backend` yet.
@@ -49,21 +54,43 @@ pub enum BackendKind {
     Oracle,
     /// The CPU kernels ([`cpu::CpuBackend`]) with the given numerics.
     Cpu(cpu::CpuNumerics),
+    /// The GPU kernels on a Vulkan device ([`vulkan::VulkanBackend`]).
+    Vulkan(vulkan::DeviceChoice),
+    /// `Vulkan` on the first hardware GPU when there is one, else `Cpu` with its default
+    /// numerics ([`BackendKind::resolve`]).
+    Auto,
 }
 
 impl Default for BackendKind {
-    /// The product path: `cpu` with its default numerics (`q8x2`).
+    /// The product path: [`BackendKind::Auto`].
     fn default() -> Self {
-        BackendKind::Cpu(cpu::CpuNumerics::default())
+        BackendKind::Auto
     }
 }
 
 impl BackendKind {
-    /// The backend itself.
-    pub fn backend(self) -> Box<dyn Backend> {
+    /// `Auto` made concrete: `Vulkan` on the first hardware Vulkan device when the machine has
+    /// one (a software device such as lavapipe is never chosen), else `Cpu` with its default
+    /// numerics. Every other kind is itself.
+    pub fn resolve(self) -> BackendKind {
         match self {
+            BackendKind::Auto => match vulkan::device::select(None, false) {
+                Ok(d) => BackendKind::Vulkan(vulkan::DeviceChoice {
+                    index: Some(d.index),
+                }),
+                Err(_) => BackendKind::Cpu(cpu::CpuNumerics::default()),
+            },
+            k => k,
+        }
+    }
+
+    /// The backend itself (`Auto` [resolved](BackendKind::resolve) first).
+    pub fn backend(self) -> Box<dyn Backend> {
+        match self.resolve() {
             BackendKind::Oracle => Box::new(oracle::OracleBackend),
             BackendKind::Cpu(numerics) => Box::new(cpu::CpuBackend::new(numerics)),
+            BackendKind::Vulkan(device) => Box::new(vulkan::VulkanBackend { device }),
+            BackendKind::Auto => Box::new(cpu::CpuBackend::new(cpu::CpuNumerics::default())),
         }
     }
 
@@ -77,11 +104,16 @@ impl BackendKind {
 }
 
 impl std::fmt::Display for BackendKind {
-    /// `oracle`, or `cpu (q8x2)` / `cpu (q8)`.
+    /// `oracle`, `cpu (q8x2)` / `cpu (q8)`, `vulkan` / `vulkan (device N)`, `auto`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             BackendKind::Oracle => f.write_str("oracle"),
             BackendKind::Cpu(n) => write!(f, "cpu ({n})"),
+            BackendKind::Vulkan(vulkan::DeviceChoice { index: None }) => f.write_str("vulkan"),
+            BackendKind::Vulkan(vulkan::DeviceChoice { index: Some(i) }) => {
+                write!(f, "vulkan (device {i})")
+            }
+            BackendKind::Auto => f.write_str("auto"),
         }
     }
 }
@@ -102,6 +134,8 @@ pub(crate) enum HostKernel {
     Cranelift,
     /// A kernel of the CPU backend.
     Cpu(Box<cpu::CpuKernel>),
+    /// Kernels of a device backend, which the host executor does not run.
+    Device,
 }
 
 /// One bound step: the recorded choice and what runs it.
@@ -222,6 +256,12 @@ pub enum ExecError {
         step: usize,
         /// What went wrong.
         detail: String,
+    },
+    /// The step is bound to a device backend's kernels, which the host executor cannot run.
+    #[error("step {step} is bound to device kernels; the host executor cannot run it")]
+    DeviceStep {
+        /// Step index in the plan.
+        step: usize,
     },
     /// `T` and `S` are inconsistent or their buffers overflow the address space.
     #[error("a step of T = {t} tokens over S = {s} keys: {detail}")]

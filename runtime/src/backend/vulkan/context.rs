@@ -1,7 +1,7 @@
 //! One open Vulkan device: buffers addressed by device address, compute pipelines, dispatch.
 //!
-//! Every submission (a dispatch, the copy of an upload or a download) is recorded into the
-//! context's one command buffer, submitted to its one compute queue and waited for before the
+//! Every submission (a [`VulkanContext::run`] of many dispatches and copies, one dispatch, the
+//! copy of an upload or a download) is recorded into the context's one command buffer, submitted to its one compute queue and waited for before the
 //! call returns, behind a barrier that orders it after every earlier submission and makes its
 //! writes visible to the host: once a call returns, the device uses no buffer. Threads sharing a
 //! context submit one at a time; which buffers a kernel reaches (by the addresses it is given)
@@ -47,6 +47,8 @@ pub struct VulkanContext {
     cmd: vk::CommandBuffer,
     /// Signalled when a submission completes (null until made).
     fence: vk::Fence,
+    /// Nanoseconds per timestamp tick (`timestampPeriod`); 0 when the queue has no timestamps.
+    timestamp_ns: f64,
     /// Held through each submission: the command buffer, the fence and the queue are used by
     /// one submission at a time (Vulkan's external synchronization).
     submitting: Mutex<()>,
@@ -57,7 +59,8 @@ pub struct VulkanContext {
 impl VulkanContext {
     /// Opens device `device_index` (the index of [`super::device::list_devices`]) with one
     /// compute queue, enabling `bufferDeviceAddress` and, where the device has them, 8- and
-    /// 16-bit storage-buffer access, `shaderFloat16` and `shaderInt8`.
+    /// 16-bit storage-buffer access, `shaderFloat16`, `shaderInt8`, `shaderInt64` and
+    /// `shaderFloat64`.
     ///
     /// Errors: those of `list_devices`; [`VulkanError::Selection`] when no device has that
     /// index; [`VulkanError::Unsupported`] without `bufferDeviceAddress` (Vulkan 1.2) or a
@@ -98,6 +101,13 @@ impl VulkanContext {
             .iter()
             .position(|q| q.queue_flags.contains(vk::QueueFlags::COMPUTE))
             .ok_or_else(|| unsupported("no compute queue"))? as u32;
+        // SAFETY: `pd` was enumerated from the live instance.
+        let props = unsafe { instance.instance.get_physical_device_properties(pd) };
+        let timestamp_ns = if families[family as usize].timestamp_valid_bits > 0 {
+            f64::from(props.limits.timestamp_period)
+        } else {
+            0.0
+        };
         let priorities = [1.0f32];
         let queues = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(family)
@@ -109,8 +119,12 @@ impl VulkanContext {
             .storage_buffer8_bit_access(f.storage_buffer_8bit_access)
             .shader_float16(f.shader_float16)
             .shader_int8(f.shader_int8);
+        let core = vk::PhysicalDeviceFeatures::default()
+            .shader_int64(f.shader_int64)
+            .shader_float64(f.shader_float64);
         let create = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
+            .enabled_features(&core)
             .push_next(&mut v11)
             .push_next(&mut v12);
         // SAFETY: `pd` belongs to the live instance; the device is Vulkan 1.2 (it has
@@ -130,6 +144,7 @@ impl VulkanContext {
             pool: vk::CommandPool::null(),
             cmd: vk::CommandBuffer::null(),
             fence: vk::Fence::null(),
+            timestamp_ns,
             submitting: Mutex::new(()),
             shared: Arc::new(Shared {
                 device,
@@ -274,8 +289,15 @@ impl VulkanContext {
         }
         match buffer.location {
             Location::Host => {
+                // Host copies take the submission lock too: the mapping is touched by one thread
+                // at a time, and never while a submission of this context runs.
+                let _one_at_a_time = self
+                    .submitting
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
                 // SAFETY: the range is inside the mapping (checked above); no submission is in
-                // flight (each is waited for); `data` is host memory, not the mapping.
+                // flight and no other thread copies (the lock); `data` is host memory, not the
+                // mapping.
                 unsafe {
                     std::ptr::copy_nonoverlapping(
                         data.as_ptr(),
@@ -309,6 +331,10 @@ impl VulkanContext {
         }
         match buffer.location {
             Location::Host => {
+                let _one_at_a_time = self
+                    .submitting
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
                 // SAFETY: as in `upload`, the other way.
                 unsafe {
                     std::ptr::copy_nonoverlapping(
@@ -343,8 +369,7 @@ impl VulkanContext {
         }
     }
 
-    /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset` (ranges checked by
-    /// the caller).
+    /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset` and waits.
     fn copy(
         &self,
         src: &Buffer,
@@ -353,16 +378,7 @@ impl VulkanContext {
         dst_offset: u64,
         len: u64,
     ) -> Result<(), VulkanError> {
-        let region = [vk::BufferCopy {
-            src_offset,
-            dst_offset,
-            size: len,
-        }];
-        self.submit(|d, cmd| {
-            // SAFETY: both buffers belong to this device, have TRANSFER usage and hold the
-            // ranges (checked by the caller); `cmd` is recording.
-            unsafe { d.cmd_copy_buffer(cmd, src.buffer, dst.buffer, &region) }
-        })
+        self.run(|r| r.copy(src, src_offset, dst, dst_offset, len))
     }
 
     /// A compute pipeline of the SPIR-V module `spirv` (entry point `main`) taking
@@ -437,61 +453,94 @@ impl VulkanContext {
         Ok(pipeline)
     }
 
+    /// A pool of `count` timestamps for [`Recorder::timestamp`].
+    ///
+    /// Errors: [`VulkanError::Unsupported`] when the compute queue has no timestamps;
+    /// [`VulkanError::Vk`].
+    pub fn timestamps(&self, count: u32) -> Result<Timestamps, VulkanError> {
+        if self.timestamp_ns <= 0.0 {
+            return Err(VulkanError::Unsupported {
+                device: self.info.index,
+                name: self.info.name.clone(),
+                what: "no timestamps on the compute queue".into(),
+            });
+        }
+        let info = vk::QueryPoolCreateInfo::default()
+            .query_type(vk::QueryType::TIMESTAMP)
+            .query_count(count.max(1));
+        // SAFETY: the device is alive; `info` outlives the call.
+        let pool = vk_call("vkCreateQueryPool", unsafe {
+            self.shared.device.create_query_pool(&info, None)
+        })?;
+        Ok(Timestamps {
+            pool,
+            count: count.max(1),
+            shared: Arc::clone(&self.shared),
+        })
+    }
+
+    /// The first `n` timestamps of `ts` written by the last run, in seconds since the first.
+    ///
+    /// Errors: [`VulkanError::Invalid`] for more than the pool holds or another context's pool;
+    /// [`VulkanError::Vk`] (e.g. `NOT_READY` when one was not written).
+    pub fn read_timestamps(&self, ts: &Timestamps, n: u32) -> Result<Vec<f64>, VulkanError> {
+        if n > ts.count || !Arc::ptr_eq(&ts.shared, &self.shared) {
+            return Err(VulkanError::Invalid(format!(
+                "{n} timestamps of a pool of {} (or another context's)",
+                ts.count
+            )));
+        }
+        let mut ticks = vec![0u64; n as usize];
+        // SAFETY: the pool belongs to this device and holds `n` queries; the last submission
+        // was waited for, so the written ones are available.
+        vk_call("vkGetQueryPoolResults", unsafe {
+            self.shared.device.get_query_pool_results(
+                ts.pool,
+                0,
+                &mut ticks,
+                vk::QueryResultFlags::TYPE_64,
+            )
+        })?;
+        let first = ticks.first().copied().unwrap_or(0);
+        Ok(ticks
+            .iter()
+            .map(|&t| t.wrapping_sub(first) as f64 * self.timestamp_ns * 1e-9)
+            .collect())
+    }
+
     /// Runs `pipeline` over `groups` workgroups (x, y, z) with `push_constants` (exactly the
     /// pipeline's push-constant bytes, as the shader lays them out: std430, little-endian, a
     /// buffer reference being its 8-byte [`Buffer::address`]) and waits for it to finish.
     ///
-    /// Errors: [`VulkanError::Invalid`] when the push constants have another size, a group count
-    /// exceeds `maxComputeWorkGroupCount` or the pipeline belongs to another context;
-    /// [`VulkanError::Vk`] when the submission or the wait fails (e.g. `ERROR_DEVICE_LOST`).
+    /// Errors: those of [`Recorder::dispatch`]; [`VulkanError::Vk`] when the submission or the
+    /// wait fails (e.g. `ERROR_DEVICE_LOST`).
     pub fn dispatch(
         &self,
         pipeline: &Pipeline,
         groups: [u32; 3],
         push_constants: &[u8],
     ) -> Result<(), VulkanError> {
-        if !Arc::ptr_eq(&pipeline.shared, &self.shared) {
-            return Err(VulkanError::Invalid(
-                "the pipeline belongs to another Vulkan context".into(),
-            ));
-        }
-        if push_constants.len() != pipeline.push_constant_bytes as usize {
-            return Err(VulkanError::Invalid(format!(
-                "{} bytes of push constants for a pipeline taking {}",
-                push_constants.len(),
-                pipeline.push_constant_bytes
-            )));
-        }
-        let max = self.info.limits.max_compute_work_group_count;
-        if groups.iter().zip(max).any(|(&g, m)| g > m) {
-            return Err(VulkanError::Invalid(format!(
-                "{groups:?} workgroups exceed the device's maxComputeWorkGroupCount {max:?}"
-            )));
-        }
-        self.submit(|d, cmd| {
-            // SAFETY: the pipeline and its layout belong to this device; the push constants are
-            // exactly its range (checked above); `cmd` is recording.
-            unsafe {
-                d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
-                if !push_constants.is_empty() {
-                    d.cmd_push_constants(
-                        cmd,
-                        pipeline.layout,
-                        vk::ShaderStageFlags::COMPUTE,
-                        0,
-                        push_constants,
-                    );
-                }
-                d.cmd_dispatch(cmd, groups[0], groups[1], groups[2]);
-            }
-        })
+        self.run(|r| r.dispatch(pipeline, groups, push_constants))
+    }
+
+    /// Records what `record` asks for (dispatches and copies, each ordered after the ones
+    /// before it) into one command buffer, submits it and waits once: a whole plan step costs
+    /// one submission and one wait. Nothing is submitted when `record` fails.
+    ///
+    /// Errors: the first error of `record`; [`VulkanError::Vk`] when the submission or the wait
+    /// fails.
+    pub fn run(
+        &self,
+        record: impl FnOnce(&mut Recorder<'_>) -> Result<(), VulkanError>,
+    ) -> Result<(), VulkanError> {
+        self.submit(|_, cmd| record(&mut Recorder { ctx: self, cmd }))
     }
 
     /// Records `record` into the command buffer between two barriers (every earlier write of
     /// the queue before it; its writes visible to the host after it), submits it and waits.
     fn submit(
         &self,
-        record: impl FnOnce(&ash::Device, vk::CommandBuffer),
+        record: impl FnOnce(&ash::Device, vk::CommandBuffer) -> Result<(), VulkanError>,
     ) -> Result<(), VulkanError> {
         // A panic while holding the lock left nothing half-done that the reset below does not
         // undo.
@@ -527,7 +576,14 @@ impl VulkanContext {
                 &[],
             );
         }
-        record(d, cmd);
+        if let Err(e) = record(d, cmd) {
+            // SAFETY: `cmd` is recording; ending it leaves it executable but unsubmitted, and
+            // the next submission resets it.
+            unsafe {
+                let _ = d.end_command_buffer(cmd);
+            }
+            return Err(e);
+        }
         let cmds = [cmd];
         let submits = [vk::SubmitInfo::default().command_buffers(&cmds)];
         // SAFETY: `cmd` was begun above and recorded by `record`; the fence is unsignalled
@@ -554,6 +610,187 @@ impl VulkanContext {
                 d.wait_for_fences(&[self.fence], true, u64::MAX),
             )
         }
+    }
+}
+
+/// The command buffer of one [`VulkanContext::run`] being recorded. Every command is followed
+/// by a barrier that orders the next one after it (shader and transfer writes before shader and
+/// transfer reads and writes), so commands run as if one after the other.
+pub struct Recorder<'a> {
+    ctx: &'a VulkanContext,
+    cmd: vk::CommandBuffer,
+}
+
+impl Recorder<'_> {
+    /// Records `pipeline` over `groups` workgroups with `push_constants` (see
+    /// [`VulkanContext::dispatch`]).
+    ///
+    /// Errors: [`VulkanError::Invalid`] when the push constants have another size than the
+    /// pipeline's, a group count exceeds `maxComputeWorkGroupCount`, or the pipeline
+    /// belongs to another context.
+    pub fn dispatch(
+        &mut self,
+        pipeline: &Pipeline,
+        groups: [u32; 3],
+        push_constants: &[u8],
+    ) -> Result<(), VulkanError> {
+        if !Arc::ptr_eq(&pipeline.shared, &self.ctx.shared) {
+            return Err(VulkanError::Invalid(
+                "the pipeline belongs to another Vulkan context".into(),
+            ));
+        }
+        if push_constants.len() != pipeline.push_constant_bytes as usize {
+            return Err(VulkanError::Invalid(format!(
+                "{} bytes of push constants for a pipeline taking {}",
+                push_constants.len(),
+                pipeline.push_constant_bytes
+            )));
+        }
+        let max = self.ctx.info.limits.max_compute_work_group_count;
+        if groups.iter().zip(max).any(|(&g, m)| g > m) {
+            return Err(VulkanError::Invalid(format!(
+                "{groups:?} workgroups exceed the device's maxComputeWorkGroupCount {max:?}"
+            )));
+        }
+        let d = &self.ctx.shared.device;
+        // SAFETY: the pipeline and its layout belong to this device; the push constants are
+        // exactly its range (checked above); `cmd` is recording.
+        unsafe {
+            d.cmd_bind_pipeline(self.cmd, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
+            if !push_constants.is_empty() {
+                d.cmd_push_constants(
+                    self.cmd,
+                    pipeline.layout,
+                    vk::ShaderStageFlags::COMPUTE,
+                    0,
+                    push_constants,
+                );
+            }
+            d.cmd_dispatch(self.cmd, groups[0], groups[1], groups[2]);
+        }
+        self.barrier();
+        Ok(())
+    }
+
+    /// Records a copy of `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`.
+    ///
+    /// Errors: [`VulkanError::Invalid`] when a range lies outside its buffer or a buffer belongs
+    /// to another context.
+    pub fn copy(
+        &mut self,
+        src: &Buffer,
+        src_offset: u64,
+        dst: &Buffer,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<(), VulkanError> {
+        self.ctx.check_range(src, src_offset, len as usize)?;
+        self.ctx.check_range(dst, dst_offset, len as usize)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let region = [vk::BufferCopy {
+            src_offset,
+            dst_offset,
+            size: len,
+        }];
+        let d = &self.ctx.shared.device;
+        // SAFETY: both buffers belong to this device (checked above), have TRANSFER usage and
+        // hold the ranges; `cmd` is recording.
+        unsafe { d.cmd_copy_buffer(self.cmd, src.buffer, dst.buffer, &region) };
+        self.barrier();
+        Ok(())
+    }
+
+    /// Records filling all of `buffer` with the 4-byte word `word`.
+    ///
+    /// Errors: [`VulkanError::Invalid`] when the buffer belongs to another context.
+    pub fn fill(&mut self, buffer: &Buffer, word: u32) -> Result<(), VulkanError> {
+        self.ctx.check_range(buffer, 0, 0)?;
+        // SAFETY: the buffer belongs to this device (checked above) and has TRANSFER_DST usage;
+        // WHOLE_SIZE fills whole words from offset 0; `cmd` is recording.
+        unsafe {
+            self.ctx
+                .shared
+                .device
+                .cmd_fill_buffer(self.cmd, buffer.buffer, 0, vk::WHOLE_SIZE, word)
+        };
+        self.barrier();
+        Ok(())
+    }
+
+    /// Records resetting every timestamp of `ts` (before the run writes any).
+    pub fn reset_timestamps(&mut self, ts: &Timestamps) {
+        // SAFETY: the pool belongs to this device (made by its context); `cmd` is recording.
+        unsafe {
+            self.ctx
+                .shared
+                .device
+                .cmd_reset_query_pool(self.cmd, ts.pool, 0, ts.count)
+        };
+    }
+
+    /// Records timestamp `i` of `ts`, written once every earlier command has finished.
+    ///
+    /// Errors: [`VulkanError::Invalid`] past the pool.
+    pub fn timestamp(&mut self, ts: &Timestamps, i: u32) -> Result<(), VulkanError> {
+        if i >= ts.count {
+            return Err(VulkanError::Invalid(format!(
+                "timestamp {i} of a pool of {}",
+                ts.count
+            )));
+        }
+        // SAFETY: the pool belongs to this device, `i` is inside it and was reset in this
+        // command buffer; `cmd` is recording.
+        unsafe {
+            self.ctx.shared.device.cmd_write_timestamp(
+                self.cmd,
+                vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                ts.pool,
+                i,
+            )
+        };
+        Ok(())
+    }
+
+    /// Orders every later command after every earlier one's writes.
+    fn barrier(&mut self) {
+        let stages = vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER;
+        let barrier = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
+            .dst_access_mask(
+                vk::AccessFlags::SHADER_READ
+                    | vk::AccessFlags::SHADER_WRITE
+                    | vk::AccessFlags::TRANSFER_READ
+                    | vk::AccessFlags::TRANSFER_WRITE,
+            )];
+        // SAFETY: `cmd` is recording; the barrier outlives the call.
+        unsafe {
+            self.ctx.shared.device.cmd_pipeline_barrier(
+                self.cmd,
+                stages,
+                stages,
+                vk::DependencyFlags::empty(),
+                &barrier,
+                &[],
+                &[],
+            )
+        };
+    }
+}
+
+/// A pool of GPU timestamps ([`VulkanContext::timestamps`]), freed on drop.
+pub struct Timestamps {
+    pool: vk::QueryPool,
+    count: u32,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Timestamps {
+    fn drop(&mut self) {
+        // SAFETY: no submission is in flight (each is waited for); the pool was made by this
+        // device.
+        unsafe { self.shared.device.destroy_query_pool(self.pool, None) };
     }
 }
 
@@ -605,6 +842,14 @@ pub struct Buffer {
     /// The device, kept alive until the buffer is freed.
     shared: Arc<Shared>,
 }
+
+// SAFETY: the handles are plain identifiers; the only thread-sensitive member is the mapping
+// of a host buffer, which is read and written only by `VulkanContext::upload` / `download`
+// under the context's submission lock (one thread at a time, no submission in flight), and
+// freed in `Drop`, which needs the buffer owned.
+unsafe impl Send for Buffer {}
+// SAFETY: as for `Send`: shared references reach the mapping only through the locked copies.
+unsafe impl Sync for Buffer {}
 
 impl Buffer {
     /// Bytes.

@@ -153,6 +153,10 @@ pub struct Features {
     pub buffer_device_address: bool,
     /// Host memory imported as device memory (extension `VK_EXT_external_memory_host`).
     pub external_memory_host: bool,
+    /// 64-bit integers in shaders (`shaderInt64`): the kernels' device addresses.
+    pub shader_int64: bool,
+    /// 64-bit floats in shaders (`shaderFloat64`): the kernels' `ln`, `sin`, `cos`.
+    pub shader_float64: bool,
 }
 
 /// One memory heap of a device.
@@ -307,6 +311,8 @@ fn describe(
     }
     // SAFETY: `pd` belongs to the live `instance`.
     let memory = unsafe { instance.get_physical_device_memory_properties(pd) };
+    // SAFETY: as above (a Vulkan 1.0 query).
+    let core = unsafe { instance.get_physical_device_features(pd) };
 
     let text = |s: Result<&std::ffi::CStr, _>| {
         s.map(|c: &std::ffi::CStr| c.to_string_lossy().into_owned())
@@ -371,6 +377,8 @@ fn describe(
             storage_buffer_16bit_access: storage16.storage_buffer16_bit_access == vk::TRUE,
             buffer_device_address: address.buffer_device_address == vk::TRUE,
             external_memory_host,
+            shader_int64: core.shader_int64 == vk::TRUE,
+            shader_float64: core.shader_float64 == vk::TRUE,
         },
     })
 }

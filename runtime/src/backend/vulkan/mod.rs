@@ -1,7 +1,11 @@
-//! The Vulkan device layer: what a Vulkan backend runs its generated compute kernels on (it is
-//! not a [`super::BackendKind`] yet).
+//! The `vulkan` backend: the plan's generated GPU kernels (the GPU target: PHASE, WKB and KQKV
+//! fused) as GLSL compute shaders on one Vulkan device ([`exec`]), and the device layer under it.
 //!
-//! Algorithm. [`device`] loads the Vulkan loader at run time (`libvulkan.so.1`, through `ash`),
+//! Binding ([`VulkanBackend`]) takes every step that has GPU kernels whose every parameter
+//! resolves ([`aubier_kernels_gen::gpu::launch`]) and refuses any other by name; the kernels
+//! themselves are built at load for the device's subgroup width.
+//!
+//! Device layer. [`device`] loads the Vulkan loader at run time (`libvulkan.so.1`, through `ash`),
 //! creates a Vulkan 1.3 instance and describes every physical device: limits, subgroups, heaps,
 //! the features the kernels need ([`device::list_devices`]); [`device::select`] picks one.
 //! [`shader`] compiles GLSL compute shaders to SPIR-V in process (shaderc), cached on disk by the
@@ -18,11 +22,81 @@
 
 pub mod context;
 pub mod device;
+pub mod exec;
 pub mod shader;
 #[cfg(test)]
 mod tests;
 
+use super::{Backend, BackendKind, BindError, Binding, BoundStep, HostKernel, KernelChoice};
 use ash::vk;
+use aubier_compiler::plan::Plan;
+use aubier_compiler::Target;
+use aubier_kernels_gen::gpu::ir::WARP;
+use aubier_kernels_gen::gpu::launch::launches;
+
+/// Which Vulkan device a `vulkan` backend runs on (`--device N`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceChoice {
+    /// The device's index in the loader's order ([`device::list_devices`]); `None`: the first
+    /// hardware GPU, else a software device.
+    pub index: Option<usize>,
+}
+
+impl DeviceChoice {
+    /// Opens the chosen device.
+    ///
+    /// Errors: those of [`device::select`] (no loader, no device, no such index) and of
+    /// [`context::VulkanContext::new`].
+    pub fn open(self) -> Result<context::VulkanContext, VulkanError> {
+        let info = device::select(self.index, true)?;
+        context::VulkanContext::new(info.index)
+    }
+}
+
+/// The `vulkan` backend on a [`DeviceChoice`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VulkanBackend {
+    /// The device.
+    pub device: DeviceChoice,
+}
+
+impl Backend for VulkanBackend {
+    fn target(&self) -> Target {
+        Target::Gpu
+    }
+
+    fn bind(&self, plan: &Plan) -> Result<Binding, BindError> {
+        let steps = (0..plan.steps.len())
+            .map(|i| {
+                let ls = launches(plan, i, WARP).map_err(|e| BindError {
+                    backend: "vulkan",
+                    step: i,
+                    op: plan.steps[i].op.name(),
+                    reason: e.to_string(),
+                })?;
+                let names: Vec<&str> = ls
+                    .iter()
+                    .map(|l| l.kernel.name.rsplit_once('_').map_or("", |(base, _)| base))
+                    .collect();
+                Ok(BoundStep {
+                    choice: KernelChoice {
+                        kernel: "glsl",
+                        variant: if names.is_empty() {
+                            "none (in place)".into()
+                        } else {
+                            format!("{}; subgroup width of the device", names.join(" + "))
+                        },
+                    },
+                    kernel: HostKernel::Device,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Binding {
+            backend: BackendKind::Vulkan(self.device),
+            steps,
+        })
+    }
+}
 
 /// How to get a Vulkan device on Debian or Ubuntu; part of the messages of
 /// [`VulkanError::NoLoader`] and [`VulkanError::NoDevice`].

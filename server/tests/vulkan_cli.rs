@@ -1,0 +1,69 @@
+//! `--backend vulkan` through the built binary: `aubier run` on the bundled model gives the
+//! oracle's greedy ids on a Vulkan device (lavapipe in CI), `aubier gen --plan --backend vulkan`
+//! prints the GPU kernels of every step, and on a machine without a Vulkan driver (the loader
+//! pointed at none) `--backend vulkan` fails saying what to install while the default backend
+//! (`auto`, which falls back to `cpu`) still runs.
+
+use aubier_tests::models_dir;
+use std::process::{Command, Output};
+
+/// `aubier run` on the bundled model, 16 greedy tokens, JSON out; `no_driver` hides every
+/// Vulkan driver from the loader.
+fn run(backend: &[&str], no_driver: bool) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_aubier"));
+    cmd.args(["run", "--model"])
+        .arg(models_dir().join("ms4-tiny256-q2k.gguf"))
+        .args(["--prompt-ids", "1,17,4096,8000,3", "--max-tokens", "16"])
+        .args(["--temperature", "0", "--ignore-eos", "--json"])
+        .args(backend);
+    if no_driver {
+        // VK_DRIVER_FILES is the newer name of VK_ICD_FILENAMES and wins over it when set.
+        cmd.env("VK_ICD_FILENAMES", "/nonexistent")
+            .env("VK_DRIVER_FILES", "/nonexistent")
+            .env_remove("VK_ADD_DRIVER_FILES");
+    }
+    cmd.output().expect("runs")
+}
+
+fn generated(o: &Output) -> Vec<u64> {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    v["generated_ids"]
+        .as_array()
+        .expect("generated_ids")
+        .iter()
+        .map(|x| x.as_u64().expect("an id"))
+        .collect()
+}
+
+#[test]
+fn run_backend_vulkan_gives_the_oracles_greedy_ids() {
+    let vulkan = generated(&run(&["--backend", "vulkan"], false));
+    assert_eq!(vulkan.len(), 16);
+    assert_eq!(vulkan, generated(&run(&["--backend", "oracle"], false)));
+}
+
+#[test]
+fn without_a_vulkan_driver_the_vulkan_backend_says_what_to_install_and_auto_runs_on_the_cpu() {
+    let o = run(&["--backend", "vulkan"], true);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no Vulkan device"), "{err}");
+    assert!(err.contains("mesa-vulkan-drivers"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(generated(&run(&[], true)).len(), 16);
+}
+
+#[test]
+fn gen_plan_backend_vulkan_names_the_gpu_kernels_of_every_step() {
+    let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
+        .args(["gen", "--plan", "--backend", "vulkan"])
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    for kernel in ["phase", "wkb_in", "kqkv_split", "moe_gate_up", "mat_mul"] {
+        assert!(text.contains(kernel), "{kernel} missing");
+    }
+    assert!(text.contains("glsl"), "{text}");
+}
