@@ -146,11 +146,11 @@ pub fn render<D: Dialect>(d: &D, k: &Kernel, header: &[String]) -> Result<String
     .to_string())
 }
 
-/// Generates the HIP and CUDA source of every distinct kernel of `plan`: files
-/// `hip/<kernel>.hip` and `cuda/<kernel>.cu`, sorted by path. A file depends on its kernel alone
-/// (its header names the generator, the kernel's algorithm note and launch shape; which steps
-/// launch it is [`plan_kernels`]' answer, recorded in `aubier gen`'s manifest), so an edit of the
-/// graph rewrites exactly the kernels it reaches. Deterministic: the same plan gives the same
+/// Generates the HIP, CUDA and Vulkan (GLSL) source of every distinct kernel of `plan`: files
+/// `hip/<kernel>.hip`, `cuda/<kernel>.cu` and `vulkan/<kernel>.comp`, sorted by path. A file
+/// depends on its kernel alone (its header names the generator, the kernel's algorithm note and
+/// launch shape; which steps launch it is [`plan_kernels`]' answer, recorded in `aubier gen`'s
+/// manifest), so an edit of the graph rewrites exactly the kernels it reaches. Deterministic: the same plan gives the same
 /// bytes.
 ///
 /// Errors: [`GenError`] when a step cannot be mapped or a weight type has no device function.
@@ -165,6 +165,10 @@ pub fn generate(plan: &Plan) -> Result<Vec<GeneratedFile>, GenError> {
         files.push(GeneratedFile {
             path: format!("{}/{}.{}", Cuda.name(), k.name, Cuda.ext()),
             contents: render(&Cuda, &k, &header)?,
+        });
+        files.push(GeneratedFile {
+            path: format!("vulkan/{}.comp", k.name),
+            contents: glsl::render_glsl(&k, &header)?,
         });
     }
     files.sort_by(|a, b| a.path.cmp(&b.path));
