@@ -6,7 +6,7 @@
 //! Modes, in order of precedence: `--dump-after STAGE` prints the graph after a pipeline stage;
 //! `--plan` prints the scheduled `Plan` as JSON — with `--backend`, compiled for that backend's
 //! target and followed by its binding (`backend`, `isa`, and per step the kernel the backend
-//! chose and its variant); otherwise the HIP and CUDA source of every kernel
+//! chose and its variant); otherwise the HIP, CUDA and Vulkan (GLSL) source of every kernel
 //! of the plan (`aubier_kernels_gen::gpu::generate`) is written under `--out` (default
 //! `kernels-gen/generated/` of this workspace) with `MANIFEST.json` (the plan's hash, the flags,
 //! the command, every file's size and hash), and files of an earlier generation that the plan no
@@ -248,7 +248,7 @@ pub fn generate(args: &GenArgs) -> anyhow::Result<String> {
     } else {
         let removed = write_dir(&out, &files)?;
         Ok(format!(
-            "{}: wrote {} files ({n_kernels} kernels, HIP and CUDA), removed {removed} stale\n",
+            "{}: wrote {} files ({n_kernels} kernels, HIP, CUDA and Vulkan), removed {removed} stale\n",
             out.display(),
             files.len()
         ))

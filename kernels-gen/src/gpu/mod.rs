@@ -1,17 +1,19 @@
 //! GPU kernels: a small kernel IR ([`ir`]), its CPU execution in the GPU's order ([`cpu_exec`]),
-//! the HIP and CUDA emitters ([`emit`]), the kernel builders ([`kernels`], [`steps`]) and
-//! [`generate`], which turns a [`Plan`] into one source file per distinct kernel and dialect
-//! (ARCHITECTURE.md § kernels-gen).
+//! the HIP and CUDA emitters ([`emit`]), the Vulkan GLSL emitter ([`glsl`]), the kernel builders
+//! ([`kernels`], [`steps`]) and [`generate`], which turns a [`Plan`] into one source file per
+//! distinct kernel and dialect (ARCHITECTURE.md § kernels-gen).
 //!
 //! Algorithm note of [`generate`]: every plan step is mapped to its kernels ([`steps::for_step`]);
 //! each kernel is named `<kind>_<hash>`, the hash (FNV-1a 64) taken over the kernel's IR with an
 //! empty name, so steps that differ only in layer (36 layers, one shape) share one kernel, and a
 //! change of shape, type or attribute gives a new name. Kernels are kept in first-use order, then
-//! each is printed once per dialect; files are sorted by path. The same plan always gives the same
-//! bytes. Launches are plain kernel launches with no host synchronisation inside a step.
+//! each is printed once per dialect (HIP, CUDA, Vulkan GLSL); files are sorted by path. The same
+//! plan always gives the same bytes. Launches are plain kernel launches with no host
+//! synchronisation inside a step.
 
 pub mod cpu_exec;
 pub mod emit;
+pub mod glsl;
 pub mod ir;
 pub mod kernels;
 pub mod launch;
@@ -99,7 +101,7 @@ pub fn plan_kernels(plan: &Plan) -> Result<Vec<(Kernel, Vec<usize>)>, GenError> 
 }
 
 /// The quant types `k` reads, sorted, without F32 (read inline).
-fn quant_types(k: &Kernel) -> Vec<String> {
+pub(crate) fn quant_types(k: &Kernel) -> Vec<String> {
     let mut tys: Vec<String> = k
         .params
         .iter()
@@ -145,11 +147,11 @@ pub fn render<D: Dialect>(d: &D, k: &Kernel, header: &[String]) -> Result<String
     .to_string())
 }
 
-/// Generates the HIP and CUDA source of every distinct kernel of `plan`: files
-/// `hip/<kernel>.hip` and `cuda/<kernel>.cu`, sorted by path. A file depends on its kernel alone
-/// (its header names the generator, the kernel's algorithm note and launch shape; which steps
-/// launch it is [`plan_kernels`]' answer, recorded in `aubier gen`'s manifest), so an edit of the
-/// graph rewrites exactly the kernels it reaches. Deterministic: the same plan gives the same
+/// Generates the HIP, CUDA and Vulkan (GLSL) source of every distinct kernel of `plan`: files
+/// `hip/<kernel>.hip`, `cuda/<kernel>.cu` and `vulkan/<kernel>.comp`, sorted by path. A file
+/// depends on its kernel alone (its header names the generator, the kernel's algorithm note and
+/// launch shape; which steps launch it is [`plan_kernels`]' answer, recorded in `aubier gen`'s
+/// manifest), so an edit of the graph rewrites exactly the kernels it reaches. Deterministic: the same plan gives the same
 /// bytes.
 ///
 /// Errors: [`GenError`] when a step cannot be mapped or a weight type has no device function.
@@ -164,6 +166,10 @@ pub fn generate(plan: &Plan) -> Result<Vec<GeneratedFile>, GenError> {
         files.push(GeneratedFile {
             path: format!("{}/{}.{}", Cuda.name(), k.name, Cuda.ext()),
             contents: render(&Cuda, &k, &header)?,
+        });
+        files.push(GeneratedFile {
+            path: format!("vulkan/{}.comp", k.name),
+            contents: glsl::render_glsl(&k, &header)?,
         });
     }
     files.sort_by(|a, b| a.path.cmp(&b.path));

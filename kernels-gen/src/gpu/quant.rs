@@ -128,6 +128,40 @@ pub fn device_tables(ggml_type: &str) -> Option<impl Display> {
     Some(Tables(body.tables()))
 }
 
+/// What another dialect ([`super::glsl`]) needs to print `ggml_type`'s device function: the
+/// helpers it calls in emission order (dependencies first), the block layout, the C statements
+/// of its body (block location, then decoding), and its tables' C text. `None` exactly when
+/// [`device_fn`] is.
+pub(super) struct Parts {
+    /// Helpers, dependencies first, each once.
+    pub helpers: Vec<Helper>,
+    /// The layout comment.
+    pub layout: &'static str,
+    /// The body's C statements (without the signature and braces).
+    pub body: String,
+    /// The tables, as [`device_tables`] prints them.
+    pub tables: String,
+}
+
+/// See [`Parts`].
+pub(super) fn parts(ggml_type: &str) -> Option<Parts> {
+    let (ty, body) = lookup(ggml_type)?;
+    let mut helpers = Vec::new();
+    for &h in body.helpers() {
+        h.order(&mut helpers);
+    }
+    let locate = Locate {
+        qk: ty.block_size(),
+        bytes: ty.type_size(),
+    };
+    Some(Parts {
+        helpers,
+        layout: body.layout(),
+        body: format!("{locate}{body}"),
+        tables: Tables(body.tables()).to_string(),
+    })
+}
+
 /// One type's device function with its helpers.
 struct DeviceFn {
     ty: GgmlType,
@@ -201,7 +235,7 @@ impl Display for Locate {
 
 /// A shared C++ helper function, emitted once per translation unit behind its guard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Helper {
+pub(super) enum Helper {
     /// `aubier_as_f32`: the f32 with the given IEEE bits.
     AsF32,
     /// `aubier_u16`, `aubier_u32`: little-endian loads; `aubier_i8`: a byte as int8.
@@ -231,7 +265,7 @@ impl Helper {
     }
 
     /// The include-guard macro.
-    fn guard(self) -> &'static str {
+    pub(super) fn guard(self) -> &'static str {
         match self {
             Helper::AsF32 => "AUBIER_DQ_AS_F32",
             Helper::Bytes => "AUBIER_DQ_BYTES",
@@ -340,6 +374,17 @@ __device__ inline int aubier_q3k_scale(const unsigned char* s, int j) {
 "
             }
         }
+    }
+
+    /// Appends the helpers this one needs that are not in `done`, then itself.
+    fn order(self, done: &mut Vec<Helper>) {
+        if done.contains(&self) {
+            return;
+        }
+        for &d in self.deps() {
+            d.order(done);
+        }
+        done.push(self);
     }
 
     /// Writes the helpers this one needs that are not in `done`, then itself, in guards.

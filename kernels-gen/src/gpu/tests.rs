@@ -320,3 +320,21 @@ fn every_kernel_compiles_with_clang() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Every builder's kernel renders as a Vulkan GLSL compute shader with the ABI's push constants
+/// (8 bytes per parameter, then `T`, `S`) and the reduction width of the IR.
+#[test]
+fn every_kernel_renders_as_glsl() {
+    use super::glsl::{push_constant_bytes, render_glsl, warp};
+    for k in every_kernel() {
+        let text = render_glsl(&k, &["header".to_string()]).expect("renders");
+        assert!(text.starts_with("#version 460\n"), "{}", k.name);
+        assert!(text.contains(&format!("layout(local_size_x = {}) in;", k.block)));
+        assert!(text.contains("  int T;\n  int S;\n} args;"), "{}", k.name);
+        assert_eq!(push_constant_bytes(&k), 8 * k.params.len() as u32 + 8);
+        assert_eq!(warp(&k), super::ir::WARP);
+        if let Ok(dir) = std::env::var("AUBIER_GLSL_DUMP") {
+            std::fs::write(format!("{dir}/{}.comp", k.name), &text).expect("dump");
+        }
+    }
+}
