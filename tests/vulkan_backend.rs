@@ -154,15 +154,15 @@ fn vulkan_greedy_ids_equal_the_oracles_on_the_bundled_model() {
     let ids = |kind: BackendKind, twice: bool| {
         let m = Model::load_with(&model_path(file), kind).expect("model");
         let mut s = session(m);
-        let mut go = || {
-            generate(&mut s, &prompt, &params, &mut |_| ControlFlow::Continue(()))
+        let go = |s: &mut Session| {
+            generate(s, &prompt, &params, &mut |_| ControlFlow::Continue(()))
                 .expect("generate")
                 .ids
         };
-        let first = go();
+        let first = go(&mut s);
         if twice {
             s.reset();
-            assert_eq!(go(), first, "the second request repeats the first");
+            assert_eq!(go(&mut s), first, "the second request repeats the first");
         }
         first
     };
