@@ -2,7 +2,8 @@
 //! oracle (`aubier_kernels_gen::cpu`), GPU kernels run by their CPU execution
 //! (`aubier_kernels_gen::gpu::cpu_exec`), and the comparison of the two under an a-priori error
 //! bound (ARCHITECTURE.md § numerics: `|x − y| ≤ A + k·u·|ref|` per element, NaN/Inf positions
-//! equal, per-row cosine; the worst element is reported).
+//! equal, per-row cosine; the worst element is reported); the warp widths the kernels are tested
+//! at.
 
 #![allow(dead_code)]
 
@@ -16,6 +17,15 @@ use aubier_kernels_gen::gpu::ir::Kernel;
 use aubier_runtime::ggml_type::GgmlType;
 use aubier_runtime::gguf::quant::dequantize_row;
 use rand::SeedableRng;
+
+/// The warp widths the kernels are built for and run at: lavapipe's 8, CUDA's 32, AMD wave64's
+/// 64.
+pub const WARPS: [u32; 3] = [8, 32, 64];
+
+/// One of [`WARPS`], for the property tests (a width per case, not every width per case).
+pub fn warps() -> impl proptest::strategy::Strategy<Value = u32> {
+    proptest::sample::select(WARPS.to_vec())
+}
 
 /// Unit roundoff of f32.
 pub const U: f64 = 1.0 / (1u64 << 24) as f64;

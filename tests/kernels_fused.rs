@@ -4,7 +4,8 @@
 //! `attn_temperature`, `rms_norm`, `cache_write`, `head_mat_mul`, `scores_qk`, `scale`,
 //! `causal_mask`, `softmax`, `weighted_sum`). Shapes are random (heads 1..64, odd widths, keys
 //! from 1 to 262 144 — the long ones in one dedicated case), values random with ±0, subnormals and
-//! large magnitudes; shrinking is on.
+//! large magnitudes; shrinking is on. Each case builds its kernels for warps of 8, 32 or 64 lanes
+//! (sampled; the fixed cases take one width each) and runs them at that width.
 //!
 //! Tolerances (ARCHITECTURE.md § numerics), fixed before running, with `u = 2⁻²⁴` and `A = 2⁻¹⁴⁶`
 //! (eight subnormal ulps: products of subnormals round in absolute, not relative, terms):
@@ -15,7 +16,7 @@
 //!   `4u·|ref|`, when the query temperature applies);
 //! - RMSNorm: the sum of the `C` squares in two orders errs by `≤ C·u·Σx²` each, so `1/√(mean+ε)`
 //!   by `≤ (C/2 + 2)·u` relative each; with the two products: `(C + 8)·u·|ref|`;
-//! - a dot of `n` terms in two orders (oracle: 8 lanes; GPU: 32 lanes × chunks + butterfly):
+//! - a dot of `n` terms in two orders (oracle: 8 lanes; GPU: `W` lanes × chunks + butterfly):
 //!   `2(n + 2)·u·Σ|w_i·x_i|` (Higham §3.1, each side);
 //! - KQKV output column `c`: scores `s_j` are dots of `W` terms, so each errs by
 //!   `E_j ≤ 2(W + 2)·u·kq·Σ|q·K_j|`; a softmax weight then moves by a factor `≤ e^(2E) − 1`
@@ -96,6 +97,7 @@ struct PhaseCase {
     temp: bool,
     yarn_on: bool,
     seed: u64,
+    warp: u32,
 }
 
 fn run_phase(case: PhaseCase) {
@@ -109,6 +111,7 @@ fn run_phase(case: PhaseCase) {
         temp,
         yarn_on,
         seed,
+        warp,
     } = case;
     let (n, c, r) = (nope, kv_lora, rope_dim);
     let s = start + t;
@@ -221,16 +224,19 @@ fn run_phase(case: PhaseCase) {
     let q2_ref = as_f32(&bufs[q2]);
 
     // GPU kernel, CPU execution.
-    let k = phase(&PhaseShape {
-        name: "phase".into(),
-        heads,
-        nope: n,
-        kv_lora: c,
-        rope_dim: r,
-        rope: rope.clone(),
-        eps: 1e-5,
-        temperature: temperature.clone(),
-    })
+    let k = phase(
+        &PhaseShape {
+            name: "phase".into(),
+            heads,
+            nope: n,
+            kv_lora: c,
+            rope_dim: r,
+            rope: rope.clone(),
+            eps: 1e-5,
+            temperature: temperature.clone(),
+        },
+        warp,
+    )
     .expect("phase kernel");
     let wbytes: Vec<u8> = wn.iter().flat_map(|x| x.to_le_bytes()).collect();
     let (mut qa, mut kva, mut pa) = (q.clone(), kv.clone(), pos.clone());
@@ -335,6 +341,7 @@ struct WkbCase {
     t: usize,
     seed: u64,
     scale: f32,
+    warp: u32,
 }
 
 /// WKB: IN when `tail > 0` (x = [q_nope, q_pe], y = [W·q_nope, q_pe]), OUT when `tail = 0`.
@@ -348,6 +355,7 @@ fn run_wkb(case: WkbCase) {
         t,
         seed,
         scale,
+        warp,
     } = case;
     let mut g = rng(seed);
     let xw = n_in + tail;
@@ -413,17 +421,20 @@ fn run_wkb(case: WkbCase) {
     let bufs = run_oracle(&pb, &[(xv, f32s(&x))], t, 1, &mut []);
     let want = as_f32(&bufs[out]);
 
-    let k = mat_vec(&MatVecShape {
-        name: "wkb".into(),
-        w: WeightSpec {
-            ggml_type: ty.into(),
-            row_len: n_in,
+    let k = mat_vec(
+        &MatVecShape {
+            name: "wkb".into(),
+            w: WeightSpec {
+                ggml_type: ty.into(),
+                row_len: n_in,
+            },
+            n_out,
+            heads,
+            tail,
+            rows: Size::Tokens,
         },
-        n_out,
-        heads,
-        tail,
-        rows: Size::Tokens,
-    })
+        warp,
+    )
     .expect("wkb kernel");
     let mut xa = x.clone();
     let mut y = vec![0f32; t * heads * (n_out + tail)];
@@ -444,7 +455,14 @@ fn run_wkb(case: WkbCase) {
             0.0
         });
     }
-    check(&format!("wkb {ty}"), &y, &want, &bound, n_out + tail, 1e-5);
+    check(
+        &format!("wkb {ty} warp {warp}"),
+        &y,
+        &want,
+        &bound,
+        n_out + tail,
+        1e-5,
+    );
 }
 
 /// One KQKV case: shape, `S` keys (positions `S − T..S`), seed, magnitude, a NaN query.
@@ -458,6 +476,7 @@ struct KqkvCase {
     seed: u64,
     scale: f32,
     nan_head: bool,
+    warp: u32,
 }
 
 /// KQKV against `scores_qk → scale → causal_mask → softmax → weighted_sum`.
@@ -471,6 +490,7 @@ fn run_kqkv(case: KqkvCase) {
         seed,
         scale,
         nan_head,
+        warp,
     } = case;
     let w = c + r;
     let kq = 0.19;
@@ -534,8 +554,8 @@ fn run_kqkv(case: KqkvCase) {
         kv_lora: c,
         kq_scale: kq,
     };
-    let split = kqkv_split(&shape).expect("split kernel");
-    let merge = kqkv_merge(&shape).expect("merge kernel");
+    let split = kqkv_split(&shape, warp).expect("split kernel");
+    let merge = kqkv_merge(&shape, warp).expect("merge kernel");
     let mut part = vec![0f32; kqkv_scratch(&shape).eval(t, s).expect("scratch")];
     let (mut qa, mut pa, mut ca) = (q.clone(), pos.clone(), cache.clone());
     run_gpu(
@@ -624,15 +644,16 @@ proptest! {
     #[test]
     fn phase_matches_oracle(heads in heads(), nope in 1usize..10, kv_lora in 1usize..40,
                             half in 1usize..9, t in 1usize..4, start in 0usize..40000,
-                            temp in any::<bool>(), yarn_on in any::<bool>(), seed in any::<u64>()) {
-        run_phase(PhaseCase { heads, nope, kv_lora, rope_dim: 2 * half, t, start, temp, yarn_on, seed });
+                            temp in any::<bool>(), yarn_on in any::<bool>(), seed in any::<u64>(),
+                            warp in warps()) {
+        run_phase(PhaseCase { heads, nope, kv_lora, rope_dim: 2 * half, t, start, temp, yarn_on, seed, warp });
     }
 
     #[test]
     fn wkb_f32_matches_oracle(heads in heads(), n_in in 1usize..40, n_out in 1usize..40,
                               tail in prop_oneof![Just(0usize), 1usize..9], t in 1usize..4,
-                              seed in any::<u64>(), big in any::<bool>()) {
-        run_wkb(WkbCase { ty: "F32", heads, n_in, n_out, tail, t, seed, scale: if big { 1e12 } else { 2.0 } });
+                              seed in any::<u64>(), big in any::<bool>(), warp in warps()) {
+        run_wkb(WkbCase { ty: "F32", heads, n_in, n_out, tail, t, seed, scale: if big { 1e12 } else { 2.0 }, warp });
     }
 }
 
@@ -642,28 +663,30 @@ proptest! {
     #[test]
     fn wkb_quant_matches_oracle(ty in prop::sample::select(vec!["F16", "Q8_0", "Q4_0", "IQ4_NL"]),
                                 heads in 1usize..6, n_out in 1usize..20, tail in prop_oneof![Just(0usize), Just(8usize)],
-                                t in 1usize..3, seed in any::<u64>()) {
-        run_wkb(WkbCase { ty, heads, n_in: 64, n_out, tail, t, seed, scale: 2.0 });
+                                t in 1usize..3, seed in any::<u64>(), warp in warps()) {
+        run_wkb(WkbCase { ty, heads, n_in: 64, n_out, tail, t, seed, scale: 2.0, warp });
     }
 
     #[test]
     fn wkb_out_kquant_matches_oracle(ty in prop::sample::select(vec!["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS"]),
-                                     heads in 1usize..4, n_out in 1usize..12, t in 1usize..3, seed in any::<u64>()) {
-        run_wkb(WkbCase { ty, heads, n_in: 256, n_out, tail: 0, t, seed, scale: 2.0 });
+                                     heads in 1usize..4, n_out in 1usize..12, t in 1usize..3, seed in any::<u64>(),
+                                     warp in warps()) {
+        run_wkb(WkbCase { ty, heads, n_in: 256, n_out, tail: 0, t, seed, scale: 2.0, warp });
     }
 
     #[test]
     fn kqkv_matches_oracle(heads in heads(), c in 1usize..24, r in 0usize..9, t in 1usize..4,
                            s in prop_oneof![1usize..40, 1000usize..1100, 2040usize..2100],
                            seed in any::<u64>(), scale in prop_oneof![Just(1.0f32), Just(8.0f32)],
-                           nan_head in prop::bool::weighted(0.1)) {
+                           nan_head in prop::bool::weighted(0.1), warp in warps()) {
         let s = s.max(t);
         let heads = if heads * t * s > 40_000 { 1 + 40_000 / (t * s) } else { heads };
-        run_kqkv(KqkvCase { heads, c, r, t, s, seed, scale, nan_head });
+        run_kqkv(KqkvCase { heads, c, r, t, s, seed, scale, nan_head, warp });
     }
 }
 
-/// The real model's PHASE shape (H = 32, N = R = 64, C = 256) with YaRN and temperature.
+/// The real model's PHASE shape (H = 32, N = R = 64, C = 256) with YaRN and temperature, in
+/// 8-lane warps (32 partials in RMSNorm's block reduction: two shared-memory rounds).
 #[test]
 fn phase_real_shape() {
     run_phase(PhaseCase {
@@ -676,10 +699,12 @@ fn phase_real_shape() {
         temp: true,
         yarn_on: true,
         seed: 7,
+        warp: 8,
     });
 }
 
-/// The real model's WKB shapes (IN: 64 → 256 with the 64-wide tail; OUT: 256 → 128).
+/// The real model's WKB shapes (IN: 64 → 256 with the 64-wide tail, 32 lanes; OUT: 256 → 128,
+/// 64 lanes).
 #[test]
 fn wkb_real_shapes() {
     run_wkb(WkbCase {
@@ -691,6 +716,7 @@ fn wkb_real_shapes() {
         t: 1,
         seed: 11,
         scale: 2.0,
+        warp: 32,
     });
     run_wkb(WkbCase {
         ty: "Q2_K",
@@ -701,10 +727,11 @@ fn wkb_real_shapes() {
         t: 1,
         seed: 12,
         scale: 2.0,
+        warp: 64,
     });
 }
 
-/// The longest window: 262 144 keys, every key visible to the last position.
+/// The longest window: 262 144 keys, every key visible to the last position (32 lanes).
 #[test]
 fn kqkv_longest_window() {
     run_kqkv(KqkvCase {
@@ -716,10 +743,11 @@ fn kqkv_longest_window() {
         seed: 5,
         scale: 1.0,
         nan_head: false,
+        warp: 32,
     });
 }
 
-/// One key (the first token of a sequence).
+/// One key (the first token of a sequence), in 8-lane warps.
 #[test]
 fn kqkv_single_key() {
     run_kqkv(KqkvCase {
@@ -731,5 +759,6 @@ fn kqkv_single_key() {
         seed: 9,
         scale: 1.0,
         nan_head: false,
+        warp: 8,
     });
 }

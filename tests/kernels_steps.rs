@@ -3,7 +3,9 @@
 //! runs, so the step → kernel mapping is tested with them. A representative set: quantized
 //! mat-vec for several ggml types, RMSNorm, softmax (fixed rows and rows of `S`), router top-k +
 //! gather_renorm, the routed-expert SwiGLU FFN (fused gate/up), embedding lookup, SiLU, RoPE, and
-//! a concat copy; then `generate` on the bundled model's plan (deterministic, deduplicated).
+//! a concat copy; then `generate` on the bundled model's plan (deterministic, deduplicated). The
+//! kernels are built for warps of 8, 32 and 64 lanes (sampled by the property tests, one width
+//! per case of the fixed ones) and run at that width.
 //!
 //! Tolerances (as in `kernels_fused.rs`, `u = 2⁻²⁴`, `A = 2⁻¹⁴⁶`): bit-exact where both sides run
 //! the same operations in the same order (copies, embed, top_k, gather_renorm, SiLU, RoPE up to
@@ -19,6 +21,7 @@ use aubier_compiler::config::{ExpertLayout, YarnParams};
 use aubier_compiler::ops::Op;
 use aubier_compiler::types::{Attrs, DType, Dim};
 use aubier_kernels_gen::gpu::cpu_exec::Arg;
+use aubier_kernels_gen::gpu::emit::WARP;
 use aubier_kernels_gen::gpu::steps::for_step;
 use common::*;
 use proptest::prelude::*;
@@ -42,17 +45,18 @@ fn dot_bound(w: &[f32], x: &[f32]) -> f64 {
     2.0 * (w.len() as f64 + 2.0) * U * s + A
 }
 
-fn mat_mul_case(ty: &str, n_in: usize, n_out: usize, t: usize, seed: u64) {
+fn mat_mul_case(ty: &str, n_in: usize, n_out: usize, t: usize, seed: u64, warp: u32) {
     let w = if ty == "F32" {
         W::f32(vec![n_in, n_out], &vals(seed ^ 1, n_in * n_out, 1.0))
     } else {
         W::random(ty, vec![n_in, n_out], seed, 0.5)
     };
-    mat_mul_of(w, t, seed);
+    mat_mul_of(w, t, seed, warp);
 }
 
-/// The mat-vec kernel of `w`'s type against the oracle on `t` random activation rows.
-fn mat_mul_of(w: W, t: usize, seed: u64) {
+/// The mat-vec kernel of `w`'s type, for warps of `warp` lanes, against the oracle on `t` random
+/// activation rows.
+fn mat_mul_of(w: W, t: usize, seed: u64, warp: u32) {
     let (ty, n_in, n_out) = (w.ty.clone(), w.ne[0], w.ne[1]);
     let x = vals(seed, t * n_in, 2.0);
     let mut pb = PlanB::default();
@@ -66,7 +70,7 @@ fn mat_mul_of(w: W, t: usize, seed: u64) {
         vec![Dim::Tokens, fx(n_out)],
     );
     let want = as_f32(&run_oracle(&pb, &[(xv, f32s(&x))], t, 1, &mut [])[y]);
-    let ks = for_step(&pb.plan(), 0).expect("kernels");
+    let ks = for_step(&pb.plan(), 0, warp).expect("kernels");
     assert_eq!(ks.len(), 1);
     let mut xa = x.clone();
     let mut got = vec![0f32; t * n_out];
@@ -86,22 +90,31 @@ fn mat_mul_of(w: W, t: usize, seed: u64) {
             )
         })
         .collect();
-    check(&format!("mat_mul {ty}"), &got, &want, &bound, n_out, 1e-5);
+    check(
+        &format!("mat_mul {ty} warp {warp}"),
+        &got,
+        &want,
+        &bound,
+        n_out,
+        1e-5,
+    );
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
 
     #[test]
-    fn mat_mul_f32(n_in in 1usize..70, n_out in 1usize..20, t in 1usize..4, seed in any::<u64>()) {
-        mat_mul_case("F32", n_in, n_out, t, seed);
+    fn mat_mul_f32(n_in in 1usize..70, n_out in 1usize..20, t in 1usize..4, seed in any::<u64>(),
+                   warp in warps()) {
+        mat_mul_case("F32", n_in, n_out, t, seed, warp);
     }
 
     #[test]
     fn mat_mul_quant(ty in prop::sample::select(vec!["F16", "Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K",
                                                       "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS"]),
-                     blocks in 1usize..3, n_out in 1usize..12, t in 1usize..3, seed in any::<u64>()) {
-        mat_mul_case(ty, 256 * blocks, n_out, t, seed);
+                     blocks in 1usize..3, n_out in 1usize..12, t in 1usize..3, seed in any::<u64>(),
+                     warp in warps()) {
+        mat_mul_case(ty, 256 * blocks, n_out, t, seed, warp);
     }
 
     /// Every block-quantized type with a device function, on gguf-py's own blocks (`q.<TYPE>` of
@@ -110,19 +123,19 @@ proptest! {
     /// ±inf, NaN and values near f32::MAX on purpose, where whether a sum overflows depends on its
     /// order; F32 and F16 are covered on random rows above.
     #[test]
-    fn mat_mul_every_type_on_gguf_py_blocks(t in 1usize..3, seed in any::<u64>()) {
+    fn mat_mul_every_type_on_gguf_py_blocks(t in 1usize..3, seed in any::<u64>(), warp in warps()) {
         let path = aubier_tests::data_dir().join("quants/quant_vectors.gguf");
         let file = aubier_runtime::gguf::GgufFile::open(&path).expect("quant vectors");
         let floats = ["F32", "F16", "BF16"];
         for ty in aubier_kernels_gen::gpu::quant::supported_types().iter().filter(|t| !floats.contains(t)) {
             let q = file.tensor(&format!("q.{ty}")).expect("fixture tensor");
             let w = W { ty: ty.to_string(), ne: q.ne.clone(), bytes: file.tensor_data(q).to_vec() };
-            mat_mul_of(w, t, seed);
+            mat_mul_of(w, t, seed, warp);
         }
     }
 
     #[test]
-    fn rms_norm_and_softmax(n in 1usize..600, rows in 1usize..4, seed in any::<u64>()) {
+    fn rms_norm_and_softmax(n in 1usize..600, rows in 1usize..4, seed in any::<u64>(), warp in warps()) {
         let x = vals(seed, rows * n, 3.0);
         let wn = vals(seed ^ 7, n, 1.0);
         let mut pb = PlanB::default();
@@ -133,7 +146,7 @@ proptest! {
         let bufs = run_oracle(&pb, &[(xv, f32s(&x))], rows, 1, &mut []);
         let plan = pb.plan();
 
-        let k = &for_step(&plan, 0).expect("rms_norm")[0];
+        let k = &for_step(&plan, 0, warp).expect("rms_norm")[0];
         let (mut xa, mut got) = (x.clone(), vec![0f32; x.len()]);
         let wb: Vec<u8> = wn.iter().flat_map(|f| f.to_le_bytes()).collect();
         run_gpu(k, &mut [Arg::F32(&mut xa), Arg::Weight(&wb), Arg::F32(&mut got)], rows, 1);
@@ -141,7 +154,7 @@ proptest! {
         let b: Vec<f64> = want.iter().map(|w| (n as f64 + 8.0) * U * (*w as f64).abs() + A).collect();
         check("rms_norm", &got, &want, &b, n, 1e-5);
 
-        let k = &for_step(&plan, 1).expect("softmax")[0];
+        let k = &for_step(&plan, 1, warp).expect("softmax")[0];
         let mut got = vec![0f32; x.len()];
         run_gpu(k, &mut [Arg::F32(&mut xa), Arg::F32(&mut got)], rows, 1);
         let want = as_f32(&bufs[y + 1]);
@@ -151,7 +164,7 @@ proptest! {
 
     #[test]
     fn router_top_k_and_renorm(e in 1usize..140, k in 1usize..6, rows in 1usize..4, seed in any::<u64>(),
-                               ties in any::<bool>()) {
+                               ties in any::<bool>(), warp in warps()) {
         let k = k.min(e);
         let mut p = vals(seed, rows * e, 1.0);
         if ties {
@@ -166,14 +179,14 @@ proptest! {
                 DType::F32, vec![Dim::Tokens, fx(k)]);
         let bufs = run_oracle(&pb, &[(pv, f32s(&p))], rows, 1, &mut []);
         let plan = pb.plan();
-        let kt = &for_step(&plan, 0).expect("top_k")[0];
+        let kt = &for_step(&plan, 0, warp).expect("top_k")[0];
         let mut pa = p.clone();
         let mut got_ids = vec![0i32; rows * k];
         run_gpu(kt, &mut [Arg::F32(&mut pa), Arg::I32(&mut got_ids)], rows, 1);
         let want_ids: Vec<i32> = bufs[ids].iter().map(|&b| b as i32).collect();
         prop_assert_eq!(&got_ids, &want_ids);
         if want_ids.iter().all(|&i| i >= 0) {
-            let kg = &for_step(&plan, 1).expect("gather_renorm")[0];
+            let kg = &for_step(&plan, 1, warp).expect("gather_renorm")[0];
             let mut got = vec![0f32; rows * k];
             run_gpu(kg, &mut [Arg::F32(&mut pa), Arg::I32(&mut got_ids), Arg::F32(&mut got)], rows, 1);
             let want = as_f32(&bufs[ids + 1]);
@@ -182,10 +195,11 @@ proptest! {
     }
 }
 
-/// Routed experts, fused gate/up, Q2_K gate/up and Q4_K down (the real model's type mix).
+/// Routed experts, fused gate/up, Q2_K gate/up and Q4_K down (the real model's type mix), one
+/// case per warp width.
 #[test]
 fn moe_ffn_matches_oracle() {
-    for (t, seed) in [(1usize, 3u64), (3, 4)] {
+    for (t, seed, warp) in [(1usize, 3u64, 8u32), (3, 4, 32), (2, 5, 64)] {
         let (d, n_ff, n_exp, k) = (256usize, 48usize, 6usize, 2usize);
         let gu = W::random("Q2_K", vec![d, 2 * n_ff, n_exp], seed, 0.3);
         let dn = W::f32(vec![n_ff, d, n_exp], &vals(seed ^ 9, n_ff * d * n_exp, 0.5));
@@ -220,7 +234,7 @@ fn moe_ffn_matches_oracle() {
             &mut [],
         );
         let want = as_f32(&bufs[y]);
-        let ks = for_step(&pb.plan(), 0).expect("moe kernels");
+        let ks = for_step(&pb.plan(), 0, warp).expect("moe kernels");
         assert_eq!(ks.len(), 2);
         let eb = |w: &W| w.row_bytes() * w.ne[1];
         let gu_e: Vec<&[u8]> = gu.bytes.chunks(eb(&gu)).collect();
@@ -346,7 +360,12 @@ fn embed_silu_concat_rope_match_oracle() {
     );
     let plan = pb.plan();
     let run1 = |i: usize, args: &mut [Arg<'_>]| {
-        run_gpu(&for_step(&plan, i).expect("kernels")[0], args, t, 262_144)
+        run_gpu(
+            &for_step(&plan, i, WARP).expect("kernels")[0],
+            args,
+            t,
+            262_144,
+        )
     };
 
     let mut ia = ids.clone();
@@ -401,7 +420,8 @@ fn embed_silu_concat_rope_match_oracle() {
     check("rope_yarn", &rg, &as_f32(&bufs[r]), &b, d, 1e-6);
 }
 
-/// Softmax over rows of `S` (the unfused attention's), across a block boundary of keys.
+/// Softmax over rows of `S` (the unfused attention's), across a block boundary of keys, at every
+/// sampled width.
 #[test]
 fn softmax_over_keys() {
     let (t, heads, s) = (2usize, 3usize, 700usize);
@@ -416,15 +436,24 @@ fn softmax_over_keys() {
         vec![Dim::Tokens, fx(heads), Dim::Keys],
     );
     let bufs = run_oracle(&pb, &[(xv, f32s(&x))], t, s, &mut []);
-    let k = &for_step(&pb.plan(), 0).expect("softmax")[0];
-    let (mut xa, mut got) = (x.clone(), vec![0f32; x.len()]);
-    run_gpu(k, &mut [Arg::F32(&mut xa), Arg::F32(&mut got)], t, s);
     let want = as_f32(&bufs[y]);
     let b: Vec<f64> = want
         .iter()
         .map(|w| (2.0 * s as f64 + 16.0) * U * (*w as f64).abs() + A)
         .collect();
-    check("softmax over S", &got, &want, &b, s, 1e-5);
+    for warp in WARPS {
+        let k = &for_step(&pb.plan(), 0, warp).expect("softmax")[0];
+        let (mut xa, mut got) = (x.clone(), vec![0f32; x.len()]);
+        run_gpu(k, &mut [Arg::F32(&mut xa), Arg::F32(&mut got)], t, s);
+        check(
+            &format!("softmax over S, warp {warp}"),
+            &got,
+            &want,
+            &b,
+            s,
+            1e-5,
+        );
+    }
 }
 
 /// The bundled model's plan, unfused (CPU oracle target) or fused (GPU target), with `edit`
@@ -466,7 +495,7 @@ fn generate_on_the_bundled_model() {
         let hip = a.iter().filter(|f| f.path.starts_with("hip/")).count();
         let cuda = a.iter().filter(|f| f.path.starts_with("cuda/")).count();
         assert_eq!(hip, cuda);
-        let kernels = plan_kernels(&plan).expect("kernels");
+        let kernels = plan_kernels(&plan, WARP).expect("kernels");
         assert_eq!(kernels.len(), hip);
         let launches: usize = kernels.iter().map(|(_, uses)| uses.len()).sum();
         assert!(
@@ -493,9 +522,9 @@ fn generate_on_the_bundled_model() {
             assert!(has(p), "{p} kernel missing");
         }
     }
-    let with = plan_kernels(&bundled_plan(Target::Gpu, |_| {})).expect("kernels");
+    let with = plan_kernels(&bundled_plan(Target::Gpu, |_| {}), WARP).expect("kernels");
     let without =
-        plan_kernels(&bundled_plan(Target::Gpu, |c| c.temperature = None)).expect("kernels");
+        plan_kernels(&bundled_plan(Target::Gpu, |c| c.temperature = None), WARP).expect("kernels");
     let names = |ks: &[(aubier_kernels_gen::gpu::ir::Kernel, Vec<usize>)]| -> Vec<String> {
         ks.iter().map(|(k, _)| k.name.clone()).collect()
     };
@@ -506,6 +535,29 @@ fn generate_on_the_bundled_model() {
         changed.iter().all(|n| n.starts_with("phase_")),
         "only PHASE depends on the temperature: {changed:?}"
     );
+}
+
+/// Every step of both bundled plans maps to kernels at every tested width, launched by the same
+/// steps; a kernel's name depends on its width, and HIP/CUDA refuse the non-32 ones.
+#[test]
+fn bundled_plans_map_at_every_width() {
+    use aubier_compiler::Target;
+    use aubier_kernels_gen::gpu::{plan_kernels, render, GenError};
+    for target in [Target::Oracle, Target::Gpu] {
+        let plan = bundled_plan(target, |_| {});
+        let at32 = plan_kernels(&plan, WARP).expect("32 lanes");
+        for warp in WARPS.into_iter().filter(|&w| w != WARP) {
+            let ks = plan_kernels(&plan, warp).expect("kernels");
+            assert_eq!(ks.len(), at32.len(), "{target:?} at {warp} lanes");
+            for ((k, uses), (k32, uses32)) in ks.iter().zip(&at32) {
+                assert_eq!(k.warp, warp);
+                assert_eq!(uses, uses32);
+                assert_ne!(k.name, k32.name);
+                let r = render(&aubier_kernels_gen::gpu::emit::Hip, k, &[]);
+                assert!(matches!(r, Err(GenError::Warp { .. })), "{}", k.name);
+            }
+        }
+    }
 }
 
 /// Device argmax (greedy sampling) against a plain first-maximum scan, with ties, NaN and −∞.
@@ -541,6 +593,7 @@ fn argmax_matches_a_plain_scan() {
         "argmax",
         n,
         &aubier_kernels_gen::gpu::ir::Size::Tokens,
+        WARP,
     )
     .expect("kernel");
     let mut got = vec![0i32; rows];

@@ -31,7 +31,10 @@ const VULKAN: BackendKind = BackendKind::Vulkan(DeviceChoice { index: None });
 const FIXTURES: [(&str, &str); 4] = [
     ("ms4-tiny-f32.gguf", "ms4-tiny.transformers"),
     ("ms4-tiny-f32-split.gguf", "ms4-tiny.transformers"),
-    ("ms4-tiny256-q2k.gguf", "ms4-tiny256-q2k.transformers-dequant"),
+    (
+        "ms4-tiny256-q2k.gguf",
+        "ms4-tiny256-q2k.transformers-dequant",
+    ),
     (
         "ms4-tiny256-iq2xxs.gguf",
         "ms4-tiny256-iq2xxs.transformers-dequant",

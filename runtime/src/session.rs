@@ -687,6 +687,7 @@ mod tests {
         assert!(s.router_ids().iter().all(Vec::is_empty));
         assert!(s
             .kv_cache()
+            .expect("a host session")
             .layer(0)
             .expect("layer")
             .iter()

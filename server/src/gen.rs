@@ -28,6 +28,7 @@ use aubier_compiler::config::Mistral4Config;
 use aubier_compiler::plan::Plan;
 use aubier_compiler::types::WeightRef;
 use aubier_compiler::{compile, dump_after, CompileOptions, DumpFormat, Fusion, Target};
+use aubier_kernels_gen::gpu::emit::WARP;
 use aubier_kernels_gen::gpu::{fnv1a, generate as generate_kernels, plan_kernels, GeneratedFile};
 use aubier_runtime::backend::cpu::CpuNumerics;
 use aubier_runtime::backend::BackendKind;
@@ -324,7 +325,7 @@ fn manifest(
     plan_hash: u64,
     files: &[GeneratedFile],
 ) -> anyhow::Result<GeneratedFile> {
-    let kernels: Vec<serde_json::Value> = plan_kernels(plan)?
+    let kernels: Vec<serde_json::Value> = plan_kernels(plan, WARP)?
         .into_iter()
         .map(|(k, steps)| serde_json::json!({ "name": k.name, "steps": steps }))
         .collect();

@@ -7,7 +7,9 @@
 //! execute. `if` narrows the mask for each branch; a `for` loop runs while any lane is still
 //! inside it (lanes leave when their own condition fails). A barrier or a warp reduction
 //! is only legal where every lane it needs is active (a barrier: the whole block; a reduction:
-//! whole 32-lane groups) — otherwise the kernel is wrong and execution stops with an error.
+//! whole warps of the kernel's width `warp`) — otherwise the kernel is wrong and execution stops
+//! with an error. A kernel runs at its own width: the same IR built for 8 and for 32 lanes runs
+//! as an 8-lane and as a 32-lane device would.
 //! Because every thread runs to the barrier before any thread passes it, shared memory behaves
 //! as on the GPU for every race-free kernel. Warp reductions follow the butterfly of
 //! [`Stmt::WarpReduce`] exactly (at offset `o`, lane `l` combines its value with lane `l ^ o`'s,
@@ -17,7 +19,7 @@
 //! Every memory access is bounds-checked against the bound buffers: a kernel that would read or
 //! write out of range stops with [`ExecError::OutOfBounds`] instead.
 
-use super::ir::{BinOp, Builtin, Expr, Kernel, ParamKind, ReduceOp, Stmt, UnOp, WARP};
+use super::ir::{BinOp, Builtin, Expr, IrError, Kernel, ParamKind, ReduceOp, Stmt, UnOp};
 use super::math;
 
 /// A buffer bound to one kernel parameter, in parameter order.
@@ -40,6 +42,9 @@ pub type Dequant16<'a> = &'a dyn Fn(&str, &[u8], usize, &mut [f32; 16]) -> Resul
 /// Errors of [`run`]: a kernel that misbehaves, or buffers that do not fit it.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ExecError {
+    /// The kernel does not pass [`Kernel::check`].
+    #[error(transparent)]
+    Invalid(#[from] IrError),
     /// The bound arguments do not match the kernel's parameters.
     #[error("kernel `{kernel}`: {detail}")]
     Binding {
@@ -80,7 +85,8 @@ pub enum ExecError {
 /// Runs `kernel` over its whole grid for `T = t`, `S = s`, with `args` bound to its parameters
 /// (in order) and `dequant` decoding quantized weight chunks.
 ///
-/// Errors: [`ExecError::Binding`] when an argument's kind or length does not fit its parameter;
+/// Errors: [`ExecError::Invalid`] for a kernel that [`Kernel::check`] refuses;
+/// [`ExecError::Binding`] when an argument's kind or length does not fit its parameter;
 /// [`ExecError::OutOfBounds`] / [`ExecError::Fault`] when the kernel misbehaves.
 pub fn run(
     kernel: &Kernel,
@@ -89,6 +95,7 @@ pub fn run(
     s: usize,
     dequant: Dequant16<'_>,
 ) -> Result<(), ExecError> {
+    kernel.check()?;
     let bind = |detail: String| ExecError::Binding {
         kernel: kernel.name.clone(),
         detail,
@@ -586,7 +593,7 @@ impl Block<'_, '_, '_, '_> {
                 }
             }
             Stmt::WarpReduce(op, v) => {
-                let w = WARP as usize;
+                let w = self.k.warp as usize;
                 for g in (0..n).step_by(w) {
                     let grp = &m[g..g + w];
                     if grp.iter().any(|&x| x) && !grp.iter().all(|&x| x) {

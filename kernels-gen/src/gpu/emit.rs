@@ -9,10 +9,16 @@
 //! helpers (NaN-propagating max, the F32 chunk load), the dequant device function of each quant
 //! type the kernel reads ([`super::quant::device_fn`]), then the kernel: parameters in IR order
 //! then `int T, int S`, shared arrays, registers, per-thread arrays, body. Expressions are fully
-//! parenthesised; f32 constants print with Rust's round-tripping `{:?}` plus `f`.
+//! parenthesised; f32 constants print with Rust's round-tripping `{:?}` plus `f`. Both dialects
+//! print kernels built for warps of [`WARP`] = 32 lanes (CUDA's warp; on AMD the shuffle spans
+//! 32-lane groups, wave32 on gfx1201/gfx1100 and half a wave64 on gfx942); [`super::render`]
+//! refuses a kernel of another width.
 
-use super::ir::{BinOp, Builtin, Expr, Kernel, ParamKind, ReduceOp, Scalar, Stmt, UnOp, WARP};
+use super::ir::{BinOp, Builtin, Expr, Kernel, ParamKind, ReduceOp, Scalar, Stmt, UnOp};
 use std::fmt::{self, Display, Formatter};
+
+/// Lanes per warp of every kernel the HIP and CUDA dialects print.
+pub const WARP: u32 = 32;
 
 /// What one GPU dialect spells differently.
 pub trait Dialect {
@@ -112,8 +118,9 @@ pub fn type_ident(ggml_type: &str) -> String {
     ggml_type.to_ascii_lowercase()
 }
 
-/// A complete source file for one kernel in dialect `D`. `header` is printed first as `//`
-/// comment lines; `quant_tables` and `quant_fns` are the tables and the device functions of the quant types the kernel reads.
+/// A complete source file for one kernel in dialect `D`, which must be built for [`WARP`] lanes
+/// ([`super::render`] checks it). `header` is printed first as `//` comment lines; `quant_tables`
+/// and `quant_fns` are the tables and the device functions of the quant types the kernel reads.
 pub struct Source<'a, D: Dialect> {
     /// The dialect.
     pub dialect: &'a D,
@@ -381,7 +388,11 @@ impl Display for St<'_> {
                     ReduceOp::Sum => format!("{v} = {v} + aubier_shfl_xor({v}, o)"),
                     ReduceOp::Max => format!("{v} = aubier_fmax({v}, aubier_shfl_xor({v}, o))"),
                 };
-                writeln!(f, "{pad}for (int o = {}; o > 0; o >>= 1) {step};", WARP / 2)
+                writeln!(
+                    f,
+                    "{pad}for (int o = {}; o > 0; o >>= 1) {step};",
+                    k.warp / 2
+                )
             }
             Stmt::Dequant16 {
                 w,

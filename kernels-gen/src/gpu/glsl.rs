@@ -48,12 +48,6 @@ use super::ir::{BinOp, Builtin, Expr, IrError, Kernel, ParamKind, ReduceOp, Scal
 use super::GenError;
 use std::fmt::{self, Display, Formatter};
 
-/// The reduction width of `k`'s [`Stmt::WarpReduce`]s: the subgroup size the executor must run
-/// it at.
-pub fn warp(_k: &Kernel) -> u32 {
-    super::ir::WARP
-}
-
 /// Bytes of `k`'s push constants: 8 per parameter (a device address), then `int T, S`.
 pub fn push_constant_bytes(k: &Kernel) -> u32 {
     8 * k.params.len() as u32 + 8
@@ -149,10 +143,7 @@ impl Display for Shader<'_> {
         writeln!(
             f,
             "// launch: grid ({}, {}), block {}; reductions over {}-lane subgroups",
-            k.grid[0],
-            k.grid[1],
-            k.block,
-            warp(k)
+            k.grid[0], k.grid[1], k.block, k.warp
         )?;
         writeln!(f, "layout(local_size_x = {}) in;", k.block)?;
         writeln!(f, "layout(push_constant, std430) uniform AubierArgs {{")?;
@@ -430,7 +421,7 @@ impl Display for St<'_> {
                 writeln!(
                     f,
                     "{pad}for (uint o = {}u; o > 0u; o >>= 1) {step};",
-                    warp(k) / 2
+                    k.warp / 2
                 )
             }
             Stmt::Dequant16 {

@@ -2,22 +2,26 @@
 //! that [`super::cpu_exec`] runs on the CPU in the GPU's order.
 //!
 //! Algorithm note. A [`Kernel`] is a SIMT program: a 2-D grid of blocks (`grid`, functions of `T`
-//! and `S`), each of `block` threads (one axis, a multiple of the 32-lane warp). The body is a
-//! tree of [`Stmt`] over typed scalar registers ([`Var`], f32 or i32, private to a thread),
-//! per-thread arrays ([`Local`]), block-shared arrays ([`Shared`]) and global buffers ([`Param`]).
-//! Expressions ([`Expr`]) are pure; the only side effects are stores, barriers and the two
-//! collective operations: [`Stmt::WarpReduce`] (an xor butterfly over 32-lane groups with offsets
-//! 16, 8, 4, 2, 1 — the same tree on wave32 and wave64 hardware) and [`Stmt::Dequant16`] (16
-//! elements of one quantized weight row, through the device function of its ggml type). Every
-//! arithmetic operation is one IEEE f32 or i32 operation, never contracted into an FMA, so the
-//! CPU execution and the GPU compute the same bits whenever they run the same operations in the
-//! same order. [`Kernel::check`] types the body and checks every reference before any use.
+//! and `S`), each of `block` threads (one axis, a multiple of the kernel's warp width `warp`, a
+//! power of two in [`MIN_WARP`]..=[`MAX_WARP`]: 32 for HIP and CUDA, the device's subgroup size
+//! for Vulkan). The body is a tree of [`Stmt`] over typed scalar registers ([`Var`], f32 or i32,
+//! private to a thread), per-thread arrays ([`Local`]), block-shared arrays ([`Shared`]) and
+//! global buffers ([`Param`]). Expressions ([`Expr`]) are pure; the only side effects are stores,
+//! barriers and the two collective operations: [`Stmt::WarpReduce`] (an xor butterfly over
+//! `warp`-lane groups with offsets `warp/2, …, 2, 1`) and [`Stmt::Dequant16`] (16 elements of one
+//! quantized weight row, through the device function of its ggml type). [`block_reduce`] builds
+//! the block-wide reduction from butterflies and shared memory in a fixed tree for any width.
+//! Every arithmetic operation is one IEEE f32 or i32 operation, never contracted into an FMA, so
+//! the CPU execution and the GPU compute the same bits whenever they run the same operations in
+//! the same order. [`Kernel::check`] types the body and checks every reference before any use.
 
 use std::fmt;
 use std::ops;
 
-/// Threads per warp in the IR's reductions (a subgroup of 32 lanes on every target).
-pub const WARP: u32 = 32;
+/// Narrowest warp (subgroup) a kernel may be built for.
+pub const MIN_WARP: u32 = 4;
+/// Widest warp (subgroup) a kernel may be built for.
+pub const MAX_WARP: u32 = 64;
 
 /// Scalar type of a register, shared array or expression.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -401,9 +405,9 @@ pub enum Stmt {
     /// Block-wide barrier with shared-memory fence (`__syncthreads`): every thread of the block
     /// must reach it.
     Barrier,
-    /// `var = reduce over the thread's 32-lane group` by an xor butterfly (offsets 16, 8, 4, 2, 1;
-    /// at each step `v = op(v, shuffle_xor(v, off))`); every lane of a participating group must
-    /// be active.
+    /// `var = reduce over the thread's warp` (lanes `warp·g .. warp·g + warp − 1`, `warp` the
+    /// kernel's) by an xor butterfly (offsets `warp/2, …, 2, 1`; at each step
+    /// `v = op(v, shuffle_xor(v, off))`); every lane of a participating warp must be active.
     WarpReduce(ReduceOp, Var),
     /// `dst[0..16] = elements 16·chunk .. 16·chunk + 15 of row `row` of weight `w`` (elements past
     /// the row's end read as 0 for F32 rows whose length is not a multiple of 16); for
@@ -441,8 +445,10 @@ pub struct Kernel {
     pub tables: Vec<(String, Vec<f32>)>,
     /// Grid (blocks along x, y).
     pub grid: [Size; 2],
-    /// Threads per block (a multiple of [`WARP`], at most 1024).
+    /// Threads per block (a multiple of `warp`, at most 1024).
     pub block: u32,
+    /// Lanes per warp of [`Stmt::WarpReduce`] (a power of two in [`MIN_WARP`]..=[`MAX_WARP`]).
+    pub warp: u32,
     /// Body.
     pub body: Vec<Stmt>,
 }
@@ -458,8 +464,8 @@ pub struct IrError {
 }
 
 impl Kernel {
-    /// Types the body and checks every reference (registers, params, arrays), the block size and
-    /// the loop steps.
+    /// Types the body and checks every reference (registers, params, arrays), the warp width,
+    /// the block size and the loop steps.
     ///
     /// Errors: [`IrError`] naming the first problem.
     pub fn check(&self) -> Result<(), IrError> {
@@ -467,9 +473,15 @@ impl Kernel {
             kernel: self.name.clone(),
             detail,
         };
-        if self.block == 0 || !self.block.is_multiple_of(WARP) || self.block > 1024 {
+        let w = self.warp;
+        if !w.is_power_of_two() || !(MIN_WARP..=MAX_WARP).contains(&w) {
             return Err(err(format!(
-                "block {} is not a multiple of {WARP} in 1..=1024",
+                "warp {w} is not a power of two in {MIN_WARP}..={MAX_WARP}"
+            )));
+        }
+        if self.block == 0 || !self.block.is_multiple_of(w) || self.block > 1024 {
+            return Err(err(format!(
+                "block {} is not a multiple of the warp {w} in 1..=1024",
                 self.block
             )));
         }
@@ -673,12 +685,15 @@ pub struct Kb {
 }
 
 impl Kb {
-    /// A kernel named `name` over `grid` blocks of `block` threads, described by `note`.
+    /// A kernel named `name` over `grid` blocks of `block` threads in warps of `warp` lanes,
+    /// described by `note` ([`Kernel::check`] refuses a bad `warp` or `block` at
+    /// [`Kb::finish`]).
     pub fn new(
         name: impl Into<String>,
         note: impl Into<String>,
         grid: [Size; 2],
         block: u32,
+        warp: u32,
     ) -> Kb {
         Kb {
             k: Kernel {
@@ -691,6 +706,7 @@ impl Kb {
                 tables: Vec::new(),
                 grid,
                 block,
+                warp,
                 body: Vec::new(),
             },
             stack: vec![Vec::new()],
@@ -889,6 +905,18 @@ impl Kb {
         self.k.block
     }
 
+    /// Lanes per warp.
+    pub fn warp(&self) -> u32 {
+        self.k.warp
+    }
+
+    /// The shared scratch [`block_reduce`] needs (f32, named `red`):
+    /// [`reduce_scratch_len`] elements.
+    pub fn reduce_scratch(&mut self) -> Shared {
+        let len = reduce_scratch_len(self.k.block, self.k.warp);
+        self.shared("red", Scalar::F32, len)
+    }
+
     fn push(&mut self, s: Stmt) {
         if let Some(top) = self.stack.last_mut() {
             top.push(s);
@@ -930,27 +958,56 @@ pub fn keys() -> Expr {
     Expr::Builtin(Builtin::Keys)
 }
 
-/// Block-wide reduction of register `v` (every thread of the block must be active): warp
-/// butterflies, then lane 0 of each warp writes shared `scratch[warp]`, then warp 0 reduces the
-/// `block / 32` partials by a butterfly (missing lanes hold the identity) and every thread reads
-/// the total back. `scratch` must hold at least `block / 32` f32; three barriers.
+/// Elements of the shared scratch of [`block_reduce`] for `block` threads in warps of `warp`
+/// lanes: `max(warp, round_up(block / warp, warp))` (a whole warp of partials is read at each
+/// round).
+pub fn reduce_scratch_len(block: u32, warp: u32) -> usize {
+    let w = warp.max(1) as usize;
+    w.max((block as usize / w).div_ceil(w) * w)
+}
+
+/// Block-wide reduction of register `v` (every thread of the block must be active), in a fixed
+/// tree for warps of `W` lanes and `P = block / W` partials:
+/// 1. a butterfly in every warp; lane 0 of warp `g` writes `scratch[g]`; barrier;
+/// 2. while more than `W` partials remain (`n` of them): thread `i` of the first `ceil(n / W)`
+///    warps reads `scratch[i]` (the identity for `i ≥ n`); barrier; butterfly; lane 0 of warp `g`
+///    writes `scratch[g]`; barrier; `n ← ceil(n / W)`;
+/// 3. warp 0 reduces the last `n ≤ W` partials by a butterfly (the identity past `n`), lane 0
+///    writes `scratch[0]`; barrier; every thread reads the total; barrier.
+///
+/// `scratch` must hold [`reduce_scratch_len`] f32 ([`Kb::reduce_scratch`]).
 pub fn block_reduce(kb: &mut Kb, op: ReduceOp, v: Var, scratch: Shared) {
-    let warps = (kb.block() / WARP) as i32;
+    let w = kb.warp() as i32;
+    let mut n = kb.block() as i32 / w;
     kb.warp_reduce(op, v);
-    if warps == 1 {
+    if n == 1 {
         return;
     }
-    let lane = tid() % (WARP as i32);
-    let warp = tid() / WARP as i32;
-    kb.if_(lane.clone().eq(0), |kb| kb.sts(scratch, warp, v));
+    let lane = tid() % w;
+    let warp = tid() / w;
+    kb.if_(lane.clone().eq(0), |kb| kb.sts(scratch, warp.clone(), v));
     kb.barrier();
     let ident = match op {
         ReduceOp::Sum => 0.0,
         ReduceOp::Max => f32::NEG_INFINITY,
     };
-    kb.if_(tid().lt(WARP as i32), |kb| {
+    while n > w {
+        let active = tid().lt((n + w - 1) / w * w);
+        kb.if_(active.clone(), |kb| {
+            let part = kb.lds(scratch, tid());
+            kb.set(v, tid().lt(n).select(part, ident));
+        });
+        kb.barrier();
+        kb.if_(active, |kb| {
+            kb.warp_reduce(op, v);
+            kb.if_(lane.clone().eq(0), |kb| kb.sts(scratch, warp.clone(), v));
+        });
+        kb.barrier();
+        n = (n + w - 1) / w;
+    }
+    kb.if_(tid().lt(w), |kb| {
         let part = kb.lds(scratch, tid());
-        kb.set(v, tid().lt(warps).select(part, ident));
+        kb.set(v, tid().lt(n).select(part, ident));
         kb.warp_reduce(op, v);
         kb.if_(tid().eq(0), |kb| kb.sts(scratch, 0, v));
     });

@@ -1,14 +1,17 @@
 //! Kernel builders: the IR of every GPU kernel, built from plain shape structs (no plan types, so
 //! each can be built and tested alone). [`super::generate`] maps plan steps onto them.
 //!
-//! Algorithm note (shared by all builders).
+//! Algorithm note (shared by all builders). Every builder takes the warp width `W` (a power of
+//! two in 4..=64, [`Kernel::check`]) its kernel is built for; the blocks ([`BLOCK`],
+//! [`KQKV_TILE`]) are multiples of every such width.
 //! - Mat-vec ([`mat_vec`]; serves `mat_mul`, `head_mat_mul` and both WKB directions): one warp
-//!   per output row, 8 warps per block, `grid = (ceil(out / 8), heads)`. Lane `l` dequantizes
-//!   16-element chunks `l, l + 32, …` of the row ([`Stmt::Dequant16`](super::ir::Stmt)), sums
-//!   `w·x` over them in order, then the warp butterfly adds the 32 partials. Tokens are an inner
-//!   loop, so a block reads its rows once per token from cache, never from a dequantized copy.
+//!   per output row, [`rows_per_block`]` = 256 / W` warps per block,
+//!   `grid = (ceil(out / (256 / W)), heads)`. Lane `l` dequantizes 16-element chunks
+//!   `l, l + W, …` of the row ([`Stmt::Dequant16`](super::ir::Stmt)), sums `w·x` over them in
+//!   order, then the warp butterfly adds the `W` partials. Tokens are an inner loop, so a block
+//!   reads its rows once per token from cache, never from a dequantized copy.
 //! - Row kernels (RMSNorm, softmax, rope, copies): one block per row, threads stride the row;
-//!   reductions are [`block_reduce`] (warp butterflies, then a shared-memory stage).
+//!   reductions are [`block_reduce`] (warp butterflies, then shared-memory rounds).
 //! - KQKV ([`kqkv_split`] + [`kqkv_merge`]): flash-decoding. Keys are cut into splits of
 //!   [`KQKV_SPLIT`] keys (`grid.x = ceil(S / KQKV_SPLIT)`, `grid.y = T·H`); a block walks its split
 //!   in tiles of [`KQKV_TILE`] keys keeping the online-softmax state `(m, l, acc[C])`: thread `j`
@@ -20,7 +23,7 @@
 
 use super::ir::{
     block_reduce, bx, by, ci, keys, tid, tokens, Expr, IrError, Kb, Kernel, ParamKind, ReduceOp,
-    Scalar, Size, WARP,
+    Scalar, Size,
 };
 use crate::ggml_type::GgmlType;
 use aubier_compiler::config::{QueryTemperature, YarnParams};
@@ -139,19 +142,22 @@ pub struct MatVecShape {
     pub rows: Size,
 }
 
-/// Warps (output rows) per mat-vec block.
-pub(crate) const ROWS_PER_BLOCK: usize = (BLOCK / WARP) as usize;
+/// Warps (output rows) per mat-vec block of warps of `warp` lanes (at least 1).
+pub fn rows_per_block(warp: u32) -> usize {
+    (BLOCK / warp.max(1)).max(1) as usize
+}
 
-/// Builds the mat-vec kernel. Params: `w`, `x`, `y`.
+/// Builds the mat-vec kernel for warps of `warp` lanes. Params: `w`, `x`, `y`.
 ///
-/// Errors: [`IrError`] for an unusable weight or extent.
-pub fn mat_vec(s: &MatVecShape) -> R {
+/// Errors: [`IrError`] for an unusable weight, extent or warp width.
+pub fn mat_vec(s: &MatVecShape, warp: u32) -> R {
     let n_in = s.w.row_len;
     check_dims(&s.name, &[n_in, s.n_out, s.heads, s.tail + 1])?;
     let (xw, yw) = (n_in + s.tail, s.n_out + s.tail);
+    let rows = rows_per_block(warp);
     let note = format!(
         "mat-vec: y[t,h,o] = W[h*{n}+o,:] . x[t,h,0..{n_in}] ({ty}), {heads} head(s){tail}; one warp per row,\n\
-         lanes take 16-element chunks l, l+32, ..., then a butterfly sum.",
+         lanes take 16-element chunks l, l+{warp}, ..., then a butterfly sum.",
         n = s.n_out,
         ty = s.w.ggml_type,
         heads = s.heads,
@@ -161,11 +167,8 @@ pub fn mat_vec(s: &MatVecShape) -> R {
             String::new()
         }
     );
-    let grid = [
-        Size::Const(s.n_out.div_ceil(ROWS_PER_BLOCK)),
-        Size::Const(s.heads),
-    ];
-    let mut kb = Kb::new(&s.name, note, grid, BLOCK);
+    let grid = [Size::Const(s.n_out.div_ceil(rows)), Size::Const(s.heads)];
+    let mut kb = Kb::new(&s.name, note, grid, BLOCK, warp);
     let w = kb.param("w", s.w.kind(&s.name, false)?);
     let x = kb.input_f32("x", Size::prod(s.rows.clone(), Size::Const(s.heads * xw)));
     let y = kb.output_f32(
@@ -173,8 +176,9 @@ pub fn mat_vec(s: &MatVecShape) -> R {
         Some(Size::prod(s.rows.clone(), Size::Const(s.heads * yw))),
     );
     let buf = kb.local("chunk", 16);
-    let lane = kb.let_("lane", tid() % (WARP as i32));
-    let o = kb.let_("o", bx() * ci(ROWS_PER_BLOCK) + tid() / WARP as i32);
+    let w32 = warp as i32;
+    let lane = kb.let_("lane", tid() % w32);
+    let o = kb.let_("o", bx() * ci(rows) + tid() / w32);
     let h = kb.let_("h", by());
     let row = kb.let_(
         "row",
@@ -184,7 +188,7 @@ pub fn mat_vec(s: &MatVecShape) -> R {
     kb.for_("t", 0, size_expr(&s.rows), 1, |kb, t| {
         let xb = kb.let_("xb", (t.clone() * ci(s.heads) + h) * ci(xw));
         let acc = kb.let_("acc", 0.0f32);
-        kb.for_("c", lane, ci(n_chunks), WARP as i32, |kb, c| {
+        kb.for_("c", lane, ci(n_chunks), w32, |kb, c| {
             kb.dequant16(w, None, row, c.clone(), buf);
             let m = (ci(n_in) - c.clone() * 16).min(16);
             kb.for_("i", 0, m, 1, |kb, i| {
@@ -263,12 +267,13 @@ pub(crate) fn temperature_factor(kb: &mut Kb, p: Expr, q: &QueryTemperature) -> 
     v.into()
 }
 
-/// Builds PHASE. Params: `q` `[T, H, N + R]`, `kv_a` `[T, C + R]`, `w_norm` (F32 `{C}`),
-/// `pos` `[T]`, `cache` (the layer's latent cache, rows of `C + R`), `q2` `[T, H, N + R]`.
-/// `grid = (T, 1)`.
+/// Builds PHASE for warps of `warp` lanes. Params: `q` `[T, H, N + R]`, `kv_a` `[T, C + R]`,
+/// `w_norm` (F32 `{C}`), `pos` `[T]`, `cache` (the layer's latent cache, rows of `C + R`), `q2`
+/// `[T, H, N + R]`. `grid = (T, 1)`.
 ///
-/// Errors: [`IrError`] for odd or zero extents (`n_rot` must be even and equal `R`).
-pub fn phase(s: &PhaseShape) -> R {
+/// Errors: [`IrError`] for odd or zero extents (`n_rot` must be even and equal `R`) or a bad
+/// warp width.
+pub fn phase(s: &PhaseShape, warp: u32) -> R {
     let (h, n, c, r) = (s.heads, s.nope, s.kv_lora, s.rope_dim);
     let n_rot = s.rope.n_rot;
     check_dims(&s.name, &[h, n + 1, c, r, n_rot])?;
@@ -284,7 +289,7 @@ pub fn phase(s: &PhaseShape) -> R {
          cache[pos[t]] = [rms_norm(kv_a[t,:{c}])*w, rope_yarn(kv_a[t,{c}:])]; one block per token.",
         if s.temperature.is_some() { "" } else { " = 1" }
     );
-    let mut kb = Kb::new(&s.name, note, [Size::Tokens, Size::Const(1)], BLOCK);
+    let mut kb = Kb::new(&s.name, note, [Size::Tokens, Size::Const(1)], BLOCK, warp);
     let q = kb.input_f32("q", tk(h * qw));
     let kv = kb.input_f32("kv_a", tk(kw));
     let wn = kb.param(
@@ -299,7 +304,7 @@ pub fn phase(s: &PhaseShape) -> R {
     let cache = kb.output_f32("cache", None);
     let q2 = kb.output_f32("q2", Some(tk(h * qw)));
     let theta = kb.table("theta", crate::cpu::yarn_inv_freq(&s.rope));
-    let red = kb.shared("red", Scalar::F32, WARP as usize);
+    let red = kb.reduce_scratch();
     let af = s.rope.attn_factor;
     let t = kb.let_("t", bx());
     let p = kb.let_("p", kb.load(pos, t));
@@ -413,11 +418,12 @@ pub fn kqkv_scratch(s: &KqkvShape) -> Size {
     )
 }
 
-/// Builds the KQKV split kernel. Params: `q` `[T, H, W]`, `pos` `[T]`, `cache` (rows of `W`),
-/// `part` (scratch, [`kqkv_scratch`]). `grid = (ceil(S / KQKV_SPLIT), T·H)`.
+/// Builds the KQKV split kernel for warps of `warp` lanes. Params: `q` `[T, H, W]`, `pos` `[T]`,
+/// `cache` (rows of `W`), `part` (scratch, [`kqkv_scratch`]).
+/// `grid = (ceil(S / KQKV_SPLIT), T·H)`.
 ///
-/// Errors: [`IrError`] for zero extents or `C > W`.
-pub fn kqkv_split(s: &KqkvShape) -> R {
+/// Errors: [`IrError`] for zero extents, `C > W` or a bad warp width.
+pub fn kqkv_split(s: &KqkvShape, warp: u32) -> R {
     let (h, w, c) = (s.heads, s.width, s.kv_lora);
     check_dims(&s.name, &[h, w, c])?;
     if c > w {
@@ -430,12 +436,12 @@ pub fn kqkv_split(s: &KqkvShape) -> R {
     );
     let tile = KQKV_TILE as i32;
     let grid = [Size::ceil_div(Size::Keys, KQKV_SPLIT), tk(h)];
-    let mut kb = Kb::new(&name, note, grid, KQKV_TILE as u32);
+    let mut kb = Kb::new(&name, note, grid, KQKV_TILE as u32, warp);
     let q = kb.input_f32("q", tk(h * w));
     let pos = kb.input_i32("pos", Size::Tokens);
     let cache = kb.input_f32("cache", Size::prod(Size::Keys, Size::Const(w)));
     let part = kb.output_f32("part", Some(kqkv_scratch(s)));
-    let red = kb.shared("red", Scalar::F32, WARP as usize);
+    let red = kb.reduce_scratch();
     let pbuf = kb.shared("pbuf", Scalar::F32, KQKV_TILE);
     let per = c.div_ceil(KQKV_TILE);
     let acc = kb.local("acc", per.max(16));
@@ -516,18 +522,18 @@ pub fn kqkv_split(s: &KqkvShape) -> R {
     kb.finish()
 }
 
-/// Builds the KQKV merge kernel. Params: `part` (the split kernel's scratch), `o` `[T, H, C]`.
-/// `grid = (T·H, 1)`.
+/// Builds the KQKV merge kernel for warps of `warp` lanes. Params: `part` (the split kernel's
+/// scratch), `o` `[T, H, C]`. `grid = (T·H, 1)`.
 ///
 /// Errors: as [`kqkv_split`].
-pub fn kqkv_merge(s: &KqkvShape) -> R {
+pub fn kqkv_merge(s: &KqkvShape, warp: u32) -> R {
     let (h, c) = (s.heads, s.kv_lora);
     check_dims(&s.name, &[h, s.width, c])?;
     let name = format!("{}_merge", s.name);
     let note = format!(
         "KQKV merge: o[t,h,:{c}] = sum_i e^(m_i-M) acc_i / sum_i e^(m_i-M) l_i over the splits in order."
     );
-    let mut kb = Kb::new(&name, note, [tk(h), Size::Const(1)], KQKV_TILE as u32);
+    let mut kb = Kb::new(&name, note, [tk(h), Size::Const(1)], KQKV_TILE as u32, warp);
     let part = kb.input_f32("part", kqkv_scratch(s));
     let o = kb.output_f32("o", Some(tk(h * c)));
     let pl = ci(partial_len(s));

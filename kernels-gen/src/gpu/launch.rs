@@ -83,17 +83,7 @@ pub fn launches(plan: &Plan, idx: usize, warp: u32) -> Result<Vec<Launch>, GenEr
         op: "?",
         detail: "no such step".into(),
     })?;
-    if warp != super::ir::WARP {
-        return Err(GenError::Step {
-            step: idx,
-            op: step.op.name(),
-            detail: format!(
-                "kernels are built for {}-lane reductions, not {warp}",
-                super::ir::WARP
-            ),
-        });
-    }
-    let kernels = for_step(plan, idx)?;
+    let kernels = for_step(plan, idx, warp)?;
     let err = |detail: String| GenError::Step {
         step: idx,
         op: step.op.name(),

@@ -3,13 +3,14 @@
 //! ([`kernels`], [`steps`]) and [`generate`], which turns a [`Plan`] into one source file per
 //! distinct kernel and dialect (ARCHITECTURE.md § kernels-gen).
 //!
-//! Algorithm note of [`generate`]: every plan step is mapped to its kernels ([`steps::for_step`]);
-//! each kernel is named `<kind>_<hash>`, the hash (FNV-1a 64) taken over the kernel's IR with an
-//! empty name, so steps that differ only in layer (36 layers, one shape) share one kernel, and a
-//! change of shape, type or attribute gives a new name. Kernels are kept in first-use order, then
-//! each is printed once per dialect (HIP, CUDA, Vulkan GLSL); files are sorted by path. The same
-//! plan always gives the same bytes. Launches are plain kernel launches with no host
-//! synchronisation inside a step.
+//! Algorithm note of [`generate`]: every plan step is mapped to its kernels ([`steps::for_step`],
+//! at the dialects' warp width [`emit::WARP`]); each kernel is named `<kind>_<hash>`, the hash
+//! (FNV-1a 64) taken over the kernel's IR with an empty name (the width enters only when it is
+//! not 32, so the 32-lane kernels keep their names), so steps that differ only in layer (36
+//! layers, one shape) share one kernel, and a change of shape, type, attribute or width gives a
+//! new name. Kernels are kept in first-use order, then each is printed once per dialect (HIP,
+//! CUDA, Vulkan GLSL); files are sorted by path. The same plan always gives the same bytes. Launches are plain kernel
+//! launches with no host synchronisation inside a step.
 
 pub mod cpu_exec;
 pub mod emit;
@@ -53,6 +54,17 @@ pub enum GenError {
     /// A kernel builder refused its shape.
     #[error(transparent)]
     Kernel(#[from] IrError),
+    /// A kernel built for a warp width the dialect does not have.
+    #[error(
+        "kernel `{kernel}` is built for {warp}-lane warps; HIP and CUDA kernels have {}",
+        emit::WARP
+    )]
+    Warp {
+        /// Kernel name.
+        kernel: String,
+        /// The kernel's width.
+        warp: u32,
+    },
     /// A weight type without a dequant device function.
     #[error("kernel `{kernel}` reads ggml type {ggml_type}, which has no device function")]
     UnsupportedType {
@@ -70,22 +82,63 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// Names `k` `<base>_<hash of its IR>` (8 hex digits).
+/// The `Debug` text of `k`'s IR without its warp width (the text a name is hashed from).
+fn ir_text(k: &Kernel) -> String {
+    struct NoWarp<'a>(&'a Kernel);
+    impl std::fmt::Debug for NoWarp<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            let Kernel {
+                name,
+                note,
+                params,
+                vars,
+                shared,
+                locals,
+                tables,
+                grid,
+                block,
+                warp: _,
+                body,
+            } = self.0;
+            f.debug_struct("Kernel")
+                .field("name", name)
+                .field("note", note)
+                .field("params", params)
+                .field("vars", vars)
+                .field("shared", shared)
+                .field("locals", locals)
+                .field("tables", tables)
+                .field("grid", grid)
+                .field("block", block)
+                .field("body", body)
+                .finish()
+        }
+    }
+    format!("{:?}", NoWarp(k))
+}
+
+/// Names `k` `<base>_<hash of its IR>` (8 hex digits); the width is hashed when it is not
+/// [`emit::WARP`].
 pub(crate) fn name_by_content(mut k: Kernel) -> Kernel {
     let base = std::mem::take(&mut k.name);
-    let h = fnv1a(format!("{k:?}").as_bytes());
+    let mut text = ir_text(&k);
+    if k.warp != emit::WARP {
+        text.push_str(&format!(" warp {}", k.warp));
+    }
+    let h = fnv1a(text.as_bytes());
     k.name = format!("{base}_{:08x}", h as u32);
     k
 }
 
-/// Every distinct kernel of `plan`, in first-use order, named by content, with the steps that
-/// launch each (`(kernel, step indices)`).
+/// Every distinct kernel of `plan` built for warps of `warp` lanes, in first-use order, named by
+/// content, with the steps that launch each (`(kernel, step indices)`).
 ///
-/// Errors: [`GenError::Step`] / [`GenError::Kernel`] from the step mapping.
-pub fn plan_kernels(plan: &Plan) -> Result<Vec<(Kernel, Vec<usize>)>, GenError> {
+/// Errors: [`GenError::Step`] / [`GenError::Kernel`] from the step mapping (a `warp` that is not
+/// a power of two in 4..=64 is a [`GenError::Kernel`]).
+pub fn plan_kernels(plan: &Plan, warp: u32) -> Result<Vec<(Kernel, Vec<usize>)>, GenError> {
     let mut out: Vec<(Kernel, Vec<usize>)> = Vec::new();
     for (i, _) in plan.steps.iter().enumerate() {
-        for k in steps::for_step(plan, i)? {
+        for k in steps::for_step(plan, i, warp)? {
             let k = name_by_content(k);
             match out.iter_mut().find(|(o, _)| o.name == k.name) {
                 Some((_, uses)) => {
@@ -121,8 +174,15 @@ pub(crate) fn quant_types(k: &Kernel) -> Vec<String> {
 
 /// The source of kernel `k` in dialect `d`, with `header` lines on top.
 ///
-/// Errors: [`GenError::UnsupportedType`] when `k` reads a type without a device function.
+/// Errors: [`GenError::Warp`] when `k` is not built for [`emit::WARP`] lanes,
+/// [`GenError::UnsupportedType`] when `k` reads a type without a device function.
 pub fn render<D: Dialect>(d: &D, k: &Kernel, header: &[String]) -> Result<String, GenError> {
+    if k.warp != emit::WARP {
+        return Err(GenError::Warp {
+            kernel: k.name.clone(),
+            warp: k.warp,
+        });
+    }
     let mut tables = Vec::new();
     let mut fns = Vec::new();
     for ty in quant_types(k) {
@@ -158,7 +218,7 @@ pub fn render<D: Dialect>(d: &D, k: &Kernel, header: &[String]) -> Result<String
 pub fn generate(plan: &Plan) -> Result<Vec<GeneratedFile>, GenError> {
     let header = ["Generated by `aubier gen` (aubier-kernels-gen); do not edit.".to_string()];
     let mut files = Vec::new();
-    for (k, _) in plan_kernels(plan)? {
+    for (k, _) in plan_kernels(plan, emit::WARP)? {
         files.push(GeneratedFile {
             path: format!("{}/{}.{}", Hip.name(), k.name, Hip.ext()),
             contents: render(&Hip, &k, &header)?,

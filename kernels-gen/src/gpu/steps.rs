@@ -7,14 +7,14 @@
 //! `scores_qk` / `causal_mask`, one thread per row for `top_k` / `gather_renorm` (E = 128 is too
 //! short to share), and the warp-per-row mat-vec ([`super::kernels::mat_vec`]) for every product
 //! with a weight, the routed experts included (`moe_gate_up`, `moe_down`, reading expert rows
-//! through the per-expert address table). Sums whose order the oracle fixes as a plain left-to-
+//! through the per-expert address table). Every builder and [`for_step`] take the warp width
+//! (a power of two in 4..=64) the kernels are built for; only the reductions and the mat-vecs'
+//! lane-to-row mapping depend on it. Sums whose order the oracle fixes as a plain left-to-
 //! right loop (`weighted_sum`, `gather_renorm`, the slot sum of the experts) keep that order.
 
-use super::ir::{
-    block_reduce, bx, by, ci, tid, Expr, IrError, Kb, Kernel, ReduceOp, Scalar, Size, WARP,
-};
+use super::ir::{block_reduce, bx, by, ci, tid, Expr, IrError, Kb, Kernel, ReduceOp, Scalar, Size};
 use super::kernels::{
-    bad, check_dims, kqkv_merge, kqkv_split, mat_vec, phase, rope_elem, size_expr,
+    bad, check_dims, kqkv_merge, kqkv_split, mat_vec, phase, rope_elem, rows_per_block, size_expr,
     temperature_factor, KqkvShape, MatVecShape, PhaseShape, WeightSpec, BLOCK, R,
 };
 use super::GenError;
@@ -50,14 +50,14 @@ fn gid() -> Expr {
 }
 
 /// `embed`: `y[r, :] = row ids[r] of W` (dequantized), one block per row.
-pub fn embed(name: &str, w: &WeightSpec, rows: &Size) -> R {
+pub fn embed(name: &str, w: &WeightSpec, rows: &Size, warp: u32) -> R {
     let d = w.row_len;
     check_dims(name, &[d])?;
     let note = format!(
         "embed: y[r,:{d}] = dequant(W[ids[r]]) ({}); one block per row",
         w.ggml_type
     );
-    let mut kb = Kb::new(name, note, [rows.clone(), Size::Const(1)], BLOCK);
+    let mut kb = Kb::new(name, note, [rows.clone(), Size::Const(1)], BLOCK, warp);
     let wp = kb.param("w", w.kind(name, false)?);
     let ids = kb.input_i32("ids", rows.clone());
     let y = kb.output_f32("y", Some(Size::prod(rows.clone(), Size::Const(d))));
@@ -75,11 +75,11 @@ pub fn embed(name: &str, w: &WeightSpec, rows: &Size) -> R {
 }
 
 /// `rms_norm`: `y = (x · 1/sqrt(mean(x²) + eps)) · w` per row of `n`; `w` F32 `{n}`.
-pub fn rms_norm(name: &str, n: usize, rows: &Size, eps: f32) -> R {
+pub fn rms_norm(name: &str, n: usize, rows: &Size, eps: f32, warp: u32) -> R {
     check_dims(name, &[n])?;
     let note =
         format!("rms_norm over rows of {n} (eps {eps:?}); one block per row, block_reduce of x^2");
-    let mut kb = Kb::new(name, note, [rows.clone(), Size::Const(1)], BLOCK);
+    let mut kb = Kb::new(name, note, [rows.clone(), Size::Const(1)], BLOCK, warp);
     let x = kb.input_f32("x", Size::prod(rows.clone(), Size::Const(n)));
     let w = kb.param(
         "w",
@@ -90,7 +90,7 @@ pub fn rms_norm(name: &str, n: usize, rows: &Size, eps: f32) -> R {
         .kind(name, false)?,
     );
     let y = kb.output_f32("y", Some(Size::prod(rows.clone(), Size::Const(n))));
-    let red = kb.shared("red", Scalar::F32, WARP as usize);
+    let red = kb.reduce_scratch();
     let base = kb.let_("base", bx() * ci(n));
     let ss = kb.let_("ss", 0.0f32);
     kb.for_("i", tid(), ci(n), BLOCK as i32, |kb, i| {
@@ -112,7 +112,7 @@ pub fn rms_norm(name: &str, n: usize, rows: &Size, eps: f32) -> R {
 
 /// Elementwise ops over `n` elements: `add`, `mul` (two inputs), `scale` (by `c`), `silu`, and
 /// `copy` (a `reshape` into another slot).
-pub fn elementwise(name: &str, op: Op, n: &Size, c: f32) -> R {
+pub fn elementwise(name: &str, op: Op, n: &Size, c: f32, warp: u32) -> R {
     let binary = matches!(op, Op::Add | Op::Mul);
     let what = match op {
         Op::Add => "a + b".to_string(),
@@ -122,7 +122,7 @@ pub fn elementwise(name: &str, op: Op, n: &Size, c: f32) -> R {
         _ => "a".to_string(),
     };
     let note = format!("elementwise y = {what} over {n} elements; one thread per element");
-    let mut kb = Kb::new(name, note, [blocks(n), Size::Const(1)], BLOCK);
+    let mut kb = Kb::new(name, note, [blocks(n), Size::Const(1)], BLOCK, warp);
     let a = kb.input_f32("a", n.clone());
     let b = binary.then(|| kb.input_f32("b", n.clone()));
     let y = kb.output_f32("y", Some(n.clone()));
@@ -142,13 +142,13 @@ pub fn elementwise(name: &str, op: Op, n: &Size, c: f32) -> R {
 }
 
 /// `softmax` over rows of `n` (a constant or `S`): `e^(x − max) / Σ e^(x − max)`.
-pub fn softmax(name: &str, n: &Size, rows: &Size) -> R {
+pub fn softmax(name: &str, n: &Size, rows: &Size, warp: u32) -> R {
     let note = format!("softmax over rows of {n}; one block per row, block_reduce of max then sum");
-    let mut kb = Kb::new(name, note, [rows.clone(), Size::Const(1)], BLOCK);
+    let mut kb = Kb::new(name, note, [rows.clone(), Size::Const(1)], BLOCK, warp);
     let len = Size::prod(rows.clone(), n.clone());
     let x = kb.input_f32("x", len.clone());
     let y = kb.output_f32("y", Some(len));
-    let red = kb.shared("red", Scalar::F32, WARP as usize);
+    let red = kb.reduce_scratch();
     let ne = size_expr(n);
     let base = kb.let_("base", bx() * ne.clone());
     let m = kb.let_("m", f32::NEG_INFINITY);
@@ -173,7 +173,7 @@ pub fn softmax(name: &str, n: &Size, rows: &Size) -> R {
 
 /// `rope_yarn` on rows of `d` (`per_tok` rows per token): pairs of the first `n_rot` dims
 /// rotated by `pos[t]·θ_i`, the rest copied.
-pub fn rope(name: &str, d: usize, per_tok: usize, p: &YarnParams) -> R {
+pub fn rope(name: &str, d: usize, per_tok: usize, p: &YarnParams, warp: u32) -> R {
     check_dims(name, &[d, per_tok, p.n_rot])?;
     if !p.n_rot.is_multiple_of(2) || p.n_rot > d {
         return Err(bad(name, "n_rot must be even and at most the row width"));
@@ -181,7 +181,7 @@ pub fn rope(name: &str, d: usize, per_tok: usize, p: &YarnParams) -> R {
     let n_rot = p.n_rot;
     let rows = Size::prod(Size::Tokens, Size::Const(per_tok));
     let note = format!("rope_yarn on rows of {d} ({n_rot} rotated); one block per row");
-    let mut kb = Kb::new(name, note, [rows.clone(), Size::Const(1)], BLOCK);
+    let mut kb = Kb::new(name, note, [rows.clone(), Size::Const(1)], BLOCK, warp);
     let x = kb.input_f32("x", Size::prod(rows.clone(), Size::Const(d)));
     let pos = kb.input_i32("pos", Size::Tokens);
     let y = kb.output_f32("y", Some(Size::prod(rows, Size::Const(d))));
@@ -209,10 +209,10 @@ pub fn rope(name: &str, d: usize, per_tok: usize, p: &YarnParams) -> R {
 
 /// `attn_temperature`: `y[t, ..] = x[t, ..] · (1 + β ln(1 + floor(pos[t] / L)))`, `per_tok`
 /// elements per token.
-pub fn temperature(name: &str, per_tok: usize, q: &QueryTemperature) -> R {
+pub fn temperature(name: &str, per_tok: usize, q: &QueryTemperature, warp: u32) -> R {
     check_dims(name, &[per_tok, q.length])?;
     let note = format!("attn_temperature over {per_tok} elements per token; one block per token");
-    let mut kb = Kb::new(name, note, [Size::Tokens, Size::Const(1)], BLOCK);
+    let mut kb = Kb::new(name, note, [Size::Tokens, Size::Const(1)], BLOCK, warp);
     let len = Size::prod(Size::Tokens, Size::Const(per_tok));
     let x = kb.input_f32("x", len.clone());
     let pos = kb.input_i32("pos", Size::Tokens);
@@ -229,7 +229,15 @@ pub fn temperature(name: &str, per_tok: usize, q: &QueryTemperature) -> R {
 
 /// `slice` / `concat` as row copies: `y[r, :] = [a[r, off .. off + la], b[r, 0 .. lb]]` with `a`
 /// rows of `na` and `b` rows of `lb` (absent when `lb = 0`).
-pub fn copy_rows(name: &str, rows: &Size, na: usize, off: usize, la: usize, lb: usize) -> R {
+pub fn copy_rows(
+    name: &str,
+    rows: &Size,
+    na: usize,
+    off: usize,
+    la: usize,
+    lb: usize,
+    warp: u32,
+) -> R {
     check_dims(name, &[na, la, lb + 1])?;
     let w = la + lb;
     let note = format!(
@@ -241,7 +249,7 @@ pub fn copy_rows(name: &str, rows: &Size, na: usize, off: usize, la: usize, lb: 
             String::new()
         }
     );
-    let mut kb = Kb::new(name, note, [rows.clone(), Size::Const(1)], BLOCK);
+    let mut kb = Kb::new(name, note, [rows.clone(), Size::Const(1)], BLOCK, warp);
     let a = kb.input_f32("a", Size::prod(rows.clone(), Size::Const(na)));
     let b = (lb > 0).then(|| kb.input_f32("b", Size::prod(rows.clone(), Size::Const(lb))));
     let y = kb.output_f32("y", Some(Size::prod(rows.clone(), Size::Const(w))));
@@ -269,10 +277,10 @@ pub fn copy_rows(name: &str, rows: &Size, na: usize, off: usize, la: usize, lb: 
 }
 
 /// `cache_write`: `cache[pos[t], :] = kv[t, :]` (rows of `w`), one block per token.
-pub fn cache_write(name: &str, w: usize) -> R {
+pub fn cache_write(name: &str, w: usize, warp: u32) -> R {
     check_dims(name, &[w])?;
     let note = format!("cache_write: cache[pos[t],:{w}] = kv[t,:]; one block per token");
-    let mut kb = Kb::new(name, note, [Size::Tokens, Size::Const(1)], BLOCK);
+    let mut kb = Kb::new(name, note, [Size::Tokens, Size::Const(1)], BLOCK, warp);
     let kv = kb.input_f32("kv", Size::prod(Size::Tokens, Size::Const(w)));
     let pos = kb.input_i32("pos", Size::Tokens);
     let cache = kb.output_f32("cache", None);
@@ -285,12 +293,12 @@ pub fn cache_write(name: &str, w: usize) -> R {
 }
 
 /// `scores_qk`: `y[r, j] = q[r, :] · k[j, :]` (rows of `w`), one thread per key.
-pub fn scores_qk(name: &str, w: usize, rows: &Size) -> R {
+pub fn scores_qk(name: &str, w: usize, rows: &Size, warp: u32) -> R {
     check_dims(name, &[w])?;
     let note =
         format!("scores_qk: y[r,j] = q[r,:{w}] . k[j,:]; one thread per key, sequential dot");
     let grid = [blocks(&Size::Keys), rows.clone()];
-    let mut kb = Kb::new(name, note, grid, BLOCK);
+    let mut kb = Kb::new(name, note, grid, BLOCK, warp);
     let q = kb.input_f32("q", Size::prod(rows.clone(), Size::Const(w)));
     let k = kb.input_f32("k", Size::prod(Size::Keys, Size::Const(w)));
     let y = kb.output_f32("y", Some(Size::prod(rows.clone(), Size::Keys)));
@@ -308,11 +316,11 @@ pub fn scores_qk(name: &str, w: usize, rows: &Size) -> R {
 }
 
 /// `causal_mask`: `y[r, j] = j > pos[r / per_tok] ? −∞ : x[r, j]`.
-pub fn causal_mask(name: &str, per_tok: usize, rows: &Size) -> R {
+pub fn causal_mask(name: &str, per_tok: usize, rows: &Size, warp: u32) -> R {
     check_dims(name, &[per_tok])?;
     let note = "causal_mask: keys after pos[t] set to -inf; one thread per key".to_string();
     let grid = [blocks(&Size::Keys), rows.clone()];
-    let mut kb = Kb::new(name, note, grid, BLOCK);
+    let mut kb = Kb::new(name, note, grid, BLOCK, warp);
     let len = Size::prod(rows.clone(), Size::Keys);
     let x = kb.input_f32("x", len.clone());
     let pos = kb.input_i32("pos", Size::Tokens);
@@ -328,12 +336,12 @@ pub fn causal_mask(name: &str, per_tok: usize, rows: &Size) -> R {
 }
 
 /// `weighted_sum`: `y[r, c] = Σ_j p[r, j] · v[j, c]`, `j` ascending, `c < len`, `v` rows of `w`.
-pub fn weighted_sum(name: &str, w: usize, len: usize, rows: &Size) -> R {
+pub fn weighted_sum(name: &str, w: usize, len: usize, rows: &Size, warp: u32) -> R {
     check_dims(name, &[w, len])?;
     let note = format!(
         "weighted_sum: y[r,c] = sum_j p[r,j] v[j,c] for c < {len}, j ascending; one block per row"
     );
-    let mut kb = Kb::new(name, note, [rows.clone(), Size::Const(1)], BLOCK);
+    let mut kb = Kb::new(name, note, [rows.clone(), Size::Const(1)], BLOCK, warp);
     let p = kb.input_f32("p", Size::prod(rows.clone(), Size::Keys));
     let v = kb.input_f32("v", Size::prod(Size::Keys, Size::Const(w)));
     let y = kb.output_f32("y", Some(Size::prod(rows.clone(), Size::Const(len))));
@@ -351,11 +359,11 @@ pub fn weighted_sum(name: &str, w: usize, len: usize, rows: &Size) -> R {
 
 /// `top_k`: per row of `e`, the `k` largest in descending order, ties to the lower id, NaN never
 /// picked, −1 when no candidate is left (the oracle's selection passes); one thread per row.
-pub fn top_k(name: &str, e: usize, k: usize, rows: &Size) -> R {
+pub fn top_k(name: &str, e: usize, k: usize, rows: &Size, warp: u32) -> R {
     check_dims(name, &[e, k])?;
     let note =
         format!("top_k: {k} of {e} by repeated selection (value desc, id asc); one thread per row");
-    let mut kb = Kb::new(name, note, [blocks(rows), Size::Const(1)], BLOCK);
+    let mut kb = Kb::new(name, note, [blocks(rows), Size::Const(1)], BLOCK, warp);
     let p = kb.input_f32("p", Size::prod(rows.clone(), Size::Const(e)));
     let y = kb.output_i32("ids", Size::prod(rows.clone(), Size::Const(k)));
     let r = kb.let_("r", gid());
@@ -386,12 +394,20 @@ pub fn top_k(name: &str, e: usize, k: usize, rows: &Size) -> R {
 
 /// `gather_renorm`: `y[r, j] = p[r, ids[r, j]] / Σ_j p[r, ids[r, j]] · scale` (without renorm:
 /// `p · scale`); one thread per row.
-pub fn gather_renorm(name: &str, e: usize, k: usize, rows: &Size, renorm: bool, scale: f32) -> R {
+pub fn gather_renorm(
+    name: &str,
+    e: usize,
+    k: usize,
+    rows: &Size,
+    renorm: bool,
+    scale: f32,
+    warp: u32,
+) -> R {
     check_dims(name, &[e, k])?;
     let note = format!(
         "gather_renorm of {k} of {e} (renorm {renorm}, scale {scale:?}); one thread per row"
     );
-    let mut kb = Kb::new(name, note, [blocks(rows), Size::Const(1)], BLOCK);
+    let mut kb = Kb::new(name, note, [blocks(rows), Size::Const(1)], BLOCK, warp);
     let p = kb.input_f32("p", Size::prod(rows.clone(), Size::Const(e)));
     let ids = kb.input_i32("ids", Size::prod(rows.clone(), Size::Const(k)));
     let y = kb.output_f32("y", Some(Size::prod(rows.clone(), Size::Const(k))));
@@ -425,6 +441,7 @@ pub fn moe_gate_up(
     up: Option<&WeightSpec>,
     n_ff: usize,
     k: usize,
+    warp: u32,
 ) -> R {
     let d = gate.row_len;
     check_dims(name, &[d, n_ff, k])?;
@@ -433,10 +450,10 @@ pub fn moe_gate_up(
         "moe gate/up: act[s,f] = silu(gate_e[f].h[t]) * (up_e[f].h[t]) over the selected experts ({}); one warp per f",
         gate.ggml_type
     );
-    let rows = super::kernels::ROWS_PER_BLOCK;
+    let rows = rows_per_block(warp);
     let slots = Size::prod(Size::Tokens, Size::Const(k));
     let grid = [Size::Const(n_ff.div_ceil(rows)), slots.clone()];
-    let mut kb = Kb::new(name, note, grid, BLOCK);
+    let mut kb = Kb::new(name, note, grid, BLOCK, warp);
     let h = kb.input_f32("h", Size::prod(Size::Tokens, Size::Const(d)));
     let ids = kb.input_i32("ids", slots.clone());
     let wg = kb.param("gate", gate.kind(name, true)?);
@@ -447,14 +464,14 @@ pub fn moe_gate_up(
     let act = kb.output_f32("act", Some(Size::prod(slots, Size::Const(n_ff))));
     let gb = kb.local("gchunk", 16);
     let ub = kb.local("uchunk", 16);
-    let lane = kb.let_("lane", tid() % (WARP as i32));
-    let f = kb.let_("f", bx() * ci(rows) + tid() / WARP as i32);
+    let lane = kb.let_("lane", tid() % warp as i32);
+    let f = kb.let_("f", bx() * ci(rows) + tid() / warp as i32);
     let fr = kb.let_("fr", Expr::from(f).min(ci(n_ff - 1)));
     let e = kb.let_("e", kb.load(ids, by()));
     let hb = kb.let_("hb", (by() / ci(k)) * ci(d));
     let g = kb.let_("g", 0.0f32);
     let u = kb.let_("u", 0.0f32);
-    kb.for_("c", lane, ci(d.div_ceil(16)), WARP as i32, |kb, c| {
+    kb.for_("c", lane, ci(d.div_ceil(16)), warp as i32, |kb, c| {
         kb.dequant16(wg, Some(e.into()), fr, c.clone(), gb);
         kb.dequant16(
             wu,
@@ -487,32 +504,32 @@ pub fn moe_gate_up(
 
 /// The routed experts' second half: `y[t, o] = Σ_j w[t, j] · (down_e[o] · act[t·k + j])`, slots
 /// in order, one warp per `o`.
-pub fn moe_down(name: &str, down: &WeightSpec, d: usize, k: usize) -> R {
+pub fn moe_down(name: &str, down: &WeightSpec, d: usize, k: usize, warp: u32) -> R {
     let n_ff = down.row_len;
     check_dims(name, &[d, n_ff, k])?;
     let note = format!(
         "moe down: y[t,o] = sum_j w[t,j] (down_e[o].act[t,j]) ({}); one warp per o",
         down.ggml_type
     );
-    let rows = super::kernels::ROWS_PER_BLOCK;
+    let rows = rows_per_block(warp);
     let slots = Size::prod(Size::Tokens, Size::Const(k));
     let grid = [Size::Const(d.div_ceil(rows)), Size::Tokens];
-    let mut kb = Kb::new(name, note, grid, BLOCK);
+    let mut kb = Kb::new(name, note, grid, BLOCK, warp);
     let ids = kb.input_i32("ids", slots.clone());
     let wts = kb.input_f32("wts", slots.clone());
     let wd = kb.param("down", down.kind(name, true)?);
     let act = kb.input_f32("act", Size::prod(slots, Size::Const(n_ff)));
     let y = kb.output_f32("y", Some(Size::prod(Size::Tokens, Size::Const(d))));
     let buf = kb.local("chunk", 16);
-    let lane = kb.let_("lane", tid() % (WARP as i32));
-    let o = kb.let_("o", bx() * ci(rows) + tid() / WARP as i32);
+    let lane = kb.let_("lane", tid() % warp as i32);
+    let o = kb.let_("o", bx() * ci(rows) + tid() / warp as i32);
     let orow = kb.let_("orow", Expr::from(o).min(ci(d - 1)));
     let total = kb.let_("total", 0.0f32);
     kb.for_("j", 0, ci(k), 1, |kb, j| {
         let slot = kb.let_("slot", by() * ci(k) + j);
         let e = kb.let_("e", kb.load(ids, slot));
         let acc = kb.let_("acc", 0.0f32);
-        kb.for_("c", lane, ci(n_ff.div_ceil(16)), WARP as i32, |kb, c| {
+        kb.for_("c", lane, ci(n_ff.div_ceil(16)), warp as i32, |kb, c| {
             kb.dequant16(wd, Some(e.into()), orow, c.clone(), buf);
             let m = (ci(n_ff) - c.clone() * 16).min(16);
             kb.for_("i", 0, m, 1, |kb, i| {
@@ -538,12 +555,12 @@ pub fn moe_down(name: &str, down: &WeightSpec, d: usize, k: usize) -> R {
 /// the logits); the GPU executor launches it after the `output` mat-vec when sampling greedily,
 /// so only one i32 per token crosses to the host. One block per row: each thread scans its
 /// strided elements, then thread 0 scans the 256 partials in thread order.
-pub fn argmax(name: &str, n: usize, rows: &Size) -> R {
+pub fn argmax(name: &str, n: usize, rows: &Size, warp: u32) -> R {
     check_dims(name, &[n])?;
     let note = format!(
         "argmax over rows of {n} (ties to the lower index, NaN skipped); one block per row"
     );
-    let mut kb = Kb::new(name, note, [rows.clone(), Size::Const(1)], BLOCK);
+    let mut kb = Kb::new(name, note, [rows.clone(), Size::Const(1)], BLOCK, warp);
     let x = kb.input_f32("x", Size::prod(rows.clone(), Size::Const(n)));
     let y = kb.output_i32("ids", rows.clone());
     let sv = kb.shared("best_v", Scalar::F32, BLOCK as usize);
@@ -667,12 +684,13 @@ fn wdim(w: &WeightRef, i: usize) -> usize {
     w.ne.get(i).copied().unwrap_or(1)
 }
 
-/// The kernels that implement step `idx` of `plan`, in launch order (empty for a `reshape` that
-/// stays in its slot). Kernel names are the op's name; [`super::plan_kernels`] makes them unique.
+/// The kernels that implement step `idx` of `plan` for warps of `warp` lanes, in launch order
+/// (empty for a `reshape` that stays in its slot). Kernel names are the op's name;
+/// [`super::plan_kernels`] makes them unique.
 ///
 /// Errors: [`GenError::Step`] when the step's operands do not fit its op, [`GenError::Kernel`]
-/// when a builder refuses the shape.
-pub fn for_step(plan: &Plan, idx: usize) -> Result<Vec<Kernel>, GenError> {
+/// when a builder refuses the shape or the warp width.
+pub fn for_step(plan: &Plan, idx: usize, warp: u32) -> Result<Vec<Kernel>, GenError> {
     let step = plan.steps.get(idx).ok_or_else(|| GenError::Step {
         step: idx,
         op: "?",
@@ -689,23 +707,26 @@ pub fn for_step(plan: &Plan, idx: usize) -> Result<Vec<Kernel>, GenError> {
     match (step.op, &step.attrs) {
         (Op::Embed, _) => {
             let w = at.wt(0)?;
-            one(embed(name, &spec(w), &size_of(&at.val(1)?.shape)))
+            one(embed(name, &spec(w), &size_of(&at.val(1)?.shape), warp))
         }
         (Op::RmsNorm, Attrs::Eps(eps)) => {
             let (rows, n) = at.rows_fixed(at.val(0)?)?;
-            one(rms_norm(name, n, &rows, *eps))
+            one(rms_norm(name, n, &rows, *eps, warp))
         }
         (Op::MatMul, _) => {
             let w = at.wt(0)?;
             let (rows, _) = at.rows_fixed(at.val(1)?)?;
-            one(mat_vec(&MatVecShape {
-                name: name.into(),
-                w: spec(w),
-                n_out: wdim(w, 1),
-                heads: 1,
-                tail: 0,
-                rows,
-            }))
+            one(mat_vec(
+                &MatVecShape {
+                    name: name.into(),
+                    w: spec(w),
+                    n_out: wdim(w, 1),
+                    heads: 1,
+                    tail: 0,
+                    rows,
+                },
+                warp,
+            ))
         }
         (Op::HeadMatMul, _) => {
             let w = at.wt(0)?;
@@ -722,14 +743,17 @@ pub fn for_step(plan: &Plan, idx: usize) -> Result<Vec<Kernel>, GenError> {
                     )))
                 }
             };
-            one(mat_vec(&MatVecShape {
-                name: name.into(),
-                w: spec(w),
-                n_out: wdim(w, 1),
-                heads,
-                tail: 0,
-                rows,
-            }))
+            one(mat_vec(
+                &MatVecShape {
+                    name: name.into(),
+                    w: spec(w),
+                    n_out: wdim(w, 1),
+                    heads,
+                    tail: 0,
+                    rows,
+                },
+                warp,
+            ))
         }
         (
             Op::Wkb,
@@ -739,22 +763,25 @@ pub fn for_step(plan: &Plan, idx: usize) -> Result<Vec<Kernel>, GenError> {
                 rope_tail,
                 ..
             },
-        ) => one(mat_vec(&MatVecShape {
-            name: format!("wkb_{}", if *rope_tail > 0 { "in" } else { "out" }),
-            w: spec(at.wt(1)?),
-            n_out: *out_dim,
-            heads: *n_head,
-            tail: *rope_tail,
-            rows: Size::Tokens,
-        })),
+        ) => one(mat_vec(
+            &MatVecShape {
+                name: format!("wkb_{}", if *rope_tail > 0 { "in" } else { "out" }),
+                w: spec(at.wt(1)?),
+                n_out: *out_dim,
+                heads: *n_head,
+                tail: *rope_tail,
+                rows: Size::Tokens,
+            },
+            warp,
+        )),
         (Op::Slice, Attrs::Slice { offset, len }) => {
             let (rows, n) = at.rows_fixed(at.val(0)?)?;
-            one(copy_rows(name, &rows, n, *offset, *len, 0))
+            one(copy_rows(name, &rows, n, *offset, *len, 0, warp))
         }
         (Op::Concat, _) => {
             let (rows, n1) = at.rows_fixed(at.val(0)?)?;
             let (_, n2) = at.rows_fixed(at.val(1)?)?;
-            one(copy_rows(name, &rows, n1, 0, n1, n2))
+            one(copy_rows(name, &rows, n1, 0, n1, n2, warp))
         }
         (Op::Reshape, _) => {
             let x = at.val(0)?;
@@ -764,23 +791,35 @@ pub fn for_step(plan: &Plan, idx: usize) -> Result<Vec<Kernel>, GenError> {
             if x.dtype != DType::F32 {
                 return Err(at.err("only f32 reshapes into another slot are copied"));
             }
-            one(elementwise("copy", Op::Reshape, &size_of(&x.shape), 0.0))
+            one(elementwise(
+                "copy",
+                Op::Reshape,
+                &size_of(&x.shape),
+                0.0,
+                warp,
+            ))
         }
         (Op::RopeYarn, Attrs::Rope(p)) => {
             let x = at.val(0)?;
             let (_, d) = at.rows_fixed(x)?;
-            one(rope(name, d, at.per_token(x)? / d, p))
+            one(rope(name, d, at.per_token(x)? / d, p, warp))
         }
         (Op::AttnTemperature, Attrs::Temperature(q)) => {
             let x = at.val(0)?;
-            one(temperature(name, at.per_token(x)?, q))
+            one(temperature(name, at.per_token(x)?, q, warp))
         }
         (Op::Scale | Op::Add | Op::Mul | Op::Silu, a) => {
             let c = match a {
                 Attrs::Scale(c) => *c,
                 _ => 0.0,
             };
-            one(elementwise(name, step.op, &size_of(&at.val(0)?.shape), c))
+            one(elementwise(
+                name,
+                step.op,
+                &size_of(&at.val(0)?.shape),
+                c,
+                warp,
+            ))
         }
         (Op::Softmax, _) => {
             let x = at.val(0)?;
@@ -791,15 +830,15 @@ pub fn for_step(plan: &Plan, idx: usize) -> Result<Vec<Kernel>, GenError> {
                     (r, Size::Const(n))
                 }
             };
-            one(softmax(name, &n, &rows))
+            one(softmax(name, &n, &rows, warp))
         }
         (Op::CacheWrite, _) => {
             let (_, w) = at.rows_fixed(at.val(0)?)?;
-            one(cache_write(name, w))
+            one(cache_write(name, w, warp))
         }
         (Op::ScoresQk, _) => {
             let (rows, w) = at.rows_fixed(at.val(0)?)?;
-            one(scores_qk(name, w, &rows))
+            one(scores_qk(name, w, &rows, warp))
         }
         (Op::CausalMask, _) => {
             let x = at.val(0)?;
@@ -816,7 +855,7 @@ pub fn for_step(plan: &Plan, idx: usize) -> Result<Vec<Kernel>, GenError> {
                     .product::<Result<usize, GenError>>()?,
                 _ => return Err(at.err(format!("`{}` {} must be [T, .., S]", x.name, x.shape))),
             };
-            one(causal_mask(name, per_tok, &rows))
+            one(causal_mask(name, per_tok, &rows, warp))
         }
         (Op::WeightedSum, Attrs::WeightedSum { len }) => {
             let p = at.val(0)?;
@@ -824,16 +863,16 @@ pub fn for_step(plan: &Plan, idx: usize) -> Result<Vec<Kernel>, GenError> {
                 p.shape.0[..p.shape.0.len().saturating_sub(1)].to_vec(),
             ));
             let (_, w) = at.rows_fixed(at.val(1)?)?;
-            one(weighted_sum(name, w, *len, &rows))
+            one(weighted_sum(name, w, *len, &rows, warp))
         }
         (Op::TopK, Attrs::TopK { k }) => {
             let (rows, e) = at.rows_fixed(at.val(0)?)?;
-            one(top_k(name, e, *k, &rows))
+            one(top_k(name, e, *k, &rows, warp))
         }
         (Op::GatherRenorm, Attrs::GatherRenorm { renorm, scale }) => {
             let (rows, e) = at.rows_fixed(at.val(0)?)?;
             let (_, k) = at.rows_fixed(at.val(1)?)?;
-            one(gather_renorm(name, e, k, &rows, *renorm, *scale))
+            one(gather_renorm(name, e, k, &rows, *renorm, *scale, warp))
         }
         (Op::MoeFfn, Attrs::Moe { n_ff, layout, .. }) => {
             let (_, d) = at.rows_fixed(at.val(0)?)?;
@@ -843,8 +882,8 @@ pub fn for_step(plan: &Plan, idx: usize) -> Result<Vec<Kernel>, GenError> {
                 ExpertLayout::SplitGateUp => (spec(at.wt(3)?), Some(spec(at.wt(4)?)), at.wt(5)?),
             };
             Ok(vec![
-                moe_gate_up("moe_gate_up", &gate, up.as_ref(), *n_ff, k)?,
-                moe_down("moe_down", &spec(down), d, k)?,
+                moe_gate_up("moe_gate_up", &gate, up.as_ref(), *n_ff, k, warp)?,
+                moe_down("moe_down", &spec(down), d, k, warp)?,
             ])
         }
         (
@@ -859,16 +898,19 @@ pub fn for_step(plan: &Plan, idx: usize) -> Result<Vec<Kernel>, GenError> {
                 kv_lora,
                 ..
             },
-        ) => one(phase(&PhaseShape {
-            name: name.into(),
-            heads: *n_head,
-            nope: *nope,
-            kv_lora: *kv_lora,
-            rope_dim: *rope_dim,
-            rope: rope.clone(),
-            eps: *eps,
-            temperature: temperature.clone(),
-        })),
+        ) => one(phase(
+            &PhaseShape {
+                name: name.into(),
+                heads: *n_head,
+                nope: *nope,
+                kv_lora: *kv_lora,
+                rope_dim: *rope_dim,
+                rope: rope.clone(),
+                eps: *eps,
+                temperature: temperature.clone(),
+            },
+            warp,
+        )),
         (
             Op::Kqkv,
             Attrs::Kqkv {
@@ -886,7 +928,7 @@ pub fn for_step(plan: &Plan, idx: usize) -> Result<Vec<Kernel>, GenError> {
                 kv_lora: *kv_lora,
                 kq_scale: *kq_scale,
             };
-            Ok(vec![kqkv_split(&s)?, kqkv_merge(&s)?])
+            Ok(vec![kqkv_split(&s, warp)?, kqkv_merge(&s, warp)?])
         }
         _ => Err(attrs_err()),
     }

@@ -31,7 +31,7 @@ use super::{Backend, BackendKind, BindError, Binding, BoundStep, HostKernel, Ker
 use ash::vk;
 use aubier_compiler::plan::Plan;
 use aubier_compiler::Target;
-use aubier_kernels_gen::gpu::ir::WARP;
+use aubier_kernels_gen::gpu::emit::WARP;
 use aubier_kernels_gen::gpu::launch::launches;
 
 /// Which Vulkan device a `vulkan` backend runs on (`--device N`).
