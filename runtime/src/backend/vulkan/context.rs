@@ -57,7 +57,8 @@ pub struct VulkanContext {
 impl VulkanContext {
     /// Opens device `device_index` (the index of [`super::device::list_devices`]) with one
     /// compute queue, enabling `bufferDeviceAddress` and, where the device has them, 8- and
-    /// 16-bit storage-buffer access, `shaderFloat16` and `shaderInt8`.
+    /// 16-bit storage-buffer access, `shaderFloat16`, `shaderInt8`, `shaderInt64` and
+    /// `shaderFloat64` (the generated kernels' addresses and `ln`, `sin`, `cos`).
     ///
     /// Errors: those of `list_devices`; [`VulkanError::Selection`] when no device has that
     /// index; [`VulkanError::Unsupported`] without `bufferDeviceAddress` (Vulkan 1.2) or a
@@ -109,8 +110,12 @@ impl VulkanContext {
             .storage_buffer8_bit_access(f.storage_buffer_8bit_access)
             .shader_float16(f.shader_float16)
             .shader_int8(f.shader_int8);
+        let core = vk::PhysicalDeviceFeatures::default()
+            .shader_int64(f.shader_int64)
+            .shader_float64(f.shader_float64);
         let create = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
+            .enabled_features(&core)
             .push_next(&mut v11)
             .push_next(&mut v12);
         // SAFETY: `pd` belongs to the live instance; the device is Vulkan 1.2 (it has
