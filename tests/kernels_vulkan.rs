@@ -275,6 +275,9 @@ fn dequant_functions_match_gguf_py_bit_for_bit_on_the_device() {
     }
 }
 
+/// A device math function of `gpu::math`.
+type Unary = fn(f32) -> f32;
+
 #[test]
 fn device_math_matches_the_cpu_bit_for_bit() {
     let mut x: Vec<f32> = vec![
@@ -348,7 +351,7 @@ fn device_math_matches_the_cpu_bit_for_bit() {
         1,
         1,
     );
-    let fns: [(&str, fn(f32) -> f32); 4] = [
+    let fns: [(&str, Unary); 4] = [
         ("exp", math::exp),
         ("ln", math::ln),
         ("sin", math::sin),

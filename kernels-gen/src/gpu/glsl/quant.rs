@@ -275,9 +275,9 @@ fn types(t: Vec<Tok>) -> Vec<Tok> {
                 .enumerate()
                 .all(|(k, s)| t.get(i + k).is_some_and(|x| x.is(s)))
         };
-        let (n, text) = if words(&["unsigned", "long", "long"]) {
-            (3, "uint64_t")
-        } else if words(&["unsigned", "char", "*"]) {
+        // A byte pointer is a 64-bit device address.
+        let (n, text) = if words(&["unsigned", "long", "long"]) || words(&["unsigned", "char", "*"])
+        {
             (3, "uint64_t")
         } else if words(&["unsigned", "int"]) || words(&["unsigned", "char"]) {
             (2, "uint")
