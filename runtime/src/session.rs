@@ -73,7 +73,7 @@ pub struct Session {
 enum Runner {
     /// The host executor and its latent cache (the `oracle` and `cpu` backends).
     Host {
-        exec: Executor,
+        exec: Box<Executor>,
         cache: LatentKvCache,
     },
     /// The device state of a model bound to the `vulkan` backend (its latent cache in device
@@ -160,7 +160,13 @@ impl Session {
                 let exec = Executor::new(&model.plan, model.program())?;
                 let store = ExpertStore::new(Arc::clone(&model), store)?;
                 map_dense_weights(&model, &store);
-                (Runner::Host { exec, cache }, store)
+                (
+                    Runner::Host {
+                        exec: Box::new(exec),
+                        cache,
+                    },
+                    store,
+                )
             }
         };
         Ok(Session {

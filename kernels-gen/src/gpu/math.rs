@@ -26,14 +26,10 @@ pub fn exp(x: f32) -> f32 {
     }
     let k = (x * std::f32::consts::LOG2_E).round_ties_even();
     let r = (x - k * 0.693_359_4) - k * -2.121_944_4e-4;
-    let mut p = 1.0f32 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
+    let mut p = EXP_TAYLOR[0];
+    for c in &EXP_TAYLOR[1..] {
+        p = p * r + c;
+    }
     let ki = k as i32;
     let k1 = ki / 2;
     let k2 = ki - k1;
@@ -68,27 +64,46 @@ pub fn ln(x: f32) -> f32 {
     }
     let s = (m - 1.0) / (m + 1.0);
     let s2 = s * s;
-    let mut p = 1.0 / 15.0;
-    for d in [13.0, 11.0, 9.0, 7.0, 5.0, 3.0, 1.0] {
+    let mut p = 1.0 / LN_DENOMINATORS[0];
+    for d in &LN_DENOMINATORS[1..] {
         p = p * s2 + 1.0 / d;
     }
     (2.0 * s * p + e as f64 * std::f64::consts::LN_2) as f32
 }
 
+/// The Horner coefficients of `sin r / r` and `cos r` in `r²`, highest degree first:
+/// `(−1/15!, −1/14!)`, `(1/13!, 1/12!)`, …, `(1, 1)`.
+pub(super) const SINCOS_TAYLOR: [(f64, f64); 8] = [
+    (-1.0 / 1_307_674_368_000.0, -1.0 / 87_178_291_200.0),
+    (1.0 / 6_227_020_800.0, 1.0 / 479_001_600.0),
+    (-1.0 / 39_916_800.0, -1.0 / 3_628_800.0),
+    (1.0 / 362_880.0, 1.0 / 40_320.0),
+    (-1.0 / 5_040.0, -1.0 / 720.0),
+    (1.0 / 120.0, 1.0 / 24.0),
+    (-1.0 / 6.0, -0.5),
+    (1.0, 1.0),
+];
+
+/// The Horner coefficients of `e^r` (f32), highest degree first: `1/7!`, `1/6!`, …, `1`, `1`.
+pub(super) const EXP_TAYLOR: [f32; 8] = [
+    1.0 / 5040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
+/// The odd denominators of `atanh(s)/s` in `s²`, highest first (`ln`'s series).
+pub(super) const LN_DENOMINATORS: [f64; 8] = [15.0, 13.0, 11.0, 9.0, 7.0, 5.0, 3.0, 1.0];
+
 /// `(sin r, cos r)` for `|r| ≤ π/4`, in f64.
 fn sincos_kernel(r: f64) -> (f64, f64) {
     let r2 = r * r;
-    let mut s = -1.0 / 1_307_674_368_000.0; // −1/15!
-    let mut c = -1.0 / 87_178_291_200.0; // −1/14!
-    for (sd, cd) in [
-        (1.0 / 6_227_020_800.0, 1.0 / 479_001_600.0),
-        (-1.0 / 39_916_800.0, -1.0 / 3_628_800.0),
-        (1.0 / 362_880.0, 1.0 / 40_320.0),
-        (-1.0 / 5_040.0, -1.0 / 720.0),
-        (1.0 / 120.0, 1.0 / 24.0),
-        (-1.0 / 6.0, -0.5),
-        (1.0, 1.0),
-    ] {
+    let (mut s, mut c) = SINCOS_TAYLOR[0];
+    for &(sd, cd) in &SINCOS_TAYLOR[1..] {
         s = s * r2 + sd;
         c = c * r2 + cd;
     }

@@ -476,8 +476,5 @@ fn every_kernel_renders_as_glsl() {
         assert!(text.contains(&format!("layout(local_size_x = {}) in;", k.block)));
         assert!(text.contains("  int T;\n  int S;\n} args;"), "{}", k.name);
         assert_eq!(push_constant_bytes(&k), 8 * k.params.len() as u32 + 8);
-        if let Ok(dir) = std::env::var("AUBIER_GLSL_DUMP") {
-            std::fs::write(format!("{dir}/{}.comp", k.name), &text).expect("dump");
-        }
     }
 }

@@ -5,6 +5,7 @@
 //! folds in f64) is trusted with them.
 
 use super::ConstF;
+use crate::gpu::math::{EXP_TAYLOR, LN_DENOMINATORS, SINCOS_TAYLOR};
 use std::fmt::Write;
 
 /// An f64 literal that parses to exactly `v` (finite).
@@ -36,16 +37,8 @@ pub(super) fn glsl() -> String {
         s(0.693_359_4),
         s(-2.121_944_4e-4)
     );
-    let _ = writeln!(t, "  precise float p = {};", s(1.0f32 / 5040.0));
-    for c in [
-        1.0f32 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
+    let _ = writeln!(t, "  precise float p = {};", s(EXP_TAYLOR[0]));
+    for &c in &EXP_TAYLOR[1..] {
         let _ = writeln!(t, "  p = p * r + {};", s(c));
     }
     t.push_str("  int ki = int(k);\n  int k1 = ki / 2;\n");
@@ -68,8 +61,8 @@ pub(super) fn glsl() -> String {
     );
     t.push_str("  precise double s = (m - 1.0lf) / (m + 1.0lf);\n");
     t.push_str("  precise double s2 = s * s;\n");
-    let _ = writeln!(t, "  precise double p = {};", d(1.0 / 15.0));
-    for c in [13.0, 11.0, 9.0, 7.0, 5.0, 3.0, 1.0] {
+    let _ = writeln!(t, "  precise double p = {};", d(1.0 / LN_DENOMINATORS[0]));
+    for &c in &LN_DENOMINATORS[1..] {
         let _ = writeln!(t, "  p = p * s2 + {};", d(1.0 / c));
     }
     let _ = writeln!(
@@ -95,21 +88,14 @@ pub(super) fn glsl() -> String {
         d(std::f64::consts::FRAC_PI_2)
     );
     t.push_str("  precise double r2 = r * r;\n");
+    let (s0, c0) = SINCOS_TAYLOR[0];
     let _ = writeln!(
         t,
         "  precise double s = {};\n  precise double c = {};",
-        d(-1.0 / 1_307_674_368_000.0),
-        d(-1.0 / 87_178_291_200.0)
+        d(s0),
+        d(c0)
     );
-    for (sd, cd) in [
-        (1.0 / 6_227_020_800.0, 1.0 / 479_001_600.0),
-        (-1.0 / 39_916_800.0, -1.0 / 3_628_800.0),
-        (1.0 / 362_880.0, 1.0 / 40_320.0),
-        (-1.0 / 5_040.0, -1.0 / 720.0),
-        (1.0 / 120.0, 1.0 / 24.0),
-        (-1.0 / 6.0, -0.5),
-        (1.0, 1.0),
-    ] {
+    for &(sd, cd) in &SINCOS_TAYLOR[1..] {
         let _ = writeln!(t, "  s = s * r2 + {}; c = c * r2 + {};", d(sd), d(cd));
     }
     t.push_str("  s = s * r;\n");

@@ -60,7 +60,7 @@ impl VulkanContext {
     /// Opens device `device_index` (the index of [`super::device::list_devices`]) with one
     /// compute queue, enabling `bufferDeviceAddress` and, where the device has them, 8- and
     /// 16-bit storage-buffer access, `shaderFloat16`, `shaderInt8`, `shaderInt64` and
-    /// `shaderFloat64`.
+    /// `shaderFloat64` (the generated kernels' addresses and `ln`, `sin`, `cos`).
     ///
     /// Errors: those of `list_devices`; [`VulkanError::Selection`] when no device has that
     /// index; [`VulkanError::Unsupported`] without `bufferDeviceAddress` (Vulkan 1.2) or a

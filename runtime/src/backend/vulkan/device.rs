@@ -151,12 +151,13 @@ pub struct Features {
     pub storage_buffer_16bit_access: bool,
     /// Buffers addressed by 64-bit device addresses (`bufferDeviceAddress`, Vulkan 1.2).
     pub buffer_device_address: bool,
+    /// 64-bit integers in shaders (`shaderInt64`, Vulkan 1.0): the generated kernels' addresses.
+    pub shader_int64: bool,
+    /// f64 arithmetic in shaders (`shaderFloat64`, Vulkan 1.0): the generated kernels' `ln`,
+    /// `sin`, `cos`.
+    pub shader_float64: bool,
     /// Host memory imported as device memory (extension `VK_EXT_external_memory_host`).
     pub external_memory_host: bool,
-    /// 64-bit integers in shaders (`shaderInt64`): the kernels' device addresses.
-    pub shader_int64: bool,
-    /// 64-bit floats in shaders (`shaderFloat64`): the kernels' `ln`, `sin`, `cos`.
-    pub shader_float64: bool,
 }
 
 /// One memory heap of a device.
@@ -376,9 +377,9 @@ fn describe(
             storage_buffer_8bit_access: storage8.storage_buffer8_bit_access == vk::TRUE,
             storage_buffer_16bit_access: storage16.storage_buffer16_bit_access == vk::TRUE,
             buffer_device_address: address.buffer_device_address == vk::TRUE,
-            external_memory_host,
             shader_int64: core.shader_int64 == vk::TRUE,
             shader_float64: core.shader_float64 == vk::TRUE,
+            external_memory_host,
         },
     })
 }
