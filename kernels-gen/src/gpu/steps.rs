@@ -12,7 +12,7 @@
 //! lane-to-row mapping depend on it. Sums whose order the oracle fixes as a plain left-to-
 //! right loop (`weighted_sum`, `gather_renorm`, the slot sum of the experts) keep that order.
 
-use super::ir::{block_reduce, bx, by, ci, tid, Expr, IrError, Kb, Kernel, ReduceOp, Scalar, Size};
+use super::ir::{block_reduce, bx, by, ci, tid, Expr, IrError, Kb, Kernel, Param, ReduceOp, Scalar, Size};
 use super::kernels::{
     bad, check_dims, kqkv_merge, kqkv_split, mat_vec, phase, rope_elem, rows_per_block, size_expr,
     temperature_factor, KqkvShape, MatVecShape, PhaseShape, WeightSpec, BLOCK, R,
@@ -392,6 +392,14 @@ pub fn top_k(name: &str, e: usize, k: usize, rows: &Size, warp: u32) -> R {
     kb.finish()
 }
 
+/// The expert id at `at` of `ids`, read as at least 0: `top_k` writes −1 where a router row
+/// has no number (NaN logits), and a kernel must not form an address before the expert table.
+/// The host refuses such a run when it reads the ids back (`check_expert_ids` in the runtime's
+/// session), so the value computed from expert 0 is never used.
+fn expert_id(kb: &Kb, ids: Param, at: Expr) -> Expr {
+    kb.load(ids, at).max(0)
+}
+
 /// `gather_renorm`: `y[r, j] = p[r, ids[r, j]] / Σ_j p[r, ids[r, j]] · scale` (without renorm:
 /// `p · scale`); one thread per row.
 pub fn gather_renorm(
@@ -414,7 +422,7 @@ pub fn gather_renorm(
     let r = kb.let_("r", gid());
     kb.if_(Expr::from(r).lt(size_expr(rows)), |kb| {
         let pick = |kb: &Kb, j: Expr| {
-            let id = kb.load(ids, Expr::from(r) * ci(k) + j);
+            let id = expert_id(kb, ids, Expr::from(r) * ci(k) + j);
             kb.load(p, Expr::from(r) * ci(e) + id)
         };
         let sum = kb.let_("sum", 0.0f32);
@@ -467,7 +475,7 @@ pub fn moe_gate_up(
     let lane = kb.let_("lane", tid() % warp as i32);
     let f = kb.let_("f", bx() * ci(rows) + tid() / warp as i32);
     let fr = kb.let_("fr", Expr::from(f).min(ci(n_ff - 1)));
-    let e = kb.let_("e", kb.load(ids, by()));
+    let e = kb.let_("e", expert_id(&kb, ids, by()));
     let hb = kb.let_("hb", (by() / ci(k)) * ci(d));
     let g = kb.let_("g", 0.0f32);
     let u = kb.let_("u", 0.0f32);
@@ -527,7 +535,7 @@ pub fn moe_down(name: &str, down: &WeightSpec, d: usize, k: usize, warp: u32) ->
     let total = kb.let_("total", 0.0f32);
     kb.for_("j", 0, ci(k), 1, |kb, j| {
         let slot = kb.let_("slot", by() * ci(k) + j);
-        let e = kb.let_("e", kb.load(ids, slot));
+        let e = kb.let_("e", expert_id(kb, ids, slot.into()));
         let acc = kb.let_("acc", 0.0f32);
         kb.for_("c", lane, ci(n_ff.div_ceil(16)), warp as i32, |kb, c| {
             kb.dequant16(wd, Some(e.into()), orow, c.clone(), buf);

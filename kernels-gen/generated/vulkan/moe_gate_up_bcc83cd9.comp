@@ -156,7 +156,7 @@ void main() {
   v0_lane = aubier_irem(int(gl_LocalInvocationID.x), 32);
   v1_f = ((int(gl_WorkGroupID.x) * 8) + (int(gl_LocalInvocationID.x) / 32));
   v2_fr = min(v1_f, 255);
-  v3_e = args.ids.v[int(gl_WorkGroupID.y)];
+  v3_e = max(args.ids.v[int(gl_WorkGroupID.y)], 0);
   v4_hb = ((int(gl_WorkGroupID.y) / 4) * 256);
   v5_g = 0.0f;
   v6_u = 0.0f;

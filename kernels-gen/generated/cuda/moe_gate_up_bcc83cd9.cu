@@ -133,7 +133,7 @@ __device__ inline void aubier_dq16_q2_k(const unsigned char* row, int c, float* 
   for (int l = 0; l < 16; ++l) out[l] = dl * (float)((q[l] >> shift) & 3) - ml;
 }
 
-extern "C" __global__ __attribute__((launch_bounds(256))) void moe_gate_up_ab6e4abb(
+extern "C" __global__ __attribute__((launch_bounds(256))) void moe_gate_up_bcc83cd9(
     const float* __restrict__ h,
     const int* __restrict__ ids,
     const unsigned long long* __restrict__ gate,
@@ -155,7 +155,7 @@ extern "C" __global__ __attribute__((launch_bounds(256))) void moe_gate_up_ab6e4
   v0_lane = (aubier_tid() % 32);
   v1_f = ((aubier_bid_x() * 8) + (aubier_tid() / 32));
   v2_fr = aubier_imin(v1_f, 255);
-  v3_e = ids[aubier_bid_y()];
+  v3_e = aubier_imax(ids[aubier_bid_y()], 0);
   v4_hb = ((aubier_bid_y() / 4) * 256);
   v5_g = 0.0f;
   v6_u = 0.0f;

@@ -77,7 +77,7 @@ __device__ inline void aubier_ld16_f32(const unsigned char* row, int c, int n, f
   const float* r = (const float*)row;
   for (int i = 0; i < 16; ++i) { int j = 16 * c + i; out[i] = j < n ? r[j] : 0.0f; }
 }
-extern "C" __global__ __attribute__((launch_bounds(256))) void gather_renorm_224b28aa(
+extern "C" __global__ __attribute__((launch_bounds(256))) void gather_renorm_cc413cd4(
     const float* __restrict__ p,
     const int* __restrict__ ids,
     float* __restrict__ y,
@@ -91,10 +91,10 @@ extern "C" __global__ __attribute__((launch_bounds(256))) void gather_renorm_224
   if ((v0_r < T)) {
     v1_sum = 0.0f;
     for (v2_j = 0; v2_j < 4; v2_j += 1) {
-      v1_sum = (v1_sum + p[((v0_r * 16) + ids[((v0_r * 4) + v2_j)])]);
+      v1_sum = (v1_sum + p[((v0_r * 16) + aubier_imax(ids[((v0_r * 4) + v2_j)], 0))]);
     }
     for (v3_j = 0; v3_j < 4; v3_j += 1) {
-      y[((v0_r * 4) + v3_j)] = ((p[((v0_r * 16) + ids[((v0_r * 4) + v3_j)])] / v1_sum) * 1.0f);
+      y[((v0_r * 4) + v3_j)] = ((p[((v0_r * 16) + aubier_imax(ids[((v0_r * 4) + v3_j)], 0))] / v1_sum) * 1.0f);
     }
   }
 }

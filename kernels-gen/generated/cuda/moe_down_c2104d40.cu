@@ -146,7 +146,7 @@ __device__ inline void aubier_dq16_q3_k(const unsigned char* row, int c, float* 
   }
 }
 
-extern "C" __global__ __attribute__((launch_bounds(256))) void moe_down_f722fe46(
+extern "C" __global__ __attribute__((launch_bounds(256))) void moe_down_c2104d40(
     const int* __restrict__ ids,
     const float* __restrict__ wts,
     const unsigned long long* __restrict__ down,
@@ -171,7 +171,7 @@ extern "C" __global__ __attribute__((launch_bounds(256))) void moe_down_f722fe46
   v3_total = 0.0f;
   for (v4_j = 0; v4_j < 4; v4_j += 1) {
     v5_slot = ((aubier_bid_y() * 4) + v4_j);
-    v6_e = ids[v5_slot];
+    v6_e = aubier_imax(ids[v5_slot], 0);
     v7_acc = 0.0f;
     for (v8_c = v0_lane; v8_c < 16; v8_c += 32) {
       aubier_dq16_q3_k(((const unsigned char*)down[v6_e]) + (unsigned long long)v2_orow * 110ull, v8_c, chunk);
