@@ -5,15 +5,20 @@
 //! * max |Δlogit| ≤ 1e-4 over the 200 prompt positions, top-1 agreement 200/200;
 //! * the 32-token greedy chain identical to the reference's.
 //!
-//! And the bundled model's greedy ids through `--backend vulkan` equal the oracle's.
+//! And the bundled model's greedy ids through `--backend vulkan` equal the oracle's; a router
+//! of NaN weights (no expert selected: top-k writes −1) is refused with the expert-id error of the
+//! host backends, not read outside the expert table.
 //!
 //! The figures are printed (`cargo test -p aubier-tests --test vulkan_backend -- --nocapture`).
 
 use aubier_compiler::{compile, CompileOptions, Fusion, Target};
 use aubier_runtime::backend::vulkan::DeviceChoice;
 use aubier_runtime::backend::BackendKind;
+use aubier_runtime::backend::ExecError;
 use aubier_runtime::engine::Model;
+use aubier_runtime::error::EngineError;
 use aubier_runtime::generate::{generate, GenerateParams};
+use aubier_runtime::gguf::write::GgufWriter;
 use aubier_runtime::gguf::GgufFile;
 use aubier_runtime::model::{read_config, weight_refs};
 use aubier_runtime::sampler::{argmax, SamplingParams};
@@ -170,4 +175,35 @@ fn vulkan_greedy_ids_equal_the_oracles_on_the_bundled_model() {
         first
     };
     assert_eq!(ids(VULKAN, true), ids(BackendKind::Oracle, false));
+}
+
+#[test]
+fn a_nan_router_on_the_device_is_an_expert_id_error() {
+    let file = GgufFile::open(model_path("ms4-tiny256-q2k.gguf")).expect("fixture");
+    let mut w = GgufWriter::from_file(&file);
+    let router = w
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == b"blk.0.ffn_gate_inp.weight")
+        .expect("layer 0's router");
+    router.data = f32::NAN.to_le_bytes().repeat(router.data.len() / 4);
+    let path = std::env::temp_dir().join(format!("aubier-nan-router-{}.gguf", std::process::id()));
+    std::fs::write(&path, w.finish()).expect("write");
+    let m = Model::load_with(&path, VULKAN).expect("model");
+    let _ = std::fs::remove_file(&path);
+    let mut s = session(m);
+    match s.step(&[1, 17, 4096]) {
+        Err(EngineError::Exec(ExecError::Index {
+            op: "top_k",
+            what: "expert id of layer",
+            id: -1,
+            ..
+        })) => {}
+        other => panic!("expected the expert-id error, got {other:?}"),
+    }
+    assert_eq!(
+        s.position(),
+        0,
+        "a refused step leaves the session where it was"
+    );
 }

@@ -65,6 +65,12 @@ fn print_device(d: &DeviceInfo) -> anyhow::Result<()> {
         "  storage buffer   {} per binding (maxStorageBufferRange)",
         mib(u64::from(l.max_storage_buffer_range))
     );
+    let stated = |v: Option<u64>| v.map_or_else(|| "not stated".into(), mib);
+    outln!(
+        "  one buffer       {} per allocation (maxMemoryAllocationSize), {} (maxBufferSize)",
+        stated(l.max_memory_allocation_size),
+        stated(l.max_buffer_size)
+    );
     outln!(
         "  shared memory    {} bytes per workgroup",
         l.max_compute_shared_memory_size

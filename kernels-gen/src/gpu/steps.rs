@@ -12,7 +12,9 @@
 //! lane-to-row mapping depend on it. Sums whose order the oracle fixes as a plain left-to-
 //! right loop (`weighted_sum`, `gather_renorm`, the slot sum of the experts) keep that order.
 
-use super::ir::{block_reduce, bx, by, ci, tid, Expr, IrError, Kb, Kernel, Param, ReduceOp, Scalar, Size};
+use super::ir::{
+    block_reduce, bx, by, ci, tid, Expr, IrError, Kb, Kernel, Param, ReduceOp, Scalar, Size,
+};
 use super::kernels::{
     bad, check_dims, kqkv_merge, kqkv_split, mat_vec, phase, rope_elem, rows_per_block, size_expr,
     temperature_factor, KqkvShape, MatVecShape, PhaseShape, WeightSpec, BLOCK, R,

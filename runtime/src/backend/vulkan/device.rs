@@ -133,9 +133,25 @@ pub struct Limits {
     pub max_compute_work_group_count: [u32; 3],
     /// Bytes of push constants (`maxPushConstantsSize`).
     pub max_push_constants_size: u32,
+    /// Bytes of one memory allocation (`maxMemoryAllocationSize`, Vulkan 1.1); `None` before
+    /// 1.1.
+    pub max_memory_allocation_size: Option<u64>,
+    /// Bytes of one buffer (`maxBufferSize`, Vulkan 1.3); `None` before 1.3.
+    pub max_buffer_size: Option<u64>,
     /// Bytes a host pointer imported as device memory must be aligned to
     /// (`minImportedHostPointerAlignment`); `None` without `VK_EXT_external_memory_host`.
     pub min_imported_host_pointer_alignment: Option<u64>,
+}
+
+impl Limits {
+    /// Bytes of the largest buffer bound to memory of its own that the device promises to make:
+    /// the smaller of [`Limits::max_memory_allocation_size`] and [`Limits::max_buffer_size`]
+    /// (`u64::MAX` where the device states neither).
+    pub fn max_buffer_bytes(&self) -> u64 {
+        self.max_memory_allocation_size
+            .unwrap_or(u64::MAX)
+            .min(self.max_buffer_size.unwrap_or(u64::MAX))
+    }
 }
 
 /// The features a generated kernel may use, as the device reports them.
@@ -281,7 +297,10 @@ fn describe(
     let api = props.api_version;
     let v11 = api >= vk::API_VERSION_1_1;
     let v12 = api >= vk::API_VERSION_1_2;
+    let v13 = api >= vk::API_VERSION_1_3;
 
+    let mut maintenance3 = vk::PhysicalDeviceMaintenance3Properties::default();
+    let mut maintenance4 = vk::PhysicalDeviceMaintenance4Properties::default();
     let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
     let mut driver = vk::PhysicalDeviceDriverProperties::default();
     let mut host = vk::PhysicalDeviceExternalMemoryHostPropertiesEXT::default();
@@ -290,10 +309,15 @@ fn describe(
     let mut float16_int8 = vk::PhysicalDeviceShaderFloat16Int8Features::default();
     let mut address = vk::PhysicalDeviceBufferDeviceAddressFeatures::default();
     if v11 {
-        let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut subgroup);
+        let mut props2 = vk::PhysicalDeviceProperties2::default()
+            .push_next(&mut subgroup)
+            .push_next(&mut maintenance3);
         let mut features2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut storage16);
         if v12 {
             props2 = props2.push_next(&mut driver);
+            if v13 {
+                props2 = props2.push_next(&mut maintenance4);
+            }
             features2 = features2
                 .push_next(&mut storage8)
                 .push_next(&mut float16_int8)
@@ -360,6 +384,8 @@ fn describe(
             max_compute_work_group_size: limits.max_compute_work_group_size,
             max_compute_work_group_count: limits.max_compute_work_group_count,
             max_push_constants_size: limits.max_push_constants_size,
+            max_memory_allocation_size: v11.then_some(maintenance3.max_memory_allocation_size),
+            max_buffer_size: v13.then_some(maintenance4.max_buffer_size),
             min_imported_host_pointer_alignment: external_memory_host
                 .then_some(host.min_imported_host_pointer_alignment),
         },
@@ -444,6 +470,8 @@ mod tests {
                 max_compute_work_group_size: [1024, 1024, 64],
                 max_compute_work_group_count: [65535; 3],
                 max_push_constants_size: 128,
+                max_memory_allocation_size: Some(1 << 31),
+                max_buffer_size: None,
                 min_imported_host_pointer_alignment: None,
             },
             heaps: vec![],

@@ -4,8 +4,9 @@
 //! for the device's subgroup width) are printed as GLSL, compiled to SPIR-V in process (cached
 //! on disk by source) and made into one pipeline per distinct kernel; every plan weight is
 //! uploaded once into a device buffer of its own (addressed by device address, so no tensor is
-//! bound to `maxStorageBufferRange`), and each stacked expert tensor gets a table of its
-//! experts' addresses. Per session ([`DeviceRun`]): one device buffer per plan slot, grown to
+//! bound to `maxStorageBufferRange`); a stacked expert tensor goes into buffers of whole experts,
+//! each within the device's largest buffer (`maxMemoryAllocationSize`, `maxBufferSize`), and gets
+//! a table of its experts' addresses. Per session ([`DeviceRun`]): one device buffer per plan slot, grown to
 //! the largest value placed in it; the latent KV cache, one buffer per layer; the step scratch.
 //! A run of `T` tokens over `S` keys records, into one command buffer, the copy of the inputs,
 //! every launch of every step in plan order (push constants: the bound buffers' addresses, then
@@ -48,9 +49,26 @@ pub struct DevicePlan {
     /// One per distinct kernel, with the kernel's name.
     pipelines: Vec<(String, Pipeline)>,
     /// Per plan weight, its bytes on the device.
-    weights: Vec<Buffer>,
-    /// Per plan weight read as stacked experts, the table of its experts' addresses.
-    expert_tables: HashMap<usize, Buffer>,
+    weights: Vec<DeviceWeight>,
+}
+
+/// A plan weight on the device.
+enum DeviceWeight {
+    /// Read whole by its address.
+    Dense(Buffer),
+    /// Stacked experts, read through `table` (one `u64` address per expert) into `parts`,
+    /// buffers of whole experts.
+    Experts { parts: Vec<Buffer>, table: Buffer },
+}
+
+impl DeviceWeight {
+    /// Bytes on the device (the expert table not counted).
+    fn size(&self) -> u64 {
+        match self {
+            DeviceWeight::Dense(b) => b.size(),
+            DeviceWeight::Experts { parts, .. } => parts.iter().map(Buffer::size).sum(),
+        }
+    }
 }
 
 impl std::fmt::Debug for DevicePlan {
@@ -71,6 +89,21 @@ impl DevicePlan {
     /// (naming it); [`VulkanError::Compile`] from the shader compiler; [`VulkanError::Vk`] from
     /// the driver (e.g. out of device memory for the weights).
     pub fn new(ctx: VulkanContext, plan: &Plan, weights: &[&[u8]]) -> Result<Self, VulkanError> {
+        let max = ctx.info().limits.max_buffer_bytes();
+        DevicePlan::with_buffer_limit(ctx, plan, weights, max)
+    }
+
+    /// [`DevicePlan::new`] with no buffer over `max_bytes` (the device's own limit, or a lower
+    /// one): stacked experts are split over buffers of whole experts.
+    ///
+    /// Errors: those of [`DevicePlan::new`]; [`VulkanError::Unsupported`] naming a dense weight,
+    /// or one expert, over `max_bytes`.
+    pub fn with_buffer_limit(
+        ctx: VulkanContext,
+        plan: &Plan,
+        weights: &[&[u8]],
+        max_bytes: u64,
+    ) -> Result<Self, VulkanError> {
         let warp = ctx.info().subgroup_size;
         let mut sources: HashMap<String, usize> = HashMap::new();
         let mut pipelines = Vec::new();
@@ -101,13 +134,20 @@ impl DevicePlan {
             }
             steps.push(out);
         }
-        let weights = upload_weights(&ctx, weights)?;
-        let expert_tables = expert_tables(&ctx, plan, &steps, &weights)?;
+        if weights.len() != plan.weights.len() {
+            return Err(VulkanError::Invalid(format!(
+                "{} weights for a plan of {}",
+                weights.len(),
+                plan.weights.len()
+            )));
+        }
+        let experts = read_as_experts(plan, &steps)?;
+        let weights = upload_weights(&ctx, plan, weights, &experts, max_bytes)?;
         tracing::info!(
             device = %ctx.info().name,
             subgroup = warp,
             pipelines = pipelines.len(),
-            weight_bytes = weights.iter().map(Buffer::size).sum::<u64>(),
+            weight_bytes = weights.iter().map(DeviceWeight::size).sum::<u64>(),
             "plan made ready on the Vulkan device"
         );
         Ok(DevicePlan {
@@ -115,7 +155,6 @@ impl DevicePlan {
             steps,
             pipelines,
             weights,
-            expert_tables,
         })
     }
 
@@ -130,56 +169,92 @@ impl DevicePlan {
     }
 }
 
-/// Each weight in a device buffer of its own (one byte for an empty tensor, never read).
-fn upload_weights(ctx: &VulkanContext, weights: &[&[u8]]) -> Result<Vec<Buffer>, VulkanError> {
-    weights
-        .iter()
-        .map(|bytes| {
-            let buf = ctx.buffer(bytes.len().max(1) as u64, Location::Device)?;
-            for (i, chunk) in bytes.chunks(UPLOAD_CHUNK).enumerate() {
-                ctx.upload(&buf, (i * UPLOAD_CHUNK) as u64, chunk)?;
-            }
-            Ok(buf)
-        })
-        .collect()
-}
-
-/// The address table of every weight a kernel reads as stacked experts: `n_expert` addresses,
-/// expert `e` at `e · (bytes / n_expert)` of the weight's buffer.
-fn expert_tables(
-    ctx: &VulkanContext,
-    plan: &Plan,
-    steps: &[Vec<DeviceLaunch>],
-    weights: &[Buffer],
-) -> Result<HashMap<usize, Buffer>, VulkanError> {
-    let n_expert = plan.config.n_expert.max(1) as u64;
-    let mut tables = HashMap::new();
+/// Per plan weight, whether some kernel reads it as stacked experts (through an address table).
+fn read_as_experts(plan: &Plan, steps: &[Vec<DeviceLaunch>]) -> Result<Vec<bool>, VulkanError> {
+    let mut experts = vec![false; plan.weights.len()];
     for (i, ls) in steps.iter().enumerate() {
         for l in ls {
             for ((_, kind), arg) in l.kernel.params.iter().zip(&l.args) {
                 let (ParamKind::Experts { .. }, Arg::Operand(o)) = (kind, arg) else {
                     continue;
                 };
-                let Some(Operand::Weight(w)) = plan.steps[i].args.get(*o) else {
-                    return Err(VulkanError::Invalid(format!(
-                        "step {i}: an experts parameter bound to operand {o}, not a weight"
-                    )));
-                };
-                if tables.contains_key(w) {
-                    continue;
+                match plan.steps[i].args.get(*o) {
+                    Some(Operand::Weight(w)) if *w < experts.len() => experts[*w] = true,
+                    _ => {
+                        return Err(VulkanError::Invalid(format!(
+                            "step {i}: an experts parameter bound to operand {o}, not a weight"
+                        )))
+                    }
                 }
-                let buf = &weights[*w];
-                let stride = buf.size() / n_expert;
-                let table: Vec<u8> = (0..n_expert)
-                    .flat_map(|e| (buf.address() + e * stride).to_le_bytes())
-                    .collect();
-                let t = ctx.buffer(table.len() as u64, Location::Device)?;
-                ctx.upload(&t, 0, &table)?;
-                tables.insert(*w, t);
             }
         }
     }
-    Ok(tables)
+    Ok(experts)
+}
+
+/// Uploads every weight: a dense one into one buffer (one byte for an empty tensor, never
+/// read); stacked experts (`n_expert` equal slices) into buffers of whole experts, each of at
+/// most `max_bytes`, with the table of the experts' addresses.
+///
+/// Errors: [`VulkanError::Unsupported`] for a dense weight, or one expert, over `max_bytes`;
+/// those of the buffers and uploads.
+fn upload_weights(
+    ctx: &VulkanContext,
+    plan: &Plan,
+    weights: &[&[u8]],
+    experts: &[bool],
+    max_bytes: u64,
+) -> Result<Vec<DeviceWeight>, VulkanError> {
+    let n_expert = plan.config.n_expert.max(1);
+    let too_big = |name: &str, what: String| {
+        let info = ctx.info();
+        VulkanError::Unsupported {
+            device: info.index,
+            name: info.name.clone(),
+            what: format!(
+                "`{name}`: {what} is over the {max_bytes} bytes one buffer may hold on this device"
+            ),
+        }
+    };
+    let upload = |bytes: &[u8]| -> Result<Buffer, VulkanError> {
+        let buf = ctx.buffer(bytes.len().max(1) as u64, Location::Device)?;
+        for (i, chunk) in bytes.chunks(UPLOAD_CHUNK).enumerate() {
+            ctx.upload(&buf, (i * UPLOAD_CHUNK) as u64, chunk)?;
+        }
+        Ok(buf)
+    };
+    let mut out = Vec::with_capacity(weights.len());
+    for (w, (bytes, &stacked)) in weights.iter().zip(experts).enumerate() {
+        let name = plan.weights.get(w).map_or("?", |pw| pw.name.as_str());
+        if !stacked {
+            if bytes.len() as u64 > max_bytes {
+                return Err(too_big(name, format!("{} bytes", bytes.len())));
+            }
+            out.push(DeviceWeight::Dense(upload(bytes)?));
+            continue;
+        }
+        let stride = bytes.len() / n_expert;
+        if stride as u64 > max_bytes {
+            return Err(too_big(name, format!("one expert's {stride} bytes")));
+        }
+        let per_part = usize::try_from(max_bytes / stride.max(1) as u64)
+            .unwrap_or(usize::MAX)
+            .clamp(1, n_expert);
+        let parts = bytes[..stride * n_expert]
+            .chunks(stride * per_part)
+            .map(upload)
+            .collect::<Result<Vec<_>, _>>()?;
+        let table: Vec<u8> = (0..n_expert)
+            .flat_map(|e| {
+                let part = &parts[e / per_part];
+                (part.address() + ((e % per_part) * stride) as u64).to_le_bytes()
+            })
+            .collect();
+        let t = ctx.buffer(table.len() as u64, Location::Device)?;
+        ctx.upload(&t, 0, &table)?;
+        out.push(DeviceWeight::Experts { parts, table: t });
+    }
+    Ok(out)
 }
 
 /// Elements of `dims` at `T = t`, `S = s` (`None` on overflow).
@@ -579,17 +654,18 @@ impl DeviceRun {
                             base
                         }
                     }
-                    Some(Operand::Weight(w)) => match kind {
-                        ParamKind::Experts { .. } => dp
-                            .expert_tables
-                            .get(w)
-                            .ok_or_else(|| bad(format!("`{name}`: no expert table")))?
-                            .address(),
-                        _ => dp
-                            .weights
-                            .get(*w)
-                            .ok_or_else(|| bad(format!("`{name}`: no weight {w}")))?
-                            .address(),
+                    Some(Operand::Weight(w)) => match (kind, dp.weights.get(*w)) {
+                        (ParamKind::Experts { .. }, Some(DeviceWeight::Experts { table, .. })) => {
+                            table.address()
+                        }
+                        (ParamKind::Experts { .. }, Some(DeviceWeight::Dense(_))) => {
+                            return Err(bad(format!("`{name}`: weight {w} has no expert table")))
+                        }
+                        (_, Some(DeviceWeight::Dense(b))) => b.address(),
+                        (_, Some(DeviceWeight::Experts { .. })) => {
+                            return Err(bad(format!("`{name}`: weight {w} is split by experts")))
+                        }
+                        (_, None) => return Err(bad(format!("`{name}`: no weight {w}"))),
                     },
                     None => return Err(bad(format!("`{name}`: no operand {o}"))),
                 },
