@@ -1,6 +1,7 @@
 //! A real third-party OpenAI client, `async-openai`, against `aubier serve`: models, chat
 //! (non-stream and stream), completions — with the fake engine and with the real engine on the
-//! bundled model.
+//! bundled model: on the default backend, and on the `vulkan` backend (lavapipe in CI), whose
+//! greedy text is the oracle's.
 
 mod serve_common;
 
@@ -11,6 +12,8 @@ use async_openai::types::chat::{
 };
 use async_openai::types::completions::CreateCompletionRequestArgs;
 use async_openai::Client;
+use aubier_runtime::backend::vulkan::DeviceChoice;
+use aubier_runtime::backend::BackendKind;
 use aubier_runtime::engine::Model;
 use aubier_runtime::store::expert_store::StoreOptions;
 use aubier_server::serve::real::RealEngine;
@@ -133,15 +136,28 @@ async fn async_openai_against_the_fake_engine() {
     srv.stop().await;
 }
 
-#[tokio::test]
-async fn async_openai_against_the_real_engine() {
-    let model = Model::load(&bundled_model()).expect("load the bundled model");
+/// `aubier serve`'s engine on the bundled model bound to `backend` (the default store and prompt
+/// pass size), exercised; the non-stream chat text.
+async fn exercise_real(backend: BackendKind, max_tokens: u32) -> String {
+    let model = Model::load_with(&bundled_model(), backend)
+        .unwrap_or_else(|e| panic!("load the bundled model on {backend}: {e}"));
     let kv_max = model.config.n_ctx_train.min(4096);
-    // What `aubier serve` runs by default: the default backend, store and prompt pass size.
     let ubatch = aubier_server::run::BackendArgs::default().ubatch;
     let engine =
         RealEngine::open(model, kv_max, &StoreOptions::default(), ubatch).expect("session");
     let srv = start(Box::new(engine), None, limits()).await;
-    exercise(&srv, 8).await;
+    let text = exercise(&srv, max_tokens).await;
     srv.stop().await;
+    text
+}
+
+#[tokio::test]
+async fn async_openai_against_the_real_engine() {
+    exercise_real(BackendKind::default(), 8).await;
+}
+
+#[tokio::test]
+async fn async_openai_against_the_vulkan_backend() {
+    let vulkan = exercise_real(BackendKind::Vulkan(DeviceChoice::default()), 12).await;
+    assert_eq!(vulkan, exercise_real(BackendKind::Oracle, 12).await);
 }

@@ -1,11 +1,14 @@
 //! `--backend vulkan` through the built binary: `aubier run` on the bundled model gives the
 //! oracle's greedy ids on a Vulkan device (lavapipe in CI), `aubier gen --plan --backend vulkan`
-//! prints the GPU kernels of every step, and on a machine without a Vulkan driver (the loader
-//! pointed at none) `--backend vulkan` fails saying what to install while the default backend
-//! (`auto`, which falls back to `cpu`) still runs.
+//! prints the GPU kernels of every step, `aubier serve --backend vulkan` answers
+//! `POST /debug/tokens` with the oracle's greedy ids, and on a machine without a Vulkan driver
+//! (the loader pointed at none) `--backend vulkan` fails saying what to install while the default
+//! backend (`auto`, which falls back to `cpu`) still runs.
 
 use aubier_tests::models_dir;
-use std::process::{Command, Output};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Output, Stdio};
 
 /// `aubier run` on the bundled model, 16 greedy tokens, JSON out; `no_driver` hides every
 /// Vulkan driver from the loader.
@@ -66,4 +69,55 @@ fn gen_plan_backend_vulkan_names_the_gpu_kernels_of_every_step() {
         assert!(text.contains(kernel), "{kernel} missing");
     }
     assert!(text.contains("glsl"), "{text}");
+}
+
+#[test]
+fn serve_backend_vulkan_answers_with_the_oracles_greedy_ids() {
+    let lock =
+        std::env::temp_dir().join(format!("aubier-vulkan-serve-{}.lock", std::process::id()));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_aubier"))
+        .args(["serve", "--backend", "vulkan", "--port", "0", "--lock-file"])
+        .arg(&lock)
+        .env_remove("AUBIER_MODEL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn aubier serve");
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut seen = String::new();
+    let addr = loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).expect("stderr") == 0 {
+            let _ = child.kill();
+            panic!("aubier serve --backend vulkan exited before listening:\n{seen}");
+        }
+        seen.push_str(&line);
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            break rest.split_whitespace().next().expect("address").to_string();
+        }
+    };
+    let body = r#"{"ids": [1, 17, 4096, 8000, 3], "max_tokens": 16, "ignore_eos": true}"#;
+    let mut conn = TcpStream::connect(&addr).expect("connect");
+    write!(
+        conn,
+        "POST /debug/tokens HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("request");
+    let mut response = String::new();
+    conn.read_to_string(&mut response).expect("response");
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&lock);
+    let (head, json) = response.split_once("\r\n\r\n").expect("a head and a body");
+    assert!(head.starts_with("HTTP/1.1 200"), "{response}");
+    let v: serde_json::Value = serde_json::from_str(json).expect("a JSON body");
+    let ids: Vec<u64> = v["ids"]
+        .as_array()
+        .expect("ids")
+        .iter()
+        .map(|x| x.as_u64().expect("an id"))
+        .collect();
+    assert_eq!(ids, generated(&run(&["--backend", "oracle"], false)));
 }
