@@ -4,15 +4,18 @@
 //! for the device's subgroup width) are printed as GLSL, compiled to SPIR-V in process (cached
 //! on disk by source) and made into one pipeline per distinct kernel; every plan weight is
 //! uploaded once into a device buffer of its own (addressed by device address, so no tensor is
-//! bound to `maxStorageBufferRange`); a stacked expert tensor goes into buffers of whole experts,
-//! each within the device's largest buffer (`maxMemoryAllocationSize`, `maxBufferSize`), and gets
-//! a table of its experts' addresses. Per session ([`DeviceRun`]): one device buffer per plan slot, grown to
-//! the largest value placed in it; the latent KV cache, one buffer per layer; the step scratch.
-//! A run of `T` tokens over `S` keys records, into one command buffer, the copy of the inputs,
-//! every launch of every step in plan order (push constants: the bound buffers' addresses, then
-//! `T`, `S`; a barrier between launches) and the copies of the requested outputs into a
-//! host-visible buffer, then submits it and waits once — no host wait inside a step (with
-//! profiling on, a timestamp after every launch gives each kernel's GPU time). The output
+//! bound to `maxStorageBufferRange`); a stacked expert tensor goes into buffers of whole
+//! experts, each within the device's largest buffer (`maxMemoryAllocationSize`,
+//! `maxBufferSize`), and gets a table of its experts' addresses. Per session ([`DeviceRun`]):
+//! one device buffer per plan slot, grown to the largest value placed in it; the latent KV
+//! cache, one buffer per layer; the step scratch. A run of `T` tokens over `S` keys records,
+//! into one command buffer, the copy of the inputs, every launch of every step in plan order
+//! (push constants: the bound buffers' addresses, then `T`, `S`; a barrier between launches)
+//! and the copies of the requested outputs into a host-visible buffer, then submits it and
+//! waits once — no host wait inside a step (with profiling on, a timestamp after every launch
+//! gives each kernel's GPU time). The command buffer is recorded anew for each run, not
+//! replayed: `T` and `S` are push constants and the KQKV grid grows with `S`, so a buffer
+//! recorded once would need both read from device memory and indirect dispatches. The output
 //! head, when only the last position's logits are wanted, runs for that row alone (its input's
 //! address advanced to the row, `T = 1`).
 //!
