@@ -1,6 +1,7 @@
 //! `--backend vulkan` through the built binary: `aubier run` on the bundled model gives the
 //! oracle's greedy ids on a Vulkan device (lavapipe in CI), `aubier gen --plan --backend vulkan`
-//! prints the GPU kernels of every step, `aubier serve --backend vulkan` answers
+//! prints the GPU kernels of every step, `aubier quality` finds `--backend vulkan` EQUIVALENT to
+//! the oracle on real text (the bundled `alice.txt`), `aubier serve --backend vulkan` answers
 //! `POST /debug/tokens` with the oracle's greedy ids, and on a machine without a Vulkan driver
 //! (the loader pointed at none) `--backend vulkan` fails saying what to install while the default
 //! backend (`auto`, which falls back to `cpu`) still runs.
@@ -120,4 +121,31 @@ fn serve_backend_vulkan_answers_with_the_oracles_greedy_ids() {
         .map(|x| x.as_u64().expect("an id"))
         .collect();
     assert_eq!(ids, generated(&run(&["--backend", "oracle"], false)));
+}
+
+#[test]
+fn quality_finds_the_vulkan_backend_equivalent_to_the_oracle_on_real_text() {
+    let text = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/alice.txt");
+    let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
+        .args(["quality", "--json", "--model"])
+        .arg(models_dir().join("ms4-tiny256-q2k.gguf"))
+        .arg("--text")
+        .arg(&text)
+        .args([
+            "--a",
+            "--backend oracle",
+            "--b",
+            "--backend vulkan",
+            "--margin",
+            "0.01",
+        ])
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    eprintln!(
+        "oracle {} vs vulkan {} nats/token: mean diff {}, 95% CI {}",
+        v["a"]["mean_nll"], v["b"]["mean_nll"], v["mean_diff"], v["ci95"]
+    );
+    assert_eq!(v["verdict"], "EQUIVALENT", "{v}");
 }
