@@ -200,7 +200,8 @@ fn read_as_experts(plan: &Plan, steps: &[Vec<DeviceLaunch>]) -> Result<Vec<bool>
 /// most `max_bytes`, with the table of the experts' addresses.
 ///
 /// Errors: [`VulkanError::Unsupported`] for a dense weight, or one expert, over `max_bytes`;
-/// those of the buffers and uploads.
+/// [`VulkanError::Invalid`] for stacked experts whose bytes do not split into `n_expert` equal
+/// parts; those of the buffers and uploads.
 fn upload_weights(
     ctx: &VulkanContext,
     plan: &Plan,
@@ -237,13 +238,19 @@ fn upload_weights(
             continue;
         }
         let stride = bytes.len() / n_expert;
+        if stride == 0 || bytes.len() % n_expert != 0 {
+            return Err(VulkanError::Invalid(format!(
+                "`{name}`: {} bytes are not {n_expert} equal experts",
+                bytes.len()
+            )));
+        }
         if stride as u64 > max_bytes {
             return Err(too_big(name, format!("one expert's {stride} bytes")));
         }
         let per_part = usize::try_from(max_bytes / stride.max(1) as u64)
             .unwrap_or(usize::MAX)
             .clamp(1, n_expert);
-        let parts = bytes[..stride * n_expert]
+        let parts = bytes
             .chunks(stride * per_part)
             .map(upload)
             .collect::<Result<Vec<_>, _>>()?;
