@@ -424,9 +424,18 @@ impl Session {
         }
     }
 
-    /// The expert store's counters since the last [`Session::reset`] (the current request).
+    /// The expert store's counters since the last [`Session::reset`] (the current request). On
+    /// the `vulkan` backend every expert is in device memory, the fast store of a GPU: every
+    /// routed slot is served from it (`n_res` = all experts, `fast_bytes` their device bytes).
     pub fn store_report(&self) -> StoreReport {
-        self.store.report()
+        let mut r = self.store.report();
+        if let (Runner::Device(_), Some(dp)) = (&self.runner, self.model.device_plan()) {
+            r.n_res = self.model.config.n_expert;
+            r.fast_bytes = dp.expert_bytes();
+            r.fast_hits = r.routed;
+            r.served_fraction = if r.routed == 0 { 0.0 } else { 1.0 };
+        }
+        r
     }
 
     /// The session's expert store (for tests and reports).

@@ -278,9 +278,11 @@ pub struct BenchReport {
     /// Weight bytes read per decoded token.
     pub weight_bytes_per_token: ByComponent,
     /// Milliseconds per prefill of `n_prompt` tokens by component (mean over the reps; per-step
-    /// wall time, `Session::step_times`).
+    /// wall time, `Session::step_times`, of a host backend: zero on `vulkan`, see
+    /// `gpu_kernels`).
     pub prefill_ms_by_component: ByComponent,
-    /// Milliseconds per decoded token by component (mean over all decode steps of the reps).
+    /// Milliseconds per decoded token by component (mean over all decode steps of the reps; zero
+    /// on `vulkan`).
     pub decode_ms_per_token_by_component: ByComponent,
     /// The backend (`cpu (q8x2)`, `oracle`, …).
     pub backend: String,
@@ -288,7 +290,7 @@ pub struct BenchReport {
     /// `scalar`).
     pub isa: String,
     /// The twenty plan steps that took the most prefill time: op, first weight (or output value)
-    /// name, ms per prefill.
+    /// name, ms per prefill (host backends; empty on `vulkan`).
     pub slowest_prefill_steps: Vec<(String, String, f64)>,
     /// The twenty plan steps that took the most decode time: op, first weight (or output value)
     /// name, ms per decoded token.
@@ -526,6 +528,28 @@ fn print_text(r: &BenchReport) -> anyhow::Result<()> {
         mb(b.output_head),
         mb(b.embedding)
     );
+    if r.device.is_none() {
+        print_host_times(r)?;
+    }
+    outln!("served fraction {:.4} (last rep)", r.served_fraction);
+    if let Some(device) = &r.device {
+        let kernels: Vec<String> = r
+            .gpu_kernels
+            .iter()
+            .take(20)
+            .map(|(name, p, d, n)| format!("{name} {p:.2}/{d:.3} ({n})"))
+            .collect();
+        outln!("device {device}");
+        outln!(
+            "GPU time per kernel (ms/prefill / ms/token (launches)): {}",
+            kernels.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The host backends' time per component and slowest steps (wall time per plan step).
+fn print_host_times(r: &BenchReport) -> anyhow::Result<()> {
     for (what, c) in [
         ("prefill ms", &r.prefill_ms_by_component),
         ("decode ms/token", &r.decode_ms_per_token_by_component),
@@ -544,20 +568,6 @@ fn print_text(r: &BenchReport) -> anyhow::Result<()> {
             .map(|(op, name, ms)| format!("{op} {name} {ms:.2}"))
             .collect();
         outln!("slowest {what}: {}", steps.join(", "));
-    }
-    outln!("served fraction {:.4} (last rep)", r.served_fraction);
-    if let Some(device) = &r.device {
-        let kernels: Vec<String> = r
-            .gpu_kernels
-            .iter()
-            .take(20)
-            .map(|(name, p, d, n)| format!("{name} {p:.2}/{d:.3} ({n})"))
-            .collect();
-        outln!("device {device}");
-        outln!(
-            "GPU time per kernel (ms/prefill / ms/token (launches)): {}",
-            kernels.join(", ")
-        );
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! `--backend vulkan` through the built binary: `aubier run` on the bundled model gives the
-//! oracle's greedy ids on a Vulkan device (lavapipe in CI), `aubier gen --plan --backend vulkan`
+//! oracle's greedy ids on a Vulkan device (lavapipe in CI), every routed expert served from
+//! device memory, `aubier gen --plan --backend vulkan`
 //! prints the GPU kernels of every step, `aubier quality` finds `--backend vulkan` EQUIVALENT to
 //! the oracle on real text (the bundled `alice.txt`), `aubier serve --backend vulkan` answers
 //! `POST /debug/tokens` with the oracle's greedy ids, and on a machine without a Vulkan driver
@@ -42,8 +43,13 @@ fn generated(o: &Output) -> Vec<u64> {
 
 #[test]
 fn run_backend_vulkan_gives_the_oracles_greedy_ids() {
-    let vulkan = generated(&run(&["--backend", "vulkan"], false));
+    let o = run(&["--backend", "vulkan"], false);
+    let vulkan = generated(&o);
     assert_eq!(vulkan.len(), 16);
+    // Every expert is in device memory: every routed slot is served from it.
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    assert_eq!(v["store"]["served_fraction"], 1.0, "{v}");
+    assert_eq!(v["store"]["fast_hits"], v["store"]["routed"], "{v}");
     assert_eq!(vulkan, generated(&run(&["--backend", "oracle"], false)));
 }
 

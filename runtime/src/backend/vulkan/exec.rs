@@ -166,6 +166,15 @@ impl DevicePlan {
         &self.ctx
     }
 
+    /// Bytes of the stacked expert tensors on the device.
+    pub fn expert_bytes(&self) -> u64 {
+        self.weights
+            .iter()
+            .filter(|w| matches!(w, DeviceWeight::Experts { .. }))
+            .map(DeviceWeight::size)
+            .sum()
+    }
+
     /// The names of the distinct kernels, in first-use order.
     pub fn kernel_names(&self) -> impl Iterator<Item = &str> {
         self.pipelines.iter().map(|(n, _)| n.as_str())
