@@ -50,6 +50,7 @@ __device__ inline float aubier_ln(float x) {
 }
 __device__ inline void aubier_sincos(float x, float* so, float* co) {
   if (!(x - x == 0.0f)) { *so = __builtin_nanf(""); *co = __builtin_nanf(""); return; }
+  if (x == 0.0f) { *so = x; *co = 1.0f; return; }
   double xd = (double)x;
   double k = __builtin_rint(xd * 0.6366197723675814);
   double r = xd - k * 1.5707963267948966;

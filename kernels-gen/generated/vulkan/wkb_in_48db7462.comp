@@ -77,6 +77,7 @@ float aubier_ln(float x) {
 }
 void aubier_sincos(float x, out float so, out float co) {
   if (isnan(x) || isinf(x)) { so = uintBitsToFloat(0x7fc00000u); co = so; return; }
+  if (x == 0.0f) { so = x; co = 1.0f; return; }
   precise double xd = double(x);
   precise double k = roundEven(xd * 0.6366197723675814lf);
   precise double r = xd - k * 1.5707963267948966lf;

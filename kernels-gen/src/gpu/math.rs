@@ -110,8 +110,13 @@ fn sincos_kernel(r: f64) -> (f64, f64) {
     (s * r, c)
 }
 
-/// `(sin x, cos x)` in f64 after reduction by π/2.
+/// `(sin x, cos x)` in f64 after reduction by π/2; `(±0, 1)` for `x = ±0`, whose reduction
+/// would give `+0` for `−0` (IEEE `−0 − (−0) = +0`) and which devices without signed-zero
+/// preservation for f64 round otherwise.
 fn sincos(x: f32) -> (f64, f64) {
+    if x == 0.0 {
+        return (x as f64, 1.0);
+    }
     let xd = x as f64;
     let k = (xd * std::f64::consts::FRAC_2_PI).round_ties_even();
     let r = xd - k * std::f64::consts::FRAC_PI_2;
@@ -177,6 +182,7 @@ __device__ inline float aubier_ln(float x) {
 }
 __device__ inline void aubier_sincos(float x, float* so, float* co) {
   if (!(x - x == 0.0f)) { *so = __builtin_nanf(""); *co = __builtin_nanf(""); return; }
+  if (x == 0.0f) { *so = x; *co = 1.0f; return; }
   double xd = (double)x;
   double k = __builtin_rint(xd * 0.6366197723675814);
   double r = xd - k * 1.5707963267948966;

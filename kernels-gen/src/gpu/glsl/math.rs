@@ -76,6 +76,7 @@ pub(super) fn glsl() -> String {
     t.push_str(
         "  if (isnan(x) || isinf(x)) { so = uintBitsToFloat(0x7fc00000u); co = so; return; }\n",
     );
+    t.push_str("  if (x == 0.0f) { so = x; co = 1.0f; return; }\n");
     t.push_str("  precise double xd = double(x);\n");
     let _ = writeln!(
         t,
