@@ -7,8 +7,8 @@
 //!   --target-env vulkan1.3`, and every f32/f64 add, subtract, multiply and divide in it carries
 //!   `NoContraction` (`spirv-dis`), so no driver may fuse them into an FMA.
 //! * Kernels run through `VulkanContext` under the ABI of the module note of `glsl.rs` (device
-//!   addresses and `T`, `S` in push constants) on the inputs of the CPU-execution tests, and
-//!   are judged by the CPU execution of the same IR (`cpu_exec`): the dequant function of every
+//!   addresses in push constants, then that of the extents `T`, `S`) on the inputs of the
+//!   CPU-execution tests, and are judged by the CPU execution of the same IR (`cpu_exec`): the dequant function of every
 //!   supported type on gguf-py's blocks (bit for bit with `gguf.quants.dequantize`), the device
 //!   math (bit for bit with `gpu::math` on a sweep with NaN, ±∞, ±0 and subnormals; sin and cos
 //!   on their domain |x| < 2²⁴), and the
@@ -117,8 +117,12 @@ fn run_vulkan(ctx: &VulkanContext, k: &Kernel, args: &mut [Arg<'_>], t: usize, s
         .iter()
         .flat_map(|b| b.address().to_le_bytes())
         .collect();
-    push.extend_from_slice(&(t as i32).to_le_bytes());
-    push.extend_from_slice(&(s as i32).to_le_bytes());
+    let extents: Vec<u8> = [t as i32, s as i32]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let extents = upload(&extents);
+    push.extend_from_slice(&extents.address().to_le_bytes());
     let grid = k.grid.clone().map(|g| g.eval(t, s).expect("grid") as u32);
     if grid.contains(&0) {
         return;

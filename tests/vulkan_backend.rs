@@ -146,8 +146,9 @@ fn vulkan_agrees_with_the_references_with_each_fusion_off() {
     }
 }
 
-/// The bundled model's greedy continuation through the Vulkan backend equals the oracle's, and a
-/// session's second request (after a reset) repeats it: the device's latent cache is cleared.
+/// The bundled model's greedy continuation through the Vulkan backend equals the oracle's, its
+/// decode steps replay one recorded command buffer, and a session's second request (after a
+/// reset) repeats it: the device's latent cache is cleared.
 #[test]
 fn vulkan_greedy_ids_equal_the_oracles_on_the_bundled_model() {
     let file = "ms4-tiny256-q2k.gguf";
@@ -168,6 +169,10 @@ fn vulkan_greedy_ids_equal_the_oracles_on_the_bundled_model() {
                 .ids
         };
         let first = go(&mut s);
+        if let Some((runs, recordings)) = s.device_submissions() {
+            // The prefill and the first decode step record; every later step replays.
+            assert_eq!((runs, recordings), (params.max_tokens as u64, 2));
+        }
         if twice {
             s.reset();
             assert_eq!(go(&mut s), first, "the second request repeats the first");

@@ -78,7 +78,7 @@ enum Runner {
     },
     /// The device state of a model bound to the `vulkan` backend (its latent cache in device
     /// memory).
-    Device(DeviceRun),
+    Device(Box<DeviceRun>),
 }
 
 /// The routing of one token: its position and, per layer, the routed expert ids in descending
@@ -151,7 +151,7 @@ impl Session {
                     ..store.clone()
                 };
                 (
-                    Runner::Device(run),
+                    Runner::Device(Box::new(run)),
                     ExpertStore::new(Arc::clone(&model), &host_only)?,
                 )
             }
@@ -254,6 +254,16 @@ impl Session {
         match &self.runner {
             Runner::Device(run) => run.kernel_times(),
             Runner::Host { .. } => &[],
+        }
+    }
+
+    /// `(runs, recordings)` of a `vulkan` session: steps submitted, and command buffers
+    /// recorded for them (a run of the shape of the last one replays its command buffer);
+    /// `None` on a host session.
+    pub fn device_submissions(&self) -> Option<(u64, u64)> {
+        match &self.runner {
+            Runner::Device(run) => Some(run.submissions()),
+            Runner::Host { .. } => None,
         }
     }
 

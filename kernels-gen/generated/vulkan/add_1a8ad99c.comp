@@ -18,8 +18,7 @@ layout(push_constant, std430) uniform AubierArgs {
   AubierF32 a;
   AubierF32 b;
   AubierF32 y;
-  int T;
-  int S;
+  AubierI32 extents;
 } args;
 float aubier_add(float a, float b) { precise float r = a + b; return r; }
 float aubier_sub(float a, float b) { precise float r = a - b; return r; }
@@ -98,9 +97,11 @@ void aubier_sincos(float x, out float so, out float co) {
 float aubier_sin(float x) { float s, c; aubier_sincos(x, s, c); return s; }
 float aubier_cos(float x) { float s, c; aubier_sincos(x, s, c); return c; }
 void main() {
+  const int aubier_T = args.extents.v[0];
+  const int aubier_S = args.extents.v[1];
   int v0_i = 0;
   v0_i = ((int(gl_WorkGroupID.x) * 256) + int(gl_LocalInvocationID.x));
-  if (int(v0_i < (args.T * 256)) != 0) {
+  if (int(v0_i < (aubier_T * 256)) != 0) {
     args.y.v[v0_i] = aubier_add(args.a.v[v0_i], args.b.v[v0_i]);
   }
 }

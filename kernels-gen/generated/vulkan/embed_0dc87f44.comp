@@ -18,8 +18,7 @@ layout(push_constant, std430) uniform AubierArgs {
   uint64_t w;
   AubierI32 ids;
   AubierF32 y;
-  int T;
-  int S;
+  AubierI32 extents;
 } args;
 float aubier_add(float a, float b) { precise float r = a + b; return r; }
 float aubier_sub(float a, float b) { precise float r = a - b; return r; }
@@ -141,6 +140,8 @@ void aubier_dq16_q2_k(uint64_t row, int c, out precise float dq[16]) {
   for (int l = 0; l < 16; ++l) dq[l] = dl * float((aubier_b8(q + (l)) >> shift) & 3) - ml;
 }
 void main() {
+  const int aubier_T = args.extents.v[0];
+  const int aubier_S = args.extents.v[1];
   int v0_id = 0;
   int v1_c = 0;
   int v2_i = 0;

@@ -18,8 +18,7 @@ layout(push_constant, std430) uniform AubierArgs {
   AubierF32 p;
   AubierI32 ids;
   AubierF32 y;
-  int T;
-  int S;
+  AubierI32 extents;
 } args;
 float aubier_add(float a, float b) { precise float r = a + b; return r; }
 float aubier_sub(float a, float b) { precise float r = a - b; return r; }
@@ -98,12 +97,14 @@ void aubier_sincos(float x, out float so, out float co) {
 float aubier_sin(float x) { float s, c; aubier_sincos(x, s, c); return s; }
 float aubier_cos(float x) { float s, c; aubier_sincos(x, s, c); return c; }
 void main() {
+  const int aubier_T = args.extents.v[0];
+  const int aubier_S = args.extents.v[1];
   int v0_r = 0;
   float v1_sum = 0.0f;
   int v2_j = 0;
   int v3_j = 0;
   v0_r = ((int(gl_WorkGroupID.x) * 256) + int(gl_LocalInvocationID.x));
-  if (int(v0_r < args.T) != 0) {
+  if (int(v0_r < aubier_T) != 0) {
     v1_sum = 0.0f;
     for (v2_j = 0; v2_j < 4; v2_j += 1) {
       v1_sum = aubier_add(v1_sum, args.p.v[((v0_r * 16) + max(args.ids.v[((v0_r * 4) + v2_j)], 0))]);

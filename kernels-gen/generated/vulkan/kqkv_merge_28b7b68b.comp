@@ -17,8 +17,7 @@ layout(local_size_x = 128) in;
 layout(push_constant, std430) uniform AubierArgs {
   AubierF32 part;
   AubierF32 o;
-  int T;
-  int S;
+  AubierI32 extents;
 } args;
 float aubier_add(float a, float b) { precise float r = a + b; return r; }
 float aubier_sub(float a, float b) { precise float r = a - b; return r; }
@@ -97,6 +96,8 @@ void aubier_sincos(float x, out float so, out float co) {
 float aubier_sin(float x) { float s, c; aubier_sincos(x, s, c); return s; }
 float aubier_cos(float x) { float s, c; aubier_sincos(x, s, c); return c; }
 void main() {
+  const int aubier_T = args.extents.v[0];
+  const int aubier_S = args.extents.v[1];
   int v0_row = 0;
   int v1_ns = 0;
   int v2_base = 0;
@@ -110,7 +111,7 @@ void main() {
   int v10_i = 0;
   float v11_wi = 0.0f;
   v0_row = int(gl_WorkGroupID.x);
-  v1_ns = ((args.S + 1023) / 1024);
+  v1_ns = ((aubier_S + 1023) / 1024);
   v2_base = ((v0_row * v1_ns) * 66);
   v3_big_m = uintBitsToFloat(0xff800000u);
   for (v4_i = 0; v4_i < v1_ns; v4_i += 1) {

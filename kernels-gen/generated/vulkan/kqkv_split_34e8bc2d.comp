@@ -20,8 +20,7 @@ layout(push_constant, std430) uniform AubierArgs {
   AubierI32 pos;
   AubierF32 cache;
   AubierF32 part;
-  int T;
-  int S;
+  AubierI32 extents;
 } args;
 float aubier_add(float a, float b) { precise float r = a + b; return r; }
 float aubier_sub(float a, float b) { precise float r = a - b; return r; }
@@ -102,6 +101,8 @@ float aubier_cos(float x) { float s, c; aubier_sincos(x, s, c); return c; }
 shared float s_red[32];
 shared float s_pbuf[128];
 void main() {
+  const int aubier_T = args.extents.v[0];
+  const int aubier_S = args.extents.v[1];
   int v0_row = 0;
   int v1_t = 0;
   int v2_p = 0;
@@ -133,7 +134,7 @@ void main() {
   v0_row = int(gl_WorkGroupID.y);
   v1_t = (v0_row / 4);
   v2_p = args.pos.v[v1_t];
-  v3_last = min(v2_p, (args.S - 1));
+  v3_last = min(v2_p, (aubier_S - 1));
   v4_qb = (v0_row * 96);
   v5_m = uintBitsToFloat(0xff800000u);
   v6_l = 0.0f;
@@ -206,7 +207,7 @@ void main() {
       barrier();
     }
   }
-  v25_pb = (((v0_row * ((args.S + 1023) / 1024)) + int(gl_WorkGroupID.x)) * 66);
+  v25_pb = (((v0_row * ((aubier_S + 1023) / 1024)) + int(gl_WorkGroupID.x)) * 66);
   if (int(int(gl_LocalInvocationID.x) == 0) != 0) {
     args.part.v[v25_pb] = v5_m;
     args.part.v[(v25_pb + 1)] = v6_l;

@@ -19,8 +19,7 @@ layout(push_constant, std430) uniform AubierArgs {
   uint64_t w;
   AubierF32 x;
   AubierF32 y;
-  int T;
-  int S;
+  AubierI32 extents;
 } args;
 float aubier_add(float a, float b) { precise float r = a + b; return r; }
 float aubier_sub(float a, float b) { precise float r = a - b; return r; }
@@ -142,6 +141,8 @@ void aubier_dq16_q2_k(uint64_t row, int c, out precise float dq[16]) {
   for (int l = 0; l < 16; ++l) dq[l] = dl * float((aubier_b8(q + (l)) >> shift) & 3) - ml;
 }
 void main() {
+  const int aubier_T = args.extents.v[0];
+  const int aubier_S = args.extents.v[1];
   int v0_lane = 0;
   int v1_o = 0;
   int v2_h = 0;
@@ -156,7 +157,7 @@ void main() {
   v1_o = ((int(gl_WorkGroupID.x) * 8) + (int(gl_LocalInvocationID.x) / 32));
   v2_h = int(gl_WorkGroupID.y);
   v3_row = ((v2_h * 96) + min(v1_o, 95));
-  for (v4_t = 0; v4_t < args.T; v4_t += 1) {
+  for (v4_t = 0; v4_t < aubier_T; v4_t += 1) {
     v5_xb = (((v4_t * 1) + v2_h) * 256);
     v6_acc = 0.0f;
     for (v7_c = v0_lane; v7_c < 16; v7_c += 32) {

@@ -19,8 +19,7 @@ layout(push_constant, std430) uniform AubierArgs {
   uint64_t w;
   AubierF32 x;
   AubierF32 y;
-  int T;
-  int S;
+  AubierI32 extents;
 } args;
 float aubier_add(float a, float b) { precise float r = a + b; return r; }
 float aubier_sub(float a, float b) { precise float r = a - b; return r; }
@@ -136,6 +135,8 @@ void aubier_dq16_q4_0(uint64_t row, int c, out precise float dq[16]) {
   for (int j = 0; j < 16; ++j) dq[j] = float(int((uint(aubier_b8(b + (2 + j))) >> (4 * s)) & 15u) - 8) * d;
 }
 void main() {
+  const int aubier_T = args.extents.v[0];
+  const int aubier_S = args.extents.v[1];
   int v0_lane = 0;
   int v1_o = 0;
   int v2_h = 0;
@@ -150,7 +151,7 @@ void main() {
   v1_o = ((int(gl_WorkGroupID.x) * 8) + (int(gl_LocalInvocationID.x) / 32));
   v2_h = int(gl_WorkGroupID.y);
   v3_row = ((v2_h * 256) + min(v1_o, 255));
-  for (v4_t = 0; v4_t < args.T; v4_t += 1) {
+  for (v4_t = 0; v4_t < aubier_T; v4_t += 1) {
     v5_xb = (((v4_t * 1) + v2_h) * 128);
     v6_acc = 0.0f;
     for (v7_c = v0_lane; v7_c < 8; v7_c += 32) {

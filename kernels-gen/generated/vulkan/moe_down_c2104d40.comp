@@ -20,8 +20,7 @@ layout(push_constant, std430) uniform AubierArgs {
   AubierU64 down;
   AubierF32 act;
   AubierF32 y;
-  int T;
-  int S;
+  AubierI32 extents;
 } args;
 float aubier_add(float a, float b) { precise float r = a + b; return r; }
 float aubier_sub(float a, float b) { precise float r = a - b; return r; }
@@ -154,6 +153,8 @@ void aubier_dq16_q3_k(uint64_t row, int c, out precise float dq[16]) {
   }
 }
 void main() {
+  const int aubier_T = args.extents.v[0];
+  const int aubier_S = args.extents.v[1];
   int v0_lane = 0;
   int v1_o = 0;
   int v2_orow = 0;

@@ -19,8 +19,7 @@ layout(push_constant, std430) uniform AubierArgs {
   AubierI32 ids;
   AubierU64 gate;
   AubierF32 act;
-  int T;
-  int S;
+  AubierI32 extents;
 } args;
 float aubier_add(float a, float b) { precise float r = a + b; return r; }
 float aubier_sub(float a, float b) { precise float r = a - b; return r; }
@@ -142,6 +141,8 @@ void aubier_dq16_q2_k(uint64_t row, int c, out precise float dq[16]) {
   for (int l = 0; l < 16; ++l) dq[l] = dl * float((aubier_b8(q + (l)) >> shift) & 3) - ml;
 }
 void main() {
+  const int aubier_T = args.extents.v[0];
+  const int aubier_S = args.extents.v[1];
   int v0_lane = 0;
   int v1_f = 0;
   int v2_fr = 0;

@@ -22,8 +22,7 @@ layout(push_constant, std430) uniform AubierArgs {
   AubierI32 pos;
   AubierF32 cache;
   AubierF32 q2;
-  int T;
-  int S;
+  AubierI32 extents;
 } args;
 float aubier_add(float a, float b) { precise float r = a + b; return r; }
 float aubier_sub(float a, float b) { precise float r = a - b; return r; }
@@ -104,6 +103,8 @@ float aubier_cos(float x) { float s, c; aubier_sincos(x, s, c); return c; }
 const float t_theta[16] = {1.0f, 0.47799012f, 0.22135943f, 0.097805366f, 0.04f, 0.014058532f, 0.007905695f, 0.0044456986f, 0.0025f, 0.0014058533f, 0.00079056947f, 0.00044456986f, 0.00025f, 0.00014058533f, 7.905695e-5f, 4.4456985e-5f};
 shared float s_red[32];
 void main() {
+  const int aubier_T = args.extents.v[0];
+  const int aubier_S = args.extents.v[1];
   int v0_t = 0;
   int v1_p = 0;
   float v2_pf = 0.0f;

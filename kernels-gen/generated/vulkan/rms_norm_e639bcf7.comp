@@ -18,8 +18,7 @@ layout(push_constant, std430) uniform AubierArgs {
   AubierF32 x;
   uint64_t w;
   AubierF32 y;
-  int T;
-  int S;
+  AubierI32 extents;
 } args;
 float aubier_add(float a, float b) { precise float r = a + b; return r; }
 float aubier_sub(float a, float b) { precise float r = a - b; return r; }
@@ -99,6 +98,8 @@ float aubier_sin(float x) { float s, c; aubier_sincos(x, s, c); return s; }
 float aubier_cos(float x) { float s, c; aubier_sincos(x, s, c); return c; }
 shared float s_red[32];
 void main() {
+  const int aubier_T = args.extents.v[0];
+  const int aubier_S = args.extents.v[1];
   int v0_base = 0;
   float v1_ss = 0.0f;
   int v2_i = 0;

@@ -17,8 +17,7 @@ layout(local_size_x = 256) in;
 layout(push_constant, std430) uniform AubierArgs {
   AubierF32 x;
   AubierF32 y;
-  int T;
-  int S;
+  AubierI32 extents;
 } args;
 float aubier_add(float a, float b) { precise float r = a + b; return r; }
 float aubier_sub(float a, float b) { precise float r = a - b; return r; }
@@ -98,6 +97,8 @@ float aubier_sin(float x) { float s, c; aubier_sincos(x, s, c); return s; }
 float aubier_cos(float x) { float s, c; aubier_sincos(x, s, c); return c; }
 shared float s_red[32];
 void main() {
+  const int aubier_T = args.extents.v[0];
+  const int aubier_S = args.extents.v[1];
   int v0_base = 0;
   float v1_m = 0.0f;
   int v2_i = 0;

@@ -17,8 +17,7 @@ layout(local_size_x = 256) in;
 layout(push_constant, std430) uniform AubierArgs {
   AubierF32 p;
   AubierI32 ids;
-  int T;
-  int S;
+  AubierI32 extents;
 } args;
 float aubier_add(float a, float b) { precise float r = a + b; return r; }
 float aubier_sub(float a, float b) { precise float r = a - b; return r; }
@@ -97,6 +96,8 @@ void aubier_sincos(float x, out float so, out float co) {
 float aubier_sin(float x) { float s, c; aubier_sincos(x, s, c); return s; }
 float aubier_cos(float x) { float s, c; aubier_sincos(x, s, c); return c; }
 void main() {
+  const int aubier_T = args.extents.v[0];
+  const int aubier_S = args.extents.v[1];
   int v0_r = 0;
   float v1_prev_v = 0.0f;
   int v2_prev_i = 0;
@@ -106,7 +107,7 @@ void main() {
   int v6_i = 0;
   float v7_v = 0.0f;
   v0_r = ((int(gl_WorkGroupID.x) * 256) + int(gl_LocalInvocationID.x));
-  if (int(v0_r < args.T) != 0) {
+  if (int(v0_r < aubier_T) != 0) {
     v1_prev_v = uintBitsToFloat(0x7f800000u);
     v2_prev_i = (-1);
     for (v3_j = 0; v3_j < 4; v3_j += 1) {

@@ -17,7 +17,9 @@
 //! - entry point `main`, `local_size_x = block`; block `(x, y)` of the grid is
 //!   `gl_WorkGroupID.xy`, the thread `gl_LocalInvocationID.x`.
 //! - one std430 push-constant block: for every parameter in IR order one 8-byte device address,
-//!   then `int T; int S;` — [`push_constant_bytes`] = 8·params + 8. F32 / I32 parameters: the
+//!   then the address of the run's extents, two `int`s `T, S` in device memory —
+//!   [`push_constant_bytes`] = 8·params + 8 (the extents live in memory, not in the push
+//!   constants, so that a command buffer recorded once replays for every `S`). F32 / I32 parameters: the
 //!   address of element 0; weights: the tensor's first byte (rows of `row_bytes`); experts: the
 //!   address of a table of `uint64_t` device addresses, one per expert (expert `e`'s bytes
 //!   start at `table[e]`). No descriptor sets (a tensor may exceed `maxStorageBufferRange`).
@@ -48,7 +50,8 @@ use super::ir::{BinOp, Builtin, Expr, IrError, Kernel, ParamKind, ReduceOp, Scal
 use super::GenError;
 use std::fmt::{self, Display, Formatter};
 
-/// Bytes of `k`'s push constants: 8 per parameter (a device address), then `int T, S`.
+/// Bytes of `k`'s push constants: 8 per parameter (a device address), then 8 for the address of
+/// the extents `int T, S`.
 pub fn push_constant_bytes(k: &Kernel) -> u32 {
     8 * k.params.len() as u32 + 8
 }
@@ -156,7 +159,7 @@ impl Display for Shader<'_> {
             };
             writeln!(f, "  {ty} {name};")?;
         }
-        writeln!(f, "  int T;\n  int S;\n}} args;")?;
+        writeln!(f, "  AubierI32 extents;\n}} args;")?;
         f.write_str(HELPERS)?;
         f.write_str(&math::glsl())?;
         f.write_str(self.quant_tables)?;
@@ -172,6 +175,10 @@ impl Display for Shader<'_> {
             writeln!(f, "shared {} s_{name}[{len}];", Ty(*ty))?;
         }
         writeln!(f, "void main() {{")?;
+        writeln!(
+            f,
+            "  const int aubier_T = args.extents.v[0];\n  const int aubier_S = args.extents.v[1];"
+        )?;
         for (i, (name, ty)) in k.vars.iter().enumerate() {
             let zero = match ty {
                 Scalar::F32 => "0.0f",
@@ -278,8 +285,8 @@ impl Display for E<'_> {
                 Builtin::Thread => "int(gl_LocalInvocationID.x)",
                 Builtin::BlockX => "int(gl_WorkGroupID.x)",
                 Builtin::BlockY => "int(gl_WorkGroupID.y)",
-                Builtin::Tokens => "args.T",
-                Builtin::Keys => "args.S",
+                Builtin::Tokens => "aubier_T",
+                Builtin::Keys => "aubier_S",
             }),
             Expr::Load(p, i) => match &k.params[p.0] {
                 (name, ParamKind::Weight { .. }) => {

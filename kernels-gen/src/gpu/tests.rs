@@ -466,7 +466,8 @@ fn every_kernel_compiles_with_clang() {
 }
 
 /// Every builder's kernel renders as a Vulkan GLSL compute shader with the ABI's push constants
-/// (8 bytes per parameter, then `T`, `S`) and the reduction width of the IR.
+/// (8 bytes per parameter, then the address of the extents `T`, `S`) and the reduction width of
+/// the IR.
 #[test]
 fn every_kernel_renders_as_glsl() {
     use super::glsl::{push_constant_bytes, render_glsl};
@@ -474,7 +475,7 @@ fn every_kernel_renders_as_glsl() {
         let text = render_glsl(&k, &["header".to_string()]).expect("renders");
         assert!(text.starts_with("#version 460\n"), "{}", k.name);
         assert!(text.contains(&format!("layout(local_size_x = {}) in;", k.block)));
-        assert!(text.contains("  int T;\n  int S;\n} args;"), "{}", k.name);
+        assert!(text.contains("  AubierI32 extents;\n} args;"), "{}", k.name);
         assert_eq!(push_constant_bytes(&k), 8 * k.params.len() as u32 + 8);
     }
 }

@@ -1,9 +1,11 @@
 //! One open Vulkan device: buffers addressed by device address, compute pipelines, dispatch.
 //!
 //! Every submission (a [`VulkanContext::run`] of many dispatches and copies, one dispatch, the
-//! copy of an upload or a download) is recorded into the context's one command buffer, submitted to its one compute queue and waited for before the
-//! call returns, behind a barrier that orders it after every earlier submission and makes its
-//! writes visible to the host: once a call returns, the device uses no buffer. Threads sharing a
+//! copy of an upload or a download) is recorded into the context's one command buffer,
+//! submitted to its one compute queue and waited for before the call returns, behind a barrier
+//! that orders it after every earlier submission and makes its writes visible to the host: once
+//! a call returns, the device uses no buffer. A [`Recording`] is the same recorded once, into a
+//! command buffer of its own, and submitted ([`VulkanContext::replay`]) any number of times. Threads sharing a
 //! context submit one at a time; which buffers a kernel reaches (by the addresses it is given)
 //! while another thread reads or writes them is the caller's to order.
 
@@ -41,6 +43,8 @@ pub struct VulkanContext {
     memory: vk::PhysicalDeviceMemoryProperties,
     /// The compute queue.
     queue: vk::Queue,
+    /// Its queue family.
+    family: u32,
     /// The pool of `cmd` (null until made).
     pool: vk::CommandPool,
     /// The command buffer every submission is recorded into.
@@ -141,6 +145,7 @@ impl VulkanContext {
             info,
             memory,
             queue,
+            family,
             pool: vk::CommandPool::null(),
             cmd: vk::CommandBuffer::null(),
             fence: vk::Fence::null(),
@@ -207,7 +212,8 @@ impl VulkanContext {
                 vk::BufferUsageFlags::STORAGE_BUFFER
                     | vk::BufferUsageFlags::TRANSFER_SRC
                     | vk::BufferUsageFlags::TRANSFER_DST
-                    | vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS,
+                    | vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS
+                    | vk::BufferUsageFlags::INDIRECT_BUFFER,
             )
             .sharing_mode(vk::SharingMode::EXCLUSIVE);
         // SAFETY: the device is alive; `info` outlives the call.
@@ -536,8 +542,63 @@ impl VulkanContext {
         self.submit(|_, cmd| record(&mut Recorder { ctx: self, cmd }))
     }
 
-    /// Records `record` into the command buffer between two barriers (every earlier write of
-    /// the queue before it; its writes visible to the host after it), submits it and waits.
+    /// Records what `record` asks for, as [`VulkanContext::run`] does, into a command buffer of
+    /// its own that [`VulkanContext::replay`] submits: the buffers and pipelines it names must
+    /// outlive every replay, and what the commands read from host-visible memory (inputs,
+    /// indirect dispatch counts) is read at each replay.
+    ///
+    /// Errors: the first error of `record`; [`VulkanError::Vk`] when the pool or the command
+    /// buffer cannot be made.
+    pub fn record(
+        &self,
+        record: impl FnOnce(&mut Recorder<'_>) -> Result<(), VulkanError>,
+    ) -> Result<Recording, VulkanError> {
+        let d = &self.shared.device;
+        let mut rec = Recording {
+            pool: vk::CommandPool::null(),
+            cmd: vk::CommandBuffer::null(),
+            shared: Arc::clone(&self.shared),
+        };
+        // From here on, a failure drops `rec`, which destroys the pool.
+        let pool_info = vk::CommandPoolCreateInfo::default().queue_family_index(self.family);
+        // SAFETY: the device is alive; `pool_info` outlives the call.
+        rec.pool = vk_call("vkCreateCommandPool", unsafe {
+            d.create_command_pool(&pool_info, None)
+        })?;
+        let alloc = vk::CommandBufferAllocateInfo::default()
+            .command_pool(rec.pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        // SAFETY: the pool belongs to the device and is used by this thread alone.
+        let cmds = vk_call("vkAllocateCommandBuffers", unsafe {
+            d.allocate_command_buffers(&alloc)
+        })?;
+        rec.cmd = one("vkAllocateCommandBuffers", cmds)?;
+        self.record_into(rec.cmd, vk::CommandBufferUsageFlags::empty(), |_, cmd| {
+            record(&mut Recorder { ctx: self, cmd })
+        })?;
+        Ok(rec)
+    }
+
+    /// Submits `rec` (made by this context) and waits for it.
+    ///
+    /// Errors: [`VulkanError::Invalid`] for a recording of another context; [`VulkanError::Vk`]
+    /// when the submission or the wait fails.
+    pub fn replay(&self, rec: &Recording) -> Result<(), VulkanError> {
+        if !Arc::ptr_eq(&rec.shared, &self.shared) {
+            return Err(VulkanError::Invalid(
+                "the recording belongs to another Vulkan context".into(),
+            ));
+        }
+        let _one_at_a_time = self
+            .submitting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.submit_wait(rec.cmd)
+    }
+
+    /// Records `record` into the context's command buffer ([`VulkanContext::record_into`]),
+    /// submits it and waits.
     fn submit(
         &self,
         record: impl FnOnce(&ash::Device, vk::CommandBuffer) -> Result<(), VulkanError>,
@@ -548,23 +609,38 @@ impl VulkanContext {
             .submitting
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let d = &self.shared.device;
         let cmd = self.cmd;
+        // SAFETY: the command buffer is not pending (every submission is waited for, under the
+        // lock held here) and its pool allows resetting it.
+        vk_call("vkResetCommandBuffer", unsafe {
+            self.shared
+                .device
+                .reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty())
+        })?;
+        self.record_into(cmd, vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT, record)?;
+        self.submit_wait(cmd)
+    }
+
+    /// Records `record` into `cmd` (initial or reset, used by this thread alone) between two
+    /// barriers: every earlier write of the queue before it; its writes visible to the host
+    /// after it.
+    fn record_into(
+        &self,
+        cmd: vk::CommandBuffer,
+        usage: vk::CommandBufferUsageFlags,
+        record: impl FnOnce(&ash::Device, vk::CommandBuffer) -> Result<(), VulkanError>,
+    ) -> Result<(), VulkanError> {
+        let d = &self.shared.device;
         let before = [vk::MemoryBarrier::default()
             .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
             .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)];
         let after = [vk::MemoryBarrier::default()
             .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
             .dst_access_mask(vk::AccessFlags::HOST_READ)];
-        let begin = vk::CommandBufferBeginInfo::default()
-            .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
-        // SAFETY: the command buffer is not pending (every submission is waited for below, under
-        // the lock held here) and its pool allows resetting it; the barriers and `begin` outlive the calls.
+        let begin = vk::CommandBufferBeginInfo::default().flags(usage);
+        // SAFETY: `cmd` is in the initial state and not pending (the caller's contract); the
+        // barriers and `begin` outlive the calls.
         unsafe {
-            vk_call(
-                "vkResetCommandBuffer",
-                d.reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty()),
-            )?;
             vk_call("vkBeginCommandBuffer", d.begin_command_buffer(cmd, &begin))?;
             d.cmd_pipeline_barrier(
                 cmd,
@@ -584,11 +660,7 @@ impl VulkanContext {
             }
             return Err(e);
         }
-        let cmds = [cmd];
-        let submits = [vk::SubmitInfo::default().command_buffers(&cmds)];
-        // SAFETY: `cmd` was begun above and recorded by `record`; the fence is unsignalled
-        // (reset before the submission) and not in use; the wait returns once the queue
-        // finished, so nothing of this submission is in flight afterwards.
+        // SAFETY: `cmd` was begun above and recorded by `record`.
         unsafe {
             d.cmd_pipeline_barrier(
                 cmd,
@@ -599,7 +671,20 @@ impl VulkanContext {
                 &[],
                 &[],
             );
-            vk_call("vkEndCommandBuffer", d.end_command_buffer(cmd))?;
+            vk_call("vkEndCommandBuffer", d.end_command_buffer(cmd))
+        }
+    }
+
+    /// Submits the recorded `cmd` and waits for it; the caller holds the submission lock.
+    fn submit_wait(&self, cmd: vk::CommandBuffer) -> Result<(), VulkanError> {
+        let d = &self.shared.device;
+        let cmds = [cmd];
+        let submits = [vk::SubmitInfo::default().command_buffers(&cmds)];
+        // SAFETY: `cmd` is executable and not pending (every submission is waited for under the
+        // lock the caller holds); the fence is unsignalled (reset before the submission) and not
+        // in use; the wait returns once the queue finished, so nothing of this submission is in
+        // flight afterwards.
+        unsafe {
             vk_call("vkResetFences", d.reset_fences(&[self.fence]))?;
             vk_call(
                 "vkQueueSubmit",
@@ -634,6 +719,64 @@ impl Recorder<'_> {
         groups: [u32; 3],
         push_constants: &[u8],
     ) -> Result<(), VulkanError> {
+        let max = self.ctx.info.limits.max_compute_work_group_count;
+        if groups.iter().zip(max).any(|(&g, m)| g > m) {
+            return Err(VulkanError::Invalid(format!(
+                "{groups:?} workgroups exceed the device's maxComputeWorkGroupCount {max:?}"
+            )));
+        }
+        self.bind(pipeline, push_constants)?;
+        // SAFETY: a compute pipeline is bound; `cmd` is recording.
+        unsafe {
+            self.ctx
+                .shared
+                .device
+                .cmd_dispatch(self.cmd, groups[0], groups[1], groups[2])
+        };
+        self.barrier();
+        Ok(())
+    }
+
+    /// Records `pipeline` with `push_constants` over the workgroup counts the device reads, when
+    /// the commands run, from the three `u32` at `offset` of `counts`
+    /// (`VkDispatchIndirectCommand`; a count of 0 dispatches nothing). The counts are the
+    /// caller's to keep within `maxComputeWorkGroupCount`.
+    ///
+    /// Errors: [`VulkanError::Invalid`] when the push constants have another size than the
+    /// pipeline's, the counts lie outside `counts` or off a 4-byte boundary, or the pipeline or
+    /// the buffer belongs to another context.
+    pub fn dispatch_indirect(
+        &mut self,
+        pipeline: &Pipeline,
+        counts: &Buffer,
+        offset: u64,
+        push_constants: &[u8],
+    ) -> Result<(), VulkanError> {
+        self.bind(pipeline, push_constants)?;
+        self.ctx.check_range(counts, offset, INDIRECT_BYTES)?;
+        if !offset.is_multiple_of(4) {
+            return Err(VulkanError::Invalid(format!(
+                "indirect dispatch counts at offset {offset}, not a multiple of 4"
+            )));
+        }
+        // SAFETY: the buffer belongs to this device (checked above), has INDIRECT_BUFFER usage
+        // and holds the 12 bytes at the 4-aligned `offset`; a compute pipeline is bound; `cmd`
+        // is recording.
+        unsafe {
+            self.ctx
+                .shared
+                .device
+                .cmd_dispatch_indirect(self.cmd, counts.buffer, offset)
+        };
+        self.barrier();
+        Ok(())
+    }
+
+    /// Binds `pipeline` and records its push constants.
+    ///
+    /// Errors: [`VulkanError::Invalid`] when the push constants have another size than the
+    /// pipeline's or the pipeline belongs to another context.
+    fn bind(&mut self, pipeline: &Pipeline, push_constants: &[u8]) -> Result<(), VulkanError> {
         if !Arc::ptr_eq(&pipeline.shared, &self.ctx.shared) {
             return Err(VulkanError::Invalid(
                 "the pipeline belongs to another Vulkan context".into(),
@@ -646,15 +789,9 @@ impl Recorder<'_> {
                 pipeline.push_constant_bytes
             )));
         }
-        let max = self.ctx.info.limits.max_compute_work_group_count;
-        if groups.iter().zip(max).any(|(&g, m)| g > m) {
-            return Err(VulkanError::Invalid(format!(
-                "{groups:?} workgroups exceed the device's maxComputeWorkGroupCount {max:?}"
-            )));
-        }
         let d = &self.ctx.shared.device;
-        // SAFETY: the pipeline and its layout belong to this device; the push constants are
-        // exactly its range (checked above); `cmd` is recording.
+        // SAFETY: the pipeline and its layout belong to this device (checked above); the push
+        // constants are exactly its range; `cmd` is recording.
         unsafe {
             d.cmd_bind_pipeline(self.cmd, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
             if !push_constants.is_empty() {
@@ -666,9 +803,7 @@ impl Recorder<'_> {
                     push_constants,
                 );
             }
-            d.cmd_dispatch(self.cmd, groups[0], groups[1], groups[2]);
         }
-        self.barrier();
         Ok(())
     }
 
@@ -779,6 +914,22 @@ impl Recorder<'_> {
     }
 }
 
+/// A command buffer recorded once ([`VulkanContext::record`]) for
+/// [`VulkanContext::replay`], with the pool it came from; freed on drop.
+pub struct Recording {
+    pool: vk::CommandPool,
+    cmd: vk::CommandBuffer,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        // SAFETY: no submission is in flight (each replay is waited for); destroying the pool
+        // (made by this device, or null: a no-op) frees its command buffer.
+        unsafe { self.shared.device.destroy_command_pool(self.pool, None) };
+    }
+}
+
 /// A pool of GPU timestamps ([`VulkanContext::timestamps`]), freed on drop.
 pub struct Timestamps {
     pool: vk::QueryPool,
@@ -793,6 +944,9 @@ impl Drop for Timestamps {
         unsafe { self.shared.device.destroy_query_pool(self.pool, None) };
     }
 }
+
+/// Bytes of one `VkDispatchIndirectCommand` (three `u32` workgroup counts).
+pub const INDIRECT_BYTES: usize = 12;
 
 /// The one handle `call` was asked for (`ERROR_UNKNOWN` should a driver return none).
 fn one<T>(call: &'static str, handles: Vec<T>) -> Result<T, VulkanError> {

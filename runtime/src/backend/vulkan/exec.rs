@@ -8,22 +8,26 @@
 //! experts, each within the device's largest buffer (`maxMemoryAllocationSize`,
 //! `maxBufferSize`), and gets a table of its experts' addresses. Per session ([`DeviceRun`]):
 //! one device buffer per plan slot, grown to the largest value placed in it; the latent KV
-//! cache, one buffer per layer; the step scratch. A run of `T` tokens over `S` keys records,
-//! into one command buffer, the copy of the inputs, every launch of every step in plan order
-//! (push constants: the bound buffers' addresses, then `T`, `S`; a barrier between launches)
-//! and the copies of the requested outputs into a host-visible buffer, then submits it and
-//! waits once — no host wait inside a step (with profiling on, a timestamp after every launch
-//! gives each kernel's GPU time). The command buffer is recorded anew for each run, not
-//! replayed: `T` and `S` are push constants and the KQKV grid grows with `S`, so a buffer
-//! recorded once would need both read from device memory and indirect dispatches. The output
-//! head, when only the last position's logits are wanted, runs for that row alone (its input's
-//! address advanced to the row, `T = 1`).
+//! cache, one buffer per layer; the step scratch; a host-visible buffer of the run's arguments
+//! (the extents `T`, `S` and every launch's workgroup counts). A run of `T` tokens over `S` keys
+//! writes its inputs, extents and counts into host-visible memory, then submits one command
+//! buffer and waits once — no host wait inside a step: the copy of the inputs, every launch of
+//! every step in plan order (push constants: the bound buffers' addresses and that of the
+//! extents; indirect dispatches; a barrier between launches; with profiling on, a timestamp
+//! after every launch) and the copies of the requested outputs into the staging buffer. That
+//! command buffer is recorded once per shape (tokens, head, outputs) and buffer set, and
+//! replayed while they stay: every decode step after a request's first replays it. Slot and
+//! scratch buffers grow to at least twice their size when they must, so a window growing a key
+//! at a time makes few of them anew. The output head, when only the last position's logits are
+//! wanted, runs for that row alone (its input's address advanced to the row, extents `[1, S]`).
 //!
 //! Contract. Inputs are checked by the caller (the session): token ids below the vocabulary,
 //! positions below `S ≤` the cache's capacity. Routed-expert ids come from the device's `top_k`;
 //! the caller reads them back and refuses a step whose ids are outside the experts.
 
-use super::context::{Buffer, Location, Pipeline, Timestamps, VulkanContext};
+use super::context::{
+    Buffer, Location, Pipeline, Recording, Timestamps, VulkanContext, INDIRECT_BYTES,
+};
 use super::shader::compile_glsl;
 use super::VulkanError;
 use aubier_compiler::plan::{Operand, Plan, Storage, ValueId};
@@ -287,7 +291,8 @@ fn elements(dims: &[Dim], t: usize, s: usize) -> Option<usize> {
     })
 }
 
-/// One session's device state: slot buffers, the latent KV cache, scratch, staging.
+/// One session's device state: slot buffers, the latent KV cache, scratch, staging, the run's
+/// arguments in host-visible memory and the command buffer of the last run.
 pub struct DeviceRun {
     slots: Vec<Option<Buffer>>,
     /// Per layer, `[capacity, width]` f32.
@@ -297,10 +302,39 @@ pub struct DeviceRun {
     scratch: HashMap<String, Buffer>,
     /// Host-visible staging of the inputs, then of the outputs.
     staging: Option<Buffer>,
+    /// Host-visible arguments of a run: the extents `[T, S]`, those of a head run for the last
+    /// token `[1, S]`, then one `VkDispatchIndirectCommand` per launch of the plan, in order.
+    args: Buffer,
+    /// Launches of the plan.
+    n_launches: usize,
+    /// Bumped whenever a buffer a recording names is made anew.
+    generation: u64,
+    /// The command buffer of the last run and what it was recorded for.
+    recorded: Option<(RecordKey, Recording)>,
+    /// Runs submitted, and command buffers recorded for them.
+    runs: u64,
+    recordings: u64,
     /// With profiling on: the timestamp pool (one before the first launch, one after each).
     profile: Option<Timestamps>,
     /// GPU seconds per pipeline since profiling started.
     kernel_times: Vec<KernelTime>,
+}
+
+/// Bytes of the extents at the start of [`DeviceRun`]'s arguments: `[T, S, 1, S]` as i32.
+const EXTENTS_BYTES: usize = 16;
+
+/// What a recorded command buffer depends on besides its buffers' contents: a run of the same
+/// key replays it (every decode step of a session after the first, while no buffer grows).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct RecordKey {
+    /// Tokens (the inputs' and outputs' copies, the head's input row).
+    t: usize,
+    /// The step of the output head run for the last token alone.
+    head: Option<usize>,
+    /// The values read back and their bytes.
+    reads: Vec<(ValueId, usize)>,
+    /// [`DeviceRun::generation`] at recording.
+    generation: u64,
 }
 
 /// GPU time of one kernel ([`DeviceRun::kernel_times`]), from timestamp queries.
@@ -325,8 +359,9 @@ impl std::fmt::Debug for DeviceRun {
     }
 }
 
-/// An output of a run: the value and the elements to read (the last row only for a head run
-/// for the last position).
+/// An output of a run: the value and the bytes to read (the last row only for a head run for
+/// the last position).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Readback {
     value: ValueId,
     bytes: usize,
@@ -352,6 +387,11 @@ impl DeviceRun {
         let cache = (0..n_layer)
             .map(|_| dp.ctx.buffer(bytes as u64, Location::Device))
             .collect::<Result<Vec<_>, _>>()?;
+        let n_launches = dp.steps.iter().map(Vec::len).sum::<usize>();
+        let args = dp.ctx.buffer(
+            (EXTENTS_BYTES + INDIRECT_BYTES * n_launches) as u64,
+            Location::Host,
+        )?;
         let mut run = DeviceRun {
             slots: (0..plan.n_slots).map(|_| None).collect(),
             cache,
@@ -359,6 +399,12 @@ impl DeviceRun {
             width,
             scratch: HashMap::new(),
             staging: None,
+            args,
+            n_launches,
+            generation: 0,
+            recorded: None,
+            runs: 0,
+            recordings: 0,
             profile: None,
             kernel_times: Vec::new(),
         };
@@ -382,12 +428,12 @@ impl DeviceRun {
     ///
     /// Errors: [`VulkanError::Unsupported`] when the device has no timestamps.
     pub fn set_profile(&mut self, dp: &DevicePlan, on: bool) -> Result<(), VulkanError> {
-        let launches: usize = dp.steps.iter().map(Vec::len).sum();
         self.profile = if on {
-            Some(dp.ctx.timestamps(launches as u32 + 1)?)
+            Some(dp.ctx.timestamps(self.n_launches as u32 + 1)?)
         } else {
             None
         };
+        self.generation += 1;
         self.kernel_times = dp
             .pipelines
             .iter()
@@ -402,6 +448,11 @@ impl DeviceRun {
     /// GPU time per kernel since profiling started, in first-use order.
     pub fn kernel_times(&self) -> &[KernelTime] {
         &self.kernel_times
+    }
+
+    /// `(runs, recordings)`: runs submitted, and command buffers recorded for them.
+    pub fn submissions(&self) -> (u64, u64) {
+        (self.runs, self.recordings)
     }
 
     /// Rows of the latent cache.
@@ -431,11 +482,14 @@ impl DeviceRun {
     /// Runs every step of `plan` for `T = t` tokens over `S = s` keys: `inputs` (each plan input
     /// by name, `t` i32) copied in, `outputs` read back as raw 4-byte elements. When
     /// `last_only` names the output head's value, the head runs for the last token alone and
-    /// that value's read-back is its one row.
+    /// that value's read-back is its one row. The host writes the inputs, the extents and every
+    /// launch's workgroup counts, then submits the command buffer of the last run when it was
+    /// recorded for the same tokens, head and outputs over the same buffers (a decode step after
+    /// the first), else records it anew.
     ///
     /// Errors: [`VulkanError::Invalid`] for a missing input, `t = 0`, `t > s`, `s` past the
-    /// cache, sizes that overflow or a value that is not in a slot; [`VulkanError::Vk`] from
-    /// the driver.
+    /// cache, sizes that overflow, a grid past the device's limits or a value that is not in a
+    /// slot; [`VulkanError::Vk`] from the driver.
     #[allow(clippy::too_many_arguments)] // the run's operands, extents and outputs
     pub fn run(
         &mut self,
@@ -501,55 +555,47 @@ impl DeviceRun {
             .is_none_or(|b| b.size() < staging_bytes)
         {
             self.staging = Some(dp.ctx.buffer(staging_bytes, Location::Host)?);
+            self.generation += 1;
         }
+        let extent = |x: usize| i32::try_from(x).map_err(|_| bad(format!("{x} exceeds i32")));
+        let mut args = Vec::with_capacity(EXTENTS_BYTES + INDIRECT_BYTES * self.n_launches);
+        for x in [t, s, 1, s] {
+            args.extend(extent(x)?.to_le_bytes());
+        }
+        // Per launch, whether it has work (a grid of no workgroups dispatches nothing).
+        let mut live = Vec::with_capacity(self.n_launches);
+        for (i, ls) in dp.steps.iter().enumerate() {
+            for l in ls {
+                let groups = groups(dp, plan, i, l, t, s, head == Some(i))?;
+                live.push(!groups.contains(&0));
+                args.extend(groups.iter().flat_map(|g| g.to_le_bytes()));
+            }
+        }
+        dp.ctx.upload(&self.args, 0, &args)?;
         let staging = self.staging.as_ref().expect("made above");
         dp.ctx.upload(staging, 0, &input_bytes)?;
-        let this = &*self;
-        // The pipeline of every timestamp after the first.
-        let mut timed = Vec::new();
-        dp.ctx.run(|r| {
-            for &(id, at, len) in &input_at {
-                r.copy(
-                    staging,
-                    at as u64,
-                    this.value_buffer(plan, id)?,
-                    0,
-                    len as u64,
-                )?;
-            }
-            if let Some(ts) = &this.profile {
-                r.reset_timestamps(ts);
-                r.timestamp(ts, 0)?;
-            }
-            for (i, ls) in dp.steps.iter().enumerate() {
-                for l in ls {
-                    let (push, groups) = this.launch_args(dp, plan, i, l, t, s, head == Some(i))?;
-                    if groups.contains(&0) {
-                        continue;
-                    }
-                    r.dispatch(&dp.pipelines[l.pipeline].1, groups, &push)?;
-                    if let Some(ts) = &this.profile {
-                        timed.push(l.pipeline);
-                        r.timestamp(ts, timed.len() as u32)?;
-                    }
-                }
-            }
-            let mut at = input_bytes.len() as u64;
-            for rb in &reads {
-                r.copy(
-                    this.value_buffer(plan, rb.value)?,
-                    0,
-                    staging,
-                    at,
-                    rb.bytes as u64,
-                )?;
-                at += rb.bytes as u64;
-            }
-            Ok(())
-        })?;
+        let key = RecordKey {
+            t,
+            head,
+            reads: reads.iter().map(|r| (r.value, r.bytes)).collect(),
+            generation: self.generation,
+        };
+        if self.recorded.as_ref().is_none_or(|(k, _)| *k != key) {
+            self.recorded = None;
+            let rec = self.record(dp, plan, t, head, &input_at, &reads, input_bytes.len())?;
+            self.recorded = Some((key, rec));
+            self.recordings += 1;
+        }
+        self.runs += 1;
+        let (_, rec) = self.recorded.as_ref().expect("recorded above");
+        dp.ctx.replay(rec)?;
         if let Some(ts) = &self.profile {
-            let times = dp.ctx.read_timestamps(ts, timed.len() as u32 + 1)?;
-            for (&p, w) in timed.iter().zip(times.windows(2)) {
+            let times = dp.ctx.read_timestamps(ts, self.n_launches as u32 + 1)?;
+            let pipelines = dp.steps.iter().flatten().map(|l| l.pipeline);
+            for ((p, &live), w) in pipelines.zip(&live).zip(times.windows(2)) {
+                if !live {
+                    continue;
+                }
                 let (spent, kt) = (w[1] - w[0], &mut self.kernel_times[p]);
                 if t > 1 {
                     kt.prefill_s += spent;
@@ -571,8 +617,70 @@ impl DeviceRun {
         Ok(out)
     }
 
+    /// Records a run of `t` tokens: the inputs' copies out of the staging buffer, every launch
+    /// of every step in plan order (workgroup counts and extents read from [`DeviceRun::args`]
+    /// when it runs), the outputs' copies into the staging buffer after the inputs' bytes.
+    #[allow(clippy::too_many_arguments)] // the run's shape: tokens, head, copies
+    fn record(
+        &self,
+        dp: &DevicePlan,
+        plan: &Plan,
+        t: usize,
+        head: Option<usize>,
+        input_at: &[(ValueId, usize, usize)],
+        reads: &[Readback],
+        inputs_len: usize,
+    ) -> Result<Recording, VulkanError> {
+        let staging = self.staging.as_ref().expect("made before recording");
+        dp.ctx.record(|r| {
+            for &(id, at, len) in input_at {
+                r.copy(
+                    staging,
+                    at as u64,
+                    self.value_buffer(plan, id)?,
+                    0,
+                    len as u64,
+                )?;
+            }
+            if let Some(ts) = &self.profile {
+                r.reset_timestamps(ts);
+                r.timestamp(ts, 0)?;
+            }
+            let mut launch = 0;
+            for (i, ls) in dp.steps.iter().enumerate() {
+                for l in ls {
+                    let push = self.push_constants(dp, plan, i, l, t, head == Some(i))?;
+                    let counts = EXTENTS_BYTES + INDIRECT_BYTES * launch;
+                    r.dispatch_indirect(
+                        &dp.pipelines[l.pipeline].1,
+                        &self.args,
+                        counts as u64,
+                        &push,
+                    )?;
+                    launch += 1;
+                    if let Some(ts) = &self.profile {
+                        r.timestamp(ts, launch as u32)?;
+                    }
+                }
+            }
+            let mut at = inputs_len as u64;
+            for rb in reads {
+                r.copy(
+                    self.value_buffer(plan, rb.value)?,
+                    0,
+                    staging,
+                    at,
+                    rb.bytes as u64,
+                )?;
+                at += rb.bytes as u64;
+            }
+            Ok(())
+        })
+    }
+
     /// Grows every slot buffer to the largest value placed in it at `(t, s)` (the head's output
-    /// one row when `head` runs for the last token alone).
+    /// one row when `head` runs for the last token alone), to at least twice its size, so that
+    /// a cache window growing by a token at a time makes few buffers anew.
     fn size_slots(
         &mut self,
         dp: &DevicePlan,
@@ -598,13 +706,16 @@ impl DeviceRun {
         }
         for (slot, bytes) in self.slots.iter_mut().zip(need) {
             if bytes > 0 && slot.as_ref().is_none_or(|b| b.size() < bytes as u64) {
-                *slot = Some(dp.ctx.buffer(bytes as u64, Location::Device)?);
+                let size = slot.as_ref().map_or(0, |b| 2 * b.size()).max(bytes as u64);
+                *slot = Some(dp.ctx.buffer(size, Location::Device)?);
+                self.generation += 1;
             }
         }
         Ok(())
     }
 
-    /// Grows each named scratch to what its launches need at `(t, s)`.
+    /// Grows each named scratch to what its launches need at `(t, s)`, to at least twice its
+    /// size.
     fn size_scratch(&mut self, dp: &DevicePlan, t: usize, s: usize) -> Result<(), VulkanError> {
         let mut need: HashMap<&str, usize> = HashMap::new();
         for l in dp.steps.iter().flatten() {
@@ -619,13 +730,12 @@ impl DeviceRun {
             }
         }
         for (name, bytes) in need {
-            if self
-                .scratch
-                .get(name)
-                .is_none_or(|b| b.size() < bytes as u64)
-            {
-                let b = dp.ctx.buffer(bytes.max(4) as u64, Location::Device)?;
+            let old = self.scratch.get(name).map(Buffer::size);
+            if old.is_none_or(|size| size < bytes as u64) {
+                let size = old.map_or(0, |b| 2 * b).max(bytes.max(4) as u64);
+                let b = dp.ctx.buffer(size, Location::Device)?;
                 self.scratch.insert(name.to_string(), b);
+                self.generation += 1;
             }
         }
         Ok(())
@@ -644,19 +754,18 @@ impl DeviceRun {
         .ok_or_else(|| VulkanError::Invalid(format!("value `{}` has no buffer", v.name)))
     }
 
-    /// The push constants and workgroup counts of launch `l` of step `i`. `last_row`: the output
-    /// head run for the last token alone (input advanced to its last row, `T = 1`).
-    #[allow(clippy::too_many_arguments)] // the launch and its extents
-    fn launch_args(
+    /// The push constants of launch `l` of step `i`: its buffers' addresses, then that of its
+    /// extents. `last_row`: the output head run for the last of `t` tokens alone (its input's
+    /// address advanced to that row, the extents `[1, S]`).
+    fn push_constants(
         &self,
         dp: &DevicePlan,
         plan: &Plan,
         i: usize,
         l: &DeviceLaunch,
         t: usize,
-        s: usize,
         last_row: bool,
-    ) -> Result<(Vec<u8>, [u32; 3]), VulkanError> {
+    ) -> Result<Vec<u8>, VulkanError> {
         let step = &plan.steps[i];
         let bad = |m: String| VulkanError::Invalid(format!("step {i} ({}): {m}", step.op.name()));
         let mut push = Vec::with_capacity(8 * l.args.len() + 8);
@@ -666,8 +775,12 @@ impl DeviceRun {
                     Some(Operand::Value(v)) => {
                         let base = self.value_buffer(plan, *v)?.address();
                         if last_row {
-                            let row = elements(&plan.values[*v].shape.0, 1, s)
-                                .ok_or_else(|| bad("size overflow".into()))?;
+                            let shape = &plan.values[*v].shape.0;
+                            if shape.contains(&Dim::Keys) {
+                                return Err(bad(format!("`{name}`: a head input of S rows")));
+                            }
+                            let row =
+                                elements(shape, 1, 1).ok_or_else(|| bad("size overflow".into()))?;
                             base + ((t - 1) * row * 4) as u64
                         } else {
                             base
@@ -702,19 +815,43 @@ impl DeviceRun {
             };
             push.extend(address.to_le_bytes());
         }
-        let run_t = if last_row { 1 } else { t };
-        let extent = |x: usize| i32::try_from(x).map_err(|_| bad(format!("{x} exceeds i32")));
-        push.extend(extent(run_t)?.to_le_bytes());
-        push.extend(extent(s)?.to_le_bytes());
-        let mut groups = [1u32; 3];
-        for (g, size) in groups.iter_mut().zip(&l.kernel.grid) {
-            let n = size
-                .eval(run_t, s)
-                .ok_or_else(|| bad("grid overflows".into()))?;
-            *g = u32::try_from(n).map_err(|_| bad(format!("{n} workgroups")))?;
-        }
-        Ok((push, groups))
+        let extents = self.args.address() + if last_row { 8 } else { 0 };
+        push.extend(extents.to_le_bytes());
+        Ok(push)
     }
+}
+
+/// The workgroup counts of launch `l` of step `i` at `T = t` (1 for the head's `last_row`
+/// run), `S = s`.
+///
+/// Errors: [`VulkanError::Invalid`] when the grid overflows or exceeds the device's
+/// `maxComputeWorkGroupCount`.
+#[allow(clippy::too_many_arguments)] // the launch and its extents
+fn groups(
+    dp: &DevicePlan,
+    plan: &Plan,
+    i: usize,
+    l: &DeviceLaunch,
+    t: usize,
+    s: usize,
+    last_row: bool,
+) -> Result<[u32; 3], VulkanError> {
+    let bad =
+        |m: String| VulkanError::Invalid(format!("step {i} ({}): {m}", plan.steps[i].op.name()));
+    let run_t = if last_row { 1 } else { t };
+    let max = dp.ctx.info().limits.max_compute_work_group_count;
+    let mut groups = [1u32; 3];
+    for ((g, size), m) in groups.iter_mut().zip(&l.kernel.grid).zip(max) {
+        let n = size
+            .eval(run_t, s)
+            .ok_or_else(|| bad("grid overflows".into()))?;
+        *g = u32::try_from(n).ok().filter(|&n| n <= m).ok_or_else(|| {
+            bad(format!(
+                "{n} workgroups exceed maxComputeWorkGroupCount {m}"
+            ))
+        })?;
+    }
+    Ok(groups)
 }
 
 /// Little-endian f32s of `bytes`.
