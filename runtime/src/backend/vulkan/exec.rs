@@ -28,6 +28,7 @@
 use super::context::{
     Buffer, Location, Pipeline, Recording, Timestamps, VulkanContext, INDIRECT_BYTES,
 };
+use super::device::Limits;
 use super::shader::compile_glsl;
 use super::VulkanError;
 use aubier_compiler::plan::{Operand, Plan, Storage, ValueId};
@@ -93,7 +94,8 @@ impl DevicePlan {
     /// made pipelines; `weights` (by `WeightId`, the GGUF bytes) uploaded.
     ///
     /// Errors: [`VulkanError::Invalid`] when a step has no kernel or a kernel cannot be printed
-    /// (naming it); [`VulkanError::Compile`] from the shader compiler; [`VulkanError::Vk`] from
+    /// (naming it); [`VulkanError::Unsupported`] when a kernel's workgroup or shared memory is
+    /// over the device's limits; [`VulkanError::Compile`] from the shader compiler; [`VulkanError::Vk`] from
     /// the driver (e.g. out of device memory for the weights).
     pub fn new(ctx: VulkanContext, plan: &Plan, weights: &[&[u8]]) -> Result<Self, VulkanError> {
         let max = ctx.info().limits.max_buffer_bytes();
@@ -121,6 +123,11 @@ impl DevicePlan {
                 .map_err(|e| VulkanError::Invalid(format!("binding the plan: {e}")))?;
             let mut out = Vec::with_capacity(ls.len());
             for l in ls {
+                fits(&ctx.info().limits, &l.kernel).map_err(|what| VulkanError::Unsupported {
+                    device: ctx.info().index,
+                    name: ctx.info().name.clone(),
+                    what,
+                })?;
                 let source = glsl::render_glsl(&l.kernel, &header)
                     .map_err(|e| VulkanError::Invalid(format!("printing a kernel: {e}")))?;
                 let pipeline = match sources.get(&source) {
@@ -182,6 +189,26 @@ impl DevicePlan {
     /// The names of the distinct kernels, in first-use order.
     pub fn kernel_names(&self) -> impl Iterator<Item = &str> {
         self.pipelines.iter().map(|(n, _)| n.as_str())
+    }
+}
+
+/// `Ok` when kernel `k`'s workgroup and shared memory fit within `l` (a model of other
+/// dimensions can ask for more than a small device has); else what does not fit.
+fn fits(l: &Limits, k: &Kernel) -> Result<(), String> {
+    let invocations = l.max_compute_work_group_size[0].min(l.max_compute_work_group_invocations);
+    let shared: usize = k.shared.iter().map(|(_, _, len)| 4 * len).sum();
+    if k.block > invocations {
+        Err(format!(
+            "kernel `{}` takes workgroups of {} invocations, more than the device's {invocations}",
+            k.name, k.block
+        ))
+    } else if shared > l.max_compute_shared_memory_size as usize {
+        Err(format!(
+            "kernel `{}` takes {shared} bytes of shared memory, more than the device's {}",
+            k.name, l.max_compute_shared_memory_size
+        ))
+    } else {
+        Ok(())
     }
 }
 
@@ -860,4 +887,53 @@ pub fn f32s(bytes: &[u8]) -> Vec<f32> {
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aubier_kernels_gen::gpu::ir::{ci, tid, Kb, Scalar, Size};
+
+    /// A kernel of `block` invocations with `shared` f32 of shared memory.
+    fn kernel(block: u32, shared: usize) -> Kernel {
+        let mut kb = Kb::new(
+            "probe",
+            "a probe",
+            [Size::Const(1), Size::Const(1)],
+            block,
+            8,
+        );
+        let y = kb.output_f32("y", Some(Size::Const(block as usize)));
+        let s = kb.shared("s", Scalar::F32, shared);
+        kb.sts(s, tid(), 1.0f32);
+        let v = kb.lds(s, ci(0));
+        kb.store(y, tid(), v);
+        kb.finish().expect("probe kernel")
+    }
+
+    #[test]
+    fn vulkan_kernels_over_the_devices_workgroup_or_shared_memory_are_named() {
+        let l = Limits {
+            max_storage_buffer_range: 1 << 27,
+            max_compute_shared_memory_size: 1 << 15,
+            max_compute_work_group_invocations: 256,
+            max_compute_work_group_size: [1024, 1024, 64],
+            max_compute_work_group_count: [65535; 3],
+            max_push_constants_size: 128,
+            max_memory_allocation_size: None,
+            max_buffer_size: None,
+            min_imported_host_pointer_alignment: None,
+        };
+        assert_eq!(fits(&l, &kernel(256, 8192)), Ok(()));
+        let e = fits(&l, &kernel(512, 8)).unwrap_err();
+        assert!(
+            e.contains("workgroups of 512 invocations, more than the device's 256"),
+            "{e}"
+        );
+        let e = fits(&l, &kernel(256, 8193)).unwrap_err();
+        assert!(
+            e.contains("32772 bytes of shared memory, more than the device's 32768"),
+            "{e}"
+        );
+    }
 }
