@@ -6,152 +6,53 @@
 //!   compiles to SPIR-V through the runtime's in-process compiler, passes `spirv-val
 //!   --target-env vulkan1.3`, and every f32/f64 add, subtract, multiply and divide in it carries
 //!   `NoContraction` (`spirv-dis`), so no driver may fuse them into an FMA.
-//! * Kernels run through `VulkanContext` under the ABI of the module note of `glsl.rs` (device
-//!   addresses in push constants, then that of the extents `T`, `S`) on the inputs of the
-//!   CPU-execution tests, and are judged by the CPU execution of the same IR (`cpu_exec`): the dequant function of every
-//!   supported type on gguf-py's blocks (bit for bit with `gguf.quants.dequantize`), the device
+//! * Through the device executor (`aubier_tests::kernels::vulkan`: the ABI of the module note
+//!   of `glsl.rs`: device addresses in push constants, then that of the extents `T`, `S`): the
+//!   float types' conversions on gguf-py's rows bit for bit with `gguf.quants.dequantize`, and the device
 //!   math (bit for bit with `gpu::math` on a sweep with NaN, ±∞, ±0 and subnormals; sin and cos
-//!   on their domain |x| < 2²⁴), and the
-//!   plan steps whose kernels have no subgroup reduction: embedding lookup, SiLU, concat, RoPE
-//!   with YaRN, router top-k and gather_renorm.
+//!   on their domain |x| < 2²⁴).
+//! * One plan step at a time against the oracle for every step kind: the same cases as the
+//!   CPU-execution targets `kernels_steps` and `kernels_fused` (`aubier_tests::kernels::{steps,
+//!   fused}`), their kernels built at the device's subgroup size, with capped proptest case
+//!   counts (shader compiles are the cost on lavapipe: a pipeline is made once per distinct
+//!   source and lane) and the fixed cases (the real shapes, KQKV over 1 key and over 262 144
+//!   keys). gguf-py's blocks of every block type run through their mat-vec kernel on one-hot
+//!   rows first, which gives back every weight: the dequant functions bit for bit with gguf-py
+//!   up to the sign of a zero. Every step kind (`exec::kind`: the kernel's name and weight types)
+//!   of the bundled model's plans — the GPU target with its fusions, each fusion flag off, the
+//!   oracle target — must have run on the device, so a new step kind cannot go untested. With
+//!   `--nocapture` the test prints per group its time and per step kind its kernel runs,
+//!   pipelines made and device seconds.
 //!
 //! Tolerances: bit-exact where Vulkan's operations are exact (`+ − ·`, conversions, the device
-//! math's sequence); Vulkan lets a division be 2.5 ulp, so SiLU gets `4u·|ref|` and
-//! gather_renorm `4u·|ref|` (`u = 2⁻²⁴`). Kernels with subgroup reductions (mat-vec, norms,
-//! softmax, the fused kernels) are not run: their reduction width is the IR's 32 and lavapipe's
-//! subgroup is 8, and the butterfly is the IR's only when they agree.
+//! math's sequence); the plan steps are held to the same a-priori bounds against the oracle as
+//! on the CPU execution (`aubier_tests::kernels::bounds`, `fused`), with Vulkan's division
+//! (2.5 ulp) and square root (4.5 ulp, from `1/inversesqrt`) in them (`vulkan::VULKAN_OPS`):
+//! each division adds `4u`, each root `8u` to the device's side, as derived in `bounds.rs`.
 
-#[path = "kernels_common.rs"]
-mod common;
-
-use aubier_compiler::config::YarnParams;
-use aubier_compiler::ops::Op;
-use aubier_compiler::types::{Attrs, DType, Dim};
 use aubier_kernels_gen::gpu::cpu_exec::Arg;
 use aubier_kernels_gen::gpu::emit::WARP;
-use aubier_kernels_gen::gpu::glsl::{push_constant_bytes, render_glsl};
-use aubier_kernels_gen::gpu::ir::{bx, ci, tid, Kb, Kernel, ParamKind, Size, Stmt};
+use aubier_kernels_gen::gpu::ir::{bx, ci, tid, Kb, Kernel, ParamKind, Size};
 use aubier_kernels_gen::gpu::math;
 use aubier_kernels_gen::gpu::quant::supported_types;
-use aubier_kernels_gen::gpu::steps::for_step;
-use aubier_runtime::backend::vulkan::context::{Buffer, Location, VulkanContext};
-use aubier_runtime::backend::vulkan::device::select;
 use aubier_runtime::backend::vulkan::shader::compile_glsl;
 use aubier_runtime::gguf::GgufFile;
-use common::*;
+use aubier_tests::kernels::exec::{bundled_step_kinds, Exec};
+use aubier_tests::kernels::vulkan::device;
+use aubier_tests::kernels::{fused, steps};
+use proptest::prelude::*;
+use proptest::test_runner::TestRunner;
 use std::collections::BTreeSet;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-const A: f64 = 8.0 * 1.401_298_464_324_817e-45;
-
-/// A context on the device `select` picks, software allowed (lavapipe without a GPU).
-fn context() -> VulkanContext {
-    let device = select(None, true)
-        .unwrap_or_else(|e| panic!("these tests need a Vulkan device (CI installs lavapipe): {e}"));
-    VulkanContext::new(device.index)
-        .unwrap_or_else(|e| panic!("opening device {} ({}): {e}", device.index, device.name))
-}
+use std::sync::Mutex;
+use std::time::Instant;
 
 fn work_dir(test: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("kernels_vulkan_{test}"));
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     dir
-}
-
-/// Whether `body` holds a subgroup reduction.
-fn reduces(body: &[Stmt]) -> bool {
-    body.iter().any(|s| match s {
-        Stmt::WarpReduce(..) => true,
-        Stmt::For { body, .. } => reduces(body),
-        Stmt::If(_, a, b) => reduces(a) || reduces(b),
-        _ => false,
-    })
-}
-
-/// Runs `k` on the device over its grid at `T = t`, `S = s`, with `args` bound as the CPU
-/// execution binds them, and copies the written f32 / i32 buffers back into `args`. A kernel
-/// with subgroup reductions must have been built for the device's subgroup size.
-fn run_vulkan(ctx: &VulkanContext, k: &Kernel, args: &mut [Arg<'_>], t: usize, s: usize) {
-    let subgroup = ctx.info().subgroup_size;
-    assert!(
-        !reduces(&k.body) || k.warp == subgroup,
-        "kernel `{}` reduces over {} lanes; the device's subgroup has {subgroup}",
-        k.name,
-        k.warp
-    );
-    assert_eq!(args.len(), k.params.len(), "{}: arguments", k.name);
-    let source = render_glsl(k, &[]).unwrap_or_else(|e| panic!("{e}"));
-    let spirv = compile_glsl(&source, &format!("{}.comp", k.name))
-        .unwrap_or_else(|e| panic!("{}: {e}\n{source}", k.name));
-    let pipeline = ctx
-        .pipeline(&spirv, push_constant_bytes(k))
-        .unwrap_or_else(|e| panic!("{}: {e}", k.name));
-    let upload = |bytes: &[u8]| -> Buffer {
-        let buf = ctx
-            .buffer(bytes.len().max(4) as u64, Location::Device)
-            .expect("buffer");
-        if !bytes.is_empty() {
-            ctx.upload(&buf, 0, bytes).expect("upload");
-        }
-        buf
-    };
-    // Buffers live until the dispatch is done; `experts` holds each expert's own buffer.
-    let mut bufs = Vec::new();
-    let mut experts = Vec::new();
-    for a in args.iter() {
-        let bytes: Vec<u8> = match a {
-            Arg::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Arg::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Arg::Weight(b) => b.to_vec(),
-            Arg::Experts(list) => {
-                let own: Vec<Buffer> = list.iter().map(|b| upload(b)).collect();
-                let table = own.iter().flat_map(|b| b.address().to_le_bytes()).collect();
-                experts.push(own);
-                table
-            }
-        };
-        bufs.push(upload(&bytes));
-    }
-    let mut push: Vec<u8> = bufs
-        .iter()
-        .flat_map(|b| b.address().to_le_bytes())
-        .collect();
-    let extents: Vec<u8> = [t as i32, s as i32]
-        .iter()
-        .flat_map(|x| x.to_le_bytes())
-        .collect();
-    let extents = upload(&extents);
-    push.extend_from_slice(&extents.address().to_le_bytes());
-    let grid = k.grid.clone().map(|g| g.eval(t, s).expect("grid") as u32);
-    if grid.contains(&0) {
-        return;
-    }
-    ctx.dispatch(&pipeline, [grid[0], grid[1], 1], &push)
-        .unwrap_or_else(|e| panic!("{}: {e}", k.name));
-    for (a, buf) in args.iter_mut().zip(&bufs) {
-        let n = match a {
-            Arg::F32(v) => v.len(),
-            Arg::I32(v) => v.len(),
-            _ => continue,
-        };
-        let mut bytes = vec![0u8; 4 * n];
-        if n > 0 {
-            ctx.download(buf, 0, &mut bytes).expect("download");
-        }
-        let words = bytes.chunks_exact(4).map(|w| [w[0], w[1], w[2], w[3]]);
-        match a {
-            Arg::F32(v) => v
-                .iter_mut()
-                .zip(words)
-                .for_each(|(x, w)| *x = f32::from_le_bytes(w)),
-            Arg::I32(v) => v
-                .iter_mut()
-                .zip(words)
-                .for_each(|(x, w)| *x = i32::from_le_bytes(w)),
-            _ => {}
-        }
-    }
 }
 
 /// Runs `tool args…`, panicking with the install hint when it is missing.
@@ -245,12 +146,17 @@ fn dequant_kernel(ty: &str, row_bytes: usize, row_len: usize, rows: usize) -> Ke
     kb.finish().expect("dequant kernel")
 }
 
+/// The float types' device conversions (F32, F16, BF16: rows with ±∞, NaN, subnormals) bit for
+/// bit with gguf-py. The block types' dequant functions are checked bit for bit (up to the sign
+/// of a zero) by `steps::mat_mul_gguf_py` in the step cases, through their mat-vec kernels: a
+/// kernel of their own would cost lavapipe a second compile of each type's tables (minutes for
+/// IQ1_S and IQ1_M).
 #[test]
-fn dequant_functions_match_gguf_py_bit_for_bit_on_the_device() {
-    let ctx = context();
+fn float_conversions_match_gguf_py_bit_for_bit_on_the_device() {
     let path = aubier_tests::data_dir().join("quants/quant_vectors.gguf");
     let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    for &ty in supported_types() {
+    let blocks = steps::block_types();
+    for &ty in supported_types().iter().filter(|t| !blocks.contains(t)) {
         let q = file.tensor(&format!("q.{ty}")).expect("q tensor");
         let r = file.tensor(&format!("ref.{ty}")).expect("ref tensor");
         let (row_len, row_bytes) = (q.row_len(), q.row_bytes());
@@ -263,13 +169,7 @@ fn dequant_functions_match_gguf_py_bit_for_bit_on_the_device() {
             .collect();
         let k = dequant_kernel(ty, row_bytes, row_len, rows);
         let mut got = vec![0f32; rows * row_len];
-        run_vulkan(
-            &ctx,
-            &k,
-            &mut [Arg::Weight(bytes), Arg::F32(&mut got)],
-            1,
-            1,
-        );
+        device().run(&k, &mut [Arg::Weight(bytes), Arg::F32(&mut got)], 1, 1);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!(
                 g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
@@ -345,8 +245,7 @@ fn device_math_matches_the_cpu_bit_for_bit() {
     let [e, l, s, c] = &mut got[..] else {
         unreachable!()
     };
-    run_vulkan(
-        &context(),
+    device().run(
         &k,
         &mut [
             Arg::F32(&mut xa),
@@ -379,249 +278,210 @@ fn device_math_matches_the_cpu_bit_for_bit() {
     }
 }
 
-/// Embedding lookup (IQ2_XXS table), SiLU, a concat copy and RoPE with YaRN: the kernels of
-/// `embed_silu_concat_rope_match_oracle` (kernels_steps.rs), on the device against their CPU
-/// execution.
-#[test]
-fn embed_silu_concat_rope_match_the_cpu_execution() {
-    let ctx = context();
-    let (d, vocab, t) = (256usize, 7usize, 3usize);
-    let table = W::random("IQ2_XXS", vec![d, vocab], 21, 0.7);
-    let ids = vec![6i32, 0, 3];
-    let pos = vec![5i32, 70_000, 262_143];
-    let mut pb = PlanB::default();
-    let iv = pb.value(DType::I32, vec![Dim::Tokens], false);
-    let tw = pb.weight(table.clone());
-    let e = pb.step(
-        Op::Embed,
-        Attrs::None,
-        vec![tw, v(iv)],
-        DType::F32,
-        vec![Dim::Tokens, fx(d)],
-    );
-    let s = pb.step(
-        Op::Silu,
-        Attrs::None,
-        vec![v(e)],
-        DType::F32,
-        vec![Dim::Tokens, fx(d)],
-    );
-    pb.step(
-        Op::Concat,
-        Attrs::None,
-        vec![v(e), v(s)],
-        DType::F32,
-        vec![Dim::Tokens, fx(2 * d)],
-    );
-    let pv = pb.value(DType::I32, vec![Dim::Tokens], false);
-    let rope = YarnParams {
-        n_rot: 64,
-        freq_base: 10000.0,
-        factor: 128.0,
-        original_context: 8192,
-        beta_fast: 32.0,
-        beta_slow: 1.0,
-        attn_factor: 1.0,
-        log_multiplier: 0.1,
+/// Runs the property `f` on `cases` cases of `strategy` (a short shrink: each step compiles new
+/// kernels), panicking with the smallest failing case.
+fn prop<S: Strategy>(cases: u32, strategy: S, f: impl Fn(S::Value)) {
+    let config = ProptestConfig {
+        cases,
+        max_shrink_iters: 32,
+        failure_persistence: None,
+        ..ProptestConfig::default()
     };
-    pb.step(
-        Op::RopeYarn,
-        Attrs::Rope(rope),
-        vec![v(e), v(pv)],
-        DType::F32,
-        vec![Dim::Tokens, fx(d)],
-    );
-    let plan = pb.plan();
-    let kernel = |i: usize| {
-        for_step(&plan, i, ctx.info().subgroup_size)
-            .expect("kernels")
-            .remove(0)
-    };
-    let s_big = 262_144;
-
-    let (mut ia, mut ib) = (ids.clone(), ids.clone());
-    let (mut eg, mut ev) = (vec![0f32; t * d], vec![0f32; t * d]);
-    let k = kernel(0);
-    run_gpu(
-        &k,
-        &mut [
-            Arg::Weight(&table.bytes),
-            Arg::I32(&mut ia),
-            Arg::F32(&mut eg),
-        ],
-        t,
-        s_big,
-    );
-    run_vulkan(
-        &ctx,
-        &k,
-        &mut [
-            Arg::Weight(&table.bytes),
-            Arg::I32(&mut ib),
-            Arg::F32(&mut ev),
-        ],
-        t,
-        s_big,
-    );
-    check("embed", &ev, &eg, &vec![0.0; t * d], d, 0.0);
-
-    let (mut sg, mut sv) = (vec![0f32; t * d], vec![0f32; t * d]);
-    let k = kernel(1);
-    run_gpu(
-        &k,
-        &mut [Arg::F32(&mut eg.clone()), Arg::F32(&mut sg)],
-        t,
-        s_big,
-    );
-    run_vulkan(
-        &ctx,
-        &k,
-        &mut [Arg::F32(&mut eg.clone()), Arg::F32(&mut sv)],
-        t,
-        s_big,
-    );
-    let b: Vec<f64> = sg.iter().map(|w| 4.0 * U * (*w as f64).abs() + A).collect();
-    check("silu", &sv, &sg, &b, d, 1e-6);
-
-    let (mut cg, mut cv) = (vec![0f32; 2 * t * d], vec![0f32; 2 * t * d]);
-    let k = kernel(2);
-    run_gpu(
-        &k,
-        &mut [
-            Arg::F32(&mut eg.clone()),
-            Arg::F32(&mut sg.clone()),
-            Arg::F32(&mut cg),
-        ],
-        t,
-        s_big,
-    );
-    run_vulkan(
-        &ctx,
-        &k,
-        &mut [
-            Arg::F32(&mut eg.clone()),
-            Arg::F32(&mut sg.clone()),
-            Arg::F32(&mut cv),
-        ],
-        t,
-        s_big,
-    );
-    check("concat", &cv, &cg, &vec![0.0; 2 * t * d], 2 * d, 0.0);
-
-    let (mut rg, mut rv) = (vec![0f32; t * d], vec![0f32; t * d]);
-    let k = kernel(3);
-    run_gpu(
-        &k,
-        &mut [
-            Arg::F32(&mut eg.clone()),
-            Arg::I32(&mut pos.clone()),
-            Arg::F32(&mut rg),
-        ],
-        t,
-        s_big,
-    );
-    run_vulkan(
-        &ctx,
-        &k,
-        &mut [
-            Arg::F32(&mut eg.clone()),
-            Arg::I32(&mut pos.clone()),
-            Arg::F32(&mut rv),
-        ],
-        t,
-        s_big,
-    );
-    check("rope_yarn", &rv, &rg, &vec![0.0; t * d], d, 0.0);
+    TestRunner::new(config)
+        .run(&strategy, |c| {
+            f(c);
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// Router top-k and gather_renorm (with ties and across a 32-expert boundary), on the device
-/// against their CPU execution.
-#[test]
-fn router_top_k_and_renorm_match_the_cpu_execution() {
-    let ctx = context();
-    for (case, (e, k, rows)) in [
-        (8usize, 4usize, 3usize),
-        (128, 4, 2),
-        (139, 5, 3),
-        (3, 1, 1),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let mut state = 0x2545_f491_4f6c_dd1du64 ^ case as u64;
-        let p: Vec<f32> = (0..rows * e)
-            .map(|i| {
-                state = state
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1);
-                let u = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-                if case % 2 == 1 && i % 3 == 0 {
-                    (u * 4.0).round()
-                } else {
-                    u
-                }
+/// A group of device cases: its name and what it runs.
+type Group = (String, Box<dyn Fn() + Send + Sync>);
+
+/// The device groups, the costliest first: gguf-py's blocks of every type (a group per type:
+/// the IQ1 and IQ2_S kernels take lavapipe the longest to compile), the property tests with
+/// their case counts, the fixed cases.
+fn groups() -> Vec<Group> {
+    let x = device();
+    let mut g: Vec<Group> = Vec::new();
+    let mut add = |name: &str, f: Box<dyn Fn() + Send + Sync>| g.push((name.to_string(), f));
+    let mut types = steps::block_types();
+    let costliest = ["IQ1_M", "IQ1_S", "IQ2_S", "IQ2_XS"];
+    types.sort_by_key(|t| {
+        costliest
+            .iter()
+            .position(|c| c == t)
+            .unwrap_or(costliest.len())
+    });
+    for ty in types {
+        let f = move || {
+            steps::gguf_py_weights_through_mat_vec(x, ty, x.widths()[0]);
+            prop(1, steps::every_type_cases(x), |c| {
+                steps::mat_mul_gguf_py(x, ty, c)
             })
-            .collect();
-        let mut pb = PlanB::default();
-        let pv = pb.value(DType::F32, vec![Dim::Tokens, fx(e)], false);
-        let ids = pb.step(
-            Op::TopK,
-            Attrs::TopK { k },
-            vec![v(pv)],
-            DType::I32,
-            vec![Dim::Tokens, fx(k)],
-        );
-        pb.step(
-            Op::GatherRenorm,
-            Attrs::GatherRenorm {
-                renorm: true,
-                scale: 1.5,
-            },
-            vec![v(pv), v(ids)],
-            DType::F32,
-            vec![Dim::Tokens, fx(k)],
-        );
-        let plan = pb.plan();
-        let kt = &for_step(&plan, 0, ctx.info().subgroup_size).expect("top_k")[0];
-        let (mut ig, mut iv) = (vec![0i32; rows * k], vec![0i32; rows * k]);
-        run_gpu(
-            kt,
-            &mut [Arg::F32(&mut p.clone()), Arg::I32(&mut ig)],
-            rows,
-            1,
-        );
-        run_vulkan(
-            &ctx,
-            kt,
-            &mut [Arg::F32(&mut p.clone()), Arg::I32(&mut iv)],
-            rows,
-            1,
-        );
-        assert_eq!(iv, ig, "top_k e={e} k={k}");
-        let kg = &for_step(&plan, 1, ctx.info().subgroup_size).expect("gather_renorm")[0];
-        let (mut gg, mut gv) = (vec![0f32; rows * k], vec![0f32; rows * k]);
-        run_gpu(
-            kg,
-            &mut [
-                Arg::F32(&mut p.clone()),
-                Arg::I32(&mut ig.clone()),
-                Arg::F32(&mut gg),
-            ],
-            rows,
-            1,
-        );
-        run_vulkan(
-            &ctx,
-            kg,
-            &mut [
-                Arg::F32(&mut p.clone()),
-                Arg::I32(&mut ig),
-                Arg::F32(&mut gv),
-            ],
-            rows,
-            1,
-        );
-        let b: Vec<f64> = gg.iter().map(|w| 4.0 * U * (*w as f64).abs() + A).collect();
-        check("gather_renorm", &gv, &gg, &b, k, 1e-6);
+        };
+        add(&format!("mat_mul {ty} (gguf-py blocks)"), Box::new(f));
     }
+    add(
+        "phase",
+        Box::new(|| prop(3, fused::phase_cases(x), |c| fused::phase(x, c))),
+    );
+    add(
+        "kqkv",
+        Box::new(|| prop(3, fused::kqkv_cases(x), |c| fused::kqkv(x, c))),
+    );
+    add(
+        "mat_mul quant",
+        Box::new(|| prop(6, steps::mat_mul_quant_cases(x), |c| steps::mat_mul(x, c))),
+    );
+    add(
+        "kqkv over 262 144 keys",
+        Box::new(|| fused::kqkv(x, fused::kqkv_longest_window(x))),
+    );
+    add(
+        "phase at the real shape",
+        Box::new(|| fused::phase(x, fused::phase_real_shape(x))),
+    );
+    add(
+        "wkb at the real shapes",
+        Box::new(|| {
+            fused::wkb_real_shapes(x)
+                .into_iter()
+                .for_each(|c| fused::wkb(x, c))
+        }),
+    );
+    add(
+        "wkb at the bundled model's shapes",
+        Box::new(|| {
+            fused::wkb_bundled_shapes(x)
+                .into_iter()
+                .for_each(|c| fused::wkb(x, c))
+        }),
+    );
+    add(
+        "kqkv over 1 key",
+        Box::new(|| fused::kqkv(x, fused::kqkv_single_key(x))),
+    );
+    add(
+        "wkb f32",
+        Box::new(|| prop(3, fused::wkb_f32_cases(x), |c| fused::wkb(x, c))),
+    );
+    add(
+        "wkb quant",
+        Box::new(|| prop(3, fused::wkb_quant_cases(x), |c| fused::wkb(x, c))),
+    );
+    add(
+        "wkb out k-quant",
+        Box::new(|| prop(3, fused::wkb_out_kquant_cases(x), |c| fused::wkb(x, c))),
+    );
+    add(
+        "mat_mul f32",
+        Box::new(|| prop(3, steps::mat_mul_f32_cases(x), |c| steps::mat_mul(x, c))),
+    );
+    add(
+        "rms_norm and softmax",
+        Box::new(|| {
+            prop(3, steps::rows_cases(x), |c| {
+                steps::rms_norm_and_softmax(x, c)
+            })
+        }),
+    );
+    add(
+        "elementwise",
+        Box::new(|| prop(3, steps::rows_cases(x), |c| steps::elementwise(x, c))),
+    );
+    add(
+        "router",
+        Box::new(|| prop(3, steps::router_cases(x), |c| steps::router(x, c))),
+    );
+    add("moe ffn", Box::new(|| steps::moe_ffn(x)));
+    for ty in steps::EMBED_TYPES {
+        add(
+            &format!("embed {ty}/silu/concat/rope"),
+            Box::new(move || steps::embed_silu_concat_rope(x, ty)),
+        );
+    }
+    add(
+        "softmax over keys",
+        Box::new(|| steps::softmax_over_keys(x)),
+    );
+    add("argmax", Box::new(|| steps::argmax(x)));
+    g
+}
+
+/// The message of a caught panic.
+fn message(e: Box<dyn std::any::Any + Send>) -> String {
+    e.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// Runs every group of [`groups`] on the device, one thread per lane (a failing group does not
+/// stop the others), prints what each group and each step kind cost, then fails on any failed
+/// group and on any step kind of the bundled plans that no group ran.
+#[test]
+fn every_step_kind_against_the_oracle_on_the_device() {
+    let x = device();
+    let start = Instant::now();
+    let queue = Mutex::new(groups().into_iter());
+    let done = Mutex::new(Vec::new());
+    std::thread::scope(|sc| {
+        for lane in 0..x.lanes() {
+            let (queue, done) = (&queue, &done);
+            sc.spawn(move || {
+                x.pin(lane);
+                loop {
+                    let Some((name, group)) = queue.lock().expect("queue").next() else {
+                        break;
+                    };
+                    let t0 = Instant::now();
+                    let r = catch_unwind(AssertUnwindSafe(group)).map_err(message);
+                    let secs = t0.elapsed().as_secs_f64();
+                    done.lock().expect("results").push((name, secs, r));
+                }
+            });
+        }
+    });
+    let done = done.into_inner().expect("results");
+    let info = x.info();
+    println!(
+        "device {} (subgroup {}), {} lanes, {:.1} s in all",
+        info.name,
+        info.subgroup_size,
+        x.lanes(),
+        start.elapsed().as_secs_f64()
+    );
+    for (name, secs, r) in &done {
+        let state = if r.is_ok() { "ok" } else { "FAILED" };
+        println!("  group {name:<40} {secs:>7.1} s  {state}");
+    }
+    let stats = x.stats();
+    let planned = bundled_step_kinds();
+    println!(
+        "  {:<28} {:>5} {:>9} {:>9}  in the bundled plans",
+        "step kind", "runs", "pipelines", "device s"
+    );
+    for (kind, s) in &stats {
+        let mark = if planned.contains(kind) { "yes" } else { "" };
+        println!(
+            "  {kind:<28} {:>5} {:>9} {:>9.2}  {mark}",
+            s.runs, s.pipelines, s.secs
+        );
+    }
+    let failed: Vec<String> = done
+        .iter()
+        .filter_map(|(name, _, r)| r.as_ref().err().map(|e| format!("{name}: {e}")))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "failed on the device:\n{}",
+        failed.join("\n\n")
+    );
+    let ran: BTreeSet<String> = stats.into_keys().collect();
+    let missing: Vec<String> = planned.difference(&ran).cloned().collect();
+    assert!(
+        missing.is_empty(),
+        "step kinds of the bundled plans with no case on the device: {missing:?}"
+    );
 }

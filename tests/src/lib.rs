@@ -1,4 +1,7 @@
-//! Helpers shared by the cross-crate tests: where the bundled fixtures live.
+//! Helpers shared by the cross-crate tests: where the bundled fixtures live; [`kernels`], the
+//! GPU kernel cases shared by the CPU-execution and the Vulkan test targets.
+
+pub mod kernels;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -337,6 +337,12 @@ pub fn causal_mask(name: &str, per_tok: usize, rows: &Size, warp: u32) -> R {
     kb.finish()
 }
 
+/// Keys per iteration of [`weighted_sum`]'s loop, written out: lavapipe (gallivm) ends the loops
+/// of a shader invocation after 65 535 iterations in all, which one key per iteration passes
+/// past 65 535 keys; runs of 64 keys, then the remaining keys one at a time (the same order),
+/// take `S/64 + 63` iterations at most (4 096 at 262 144 keys).
+const KEY_RUN: usize = 64;
+
 /// `weighted_sum`: `y[r, c] = Σ_j p[r, j] · v[j, c]`, `j` ascending, `c < len`, `v` rows of `w`.
 pub fn weighted_sum(name: &str, w: usize, len: usize, rows: &Size, warp: u32) -> R {
     check_dims(name, &[w, len])?;
@@ -349,11 +355,18 @@ pub fn weighted_sum(name: &str, w: usize, len: usize, rows: &Size, warp: u32) ->
     let y = kb.output_f32("y", Some(Size::prod(rows.clone(), Size::Const(len))));
     kb.for_("c", tid(), ci(len), BLOCK as i32, |kb, c| {
         let acc = kb.let_("acc", 0.0f32);
-        kb.for_("j", 0, super::ir::keys(), 1, |kb, j| {
+        let term = |kb: &mut Kb, j: Expr| {
             let pv = kb.load(p, bx() * super::ir::keys() + j.clone());
             let vv = kb.load(v, j * ci(w) + c.clone());
             kb.set(acc, Expr::from(acc) + pv * vv);
+        };
+        let whole = super::ir::keys() / ci(KEY_RUN) * ci(KEY_RUN);
+        kb.for_("j0", 0, whole.clone(), KEY_RUN as i32, |kb, j0| {
+            for i in 0..KEY_RUN {
+                term(kb, j0.clone() + ci(i));
+            }
         });
+        kb.for_("j", whole, super::ir::keys(), 1, term);
         kb.store(y, bx() * ci(len) + c, acc);
     });
     kb.finish()

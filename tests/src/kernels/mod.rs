@@ -1,11 +1,18 @@
-//! Shared by `kernels_fused.rs` and `kernels_steps.rs`: small hand-built plans run by the CPU
-//! oracle (`aubier_kernels_gen::cpu`), GPU kernels run by their CPU execution
-//! (`aubier_kernels_gen::gpu::cpu_exec`), and the comparison of the two under an a-priori error
-//! bound (ARCHITECTURE.md § numerics: `|x − y| ≤ A + k·u·|ref|` per element, NaN/Inf positions
-//! equal, per-row cosine; the worst element is reported); the warp widths the kernels are tested
-//! at.
+//! The kernel tests shared by the test targets `kernels_steps` and `kernels_fused` (the GPU
+//! kernels through their CPU execution, `aubier_kernels_gen::gpu::cpu_exec`) and `kernels_vulkan`
+//! (the same cases on a Vulkan device): small hand-built plans run by the CPU oracle
+//! (`aubier_kernels_gen::cpu`), the kernels `gpu::steps::for_step` maps their steps to, run by an
+//! executor ([`exec::Exec`]: the CPU execution at the sampled warp widths, or the device at its
+//! subgroup width), and the comparison of the two under an a-priori error bound (ARCHITECTURE.md
+//! § numerics: `|x − y| ≤ A + k·u·|ref|` per element, NaN/Inf positions equal, per-row cosine;
+//! the worst element is reported). [`steps`] and [`fused`] hold the cases and their strategies,
+//! [`bounds`] the bound of every step kind with its derivation.
 
-#![allow(dead_code)]
+pub mod bounds;
+pub mod exec;
+pub mod fused;
+pub mod steps;
+pub mod vulkan;
 
 use aubier_compiler::config::{ExpertLayout, Mistral4Config, YarnParams};
 use aubier_compiler::ops::Op;
@@ -16,19 +23,18 @@ use aubier_kernels_gen::gpu::cpu_exec::{self, Arg};
 use aubier_kernels_gen::gpu::ir::Kernel;
 use aubier_runtime::ggml_type::GgmlType;
 use aubier_runtime::gguf::quant::dequantize_row;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 
-/// The warp widths the kernels are built for and run at: lavapipe's 8, CUDA's 32, AMD wave64's
-/// 64.
+/// The warp widths the CPU execution builds and runs the kernels at: lavapipe's 8, CUDA's 32,
+/// AMD wave64's 64.
 pub const WARPS: [u32; 3] = [8, 32, 64];
-
-/// One of [`WARPS`], for the property tests (a width per case, not every width per case).
-pub fn warps() -> impl proptest::strategy::Strategy<Value = u32> {
-    proptest::sample::select(WARPS.to_vec())
-}
 
 /// Unit roundoff of f32.
 pub const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// The absolute term of every bound: eight subnormal ulps (`2⁻¹⁴⁶`), since products of
+/// subnormals round in absolute, not relative, terms.
+pub const A: f64 = 8.0 * 1.401_298_464_324_817e-45;
 
 /// A weight: ggml type, `ne` and raw bytes.
 #[derive(Clone, Debug)]
@@ -125,6 +131,21 @@ pub fn config() -> Mistral4Config {
     }
 }
 
+/// RoPE over the first `n_rot` dims, base 10 000, with YaRN (factor 128 over an original context
+/// of 8192) when `on`.
+pub fn yarn(n_rot: usize, on: bool) -> YarnParams {
+    YarnParams {
+        n_rot,
+        freq_base: 10000.0,
+        factor: if on { 128.0 } else { 1.0 },
+        original_context: 8192,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attn_factor: 1.0,
+        log_multiplier: 0.1,
+    }
+}
+
 /// A plan under construction; every value gets its own slot except latent-cache values.
 #[derive(Default)]
 pub struct PlanB {
@@ -177,6 +198,32 @@ impl PlanB {
             out,
         });
         out
+    }
+
+    /// A `slice` step: `len` elements from `offset` of each row of `x`, into a new f32 value of
+    /// `dims`.
+    pub fn slice(&mut self, x: ValueId, offset: usize, len: usize, dims: Vec<Dim>) -> ValueId {
+        self.step(
+            Op::Slice,
+            Attrs::Slice { offset, len },
+            vec![v(x)],
+            DType::F32,
+            dims,
+        )
+    }
+
+    /// Every value's bits at `T = t`, `S = s`: zeros, then `inputs` by id.
+    pub fn buffers(&self, inputs: &[(ValueId, Vec<u32>)], t: usize, s: usize) -> Vec<Vec<u32>> {
+        let mut bufs: Vec<Vec<u32>> = self
+            .values
+            .iter()
+            .map(|val| vec![0u32; val.shape.numel(t, s)])
+            .collect();
+        for (id, data) in inputs {
+            assert_eq!(bufs[*id].len(), data.len(), "input {id} size");
+            bufs[*id].clone_from(data);
+        }
+        bufs
     }
 
     /// The plan.
@@ -232,15 +279,7 @@ pub fn run_oracle(
     let plan = pb.plan();
     let host = aubier_runtime::engine::host_symbols();
     let prog = CpuProgram::compile(&plan, &host).expect("oracle lowering");
-    let mut bufs: Vec<Vec<u32>> = plan
-        .values
-        .iter()
-        .map(|val| vec![0u32; val.shape.numel(t, s)])
-        .collect();
-    for (id, data) in inputs {
-        assert_eq!(bufs[*id].len(), data.len(), "input {id} size");
-        bufs[*id].clone_from(data);
-    }
+    let mut bufs = pb.buffers(inputs, t, s);
     for (step, cs) in plan.steps.iter().zip(prog.steps()) {
         let mut scratch = vec![0f32; cs.scratch.eval(t, s).expect("scratch")];
         // Per-expert address tables for the operands the step reads through one.
@@ -375,6 +414,31 @@ pub fn check(what: &str, got: &[f32], want: &[f32], bound: &[f64], row: usize, c
             "{what}: row {r} cosine {cos} < 1 − {cos_tol:e}"
         );
     }
+}
+
+/// `n` values of [`special`]'s classes (all of them) at magnitude `scale`, from `seed`.
+pub fn vals(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    draw(&mut rng(seed), n, scale, 100)
+}
+
+/// A ChaCha8 generator from `seed`.
+pub fn rng(seed: u64) -> rand_chacha::ChaCha8Rng {
+    rand_chacha::ChaCha8Rng::seed_from_u64(seed)
+}
+
+/// `n` values with the special classes of [`special`] at magnitude `scale`: none (`0`), all
+/// (`100`), or all but the large magnitudes (`96`).
+pub fn draw(r: &mut impl Rng, n: usize, scale: f32, classes: u8) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let class = if classes > 0 {
+                r.random_range(0..classes)
+            } else {
+                0
+            };
+            special(r.random::<f32>(), class, scale)
+        })
+        .collect()
 }
 
 /// A value drawn from `u ∈ [0, 1)` and a magnitude class: normal (±`scale`), ±0, subnormal, or
