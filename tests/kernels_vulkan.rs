@@ -359,6 +359,10 @@ fn groups() -> Vec<Group> {
         }),
     );
     add(
+        "mat_mul over a 1900-token prefill",
+        Box::new(|| steps::mat_mul(x, steps::mat_mul_long_prefill(x))),
+    );
+    add(
         "kqkv over 1 key",
         Box::new(|| fused::kqkv(x, fused::kqkv_single_key(x))),
     );

@@ -157,7 +157,7 @@ pub fn mat_vec(s: &MatVecShape, warp: u32) -> R {
     let rows = rows_per_block(warp);
     let note = format!(
         "mat-vec: y[t,h,o] = W[h*{n}+o,:] . x[t,h,0..{n_in}] ({ty}), {heads} head(s){tail}; one warp per row,\n\
-         lanes take 16-element chunks l, l+{warp}, ..., then a butterfly sum.",
+         lanes take 16-element chunks l, l+{warp}, ..., then a butterfly sum; one block row per (token, head).",
         n = s.n_out,
         ty = s.w.ggml_type,
         heads = s.heads,
@@ -167,7 +167,10 @@ pub fn mat_vec(s: &MatVecShape, warp: u32) -> R {
             String::new()
         }
     );
-    let grid = [Size::Const(s.n_out.div_ceil(rows)), Size::Const(s.heads)];
+    let grid = [
+        Size::Const(s.n_out.div_ceil(rows)),
+        Size::prod(s.rows.clone(), Size::Const(s.heads)),
+    ];
     let mut kb = Kb::new(&s.name, note, grid, BLOCK, warp);
     let w = kb.param("w", s.w.kind(&s.name, false)?);
     let x = kb.input_f32("x", Size::prod(s.rows.clone(), Size::Const(s.heads * xw)));
@@ -179,39 +182,38 @@ pub fn mat_vec(s: &MatVecShape, warp: u32) -> R {
     let w32 = warp as i32;
     let lane = kb.let_("lane", tid() % w32);
     let o = kb.let_("o", bx() * ci(rows) + tid() / w32);
-    let h = kb.let_("h", by());
+    let h = kb.let_("h", by() % ci(s.heads));
     let row = kb.let_(
         "row",
         Expr::from(h) * ci(s.n_out) + Expr::from(o).min(ci(s.n_out - 1)),
     );
     let n_chunks = n_in.div_ceil(16);
-    kb.for_("t", 0, size_expr(&s.rows), 1, |kb, t| {
-        let xb = kb.let_("xb", (t.clone() * ci(s.heads) + h) * ci(xw));
-        let acc = kb.let_("acc", 0.0f32);
-        kb.for_("c", lane, ci(n_chunks), w32, |kb, c| {
-            kb.dequant16(w, None, row, c.clone(), buf);
-            let m = (ci(n_in) - c.clone() * 16).min(16);
-            kb.for_("i", 0, m, 1, |kb, i| {
-                let xv = kb.load(x, Expr::from(xb) + c.clone() * 16 + i.clone());
-                let wv = kb.ldl(buf, i);
-                kb.set(acc, Expr::from(acc) + wv * xv);
+    // `by` is `t·heads + h`: the row of x and y that this block reads and writes.
+    let xb = kb.let_("xb", by() * ci(xw));
+    let acc = kb.let_("acc", 0.0f32);
+    kb.for_("c", lane, ci(n_chunks), w32, |kb, c| {
+        kb.dequant16(w, None, row, c.clone(), buf);
+        let m = (ci(n_in) - c.clone() * 16).min(16);
+        kb.for_("i", 0, m, 1, |kb, i| {
+            let xv = kb.load(x, Expr::from(xb) + c.clone() * 16 + i.clone());
+            let wv = kb.ldl(buf, i);
+            kb.set(acc, Expr::from(acc) + wv * xv);
+        });
+    });
+    kb.warp_reduce(ReduceOp::Sum, acc);
+    let yb = kb.let_("yb", by() * ci(yw));
+    kb.if_(
+        Expr::from(lane).eq(0).and(Expr::from(o).lt(ci(s.n_out))),
+        |kb| kb.store(y, Expr::from(yb) + o, acc),
+    );
+    if s.tail > 0 {
+        kb.if_(bx().eq(0), |kb| {
+            kb.for_("j", tid(), ci(s.tail), BLOCK as i32, |kb, j| {
+                let v = kb.load(x, Expr::from(xb) + ci(n_in) + j.clone());
+                kb.store(y, Expr::from(yb) + ci(s.n_out) + j, v);
             });
         });
-        kb.warp_reduce(ReduceOp::Sum, acc);
-        let yb = (t.clone() * ci(s.heads) + h) * ci(yw);
-        kb.if_(
-            Expr::from(lane).eq(0).and(Expr::from(o).lt(ci(s.n_out))),
-            |kb| kb.store(y, yb.clone() + o, acc),
-        );
-        if s.tail > 0 {
-            kb.if_(bx().eq(0), |kb| {
-                kb.for_("j", tid(), ci(s.tail), BLOCK as i32, |kb, j| {
-                    let v = kb.load(x, Expr::from(xb) + ci(n_in) + j.clone());
-                    kb.store(y, yb.clone() + ci(s.n_out) + j, v);
-                });
-            });
-        }
-    });
+    }
     kb.finish()
 }
 

@@ -66,6 +66,19 @@ pub fn mat_mul_quant_cases(x: &dyn Exec) -> impl Strategy<Value = MatMulCase> {
         })
 }
 
+/// An F32 mat-vec over a prefill of 1900 tokens of 4096: more loop iterations than lavapipe
+/// lets one invocation run (65 535) had a kernel looped over the tokens.
+pub fn mat_mul_long_prefill(x: &dyn Exec) -> MatMulCase {
+    MatMulCase {
+        ty: "F32",
+        n_in: 4096,
+        n_out: 4,
+        t: 1900,
+        seed: 19,
+        warp: x.widths()[0],
+    }
+}
+
 /// The mat-vec step of a random weight of the case's type.
 pub fn mat_mul(x: &dyn Exec, c: MatMulCase) {
     let w = if c.ty == "F32" {
