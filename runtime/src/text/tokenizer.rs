@@ -19,10 +19,12 @@
 //! 4. [`StreamDecoder`] emits the same text incrementally, holding back an incomplete trailing
 //!    UTF-8 sequence until it completes or is proven invalid.
 //! 5. [`Tokenizer::encode_within`] encodes long text in chunks of about [`CHUNK_BYTES`] that end
-//!    where the tekken regex ends a piece. The regex has no anchors or look-behind and its one
-//!    look-ahead (`\s+(?!\S)`) only decides how much whitespace a piece takes, so the text before
-//!    a piece boundary splits into the same pieces alone as inside the whole text: the ids are
-//!    those of [`Tokenizer::encode`], and encoding stops at the first chunk past the limit.
+//!    where the tekken regex ends a piece and the last character is not whitespace. The regex has
+//!    no anchors or look-behind, and its one look-ahead (`\s+(?!\S)`) can only read past a
+//!    chunk's end from a whitespace run that reaches it; so the text before such a cut splits into
+//!    the same pieces alone as inside the whole text, and the ids are those of
+//!    [`Tokenizer::encode`]. Encoding stops at the first chunk past the limit, and a chunk too
+//!    long to fit even if every id were the longest token is not encoded at all.
 
 use std::collections::HashMap;
 
@@ -270,6 +272,8 @@ pub struct Tokenizer {
     hf: tokenizers::Tokenizer,
     /// The pre-tokenizer's regex, to find piece ends for chunked encoding.
     pieces: SysRegex,
+    /// Bytes of the longest ordinary token (at least 1).
+    max_token_bytes: usize,
     /// Concatenated bytes of every token (control tokens: their text), indexed by `offsets`.
     bytes: Vec<u8>,
     /// `offsets[id]..offsets[id + 1]` is token `id`'s byte range; length `n_vocab + 1`.
@@ -442,9 +446,18 @@ impl Tokenizer {
         let mut hf = tokenizers::Tokenizer::new(bpe);
         hf.with_pre_tokenizer(Some(pre_tokenizer));
 
+        let max_token_bytes = offsets
+            .windows(2)
+            .zip(&control)
+            .filter(|(_, &is_control)| !is_control)
+            .map(|(w, _)| w[1] - w[0])
+            .max()
+            .unwrap_or(1)
+            .max(1);
         Ok(Tokenizer {
             hf,
             pieces,
+            max_token_bytes,
             bytes,
             offsets,
             control,
@@ -467,8 +480,9 @@ impl Tokenizer {
     }
 
     /// Encodes `text` as [`Tokenizer::encode`] does, unless that gives more than `limit` ids:
-    /// then `None`, having encoded at most one chunk ([`CHUNK_BYTES`]) past the `limit`-th id.
-    /// Memory stays that of one chunk's encoding however long `text` is (module note, step 5).
+    /// then `None`, having encoded at most one chunk ([`CHUNK_BYTES`], longer only inside a
+    /// whitespace run) past the `limit`-th id. Memory stays that of one chunk's encoding however
+    /// long `text` is (module note, step 5).
     ///
     /// Errors: those of [`Tokenizer::encode`].
     pub fn encode_within(
@@ -497,9 +511,22 @@ impl Tokenizer {
         while start < text.len() {
             let end = ends
                 .by_ref()
-                .find(|&end| end >= text.len() || end - start >= chunk_bytes)
+                .find(|&end| {
+                    end >= text.len()
+                        || (end - start >= chunk_bytes
+                            && !text[..end].ends_with(char::is_whitespace))
+                })
                 .unwrap_or(text.len());
-            ids.extend(self.encode(&text[start..end])?);
+            let chunk = &text[start..end];
+            // Each id covers at most `max_token_bytes` bytes of the chunk.
+            if ids
+                .len()
+                .saturating_add(chunk.len().div_ceil(self.max_token_bytes))
+                > limit
+            {
+                return Ok(None);
+            }
+            ids.extend(self.encode(chunk)?);
             if ids.len() > limit {
                 return Ok(None);
             }
