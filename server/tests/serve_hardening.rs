@@ -678,3 +678,52 @@ async fn the_openapi_document_describes_every_route_of_the_served_model() {
     }
     srv.stop().await;
 }
+
+#[test]
+fn chunked_tokenization_gives_the_ids_of_the_whole_text_on_the_bundled_vocabulary() {
+    let text = text_model();
+    let tok = text.tokenizer();
+    let pieces = [
+        "The ",
+        "lighthouse",
+        " keeper's",
+        " log:",
+        " 1987",
+        "-",
+        "04",
+        "\n\n",
+        "   ",
+        "\t",
+        "Überfahrt",
+        " naïve",
+        " 東京",
+        "😀",
+        "...",
+        "//",
+        "\r\n",
+        "CamelCase",
+        "x",
+        "  \n ",
+    ];
+    for seed in 0..4u64 {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut s = String::new();
+        while s.len() < 200_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            s.push_str(pieces[(state % pieces.len() as u64) as usize]);
+        }
+        let whole = tok.encode(&s).expect("encode");
+        let chunked = tok.encode_within(&s, usize::MAX).expect("encode_within");
+        assert_eq!(chunked.as_ref(), Some(&whole), "seed {seed}");
+        assert_eq!(
+            tok.encode_within(&s, whole.len()).expect("at the limit"),
+            Some(whole.clone())
+        );
+        assert_eq!(
+            tok.encode_within(&s, whole.len() - 1).expect("past it"),
+            None
+        );
+    }
+}
