@@ -881,10 +881,31 @@ async fn get_model(
 // ---------------------------------------------------------------------------------------------
 // Generation routes.
 
+/// Bodies from this size on give their memory back to the OS once the prompt is built.
+const TRIM_BYTES: usize = 1 << 20;
+
+/// Returns the allocator's free memory to the OS (glibc keeps freed heap pages mapped otherwise,
+/// so the copies a multi-MiB prompt makes would stay in the RSS).
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: malloc_trim only walks the allocator's own free lists; it has no preconditions.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+}
+
 /// Builds the prompt on a blocking thread (template rendering and BPE are CPU work), at most
 /// `tokenizers` at once (waiting up to `--queue-wait-ms` for a turn, 503 past it). `build` gets
-/// the KV capacity and stops tokenizing past it (`None`), which is a 400 naming `param`.
-async fn prompt_ids<F>(app: &Arc<AppState>, param: &str, build: F) -> Result<Vec<u32>, ApiError>
+/// the KV capacity and stops tokenizing past it (`None`), which is a 400 naming `param`. After a
+/// body of `body_len` >= 1 MiB, whose text `build` owns and drops, free memory goes back to the OS.
+async fn prompt_ids<F>(
+    app: &Arc<AppState>,
+    param: &str,
+    body_len: usize,
+    build: F,
+) -> Result<Vec<u32>, ApiError>
 where
     F: FnOnce(&TextModel, usize) -> Result<Option<Vec<u32>>, ApiError> + Send + 'static,
 {
@@ -905,7 +926,11 @@ where
     let kv_max = app.engine.kv_max();
     let built = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        build(&text, kv_max)
+        let built = build(&text, kv_max);
+        if body_len >= TRIM_BYTES {
+            release_free_memory();
+        }
+        built
     })
     .await
     .map_err(|e| ApiError::internal(format!("The tokenizer task failed: {e}.")))??;
@@ -1061,10 +1086,12 @@ async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let bytes = read_body(&app, req).await?;
-    let p = params::parse_chat(&bytes)?;
+    let body_len = bytes.len();
+    let mut p = params::parse_chat(&bytes)?;
+    drop(bytes);
     check_model(&app, &p.model)?;
-    let chat = p.chat.clone();
-    let prompt = prompt_ids(&app, "messages", move |t, limit| {
+    let chat = std::mem::take(&mut p.chat);
+    let prompt = prompt_ids(&app, "messages", body_len, move |t, limit| {
         t.chat_prompt_within(chat, limit)
     })
     .await?;
@@ -1155,10 +1182,12 @@ async fn chat_completions(
 async fn completions(State(app): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
     let received = Instant::now();
     let bytes = read_body(&app, req).await?;
-    let p = params::parse_completion(&bytes)?;
+    let body_len = bytes.len();
+    let mut p = params::parse_completion(&bytes)?;
+    drop(bytes);
     check_model(&app, &p.model)?;
-    let text = p.prompt.clone();
-    let prompt = prompt_ids(&app, "prompt", move |t, limit| {
+    let text = std::mem::take(&mut p.prompt);
+    let prompt = prompt_ids(&app, "prompt", body_len, move |t, limit| {
         t.completion_prompt_within(&text, limit)
     })
     .await?;
