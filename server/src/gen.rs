@@ -505,8 +505,9 @@ mod tests {
             serde_json::from_slice(&std::fs::read(dir.path().join(MANIFEST)).unwrap()).unwrap();
         let files = manifest["files"].as_array().unwrap();
         assert!(!files.is_empty());
+        // One HIP, one CUDA and one Vulkan GLSL source per kernel.
         assert_eq!(
-            manifest["kernels"].as_array().unwrap().len() * 2,
+            manifest["kernels"].as_array().unwrap().len() * 3,
             files.len()
         );
         assert_eq!(
@@ -520,7 +521,7 @@ mod tests {
             assert_eq!(bytes.len() as u64, f["bytes"].as_u64().unwrap());
             assert_eq!(format!("{:016x}", fnv1a(&bytes)), f["fnv1a64"]);
         }
-        for ext in ["hip/", "cuda/"] {
+        for ext in ["hip/", "cuda/", "vulkan/"] {
             assert!(files
                 .iter()
                 .any(|f| f["path"].as_str().unwrap().starts_with(ext)));

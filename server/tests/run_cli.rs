@@ -96,7 +96,7 @@ fn backend_flags_that_contradict_each_other_are_errors() {
     for (args, says) in [
         (
             &["--backend", "oracle", "--cpu-numerics", "q8"][..],
-            "--cpu-numerics q8 applies to the cpu backend",
+            "--cpu-numerics q8 applies to --backend cpu",
         ),
         (
             &["--cpu-kernels", "q8", "--backend", "cpu"][..],

@@ -160,7 +160,7 @@ async fn sigterm_drains_the_running_stream_then_releases_the_lock() {
     );
     let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     tokio::io::AsyncWriteExt::write_all(&mut conn, head.as_bytes())

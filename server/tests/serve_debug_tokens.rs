@@ -109,7 +109,7 @@ async fn debug_tokens_equal_aubier_run_and_the_reference_chain_first_and_after_r
     let hits = metric("aubier_expert_fast_hits_total");
     assert!(hits > 0.0 && hits < routed, "{hits} of {routed}");
     assert!(metric("aubier_expert_promotions_total") > 0.0);
-    let f = metric("aubier_expert_served_fraction");
+    let f = metric("aubier_expert_served_ratio");
     assert!(f > 0.0 && f < 1.0, "{f}");
 
     assert_eq!(

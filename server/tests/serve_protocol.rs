@@ -275,7 +275,7 @@ async fn a_client_that_disconnects_mid_stream_stops_generation_within_one_step()
         .await
         .expect("connect");
     let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     tokio::io::AsyncWriteExt::write_all(&mut conn, head.as_bytes())
@@ -437,22 +437,7 @@ async fn errors_are_openai_shaped() {
 
 /// Starts a slow stream on its own connection and returns the reader once the stream is running.
 async fn hold_engine(srv: &TestServer) -> HttpReader {
-    let body = chat_body("x", r#","stream":true"#);
-    let mut conn = tokio::net::TcpStream::connect(srv.addr)
-        .await
-        .expect("connect");
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    tokio::io::AsyncWriteExt::write_all(&mut conn, head.as_bytes())
-        .await
-        .expect("send");
-    let mut reader = HttpReader::new(conn);
-    let (status, _) = reader.read_head().await;
-    assert_eq!(status, 200);
-    reader.read_chunk().await.expect("first chunk");
-    reader
+    open_stream(srv.addr).await
 }
 
 fn slow_script() -> FakeScript {
@@ -492,13 +477,21 @@ async fn connections_past_max_conns_get_503() {
     let resp = raw_request(srv.addr, "GET", "/v1/models", b"").await;
     assert_eq!(resp.status, 503);
     assert!(resp.header("retry-after").is_some());
+    assert_eq!(resp.header("connection"), Some("close"));
     assert!(resp.json()["error"]["message"]
         .as_str()
         .unwrap_or("")
         .contains("--max-conns"));
-    // Health and metrics stay reachable for probes.
+    // Health and metrics stay reachable for probes; health says the server cannot admit.
     let health = raw_request(srv.addr, "GET", "/health", b"").await;
-    assert_eq!(health.status, 200);
+    assert_eq!(health.status, 503);
+    assert_eq!(health.json()["status"], "busy");
+    assert!(health.json()["reason"]
+        .as_str()
+        .unwrap_or("")
+        .contains("--max-conns"));
+    let metrics = raw_request(srv.addr, "GET", "/metrics", b"").await;
+    assert_eq!(metrics.status, 200);
     drop(holder);
     // Once the slot is free again, a new connection is admitted.
     let t0 = Instant::now();

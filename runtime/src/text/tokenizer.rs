@@ -18,6 +18,13 @@
 //!    multi-byte character into two U+FFFD halves, as mistral-common does.
 //! 4. [`StreamDecoder`] emits the same text incrementally, holding back an incomplete trailing
 //!    UTF-8 sequence until it completes or is proven invalid.
+//! 5. [`Tokenizer::encode_within`] encodes long text in chunks of about [`CHUNK_BYTES`] that end
+//!    where the tekken regex ends a piece and the last character is not whitespace. The regex has
+//!    no anchors or look-behind, and its one look-ahead (`\s+(?!\S)`) can only read past a
+//!    chunk's end from a whitespace run that reaches it; so the text before such a cut splits into
+//!    the same pieces alone as inside the whole text, and the ids are those of
+//!    [`Tokenizer::encode`]. Encoding stops at the first chunk past the limit, and a chunk too
+//!    long to fit even if every id were the longest token is not encoded at all.
 
 use std::collections::HashMap;
 
@@ -26,6 +33,7 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::utils::SysRegex;
 use tokenizers::SplitDelimiterBehavior;
 
 use crate::gguf::{GgufFile, MetaArray, MetaValue};
@@ -37,6 +45,9 @@ use crate::gguf::{GgufFile, MetaArray, MetaValue};
 /// llama.cpp runs an approximation without `\p{M}`; this is the exact pattern, which is what
 /// mistral-common (tiktoken) and HF `tokenizers` run.
 pub const TEKKEN_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Bytes of text [`Tokenizer::encode_within`] encodes at a time (rounded up to a piece end).
+pub const CHUNK_BYTES: usize = 16 * 1024;
 
 /// GGUF token types (gguf-py `TokenType`, llama.cpp `llama_token_type`).
 mod token_type {
@@ -259,6 +270,10 @@ fn byte_level_decode_table() -> HashMap<char, u8> {
 /// all requests.
 pub struct Tokenizer {
     hf: tokenizers::Tokenizer,
+    /// The pre-tokenizer's regex, to find piece ends for chunked encoding.
+    pieces: SysRegex,
+    /// Bytes of the longest ordinary token (at least 1).
+    max_token_bytes: usize,
     /// Concatenated bytes of every token (control tokens: their text), indexed by `offsets`.
     bytes: Vec<u8>,
     /// `offsets[id]..offsets[id + 1]` is token `id`'s byte range; length `n_vocab + 1`.
@@ -417,6 +432,7 @@ impl Tokenizer {
             .ignore_merges(true)
             .build()
             .map_err(TokenizerError::Build)?;
+        let pieces = SysRegex::new(pattern).map_err(TokenizerError::Build)?;
         let split = Split::new(
             SplitPattern::Regex(pattern.to_owned()),
             SplitDelimiterBehavior::Isolated,
@@ -430,8 +446,18 @@ impl Tokenizer {
         let mut hf = tokenizers::Tokenizer::new(bpe);
         hf.with_pre_tokenizer(Some(pre_tokenizer));
 
+        let max_token_bytes = offsets
+            .windows(2)
+            .zip(&control)
+            .filter(|(_, &is_control)| !is_control)
+            .map(|(w, _)| w[1] - w[0])
+            .max()
+            .unwrap_or(1)
+            .max(1);
         Ok(Tokenizer {
             hf,
+            pieces,
+            max_token_bytes,
             bytes,
             offsets,
             control,
@@ -451,6 +477,62 @@ impl Tokenizer {
             .encode_fast(text, false)
             .map_err(TokenizerError::Encode)?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Encodes `text` as [`Tokenizer::encode`] does, unless that gives more than `limit` ids:
+    /// then `None`, having encoded at most one chunk ([`CHUNK_BYTES`], longer only inside a
+    /// whitespace run) past the `limit`-th id. Memory stays that of one chunk's encoding however
+    /// long `text` is (module note, step 5).
+    ///
+    /// Errors: those of [`Tokenizer::encode`].
+    pub fn encode_within(
+        &self,
+        text: &str,
+        limit: usize,
+    ) -> Result<Option<Vec<u32>>, TokenizerError> {
+        self.encode_chunked(text, limit, CHUNK_BYTES)
+    }
+
+    fn encode_chunked(
+        &self,
+        text: &str,
+        limit: usize,
+        chunk_bytes: usize,
+    ) -> Result<Option<Vec<u32>>, TokenizerError> {
+        // Piece ends in order; the text's end closes the last chunk (also when the regex gives
+        // up early, so that encoding that chunk reports the same error the whole text would).
+        let mut ends = self
+            .pieces
+            .find_iter(text)
+            .map(|(_, end)| end)
+            .chain(std::iter::once(text.len()));
+        let mut ids = Vec::new();
+        let mut start = 0;
+        while start < text.len() {
+            let end = ends
+                .by_ref()
+                .find(|&end| {
+                    end >= text.len()
+                        || (end - start >= chunk_bytes
+                            && !text[..end].ends_with(char::is_whitespace))
+                })
+                .unwrap_or(text.len());
+            let chunk = &text[start..end];
+            // Each id covers at most `max_token_bytes` bytes of the chunk.
+            if ids
+                .len()
+                .saturating_add(chunk.len().div_ceil(self.max_token_bytes))
+                > limit
+            {
+                return Ok(None);
+            }
+            ids.extend(self.encode(chunk)?);
+            if ids.len() > limit {
+                return Ok(None);
+            }
+            start = end;
+        }
+        Ok(Some(ids))
     }
 
     fn piece(&self, id: u32) -> Piece<'_> {
@@ -635,6 +717,44 @@ impl StreamDecoder<'_> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A vocabulary with merges that cross every kind of piece boundary the regex makes (letter
+    /// runs, case changes, digits, punctuation with newlines and '/', whitespace runs).
+    fn merging_vocab() -> GgufVocab {
+        let mut vocab = byte_vocab();
+        for merge in ["Ġ a", "Ċ Ċ", ". /", "Ġ Ġ", "A b", "1 2"] {
+            let (l, r) = merge.split_once(' ').unwrap_or_default();
+            vocab.tokens.push(format!("{l}{r}"));
+            vocab.token_types.push(1);
+            vocab.merges.push(merge.to_owned());
+        }
+        vocab
+    }
+
+    proptest! {
+        #[test]
+        fn chunked_encoding_is_the_whole_encoding(
+            text in "[abAB12 \\n\\r\\t./é\u{301}中]{0,200}",
+            chunk in 1usize..40,
+            limit in 0usize..250,
+        ) {
+            let tok = Tokenizer::from_vocab(merging_vocab()).expect("tokenizer");
+            let whole = tok.encode(&text).expect("encode");
+            let chunked = tok.encode_chunked(&text, usize::MAX, chunk).expect("chunked");
+            prop_assert_eq!(chunked.as_ref(), Some(&whole));
+            let within = tok.encode_chunked(&text, limit, chunk).expect("within");
+            prop_assert_eq!(within.is_some(), whole.len() <= limit);
+        }
+    }
+
+    #[test]
+    fn encoding_within_a_limit_stops_early() {
+        let tok = Tokenizer::from_vocab(byte_vocab()).expect("tokenizer");
+        let text = "word ".repeat(1 << 20);
+        assert_eq!(tok.encode_within(&text, 100).expect("encode"), None);
+        let fits = tok.encode_within(&text[..500], 500).expect("encode");
+        assert_eq!(fits.map(|ids| ids.len()), Some(500));
+    }
 
     /// Ids 0..=255: the single bytes (GPT-2 byte-to-unicode text); 256: "ab" (merge "a b");
     /// 257..=259: control tokens `<s>`, `</s>`, `[INST]`.

@@ -23,7 +23,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc as tmpsc, OwnedSemaphorePermit, Semaphore};
 
 /// A model the server can run: the real `Session`-backed engine or the scripted fake.
@@ -70,6 +70,8 @@ pub struct JobSpec {
     pub params: GenerateParams,
     /// How produced tokens become text.
     pub mode: TextMode,
+    /// When the request's head arrived (the time to first token is measured from it).
+    pub received: Instant,
 }
 
 /// Why a generation ended, as the OpenAI API names it (plus `cancelled`, never sent to a client
@@ -176,6 +178,11 @@ impl EngineHandle {
         self.kv_max
     }
 
+    /// Whether the engine still takes requests (false once [`EngineHandle::shutdown`] began).
+    pub fn accepting(&self) -> bool {
+        !self.gate.is_closed()
+    }
+
     /// Waits up to `queue_wait` for the engine, then starts `spec` on it and returns the channel
     /// its [`Event`]s arrive on. Dropping the receiver cancels the generation within one step.
     ///
@@ -252,9 +259,7 @@ fn engine_thread(
             )));
         }
         // Again after a panic, which skips run_job's update.
-        metrics
-            .engine_steps
-            .store(engine.steps_taken(), Ordering::Relaxed);
+        metrics.set_engine_steps(engine.steps_taken());
         metrics.running.store(0, Ordering::Relaxed);
         drop(job);
     }
@@ -268,7 +273,12 @@ fn run_job(
     metrics: &Metrics,
 ) {
     let mut pipe = TextPipeline::new(text, &spec.mode);
+    let mut first = true;
     let result = engine.generate(&spec.prompt, &spec.params, &mut |id| {
+        if first {
+            first = false;
+            metrics.observe_first_token(spec.received.elapsed());
+        }
         if events.is_closed() {
             return ControlFlow::Break(());
         }
@@ -283,9 +293,7 @@ fn run_job(
         }
     });
     // Published before the last event, so a client that reads /metrics after its answer sees it.
-    metrics
-        .engine_steps
-        .store(engine.steps_taken(), Ordering::Relaxed);
+    metrics.set_engine_steps(engine.steps_taken());
     match result {
         Ok(out) => {
             let tail = pipe.finish();
@@ -298,18 +306,12 @@ fn run_job(
                 FinishReason::Length => Finish::Length,
                 FinishReason::Cancelled => Finish::Cancelled,
             };
-            metrics
-                .prompt_tokens
-                .fetch_add(spec.prompt.len() as u64, Ordering::Relaxed);
-            metrics
-                .completion_tokens
-                .fetch_add(out.ids.len() as u64, Ordering::Relaxed);
-            metrics
-                .prefill_tok_s
-                .store(out.prefill_tok_s.to_bits(), Ordering::Relaxed);
-            metrics
-                .decode_tok_s
-                .store(out.decode_tok_s.to_bits(), Ordering::Relaxed);
+            metrics.record_generation(
+                spec.prompt.len(),
+                out.ids.len(),
+                out.prefill_tok_s,
+                out.decode_tok_s,
+            );
             if let Some(r) = engine.store_report() {
                 tracing::info!(
                     served_fraction = r.served_fraction,

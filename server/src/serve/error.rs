@@ -13,7 +13,7 @@ pub struct ApiError {
     pub status: StatusCode,
     /// Human-readable message naming the parameter, model or limit at fault.
     pub message: String,
-    /// OpenAI error type: `invalid_request_error`, `not_found_error` or `server_error`.
+    /// OpenAI error type: `invalid_request_error` or `server_error`.
     pub kind: &'static str,
     /// The request parameter at fault, when there is one.
     pub param: Option<String>,
@@ -104,6 +104,51 @@ impl ApiError {
             kind: "invalid_request_error",
             param: None,
             code: Some("request_too_large"),
+            retry_after_s: None,
+        }
+    }
+
+    /// 403 for a request the server refuses to answer for whoever sent it: a `Host` or `Origin`
+    /// it does not serve (`code` says which).
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::FORBIDDEN,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some(code),
+            retry_after_s: None,
+        }
+    }
+
+    /// 415 for a body that is not declared as JSON (`got`: the `Content-Type` sent, if any).
+    pub fn not_json(got: Option<&str>) -> ApiError {
+        let sent = match got {
+            Some(t) => format!("Content-Type '{t}'"),
+            None => "no Content-Type".to_owned(),
+        };
+        ApiError {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            message: format!(
+                "The request body must be JSON, but the request has {sent}; send the header 'Content-Type: application/json'."
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("unsupported_media_type"),
+            retry_after_s: None,
+        }
+    }
+
+    /// 408 when the request body did not arrive within `--read-timeout-ms`.
+    pub fn body_timeout(limit_ms: u128) -> ApiError {
+        ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: format!(
+                "The request body did not arrive within {limit_ms} ms (--read-timeout-ms)."
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_timeout"),
             retry_after_s: None,
         }
     }

@@ -7,9 +7,9 @@
 //! request (and any open stream) finish, joins the engine thread, then releases the lock.
 //!
 //! Modules: [`params`] (request validation, refused parameters), [`error`] (OpenAI-shaped errors),
-//! [`app`] (routes, SSE, connection admission), [`engine`] (the single-flight engine thread),
-//! [`text`] and [`stop`] (detokenizing, reasoning split, stop strings), [`fake`] and [`real`]
-//! (the two engines), [`lock`], [`metrics`].
+//! [`app`] (connections, guards, routes, SSE, admission), [`engine`] (the single-flight engine
+//! thread), [`text`] and [`stop`] (detokenizing, reasoning split, stop strings), [`fake`] and
+//! [`real`] (the two engines), [`lock`], [`metrics`], [`openapi`] (`GET /openapi.json`).
 #![warn(missing_docs)]
 
 pub mod app;
@@ -18,12 +18,14 @@ pub mod error;
 pub mod fake;
 pub mod lock;
 pub mod metrics;
+pub mod openapi;
 pub mod params;
 pub mod real;
 pub mod stop;
 pub mod text;
 
-use app::{router, Admission, AdmissionListener, AppState, ServerLimits};
+pub use app::serve;
+use app::{AppState, HostPolicy, ServerLimits};
 use aubier_runtime::engine::Model;
 use aubier_runtime::gguf::GgufFile;
 use clap::{Args, ValueEnum};
@@ -31,7 +33,6 @@ use engine::{Engine, EngineHandle};
 use fake::{FakeEngine, FakeScript, FakeScriptFile};
 use lock::{LockError, LockFile, EXIT_LOCKED};
 use metrics::Metrics;
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -72,9 +73,32 @@ pub struct ServeArgs {
     /// length, 4096)).
     #[arg(long)]
     pub kv_max: Option<usize>,
-    /// Most concurrent connections; requests on connections beyond it get 503 (Retry-After).
+    /// Most requests in progress at once (from the request head to the end of the response
+    /// body; /health and /metrics excluded); later ones get 503 (Retry-After).
     #[arg(long, default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_requests: usize,
+    /// Most open connections, idle ones included; requests on connections beyond it get 503
+    /// (Retry-After) and the connection is closed.
+    #[arg(long, default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_conns: usize,
+    /// A connection with no request in progress that receives nothing for this long is
+    /// closed, ms.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..))]
+    pub idle_timeout_ms: u64,
+    /// Longest time a request head may take from its first byte, and again its body, ms (the
+    /// connection is closed, or the answer is 408).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..))]
+    pub read_timeout_ms: u64,
+    /// When bound to a loopback address only loopback Host names (localhost, 127.0.0.1, [::1])
+    /// are answered, so a web page cannot reach the server through DNS rebinding; this adds a
+    /// host name (repeatable; `*` answers any). On another address any Host is answered unless
+    /// this names some.
+    #[arg(long, value_name = "HOST")]
+    pub allow_host: Vec<String>,
+    /// Answer browser requests from this origin (`http://localhost:3000`; repeatable; `*` is
+    /// any), with CORS headers; other cross-origin requests are refused with 403.
+    #[arg(long, value_name = "ORIGIN")]
+    pub cors_origin: Vec<String>,
     /// Longest wait for the single-flight engine before a 503 (Retry-After), ms.
     #[arg(long, default_value_t = 30_000)]
     pub queue_wait_ms: u64,
@@ -265,27 +289,6 @@ fn load_engine(path: &Path, args: &ServeArgs) -> Result<Loaded, ServeError> {
     }
 }
 
-/// Serves `state` on `listener` until `shutdown` resolves, then drains: open requests and streams
-/// finish, the engine thread is joined.
-///
-/// Errors: I/O errors of the listener.
-pub async fn serve(
-    listener: TcpListener,
-    state: Arc<AppState>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let listener = AdmissionListener::new(listener, state.limits.max_conns, state.metrics.clone());
-    let app = router(state.clone()).into_make_service_with_connect_info::<Admission>();
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await;
-    let engine_state = state.clone();
-    tokio::task::spawn_blocking(move || engine_state.engine.shutdown())
-        .await
-        .map_err(std::io::Error::other)?;
-    served
-}
-
 /// Resolves on the first SIGINT or SIGTERM.
 async fn shutdown_signal() {
     let term = async {
@@ -319,13 +322,6 @@ fn serve_blocking(args: ServeArgs) -> Result<(), ServeError> {
     let engine = EngineHandle::spawn(engine, text.clone(), metrics.clone())
         .map_err(io_err("starting the engine thread"))?;
     let kv_max = engine.kv_max();
-    let limits = ServerLimits {
-        model_id: model_id.clone(),
-        queue_wait: Duration::from_millis(args.queue_wait_ms),
-        max_conns: args.max_conns,
-        body_limit: args.body_limit,
-    };
-    let state = Arc::new(AppState::new(limits, text, engine, metrics));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -337,6 +333,19 @@ fn serve_blocking(args: ServeArgs) -> Result<(), ServeError> {
         let addr = listener
             .local_addr()
             .map_err(io_err("reading the bound address"))?;
+        let limits = ServerLimits {
+            model_id: model_id.clone(),
+            queue_wait: Duration::from_millis(args.queue_wait_ms),
+            max_requests: args.max_requests,
+            max_conns: args.max_conns,
+            body_limit: args.body_limit,
+            idle_timeout: Duration::from_millis(args.idle_timeout_ms),
+            read_timeout: Duration::from_millis(args.read_timeout_ms),
+            tokenizers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            hosts: HostPolicy::for_bind(addr.ip(), &args.allow_host),
+            cors_origins: args.cors_origin.clone(),
+        };
+        let state = Arc::new(AppState::new(limits, text, engine, metrics));
         eprintln!(
             "aubier serve: listening on http://{addr} (model id {model_id}, {}, engine {:?}, backend {}, kv_max {kv_max}, lock {})",
             path.display(),

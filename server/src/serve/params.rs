@@ -5,12 +5,18 @@
 //! type- and range-checked; each recognised but unimplemented parameter is taken out and refused
 //! **by name** unless it carries its default value (a silently ignored parameter would give an answer
 //! that looks like the one the client asked for); any key left over is refused by name as
-//! unrecognised, as the OpenAI API itself does. The parameter names and defaults follow the OpenAI
+//! unrecognised, as the OpenAI API itself does. The same policy holds inside each message of
+//! `messages` (its content chunks and tool calls): known keys are taken, known but unimplemented
+//! ones refused unless at their default, unknown ones refused by name (`messages[1].foo`).
+//! Integers follow JSON Schema: `2.0` is the integer 2. Floats the engine computes in f32
+//! (`temperature`, `top_p`) are checked after narrowing, with the sampler's own rule, so no value
+//! a client sends can reach the engine invalid. The parameter names and defaults follow the OpenAI
 //! API reference (Chat Completions and legacy Completions) and, for `top_k` / `repetition_penalty` /
 //! `min_p` / `ignore_eos` / `continue_final_message`, vLLM's OpenAI server.
 
 use super::error::ApiError;
-use serde_json::{Map, Value};
+use aubier_runtime::sampler::{SampleError, Sampler, SamplingParams};
+use serde_json::{Map, Number, Value};
 
 /// Most stop strings one request may carry (the OpenAI limit).
 pub const MAX_STOPS: usize = 4;
@@ -87,6 +93,8 @@ pub struct DebugTokensParams {
 enum DefaultValue {
     /// Only `null` (absent).
     Null,
+    /// `null` or the count 1; any other integer >= 1 is unsupported, anything else invalid.
+    One,
     /// `null` or this number.
     Number(f64),
     /// `null` or `false`.
@@ -107,6 +115,7 @@ impl DefaultValue {
     fn holds(self, v: &Value) -> bool {
         match (self, v) {
             (_, Value::Null) => true,
+            (DefaultValue::One, Value::Number(n)) => as_uint(n) == Some(1),
             (DefaultValue::Number(x), Value::Number(n)) => n.as_f64() == Some(x),
             (DefaultValue::False, Value::Bool(b)) => !b,
             (DefaultValue::True, Value::Bool(b)) => *b,
@@ -127,6 +136,7 @@ impl DefaultValue {
     fn describe(self) -> String {
         match self {
             DefaultValue::Null => "null".to_owned(),
+            DefaultValue::One => "1".to_owned(),
             DefaultValue::Number(x) => format!("{x}"),
             DefaultValue::False => "false".to_owned(),
             DefaultValue::True => "true".to_owned(),
@@ -140,7 +150,7 @@ impl DefaultValue {
 
 /// Parameters of `/v1/chat/completions` that are recognised but not implemented, with their default.
 const REFUSED_CHAT: &[(&str, DefaultValue)] = &[
-    ("n", DefaultValue::Number(1.0)),
+    ("n", DefaultValue::One),
     ("tools", DefaultValue::Empty),
     ("tool_choice", DefaultValue::OneOf(&["none", "auto"])),
     ("parallel_tool_calls", DefaultValue::True),
@@ -167,8 +177,8 @@ const REFUSED_CHAT: &[(&str, DefaultValue)] = &[
 
 /// Parameters of `/v1/completions` that are recognised but not implemented, with their default.
 const REFUSED_COMPLETIONS: &[(&str, DefaultValue)] = &[
-    ("n", DefaultValue::Number(1.0)),
-    ("best_of", DefaultValue::Number(1.0)),
+    ("n", DefaultValue::One),
+    ("best_of", DefaultValue::One),
     ("echo", DefaultValue::False),
     ("suffix", DefaultValue::Empty),
     ("logprobs", DefaultValue::Null),
@@ -261,26 +271,27 @@ impl Body {
     fn uint(&mut self, name: &str) -> Result<Option<u64>, ApiError> {
         match self.take(name) {
             None => Ok(None),
-            Some(Value::Number(n)) => n.as_u64().map(Some).ok_or_else(|| {
-                ApiError::bad_value(name, format!("'{name}' must be an integer >= 0, got {n}."))
+            Some(Value::Number(n)) => as_uint(&n).map(Some).ok_or_else(|| {
+                ApiError::bad_value(
+                    name,
+                    format!("'{name}' must be an integer in [0, 2^64), got {n}."),
+                )
             }),
             Some(other) => Err(wrong_type(name, "an integer", &other)),
         }
     }
 
+    /// A count of at least 1 (`max_tokens`, `n`): one message for 0, -1, 2.5 or `"x"`.
+    fn count(&mut self, name: &str) -> Result<Option<usize>, ApiError> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(v) => count_of(name, &v).map(Some),
+        }
+    }
+
     /// Refuses each parameter of `table` present with a non-default value.
     fn refuse(&mut self, table: &[(&str, DefaultValue)]) -> Result<(), ApiError> {
-        for (name, default) in table {
-            if let Some(v) = self.map.remove(*name) {
-                if !default.holds(&v) {
-                    return Err(ApiError::unsupported(
-                        name,
-                        &format!("is not implemented (default {})", default.describe()),
-                    ));
-                }
-            }
-        }
-        Ok(())
+        refuse_in(&mut self.map, table, "")
     }
 
     /// Removes identifier-only parameters after checking they are strings.
@@ -295,13 +306,138 @@ impl Body {
     fn finish(self) -> Result<(), ApiError> {
         match self.map.keys().next() {
             None => Ok(()),
-            Some(k) => Err(ApiError::invalid(
-                Some(k),
-                "unknown_parameter",
-                format!("Unrecognized request argument supplied: '{k}'."),
-            )),
+            Some(k) => Err(unknown_parameter(k)),
         }
     }
+}
+
+/// The integer `n` holds, if any: JSON Schema counts `2.0` as the integer 2.
+fn as_uint(n: &Number) -> Option<u64> {
+    // 2^64: every integral f64 below it converts to u64 exactly.
+    const LIMIT: f64 = 18_446_744_073_709_551_616.0;
+    n.as_u64().or_else(|| {
+        n.as_f64()
+            .filter(|x| x.fract() == 0.0 && *x >= 0.0 && *x < LIMIT)
+            .map(|x| x as u64)
+    })
+}
+
+/// `v` as a count >= 1. Errors: 400 naming `name` for anything else.
+fn count_of(name: &str, v: &Value) -> Result<usize, ApiError> {
+    v.as_number()
+        .and_then(as_uint)
+        .filter(|&n| n >= 1)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| {
+            ApiError::bad_value(name, format!("'{name}' must be an integer >= 1, got {v}."))
+        })
+}
+
+/// Refuses each parameter of `table` in `map` present with a non-default value (`prefix` names
+/// the enclosing object, as `messages[0].`). A [`DefaultValue::One`] parameter that is not a
+/// count at all is invalid rather than unsupported.
+fn refuse_in(
+    map: &mut Map<String, Value>,
+    table: &[(&str, DefaultValue)],
+    prefix: &str,
+) -> Result<(), ApiError> {
+    for (name, default) in table {
+        if let Some(v) = map.remove(*name) {
+            let full = format!("{prefix}{name}");
+            if matches!(default, DefaultValue::One) && !v.is_null() {
+                count_of(&full, &v)?;
+            }
+            if !default.holds(&v) {
+                return Err(ApiError::unsupported(
+                    &full,
+                    &format!("is not implemented (default {})", default.describe()),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// 400 `unknown_parameter` for `name`.
+fn unknown_parameter(name: &str) -> ApiError {
+    ApiError::invalid(
+        Some(name),
+        "unknown_parameter",
+        format!("Unrecognized request argument supplied: '{name}'."),
+    )
+}
+
+/// Keys of a message the chat template reads (`reasoning` is `reasoning_content`'s other name).
+const MESSAGE_KEYS: &[&str] = &[
+    "role",
+    "content",
+    "reasoning_content",
+    "reasoning",
+    "tool_calls",
+    "tool_call_id",
+    "name",
+];
+
+/// Message keys of the OpenAI API that aubier does not implement, with their default.
+const REFUSED_MESSAGE: &[(&str, DefaultValue)] = &[
+    ("refusal", DefaultValue::Null),
+    ("audio", DefaultValue::Null),
+    ("function_call", DefaultValue::Null),
+    ("annotations", DefaultValue::Empty),
+];
+
+/// Applies the unknown-key policy to an object inside `messages`: `known` keys stay, `refused`
+/// ones are taken out (and refused unless at their default), anything else is refused by name.
+/// Values that are not objects are left to the chat deserializer, which names their type.
+fn check_object(
+    value: &mut Value,
+    known: &[&str],
+    refused: &[(&str, DefaultValue)],
+    prefix: &str,
+) -> Result<(), ApiError> {
+    let Value::Object(map) = value else {
+        return Ok(());
+    };
+    refuse_in(map, refused, prefix)?;
+    match map.keys().find(|k| !known.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(k) => Err(unknown_parameter(&format!("{prefix}{k}"))),
+    }
+}
+
+/// Checks every message, content chunk and tool call of `messages` for unknown keys (see the
+/// module note).
+fn check_messages(messages: &mut [Value]) -> Result<(), ApiError> {
+    for (i, message) in messages.iter_mut().enumerate() {
+        let prefix = format!("messages[{i}].");
+        check_object(message, MESSAGE_KEYS, REFUSED_MESSAGE, &prefix)?;
+        if let Some(Value::Array(chunks)) = message.get_mut("content") {
+            for (j, chunk) in chunks.iter_mut().enumerate() {
+                let known: &[&str] = match chunk.get("type").and_then(Value::as_str) {
+                    Some("text") => &["type", "text"],
+                    Some("thinking") => &["type", "thinking", "closed"],
+                    // Other chunk types (images, audio) are refused by the template as a whole.
+                    _ => continue,
+                };
+                check_object(chunk, known, &[], &format!("{prefix}content[{j}]."))?;
+            }
+        }
+        if let Some(Value::Array(calls)) = message.get_mut("tool_calls") {
+            for (j, call) in calls.iter_mut().enumerate() {
+                let call_prefix = format!("{prefix}tool_calls[{j}].");
+                check_object(call, &["id", "type", "function"], &[], &call_prefix)?;
+                if let Some(f) = call.get_mut("function") {
+                    check_object(
+                        f,
+                        &["name", "arguments"],
+                        &[],
+                        &format!("{call_prefix}function."),
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn json_kind(v: &Value) -> &'static str {
@@ -333,8 +469,13 @@ fn required_model(body: &mut Body) -> Result<String, ApiError> {
 }
 
 /// `temperature` / `top_p` / `top_k` / `seed` with the given temperature default.
+///
+/// Errors: 400 for a value outside the documented range, and for one the engine's f32 makes
+/// invalid (`top_p` 1e-46 is 0 in f32): the narrowed values are checked with the sampler's own
+/// rule ([`Sampler::new`]), so a request that passes here never fails in the sampler.
 fn sampling(body: &mut Body, default_temperature: f32) -> Result<Sampling, ApiError> {
-    let temperature = match body.number("temperature")? {
+    let sent_temperature = body.number("temperature")?;
+    let temperature = match sent_temperature {
         None => default_temperature,
         Some(t) if (0.0..=2.0).contains(&t) => t as f32,
         Some(t) => {
@@ -344,7 +485,8 @@ fn sampling(body: &mut Body, default_temperature: f32) -> Result<Sampling, ApiEr
             ))
         }
     };
-    let top_p = match body.number("top_p")? {
+    let sent_top_p = body.number("top_p")?;
+    let top_p = match sent_top_p {
         None => 1.0,
         Some(p) if p > 0.0 && p <= 1.0 => p as f32,
         Some(p) => {
@@ -360,6 +502,25 @@ fn sampling(body: &mut Body, default_temperature: f32) -> Result<Sampling, ApiEr
             .map_err(|_| ApiError::bad_value("top_k", format!("'top_k' {k} is too large.")))?,
     };
     let seed = body.uint("seed")?;
+    let engine_params = SamplingParams {
+        temperature,
+        top_p,
+        top_k,
+        seed: seed.unwrap_or(0),
+    };
+    if let Err(e) = Sampler::new(engine_params) {
+        let (name, sent) = match e {
+            SampleError::Temperature(_) => ("temperature", sent_temperature),
+            _ => ("top_p", sent_top_p),
+        };
+        return Err(ApiError::bad_value(
+            name,
+            format!(
+                "'{name}' {} is out of range once narrowed to the engine's 32-bit float ({e}).",
+                sent.map_or_else(|| "(default)".to_owned(), |x| x.to_string())
+            ),
+        ));
+    }
     Ok(Sampling {
         temperature,
         top_p,
@@ -438,13 +599,7 @@ fn stream(body: &mut Body) -> Result<(bool, bool), ApiError> {
                         ))
                     }
                     (other, _) => {
-                        return Err(ApiError::invalid(
-                            Some(&format!("stream_options.{other}")),
-                            "unknown_parameter",
-                            format!(
-                                "Unrecognized request argument supplied: 'stream_options.{other}'."
-                            ),
-                        ))
+                        return Err(unknown_parameter(&format!("stream_options.{other}")))
                     }
                 }
             }
@@ -452,19 +607,6 @@ fn stream(body: &mut Body) -> Result<(bool, bool), ApiError> {
         Some(other) => return Err(wrong_type("stream_options", "an object", &other)),
     }
     Ok((stream, include_usage))
-}
-
-fn positive(name: &str, v: Option<u64>) -> Result<Option<usize>, ApiError> {
-    match v {
-        None => Ok(None),
-        Some(0) => Err(ApiError::bad_value(
-            name,
-            format!("'{name}' must be at least 1, got 0."),
-        )),
-        Some(n) => usize::try_from(n)
-            .map(Some)
-            .map_err(|_| ApiError::bad_value(name, format!("'{name}' {n} is too large."))),
-    }
 }
 
 /// Parses and validates a chat completion request body.
@@ -476,7 +618,10 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatParams, ApiError> {
     let mut body = Body::parse(bytes)?;
     let model = required_model(&mut body)?;
     let messages = match body.take("messages") {
-        Some(Value::Array(m)) => Value::Array(m),
+        Some(Value::Array(mut m)) => {
+            check_messages(&mut m)?;
+            Value::Array(m)
+        }
         Some(other) => return Err(wrong_type("messages", "an array", &other)),
         None => {
             return Err(ApiError::invalid(
@@ -494,8 +639,8 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatParams, ApiError> {
     if let Some(cont) = body.bool("continue_final_message")? {
         chat.insert("continue_final_message".to_owned(), Value::Bool(cont));
     }
-    let max_new = positive("max_completion_tokens", body.uint("max_completion_tokens")?)?;
-    let max_old = positive("max_tokens", body.uint("max_tokens")?)?;
+    let max_new = body.count("max_completion_tokens")?;
+    let max_old = body.count("max_tokens")?;
     let max_tokens = match (max_new, max_old) {
         (Some(a), Some(b)) if a != b => {
             return Err(ApiError::bad_value(
@@ -545,7 +690,7 @@ pub fn parse_completion(bytes: &[u8]) -> Result<CompletionParams, ApiError> {
             ))
         }
     };
-    let max_tokens = positive("max_tokens", body.uint("max_tokens")?)?.unwrap_or(16);
+    let max_tokens = body.count("max_tokens")?.unwrap_or(16);
     let sampling = sampling(&mut body, 1.0)?;
     let stop = stop(&mut body)?;
     let (stream, include_usage) = stream(&mut body)?;
@@ -576,7 +721,8 @@ pub fn parse_debug_tokens(bytes: &[u8]) -> Result<DebugTokensParams, ApiError> {
             .iter()
             .enumerate()
             .map(|(i, v)| {
-                v.as_u64()
+                v.as_number()
+                    .and_then(as_uint)
                     .and_then(|x| u32::try_from(x).ok())
                     .ok_or_else(|| {
                         ApiError::bad_value(
@@ -776,6 +922,104 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("messages"));
         let e = parse_completion(br#"{"model":"m","prompt":["a"]}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("prompt"));
+    }
+
+    #[test]
+    fn sampling_values_are_checked_as_the_engine_narrows_them() {
+        for top_p in ["5e-324", "1e-46", "7.006492321624085e-46"] {
+            let e = chat(&format!(r#","top_p":{top_p}"#)).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("top_p"), "{top_p}");
+            assert!(e.message.contains("32-bit"), "{}", e.message);
+        }
+        // Just above 2^-150 rounds up to the smallest f32, which the sampler accepts.
+        let p = chat(r#","top_p":7.006492321624087e-46"#).unwrap();
+        assert!(p.sampling.top_p > 0.0);
+        let p = chat(r#","temperature":1e-46"#).unwrap();
+        assert_eq!(p.sampling.temperature, 0.0);
+        let e = chat(r#","temperature":2.0000000000000004"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        let e = parse_debug_tokens(br#"{"ids":[1],"max_tokens":1,"top_p":1e-300}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("top_p"));
+    }
+
+    #[test]
+    fn integers_may_be_written_as_integral_floats() {
+        let p = chat(r#","max_tokens":2.0,"seed":3.0,"top_k":4e0"#).unwrap();
+        assert_eq!(
+            (p.max_tokens, p.sampling.seed, p.sampling.top_k),
+            (Some(2), Some(3), 4)
+        );
+        for extra in [
+            r#","seed":0.5"#,
+            r#","seed":1.8446744073709552e19"#,
+            r#","top_k":-0.5"#,
+        ] {
+            assert_eq!(
+                chat(extra).unwrap_err().code,
+                Some("invalid_value"),
+                "{extra}"
+            );
+        }
+        let p = parse_debug_tokens(br#"{"ids":[5.0],"max_tokens":1.0}"#).unwrap();
+        assert_eq!((p.ids, p.max_tokens), (vec![5], 1));
+    }
+
+    #[test]
+    fn counts_below_one_are_invalid_with_one_message() {
+        for (extra, name) in [
+            (r#","n":0"#, "n"),
+            (r#","n":-2"#, "n"),
+            (r#","max_tokens":0"#, "max_tokens"),
+            (r#","max_tokens":-1"#, "max_tokens"),
+            (r#","max_completion_tokens":0"#, "max_completion_tokens"),
+        ] {
+            let e = chat(extra).unwrap_err();
+            assert_eq!(e.code, Some("invalid_value"), "{extra}");
+            assert!(
+                e.message
+                    .starts_with(&format!("'{name}' must be an integer >= 1, got ")),
+                "{}",
+                e.message
+            );
+        }
+        let e = parse_completion(br#"{"model":"m","prompt":"x","best_of":0}"#).unwrap_err();
+        assert_eq!(e.code, Some("invalid_value"));
+        assert_eq!(
+            chat(r#","n":3"#).unwrap_err().code,
+            Some("unsupported_parameter")
+        );
+    }
+
+    #[test]
+    fn messages_follow_the_unknown_field_policy() {
+        let body = |messages: &str| format!(r#"{{"model":"m","messages":{messages}}}"#);
+        for (messages, param, code) in [
+            (
+                r#"[{"role":"user","content":"x","extra":1}]"#,
+                "messages[0].extra",
+                "unknown_parameter",
+            ),
+            (
+                r#"[{"role":"user","content":[{"type":"thinking","thinking":"t","x":0}]}]"#,
+                "messages[0].content[0].x",
+                "unknown_parameter",
+            ),
+            (
+                r#"[{"role":"assistant","audio":{"id":"a"}}]"#,
+                "messages[0].audio",
+                "unsupported_parameter",
+            ),
+        ] {
+            let e = parse_chat(body(messages).as_bytes()).unwrap_err();
+            assert_eq!((e.param.as_deref(), e.code), (Some(param), Some(code)));
+        }
+        // Known keys, and refused ones at their defaults, pass through to the template.
+        let p = parse_chat(
+            body(r#"[{"role":"user","content":"x","name":"n","refusal":null,"annotations":[]}]"#)
+                .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(p.chat["messages"][0]["name"], "n");
     }
 
     #[test]

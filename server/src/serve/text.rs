@@ -112,16 +112,22 @@ impl TextModel {
 
     /// Token ids of a chat request (`chat` holds `messages`, `reasoning_effort`,
     /// `continue_final_message`), rendered with the file's chat template; starts with BOS.
+    /// `None` when the prompt has more than `limit` ids: tokenizing stops a chunk past that
+    /// point, however long the messages are.
     ///
     /// Errors: 400 naming `messages` (or `reasoning_effort`) when the conversation is malformed or
     /// the template refuses it; 500 when the template itself fails to compile or names an unknown
     /// control token.
-    pub fn chat_prompt(&self, chat: serde_json::Value) -> Result<Vec<u32>, ApiError> {
+    pub fn chat_prompt_within(
+        &self,
+        chat: serde_json::Value,
+        limit: usize,
+    ) -> Result<Option<Vec<u32>>, ApiError> {
         let request: ChatRequest = serde_json::from_value(chat).map_err(|e| {
             ApiError::bad_value("messages", format!("'messages' is malformed: {e}."))
         })?;
         self.template
-            .render_ids(&request, &self.tokenizer)
+            .render_ids_within(&request, &self.tokenizer, limit)
             .map_err(|e| match e {
                 ChatError::ReasoningEffort(_) => {
                     ApiError::bad_value("reasoning_effort", e.to_string())
@@ -133,20 +139,41 @@ impl TextModel {
             })
     }
 
+    /// [`TextModel::chat_prompt_within`] with no limit.
+    ///
+    /// Errors: those of [`TextModel::chat_prompt_within`].
+    pub fn chat_prompt(&self, chat: serde_json::Value) -> Result<Vec<u32>, ApiError> {
+        // No prompt has more than usize::MAX ids, so the limit never applies.
+        Ok(self
+            .chat_prompt_within(chat, usize::MAX)?
+            .unwrap_or_default())
+    }
+
     /// Token ids of a completion prompt: BOS (when `tokenizer.ggml.add_bos_token` is true or
     /// absent — every Mistral prompt starts with `<s>`), then the plain-text encoding of `text`
-    /// (control-token lookalikes stay text).
+    /// (control-token lookalikes stay text). `None` when that is more than `limit` ids (found
+    /// without tokenizing far past the limit).
     ///
     /// Errors: 400 naming `prompt` when the tokenizer gives up on the text.
-    pub fn completion_prompt(&self, text: &str) -> Result<Vec<u32>, ApiError> {
+    pub fn completion_prompt_within(
+        &self,
+        text: &str,
+        limit: usize,
+    ) -> Result<Option<Vec<u32>>, ApiError> {
         let mut ids = Vec::new();
         if self.add_bos {
             ids.push(self.tokenizer.bos_id());
         }
-        ids.extend(self.tokenizer.encode(text).map_err(|e| {
-            ApiError::bad_value("prompt", format!("'prompt' cannot be tokenized: {e}."))
-        })?);
-        Ok(ids)
+        let encoded = self
+            .tokenizer
+            .encode_within(text, limit.saturating_sub(ids.len()))
+            .map_err(|e| {
+                ApiError::bad_value("prompt", format!("'prompt' cannot be tokenized: {e}."))
+            })?;
+        Ok(encoded.map(|more| {
+            ids.extend(more);
+            ids
+        }))
     }
 
     /// Ids that end generation (`tokenizer.ggml.eos_token_id`).

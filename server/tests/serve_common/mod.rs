@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use aubier_runtime::gguf::GgufFile;
-use aubier_server::serve::app::{AppState, ServerLimits};
+use aubier_server::serve::app::{AppState, HostPolicy, ServerLimits};
 use aubier_server::serve::engine::{Engine, EngineHandle};
 use aubier_server::serve::fake::{FakeEngine, FakeScript};
 use aubier_server::serve::metrics::Metrics;
@@ -52,13 +52,20 @@ pub fn byte_ids(s: &str) -> Vec<u32> {
 /// The served model id of the test servers.
 pub const MODEL_ID: &str = "ms4-tiny256-q2k";
 
-/// Limits of a test server: generous, overridden per test.
+/// Limits of a test server: the `aubier serve` defaults (a 1 MiB body limit), overridden per
+/// test.
 pub fn limits() -> ServerLimits {
     ServerLimits {
         model_id: MODEL_ID.to_owned(),
         queue_wait: Duration::from_secs(30),
-        max_conns: 64,
+        max_requests: 64,
+        max_conns: 256,
         body_limit: 1 << 20,
+        idle_timeout: Duration::from_secs(10),
+        read_timeout: Duration::from_secs(10),
+        tokenizers: 2,
+        hosts: HostPolicy::for_bind([127, 0, 0, 1].into(), &[]),
+        cors_origins: Vec::new(),
     }
 }
 
@@ -177,15 +184,58 @@ impl RawResponse {
 
 /// Sends one raw request on a fresh connection (`Connection: close`).
 pub async fn raw_request(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> RawResponse {
+    raw_request_with(
+        addr,
+        method,
+        path,
+        &[
+            ("Host", &addr.to_string()),
+            ("Content-Type", "application/json"),
+        ],
+        body,
+    )
+    .await
+}
+
+/// Sends one raw request with exactly `headers` (plus `Content-Length` and `Connection: close`)
+/// on a fresh connection.
+pub async fn raw_request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> RawResponse {
     let mut s = TcpStream::connect(addr).await.expect("connect");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+    let mut head = format!("{method} {path} HTTP/1.1\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str(&format!(
+        "Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
-    );
+    ));
     s.write_all(head.as_bytes()).await.expect("write head");
     s.write_all(body).await.expect("write body");
     let mut reader = HttpReader::new(s);
     reader.read_response().await
+}
+
+/// Starts a streaming chat request on its own connection and returns the reader after the
+/// 200 head and the first SSE chunk.
+pub async fn open_stream(addr: SocketAddr) -> HttpReader {
+    let body = chat_body("x", r#","stream":true"#);
+    let mut conn = TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.expect("send");
+    let mut reader = HttpReader::new(conn);
+    let (status, _) = reader.read_head().await;
+    assert_eq!(status, 200);
+    reader.read_chunk().await.expect("first chunk");
+    reader
 }
 
 /// Incremental reader of one HTTP/1.1 response (for streaming tests).

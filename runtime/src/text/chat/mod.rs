@@ -471,6 +471,22 @@ impl ChatTemplate {
     /// Errors: those of [`ChatTemplate::render`], [`ChatError::UnknownControl`] for a control
     /// string `tok` lacks, [`ChatError::Tokenizer`] if encoding fails.
     pub fn render_ids(&self, req: &ChatRequest, tok: &Tokenizer) -> Result<Vec<u32>, ChatError> {
+        // No prompt has more than usize::MAX ids, so the limit never applies.
+        Ok(self
+            .render_ids_within(req, tok, usize::MAX)?
+            .unwrap_or_default())
+    }
+
+    /// [`ChatTemplate::render_ids`], unless the prompt has more than `limit` ids: then `None`,
+    /// with the text encoded only up to about that point ([`Tokenizer::encode_within`]).
+    ///
+    /// Errors: those of [`ChatTemplate::render_ids`].
+    pub fn render_ids_within(
+        &self,
+        req: &ChatRequest,
+        tok: &Tokenizer,
+        limit: usize,
+    ) -> Result<Option<Vec<u32>>, ChatError> {
         let mut ids = Vec::new();
         for seg in self.segments(req)? {
             match seg {
@@ -480,9 +496,17 @@ impl ChatTemplate {
                         .ok_or(ChatError::UnknownControl(text))?;
                     ids.push(id);
                 }
-                Segment::Text(text) => ids.extend(tok.encode(&text)?),
+                Segment::Text(text) => {
+                    match tok.encode_within(&text, limit.saturating_sub(ids.len()))? {
+                        Some(more) => ids.extend(more),
+                        None => return Ok(None),
+                    }
+                }
+            }
+            if ids.len() > limit {
+                return Ok(None);
             }
         }
-        Ok(ids)
+        Ok(Some(ids))
     }
 }
