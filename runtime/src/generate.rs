@@ -10,11 +10,17 @@
 //! generation before the next step. EOS ends generation (unless `ignore_eos`) and is not reported.
 //! `prompt + max_tokens` is clamped to the session's KV capacity; hitting that clamp or `max_tokens`
 //! finishes with [`FinishReason::Length`].
+//!
+//! With a [`Constraint`] (structured output, tool calls) the disallowed logits are set to −∞
+//! before each sample and the sampled id is committed to it; the next step's mask is computed on
+//! a scoped thread while the session runs the step, and joined before the next sample (the first
+//! mask likewise overlaps the prefill). EOS is then sampled only where the grammar accepts.
 
 use crate::sampler::{SampleError, Sampler, SamplingParams};
 use crate::session::Session;
+use crate::text::grammar::{Constraint, GrammarError};
 use std::ops::ControlFlow;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What the decode loop drives: tokens in at the next positions, one row of logits out per token.
 pub trait Stepper {
@@ -95,6 +101,9 @@ pub struct GenerateOutput {
     pub decode_tok_s: f64,
     /// `[n_prompt × n_vocab]` f32 row-major, when asked for.
     pub prompt_logits: Option<Vec<f32>>,
+    /// Time the loop waited for the constraint's mask after the step it overlapped had ended
+    /// (the part of the mask cost not hidden behind the model); zero without a constraint.
+    pub mask_wait: Duration,
 }
 
 /// Errors of [`generate`].
@@ -112,16 +121,21 @@ pub enum GenerateError {
     /// The engine failed.
     #[error(transparent)]
     Engine(#[from] crate::error::EngineError),
+    /// The output constraint failed: its mask could not be computed or it refused the sampled
+    /// token (with a mask applied, only an engine defect or a bug leads here).
+    #[error("constrained decoding failed: {0}")]
+    Constraint(#[from] GrammarError),
 }
 
-/// Runs one request: prefill `prompt`, then decode under `params`, calling `on_token` with each
-/// generated id.
+/// Runs one request: prefill `prompt`, then decode under `params` (and `constraint`, when given:
+/// only the ids it allows are sampled), calling `on_token` with each generated id.
 ///
 /// Errors: [`GenerateError`]; the session is left reset-able in every case.
 pub fn generate(
     session: &mut dyn Stepper,
     prompt: &[u32],
     params: &GenerateParams,
+    mut constraint: Option<&mut Constraint>,
     on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
 ) -> Result<GenerateOutput, GenerateError> {
     if prompt.is_empty() {
@@ -138,24 +152,33 @@ pub fn generate(
     session.reset();
     let budget = params.max_tokens.min(kv_max - prompt.len() + 1);
 
+    let mut mask_wait = Duration::ZERO;
     let t0 = Instant::now();
-    let (mut last, prompt_logits) = if params.keep_prompt_logits {
-        let logits = session.step(prompt)?;
-        let n_vocab = logits.len() / prompt.len();
-        (
-            logits[(prompt.len() - 1) * n_vocab..].to_vec(),
-            Some(logits),
-        )
-    } else {
-        (session.step_last(prompt)?, None)
-    };
+    let (mut last, prompt_logits) = with_mask(constraint.as_deref_mut(), &mut mask_wait, || {
+        if params.keep_prompt_logits {
+            let logits = session.step(prompt)?;
+            let n_vocab = logits.len() / prompt.len();
+            Ok((
+                logits[(prompt.len() - 1) * n_vocab..].to_vec(),
+                Some(logits),
+            ))
+        } else {
+            Ok((session.step_last(prompt)?, None))
+        }
+    })?;
     let prefill_s = t0.elapsed().as_secs_f64();
 
     let mut ids = Vec::new();
     let mut finish = FinishReason::Length;
     let t1 = Instant::now();
     while ids.len() < budget {
+        if let Some(c) = constraint.as_deref_mut() {
+            c.apply(&mut last)?;
+        }
         let id = sampler.sample(&last)?;
+        if let Some(c) = constraint.as_deref_mut() {
+            c.commit(id)?;
+        }
         if !params.ignore_eos && params.eos_ids.contains(&id) {
             finish = FinishReason::Stop;
             break;
@@ -168,7 +191,9 @@ pub fn generate(
         if ids.len() == budget {
             break;
         }
-        last = session.step(&[id])?;
+        last = with_mask(constraint.as_deref_mut(), &mut mask_wait, || {
+            Ok(session.step(&[id])?)
+        })?;
     }
     let decode_s = t1.elapsed().as_secs_f64();
     let decoded = ids.len().saturating_sub(1);
@@ -182,7 +207,32 @@ pub fn generate(
         ids,
         finish,
         prompt_logits,
+        mask_wait,
     })
+}
+
+/// Runs `step` on this thread while `constraint`'s next mask is computed on a scoped one; adds
+/// the time spent waiting for the mask after `step` returned to `wait`. The step's error comes
+/// first, then the mask's.
+fn with_mask<T>(
+    constraint: Option<&mut Constraint>,
+    wait: &mut Duration,
+    step: impl FnOnce() -> Result<T, GenerateError>,
+) -> Result<T, GenerateError> {
+    let Some(c) = constraint else {
+        return step();
+    };
+    let (out, mask) = std::thread::scope(|s| {
+        let worker = s.spawn(|| c.compute_mask());
+        let out = step();
+        let t = Instant::now();
+        let mask = worker.join();
+        *wait += t.elapsed();
+        (out, mask)
+    });
+    let out = out?;
+    mask.map_err(|_| GrammarError::Matcher("the mask computation panicked".to_owned()))??;
+    Ok(out)
 }
 
 fn rate(n: usize, secs: f64) -> f64 {

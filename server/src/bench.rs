@@ -380,7 +380,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         let start = Instant::now();
         let mut first: Option<f64> = None;
-        let out = generate(&mut session, &prompt, &params, &mut |_| {
+        let out = generate(&mut session, &prompt, &params, None, &mut |_| {
             first.get_or_insert_with(|| start.elapsed().as_secs_f64() * 1e3);
             if let Some(b) = &bar {
                 b.inc(1);

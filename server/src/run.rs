@@ -344,7 +344,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let stream_text = !args.json && tokenizer.is_some();
     let mut decoder = tokenizer.as_ref().map(|t| t.stream_decoder());
     let mut stdout = std::io::stdout();
-    let out = generate(&mut session, &prompt, &params, &mut |id| {
+    let out = generate(&mut session, &prompt, &params, None, &mut |id| {
         if stream_text {
             if let Some(d) = decoder.as_mut() {
                 let _ = write!(stdout, "{}", d.push(id));

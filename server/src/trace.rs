@@ -54,7 +54,7 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
             .unwrap_or_default(),
         keep_prompt_logits: false,
     };
-    generate(&mut session, &prompt, &params, &mut |_| {
+    generate(&mut session, &prompt, &params, None, &mut |_| {
         ControlFlow::Continue(())
     })?;
     let file = std::fs::File::create(&args.out)

@@ -18,6 +18,7 @@ use super::metrics::Metrics;
 use super::text::{Delta, TextMode, TextModel, TextPipeline};
 use aubier_runtime::generate::{FinishReason, GenerateError, GenerateOutput, GenerateParams};
 use aubier_runtime::store::expert_store::StoreReport;
+use aubier_runtime::text::grammar::Constraint;
 use std::ops::ControlFlow;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
@@ -34,13 +35,15 @@ pub trait Engine: Send + 'static {
     /// KV cache capacity, in tokens (prompt + generated tokens a request can hold).
     fn kv_max(&self) -> usize;
 
-    /// Runs one request (semantics of `aubier_runtime::generate::generate`).
+    /// Runs one request (semantics of `aubier_runtime::generate::generate`; `constraint` limits
+    /// the sampled ids to what a grammar allows).
     ///
     /// Errors: [`EngineFailure`]; the engine stays usable for the next request.
     fn generate(
         &mut self,
         prompt: &[u32],
         params: &GenerateParams,
+        constraint: Option<&mut Constraint>,
         on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> Result<GenerateOutput, EngineFailure>;
 
@@ -274,7 +277,7 @@ fn run_job(
 ) {
     let mut pipe = TextPipeline::new(text, &spec.mode);
     let mut first = true;
-    let result = engine.generate(&spec.prompt, &spec.params, &mut |id| {
+    let result = engine.generate(&spec.prompt, &spec.params, None, &mut |id| {
         if first {
             first = false;
             metrics.observe_first_token(spec.received.elapsed());

@@ -11,6 +11,7 @@
 use super::engine::{Engine, EngineFailure};
 use aubier_runtime::error::EngineError;
 use aubier_runtime::generate::{generate, GenerateOutput, GenerateParams, Stepper};
+use aubier_runtime::text::grammar::Constraint;
 use serde::Deserialize;
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -180,9 +181,16 @@ impl Engine for FakeEngine {
         &mut self,
         prompt: &[u32],
         params: &GenerateParams,
+        constraint: Option<&mut Constraint>,
         on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> Result<GenerateOutput, EngineFailure> {
-        Ok(generate(&mut self.stepper, prompt, params, on_token)?)
+        Ok(generate(
+            &mut self.stepper,
+            prompt,
+            params,
+            constraint,
+            on_token,
+        )?)
     }
 
     fn steps_taken(&self) -> u64 {

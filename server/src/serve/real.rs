@@ -7,6 +7,7 @@ use aubier_runtime::error::EngineError;
 use aubier_runtime::generate::{generate, GenerateOutput, GenerateParams};
 use aubier_runtime::session::{Session, SessionOptions};
 use aubier_runtime::store::expert_store::{StoreOptions, StoreReport};
+use aubier_runtime::text::grammar::Constraint;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
@@ -50,9 +51,16 @@ impl Engine for RealEngine {
         &mut self,
         prompt: &[u32],
         params: &GenerateParams,
+        constraint: Option<&mut Constraint>,
         on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> Result<GenerateOutput, EngineFailure> {
-        Ok(generate(&mut self.session, prompt, params, on_token)?)
+        Ok(generate(
+            &mut self.session,
+            prompt,
+            params,
+            constraint,
+            on_token,
+        )?)
     }
 
     fn steps_taken(&self) -> u64 {
