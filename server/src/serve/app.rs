@@ -29,7 +29,8 @@ use super::engine::{EngineHandle, Event, Finish, JobSpec, Summary};
 use super::error::ApiError;
 use super::metrics::{Metrics, STATUS_CLIENT_CLOSED};
 use super::params::{self, Sampling};
-use super::text::{TextMode, TextModel};
+use super::text::{TextMode, TextModel, ToolCall, ToolCallDelta};
+use super::tools;
 use aubier_runtime::generate::GenerateParams;
 use aubier_runtime::sampler::SamplingParams;
 use axum::body::{Body, Bytes, HttpBody};
@@ -986,23 +987,73 @@ fn generate_params(app: &AppState, sampling: &Sampling, max_tokens: usize) -> Ge
     }
 }
 
-/// Collects a job's events: the whole text and the summary.
-async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<(String, String, Summary), ApiError> {
+/// A whole generation, joined from a job's events.
+struct Collected {
+    reasoning: String,
+    content: String,
+    tool_calls: Vec<ToolCall>,
+    summary: Summary,
+}
+
+/// Collects a job's events: the whole text, the tool calls and the summary.
+async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
     let mut reasoning = String::new();
     let mut content = String::new();
+    let mut pieces = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Delta(d) => {
                 reasoning.push_str(&d.reasoning);
                 content.push_str(&d.content);
+                pieces.extend(d.tool_calls);
             }
-            Event::Done(s) => return Ok((reasoning, content, s)),
+            Event::Done(summary) => {
+                return Ok(Collected {
+                    reasoning,
+                    content,
+                    tool_calls: super::text::join_tool_calls(&pieces),
+                    summary,
+                })
+            }
             Event::Failed(e) => return Err(e),
         }
     }
     Err(ApiError::internal(
         "The engine stopped without finishing the request.",
     ))
+}
+
+/// The OpenAI `tool_calls` array of a message.
+fn tool_calls_value(calls: &[ToolCall]) -> Value {
+    calls
+        .iter()
+        .map(|c| {
+            json!({
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            })
+        })
+        .collect()
+}
+
+/// The OpenAI `delta.tool_calls` array of a streamed chunk.
+fn tool_call_deltas(pieces: &[ToolCallDelta]) -> Value {
+    pieces
+        .iter()
+        .map(|p| {
+            let mut v = json!({"index": p.index});
+            match &p.head {
+                Some((id, name)) => {
+                    v["id"] = json!(id);
+                    v["type"] = json!("function");
+                    v["function"] = json!({"name": name, "arguments": p.arguments});
+                }
+                None => v["function"] = json!({"arguments": p.arguments}),
+            }
+            v
+        })
+        .collect()
 }
 
 fn usage(s: &Summary) -> Value {
@@ -1096,12 +1147,27 @@ async fn chat_completions(
     })
     .await?;
     let max_tokens = budget(&app, prompt.len(), p.max_tokens, "messages")?;
+    let constraint = match p.structured.grammar.take() {
+        None => None,
+        Some(spec) => {
+            let text = app.text.clone();
+            let compiled =
+                tokio::task::spawn_blocking(move || tools::compile(text.grammar(), &spec))
+                    .await
+                    .map_err(|e| {
+                        ApiError::internal(format!("The grammar compiler task failed: {e}."))
+                    })??;
+            Some(compiled)
+        }
+    };
     let spec = JobSpec {
         prompt,
         params: generate_params(&app, &p.sampling, max_tokens),
         mode: TextMode::Chat {
             stops: p.stop.clone(),
+            tool_calls: p.structured.tool_calls,
         },
+        constraint,
         received,
     };
     let rx = app.engine.submit(spec, app.limits.queue_wait).await?;
@@ -1109,13 +1175,22 @@ async fn chat_completions(
     let created = unix_now();
     let model = app.limits.model_id.clone();
     if !p.stream {
-        let (reasoning, content, s) = collect(rx).await?;
-        let mut message = json!({"role": "assistant", "content": content});
-        message["reasoning_content"] = if reasoning.is_empty() {
+        let c = collect(rx).await?;
+        let s = c.summary;
+        let content = if c.content.is_empty() && !c.tool_calls.is_empty() {
             Value::Null
         } else {
-            Value::String(reasoning)
+            Value::String(c.content)
         };
+        let mut message = json!({"role": "assistant", "content": content});
+        message["reasoning_content"] = if c.reasoning.is_empty() {
+            Value::Null
+        } else {
+            Value::String(c.reasoning)
+        };
+        if !c.tool_calls.is_empty() {
+            message["tool_calls"] = tool_calls_value(&c.tool_calls);
+        }
         return Ok(Json(json!({
             "id": id,
             "object": "chat.completion",
@@ -1164,6 +1239,9 @@ async fn chat_completions(
         if !d.content.is_empty() {
             delta.insert("content".to_owned(), Value::String(d.content.clone()));
         }
+        if !d.tool_calls.is_empty() {
+            delta.insert("tool_calls".to_owned(), tool_call_deltas(&d.tool_calls));
+        }
         chunk_of(Value::Object(delta), None)
     };
     let last = move |s: &Summary| {
@@ -1198,6 +1276,7 @@ async fn completions(State(app): State<Arc<AppState>>, req: Request) -> Result<R
         mode: TextMode::Completion {
             stops: p.stop.clone(),
         },
+        constraint: None,
         received,
     };
     let rx = app.engine.submit(spec, app.limits.queue_wait).await?;
@@ -1211,11 +1290,12 @@ async fn completions(State(app): State<Arc<AppState>>, req: Request) -> Result<R
         "model": model,
     });
     if !p.stream {
-        let (_, text, s) = collect(rx).await?;
+        let c = collect(rx).await?;
+        let s = c.summary;
         let mut v = base;
         v["choices"] = json!([{
             "index": 0,
-            "text": text,
+            "text": c.content,
             "logprobs": null,
             "finish_reason": s.finish.as_str(),
         }]);
@@ -1281,10 +1361,11 @@ async fn debug_tokens(
         prompt: p.ids,
         params,
         mode: TextMode::Ids,
+        constraint: None,
         received,
     };
     let rx = app.engine.submit(spec, app.limits.queue_wait).await?;
-    let (_, _, s) = collect(rx).await?;
+    let s = collect(rx).await?.summary;
     Ok(Json(json!({
         "ids": s.ids,
         "finish_reason": s.finish.as_str(),

@@ -73,6 +73,8 @@ pub struct JobSpec {
     pub params: GenerateParams,
     /// How produced tokens become text.
     pub mode: TextMode,
+    /// The grammar the output must follow (`tools`, `response_format`), if any.
+    pub constraint: Option<Constraint>,
     /// When the request's head arrived (the time to first token is measured from it).
     pub received: Instant,
 }
@@ -83,6 +85,8 @@ pub struct JobSpec {
 pub enum Finish {
     /// EOS was produced, or a stop string matched.
     Stop,
+    /// EOS was produced after the model called a tool.
+    ToolCalls,
     /// `max_tokens` or the KV capacity was reached.
     Length,
     /// The client went away.
@@ -94,6 +98,7 @@ impl Finish {
     pub fn as_str(self) -> &'static str {
         match self {
             Finish::Stop => "stop",
+            Finish::ToolCalls => "tool_calls",
             Finish::Length => "length",
             Finish::Cancelled => "cancelled",
         }
@@ -249,11 +254,11 @@ fn engine_thread(
     metrics: &Metrics,
     rx: mpsc::Receiver<Job>,
 ) {
-    while let Ok(job) = rx.recv() {
+    while let Ok(mut job) = rx.recv() {
         metrics.running.store(1, Ordering::Relaxed);
         let events = job.events.clone();
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            run_job(engine.as_mut(), text, &job.spec, &job.events, metrics)
+            run_job(engine.as_mut(), text, &mut job.spec, &job.events, metrics)
         }));
         if outcome.is_err() {
             tracing::error!("the engine panicked; the request failed");
@@ -271,30 +276,35 @@ fn engine_thread(
 fn run_job(
     engine: &mut dyn Engine,
     text: &TextModel,
-    spec: &JobSpec,
+    spec: &mut JobSpec,
     events: &tmpsc::UnboundedSender<Event>,
     metrics: &Metrics,
 ) {
     let mut pipe = TextPipeline::new(text, &spec.mode);
     let mut first = true;
-    let result = engine.generate(&spec.prompt, &spec.params, None, &mut |id| {
-        if first {
-            first = false;
-            metrics.observe_first_token(spec.received.elapsed());
-        }
-        if events.is_closed() {
-            return ControlFlow::Break(());
-        }
-        let (delta, stopped) = pipe.push(id);
-        if !delta.is_empty() && events.send(Event::Delta(delta)).is_err() {
-            return ControlFlow::Break(());
-        }
-        if stopped {
-            ControlFlow::Break(())
-        } else {
-            ControlFlow::Continue(())
-        }
-    });
+    let result = engine.generate(
+        &spec.prompt,
+        &spec.params,
+        spec.constraint.as_mut(),
+        &mut |id| {
+            if first {
+                first = false;
+                metrics.observe_first_token(spec.received.elapsed());
+            }
+            if events.is_closed() {
+                return ControlFlow::Break(());
+            }
+            let (delta, stopped) = pipe.push(id);
+            if !delta.is_empty() && events.send(Event::Delta(delta)).is_err() {
+                return ControlFlow::Break(());
+            }
+            if stopped {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        },
+    );
     // Published before the last event, so a client that reads /metrics after its answer sees it.
     metrics.set_engine_steps(engine.steps_taken());
     match result {
@@ -305,6 +315,7 @@ fn run_job(
             }
             let finish = match out.finish {
                 _ if pipe.stopped() => Finish::Stop,
+                FinishReason::Stop if pipe.tool_calls() > 0 => Finish::ToolCalls,
                 FinishReason::Stop => Finish::Stop,
                 FinishReason::Length => Finish::Length,
                 FinishReason::Cancelled => Finish::Cancelled,

@@ -3,7 +3,9 @@
 //!
 //! Algorithm: it runs the one decode loop, `aubier_runtime::generate::generate`, over a scripted
 //! [`Stepper`] whose logits put all mass on the next scripted id (the script running out acts as
-//! EOS). Each step increments the engine's step counter and may sleep `step_delay` (to make a
+//! EOS): 0 for that id, [`FLOOR`] for every other, so the other ids have probability 0 exactly
+//! (in f64, e^-10000 is 0) yet stay finite — under a grammar that forbids the scripted id the
+//! sampler takes an allowed one (greedy: the lowest) instead of finding nothing to draw. Each step increments the engine's step counter and may sleep `step_delay` (to make a
 //! request slow enough to overlap others or be cancelled), and the step numbered `fail_at_step`
 //! fails instead. The text side (tokenizer, chat template, stop strings)
 //! is the real one, shared with the real engine.
@@ -18,6 +20,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The logit of every id but the scripted one.
+pub const FLOOR: f32 = -10_000.0;
 
 /// What the fake engine produces, whatever the prompt.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -163,7 +168,7 @@ impl Stepper for ScriptedStepper {
             .copied()
             .unwrap_or(self.eos_id);
         self.produced += 1;
-        let mut logits = vec![f32::NEG_INFINITY; tokens.len() * self.n_vocab];
+        let mut logits = vec![FLOOR; tokens.len() * self.n_vocab];
         let last = (tokens.len().saturating_sub(1)) * self.n_vocab;
         if let Some(l) = logits.get_mut(last + next as usize) {
             *l = 0.0;

@@ -9,7 +9,8 @@
 //! Modules: [`params`] (request validation, refused parameters), [`error`] (OpenAI-shaped errors),
 //! [`app`] (connections, guards, routes, SSE, admission), [`engine`] (the single-flight engine
 //! thread), [`text`] and [`stop`] (detokenizing, reasoning split, stop strings), [`fake`] and
-//! [`real`] (the two engines), [`lock`], [`metrics`], [`openapi`] (`GET /openapi.json`).
+//! [`real`] (the two engines), [`lock`], [`metrics`], [`openapi`] (`GET /openapi.json`), [`tools`]
+//! (`tools`, `tool_choice`, `response_format` → the grammar).
 #![warn(missing_docs)]
 
 pub mod app;
@@ -23,6 +24,7 @@ pub mod params;
 pub mod real;
 pub mod stop;
 pub mod text;
+pub mod tools;
 
 pub use app::serve;
 use app::{AppState, HostPolicy, ServerLimits};

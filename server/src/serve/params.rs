@@ -15,6 +15,7 @@
 //! `min_p` / `ignore_eos` / `continue_final_message`, vLLM's OpenAI server.
 
 use super::error::ApiError;
+use super::tools::{structured, Structured};
 use aubier_runtime::sampler::{SampleError, Sampler, SamplingParams};
 use serde_json::{Map, Number, Value};
 
@@ -39,9 +40,12 @@ pub struct Sampling {
 pub struct ChatParams {
     /// The `model` field.
     pub model: String,
-    /// `messages`, `reasoning_effort` and `continue_final_message`, as a JSON object for
-    /// `aubier_runtime::text::chat::ChatRequest`'s deserializer.
+    /// `messages`, `tools`, `reasoning_effort` and `continue_final_message`, as a JSON object
+    /// for `aubier_runtime::text::chat::ChatRequest`'s deserializer.
     pub chat: Value,
+    /// `tools`, `tool_choice`, `parallel_tool_calls` and `response_format`: the grammar to
+    /// enforce and whether tool calls are read.
+    pub structured: Structured,
     /// `max_completion_tokens` (or its older name `max_tokens`); `None` = up to the KV capacity.
     pub max_tokens: Option<usize>,
     /// Sampling settings.
@@ -99,14 +103,10 @@ enum DefaultValue {
     Number(f64),
     /// `null` or `false`.
     False,
-    /// `null` or `true`.
-    True,
     /// `null`, `""`, `[]` or `{}`.
     Empty,
     /// `null` or one of these strings.
     OneOf(&'static [&'static str]),
-    /// `null` or `{"type": "text"}`.
-    TextFormat,
     /// `null` or `["text"]`.
     TextModality,
 }
@@ -118,14 +118,10 @@ impl DefaultValue {
             (DefaultValue::One, Value::Number(n)) => as_uint(n) == Some(1),
             (DefaultValue::Number(x), Value::Number(n)) => n.as_f64() == Some(x),
             (DefaultValue::False, Value::Bool(b)) => !b,
-            (DefaultValue::True, Value::Bool(b)) => *b,
             (DefaultValue::Empty, Value::String(s)) => s.is_empty(),
             (DefaultValue::Empty, Value::Array(a)) => a.is_empty(),
             (DefaultValue::Empty, Value::Object(o)) => o.is_empty(),
             (DefaultValue::OneOf(names), Value::String(s)) => names.contains(&s.as_str()),
-            (DefaultValue::TextFormat, Value::Object(o)) => {
-                o.len() == 1 && o.get("type").and_then(Value::as_str) == Some("text")
-            }
             (DefaultValue::TextModality, Value::Array(a)) => {
                 a.len() == 1 && a[0].as_str() == Some("text")
             }
@@ -139,10 +135,8 @@ impl DefaultValue {
             DefaultValue::One => "1".to_owned(),
             DefaultValue::Number(x) => format!("{x}"),
             DefaultValue::False => "false".to_owned(),
-            DefaultValue::True => "true".to_owned(),
             DefaultValue::Empty => "empty".to_owned(),
             DefaultValue::OneOf(names) => names.join(" or "),
-            DefaultValue::TextFormat => "{\"type\": \"text\"}".to_owned(),
             DefaultValue::TextModality => "[\"text\"]".to_owned(),
         }
     }
@@ -151,15 +145,11 @@ impl DefaultValue {
 /// Parameters of `/v1/chat/completions` that are recognised but not implemented, with their default.
 const REFUSED_CHAT: &[(&str, DefaultValue)] = &[
     ("n", DefaultValue::One),
-    ("tools", DefaultValue::Empty),
-    ("tool_choice", DefaultValue::OneOf(&["none", "auto"])),
-    ("parallel_tool_calls", DefaultValue::True),
     ("functions", DefaultValue::Empty),
     ("function_call", DefaultValue::OneOf(&["none", "auto"])),
     ("logprobs", DefaultValue::False),
     ("top_logprobs", DefaultValue::Number(0.0)),
     ("logit_bias", DefaultValue::Empty),
-    ("response_format", DefaultValue::TextFormat),
     ("presence_penalty", DefaultValue::Number(0.0)),
     ("frequency_penalty", DefaultValue::Number(0.0)),
     ("repetition_penalty", DefaultValue::Number(1.0)),
@@ -359,7 +349,7 @@ fn refuse_in(
 }
 
 /// 400 `unknown_parameter` for `name`.
-fn unknown_parameter(name: &str) -> ApiError {
+pub(super) fn unknown_parameter(name: &str) -> ApiError {
     ApiError::invalid(
         Some(name),
         "unknown_parameter",
@@ -451,7 +441,8 @@ fn json_kind(v: &Value) -> &'static str {
     }
 }
 
-fn wrong_type(name: &str, want: &str, got: &Value) -> ApiError {
+/// 400 `invalid_value`: `name` must be `want` (`"a string"`) but is another JSON kind.
+pub(super) fn wrong_type(name: &str, want: &str, got: &Value) -> ApiError {
     ApiError::bad_value(
         name,
         format!("'{name}' must be {want}, got {}.", json_kind(got)),
@@ -633,7 +624,19 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatParams, ApiError> {
     };
     let mut chat = Map::new();
     chat.insert("messages".to_owned(), messages);
-    if let Some(effort) = body.string("reasoning_effort")? {
+    let effort = body.string("reasoning_effort")?;
+    let tools = body.take("tools");
+    let structured = structured(
+        tools.as_ref(),
+        body.take("tool_choice"),
+        body.bool("parallel_tool_calls")?,
+        body.take("response_format"),
+        effort.as_deref() == Some("high"),
+    )?;
+    if let Some(tools) = tools {
+        chat.insert("tools".to_owned(), tools);
+    }
+    if let Some(effort) = effort {
         chat.insert("reasoning_effort".to_owned(), Value::String(effort));
     }
     if let Some(cont) = body.bool("continue_final_message")? {
@@ -659,6 +662,7 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatParams, ApiError> {
     Ok(ChatParams {
         model,
         chat: Value::Object(chat),
+        structured,
         max_tokens,
         sampling,
         stop,
@@ -791,15 +795,11 @@ mod tests {
     fn every_refused_chat_parameter_is_named_when_not_default() {
         let non_default: &[(&str, &str)] = &[
             ("n", "2"),
-            ("tools", r#"[{"type":"function","function":{"name":"f"}}]"#),
-            ("tool_choice", r#""required""#),
-            ("parallel_tool_calls", "false"),
             ("functions", r#"[{"name":"f"}]"#),
             ("function_call", r#"{"name":"f"}"#),
             ("logprobs", "true"),
             ("top_logprobs", "3"),
             ("logit_bias", r#"{"5":10}"#),
-            ("response_format", r#"{"type":"json_object"}"#),
             ("presence_penalty", "0.5"),
             ("frequency_penalty", "0.5"),
             ("repetition_penalty", "1.1"),

@@ -10,14 +10,22 @@
 //! 2. chat only: route the text through `aubier_runtime::text::reasoning::ReasoningSplitter`, so
 //!    text inside `[THINK]…[/THINK]` becomes `reasoning_content` and the rest `content`;
 //! 3. match stop strings on the content with [`StopMatcher`] (the reasoning is never cut by a
-//!    stop string), which holds back any suffix that could still become a stop.
+//!    stop string), which holds back any suffix that could still become a stop;
+//! 4. chat with tools only: the output is read at the token level. `[TOOL_CALLS]` ends the content
+//!    (everything held back is flushed) and opens a call; the text up to `[ARGS]` is its name, the
+//!    text after it its arguments, up to the next `[TOOL_CALLS]` (the next call) or the end. A
+//!    call's first delta carries its index, a fresh id (`call_` and 96 random bits, unique within
+//!    the response) and its name; its arguments follow in whole-character fragments under the same
+//!    index. Stop strings apply to the content only.
 //!
-//! At the end, everything held back at each stage is flushed through the later stages.
+//! At the end, everything held back at each stage is flushed through the later stages; a call cut
+//! off inside its name is released with the name as generated.
 
 use super::error::ApiError;
 use super::stop::StopMatcher;
 use aubier_runtime::gguf::GgufFile;
 use aubier_runtime::text::chat::{ChatError, ChatRequest, ChatTemplate};
+use aubier_runtime::text::grammar::{GrammarCompiler, GrammarError};
 use aubier_runtime::text::reasoning::ReasoningSplitter;
 use aubier_runtime::text::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
@@ -28,6 +36,8 @@ pub struct TextModel {
     template: ChatTemplate,
     add_bos: bool,
     think: Option<(u32, u32)>,
+    calls: Option<(u32, u32)>,
+    grammar: GrammarCompiler,
 }
 
 /// Errors of [`TextModel::from_gguf`].
@@ -39,6 +49,9 @@ pub enum TextModelError {
     /// The chat template is unusable.
     #[error("chat template: {0}")]
     Chat(#[from] ChatError),
+    /// The grammar engine cannot index the vocabulary.
+    #[error("grammar engine: {0}")]
+    Grammar(#[from] GrammarError),
     /// `tokenizer.ggml.add_bos_token` is present but not a boolean.
     #[error("GGUF metadata key `tokenizer.ggml.add_bos_token` must be a bool, found {0}")]
     AddBos(&'static str),
@@ -51,6 +64,9 @@ pub enum TextMode {
     Chat {
         /// Stop strings.
         stops: Vec<String>,
+        /// Read `[TOOL_CALLS]name[ARGS]arguments` as tool calls (the request has tools and
+        /// `tool_choice` is not `none`).
+        tool_calls: bool,
     },
     /// `/v1/completions`: stop strings on the text.
     Completion {
@@ -61,25 +77,69 @@ pub enum TextMode {
     Ids,
 }
 
-/// Text released for one step: `reasoning_content` and `content` deltas (whole characters).
+/// Text released for one step: `reasoning_content`, `content` and tool-call deltas (whole
+/// characters).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Delta {
     /// New reasoning text (chat only).
     pub reasoning: String,
     /// New answer text.
     pub content: String,
+    /// New tool-call pieces, in order (chat with tools only).
+    pub tool_calls: Vec<ToolCallDelta>,
+}
+
+/// A piece of one tool call, in OpenAI's streaming shape: the call's first piece has `head`,
+/// later ones only `arguments`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ToolCallDelta {
+    /// 0-based position of the call in the response.
+    pub index: usize,
+    /// The call's id and function name (first piece only).
+    pub head: Option<(String, String)>,
+    /// The next fragment of `function.arguments` (JSON text, whole characters; may be empty).
+    pub arguments: String,
+}
+
+/// A whole tool call, as the non-streaming response carries it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The minted call id.
+    pub id: String,
+    /// The function name, as generated.
+    pub name: String,
+    /// `function.arguments`: the JSON text as generated.
+    pub arguments: String,
 }
 
 impl Delta {
-    /// Both parts are empty.
+    /// Every part is empty.
     pub fn is_empty(&self) -> bool {
-        self.reasoning.is_empty() && self.content.is_empty()
+        self.reasoning.is_empty() && self.content.is_empty() && self.tool_calls.is_empty()
     }
 
     fn append(&mut self, other: Delta) {
         self.reasoning.push_str(&other.reasoning);
         self.content.push_str(&other.content);
+        self.tool_calls.extend(other.tool_calls);
     }
+}
+
+/// Joins the tool-call pieces of a whole response, in index order.
+pub fn join_tool_calls<'a>(pieces: impl IntoIterator<Item = &'a ToolCallDelta>) -> Vec<ToolCall> {
+    let mut calls: Vec<ToolCall> = Vec::new();
+    for p in pieces {
+        if calls.len() <= p.index {
+            calls.resize_with(p.index + 1, ToolCall::default);
+        }
+        let call = &mut calls[p.index];
+        if let Some((id, name)) = &p.head {
+            call.id.clone_from(id);
+            call.name.clone_from(name);
+        }
+        call.arguments.push_str(&p.arguments);
+    }
+    calls
 }
 
 impl TextModel {
@@ -97,17 +157,28 @@ impl TextModel {
         let think = tokenizer
             .special_id("[THINK]")
             .zip(tokenizer.special_id("[/THINK]"));
+        let calls = tokenizer
+            .special_id("[TOOL_CALLS]")
+            .zip(tokenizer.special_id("[ARGS]"));
+        let grammar = GrammarCompiler::new(&tokenizer)?;
         Ok(TextModel {
             tokenizer,
             template,
             add_bos,
             think,
+            calls,
+            grammar,
         })
     }
 
     /// The tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The grammar compiler over this vocabulary (constrained decoding).
+    pub fn grammar(&self) -> &GrammarCompiler {
+        &self.grammar
     }
 
     /// Token ids of a chat request (`chat` holds `messages`, `reasoning_effort`,
@@ -190,29 +261,82 @@ pub struct TextPipeline<'t> {
     reasoning: Option<ReasoningSplitter>,
     stops: StopMatcher,
     stopped: bool,
+    calls: Option<CallReader>,
+}
+
+/// Where the tool-call reader is: before any call, in a call's name, or in its arguments.
+#[derive(Debug)]
+enum CallPhase {
+    Content,
+    Name(String),
+    Arguments,
+}
+
+/// The tool-call state of a chat pipeline whose request has tools.
+#[derive(Debug)]
+struct CallReader {
+    open: u32,
+    args: u32,
+    phase: CallPhase,
+    /// Calls opened so far (the current one is `count - 1`).
+    count: usize,
+    ids: Vec<String>,
+}
+
+impl CallReader {
+    /// A fresh call id, distinct from the ids this response already has.
+    fn mint(&mut self) -> String {
+        loop {
+            let id = format!("call_{:024x}", rand::random::<u128>() >> 32);
+            if !self.ids.contains(&id) {
+                self.ids.push(id.clone());
+                return id;
+            }
+        }
+    }
 }
 
 impl<'t> TextPipeline<'t> {
     /// A pipeline for one request in `mode`.
     pub fn new(text: &'t TextModel, mode: &TextMode) -> TextPipeline<'t> {
-        let (decoder, reasoning, stops) = match mode {
-            TextMode::Chat { stops } => (
+        let (decoder, reasoning, stops, tool_calls) = match mode {
+            TextMode::Chat { stops, tool_calls } => (
                 Some(text.tokenizer.stream_decoder()),
                 Some(ReasoningSplitter::new()),
                 stops.clone(),
+                *tool_calls,
             ),
-            TextMode::Completion { stops } => {
-                (Some(text.tokenizer.stream_decoder()), None, stops.clone())
-            }
-            TextMode::Ids => (None, None, Vec::new()),
+            TextMode::Completion { stops } => (
+                Some(text.tokenizer.stream_decoder()),
+                None,
+                stops.clone(),
+                false,
+            ),
+            TextMode::Ids => (None, None, Vec::new(), false),
         };
+        let calls = text
+            .calls
+            .filter(|_| tool_calls)
+            .map(|(open, args)| CallReader {
+                open,
+                args,
+                phase: CallPhase::Content,
+                count: 0,
+                ids: Vec::new(),
+            });
         TextPipeline {
             text,
             decoder,
             reasoning,
             stops: StopMatcher::new(stops),
             stopped: false,
+            calls,
         }
+    }
+
+    /// How many tool calls the output has opened.
+    pub fn tool_calls(&self) -> usize {
+        self.calls.as_ref().map_or(0, |c| c.count)
     }
 
     /// Whether a stop string has matched (generation must end; later input is ignored).
@@ -224,6 +348,9 @@ impl<'t> TextPipeline<'t> {
     pub fn push(&mut self, id: u32) -> (Delta, bool) {
         if self.stopped {
             return (Delta::default(), true);
+        }
+        if let Some(delta) = self.push_call(id) {
+            return (delta, self.stopped);
         }
         let keep = self.reasoning.is_some()
             && self
@@ -239,18 +366,102 @@ impl<'t> TextPipeline<'t> {
         (delta, self.stopped)
     }
 
-    /// Flushes everything held back (an incomplete character becomes U+FFFD) unless a stop
-    /// string has matched, in which case nothing more is released.
-    pub fn finish(&mut self) -> Delta {
-        if self.stopped {
-            return Delta::default();
+    /// The tool-call reading of `id` (see the module note); `None` while the output is still
+    /// in its content and `id` does not open a call.
+    fn push_call(&mut self, id: u32) -> Option<Delta> {
+        let calls = self.calls.as_ref()?;
+        let (open, args) = (calls.open, calls.args);
+        let in_content = matches!(calls.phase, CallPhase::Content);
+        if in_content && id != open {
+            return None;
         }
+        let mut delta = Delta::default();
+        if in_content {
+            delta = self.finish_content();
+            if self.stopped {
+                return Some(delta);
+            }
+        } else if id == open || id == args {
+            delta.tool_calls.extend(self.close_piece());
+        }
+        let decoder = self.decoder.as_mut()?;
+        let calls = self.calls.as_mut()?;
+        if id == open {
+            calls.count += 1;
+            calls.phase = CallPhase::Name(String::new());
+        } else if id != args {
+            // (`[ARGS]` itself was handled by `close_piece`: the name's end releases the head.)
+            let piece = decoder.push(id);
+            match &mut calls.phase {
+                CallPhase::Name(name) => name.push_str(&piece),
+                _ if piece.is_empty() => {}
+                _ => delta.tool_calls.push(ToolCallDelta {
+                    index: calls.count - 1,
+                    head: None,
+                    arguments: piece,
+                }),
+            }
+        }
+        Some(delta)
+    }
+
+    /// Ends the current call piece at a control token or the end: the held-back bytes of the
+    /// arguments, or the end of the name, which releases the call's head (at `[ARGS]`, or at
+    /// the end for a call cut off inside its name).
+    fn close_piece(&mut self) -> Option<ToolCallDelta> {
+        let tail = self
+            .decoder
+            .as_mut()
+            .map(|d| d.finish())
+            .unwrap_or_default();
+        let calls = self.calls.as_mut()?;
+        let index = calls.count.checked_sub(1)?;
+        match &mut calls.phase {
+            CallPhase::Content => None,
+            CallPhase::Arguments => (!tail.is_empty()).then_some(ToolCallDelta {
+                index,
+                head: None,
+                arguments: tail,
+            }),
+            CallPhase::Name(name) => {
+                name.push_str(&tail);
+                let name = std::mem::take(name);
+                calls.phase = CallPhase::Arguments;
+                Some(ToolCallDelta {
+                    index,
+                    head: Some((calls.mint(), name)),
+                    arguments: String::new(),
+                })
+            }
+        }
+    }
+
+    /// Flushes everything held back in the content stages (an incomplete character becomes
+    /// U+FFFD).
+    fn finish_content(&mut self) -> Delta {
         let tail = self
             .decoder
             .as_mut()
             .map(|d| d.finish())
             .unwrap_or_default();
         self.route(&tail, true)
+    }
+
+    /// Flushes everything held back (an incomplete character becomes U+FFFD) unless a stop
+    /// string has matched, in which case nothing more is released.
+    pub fn finish(&mut self) -> Delta {
+        if self.stopped {
+            return Delta::default();
+        }
+        if self.tool_calls() > 0 {
+            let mut delta = Delta::default();
+            delta.tool_calls.extend(self.close_piece());
+            if let Some(calls) = self.calls.as_mut() {
+                calls.phase = CallPhase::Arguments;
+            }
+            return delta;
+        }
+        self.finish_content()
     }
 
     /// Sends decoded text through the reasoning split and the stop matcher.
@@ -261,19 +472,21 @@ impl<'t> TextPipeline<'t> {
                 let mut out = Delta {
                     reasoning: d.reasoning,
                     content: d.content,
+                    ..Delta::default()
                 };
                 if last {
                     let f = r.finish();
                     out.append(Delta {
                         reasoning: f.reasoning,
                         content: f.content,
+                        ..Delta::default()
                     });
                 }
                 out
             }
             None => Delta {
-                reasoning: String::new(),
                 content: piece.to_owned(),
+                ..Delta::default()
             },
         };
         let released = self.stops.push(&split.content);

@@ -7,7 +7,12 @@ Schema, so a schema-valid conversation may rightly be a 400, and random generati
 meets the rules. Each positive chat case is therefore mapped onto a conversation the rules
 accept: tool turns are dropped, roles and contents are fixed up where a rule requires, a closing
 user (or, with continue_final_message, assistant) message is added; a `max_tokens` that
-disagrees takes the value of `max_completion_tokens`. Every other generated value is kept. A 400 on a positive case is then a defect. Negative cases are sent as generated.
+disagrees takes the value of `max_completion_tokens`. Tools and formats have rules of the same
+kind: tool names distinct, a named `tool_choice` naming one of `tools`, `required` only with
+tools; and the grammar engine enforces a practical subset of JSON Schema, not every object the
+meta-schema allows, so generated schemas are replaced by a fixed one (the tests in
+server/tests/serve_structured.rs try many). Every other generated value is kept. A 400 on a
+positive case is then a defect. Negative cases are sent as generated.
 """
 
 import schemathesis
@@ -57,6 +62,31 @@ def accepted_conversation(body):
     body["messages"] = messages
 
 
+SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}}
+
+
+def accepted_structure(body):
+    """Rewrites tools / tool_choice / response_format of a chat body in place to meet the rules."""
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        for i, t in enumerate(tools):
+            t["function"]["name"] = f"f{i}"
+            if isinstance(t["function"].get("parameters"), dict):
+                t["function"]["parameters"] = SCHEMA
+    has_tools = isinstance(tools, list) and len(tools) > 0
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        if has_tools:
+            choice["function"]["name"] = "f0"
+        else:
+            body["tool_choice"] = "auto"
+    elif choice == "required" and not has_tools:
+        body["tool_choice"] = "auto"
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        fmt["json_schema"]["schema"] = SCHEMA
+
+
 @schemathesis.hook
 def map_case(ctx, case):
     meta = case.meta
@@ -68,6 +98,7 @@ def map_case(ctx, case):
         and isinstance(case.body.get("messages"), list)
     ):
         accepted_conversation(case.body)
+        accepted_structure(case.body)
         both = [case.body.get(k) for k in ("max_tokens", "max_completion_tokens")]
         if None not in both and both[0] != both[1]:
             case.body["max_tokens"] = both[1]
