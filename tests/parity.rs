@@ -74,6 +74,7 @@ fn greedy(file: &str, reference: &str) {
         ignore_eos: true,
         eos_ids: vec![2],
         keep_prompt_logits: false,
+        logprobs: None,
     };
     let out =
         generate(&mut s, &prefix, &params, &mut |_| ControlFlow::Continue(())).expect("generate");

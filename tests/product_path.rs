@@ -127,6 +127,7 @@ fn check_greedy(f: &Fixture, max_delta: f32) {
         ignore_eos: true,
         eos_ids: vec![2],
         keep_prompt_logits: false,
+        logprobs: None,
     };
     let mut s = session(f.file);
     let out =

@@ -113,6 +113,7 @@ fn check_greedy(model: Arc<Model>, file: &str, reference: &str, what: &str) {
         ignore_eos: true,
         eos_ids: vec![2],
         keep_prompt_logits: false,
+        logprobs: None,
     };
     let mut s = session(model);
     let out =
@@ -158,6 +159,7 @@ fn vulkan_greedy_ids_equal_the_oracles_on_the_bundled_model() {
         ignore_eos: true,
         eos_ids: vec![2],
         keep_prompt_logits: false,
+        logprobs: None,
     };
     let prompt = [1u32, 17, 4096, 8000, 3, 99, 512];
     let ids = |kind: BackendKind, twice: bool| {

@@ -10,7 +10,7 @@
 
 use super::engine::{Engine, EngineFailure};
 use aubier_runtime::error::EngineError;
-use aubier_runtime::generate::{generate, GenerateOutput, GenerateParams, Stepper};
+use aubier_runtime::generate::{generate, GenerateOutput, GenerateParams, GeneratedToken, Stepper};
 use serde::Deserialize;
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -180,7 +180,7 @@ impl Engine for FakeEngine {
         &mut self,
         prompt: &[u32],
         params: &GenerateParams,
-        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+        on_token: &mut dyn FnMut(&GeneratedToken) -> ControlFlow<()>,
     ) -> Result<GenerateOutput, EngineFailure> {
         Ok(generate(&mut self.stepper, prompt, params, on_token)?)
     }

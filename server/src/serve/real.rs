@@ -4,7 +4,7 @@
 use super::engine::{Engine, EngineFailure};
 use aubier_runtime::engine::Model;
 use aubier_runtime::error::EngineError;
-use aubier_runtime::generate::{generate, GenerateOutput, GenerateParams};
+use aubier_runtime::generate::{generate, GenerateOutput, GenerateParams, GeneratedToken};
 use aubier_runtime::session::{Session, SessionOptions};
 use aubier_runtime::store::expert_store::{StoreOptions, StoreReport};
 use std::ops::ControlFlow;
@@ -50,7 +50,7 @@ impl Engine for RealEngine {
         &mut self,
         prompt: &[u32],
         params: &GenerateParams,
-        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+        on_token: &mut dyn FnMut(&GeneratedToken) -> ControlFlow<()>,
     ) -> Result<GenerateOutput, EngineFailure> {
         Ok(generate(&mut self.session, prompt, params, on_token)?)
     }
