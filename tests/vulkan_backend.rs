@@ -113,10 +113,13 @@ fn check_greedy(model: Arc<Model>, file: &str, reference: &str, what: &str) {
         ignore_eos: true,
         eos_ids: vec![2],
         keep_prompt_logits: false,
+        logprobs: None,
     };
     let mut s = session(model);
-    let out =
-        generate(&mut s, &prefix, &params, &mut |_| ControlFlow::Continue(())).expect("generate");
+    let out = generate(&mut s, &prefix, &params, None, &mut |_| {
+        ControlFlow::Continue(())
+    })
+    .expect("generate");
     assert_eq!(out.ids, expected, "{file} ({what}): greedy chain");
 }
 
@@ -158,15 +161,22 @@ fn vulkan_greedy_ids_equal_the_oracles_on_the_bundled_model() {
         ignore_eos: true,
         eos_ids: vec![2],
         keep_prompt_logits: false,
+        logprobs: None,
     };
     let prompt = [1u32, 17, 4096, 8000, 3, 99, 512];
     let ids = |kind: BackendKind, twice: bool| {
         let m = Model::load_with(&model_path(file), kind).expect("model");
         let mut s = session(m);
         let go = |s: &mut Session| {
-            generate(s, &prompt, &params, &mut |_| ControlFlow::Continue(()))
-                .expect("generate")
-                .ids
+            generate(
+                s,
+                &prompt,
+                &params,
+                None,
+                &mut |_| ControlFlow::Continue(()),
+            )
+            .expect("generate")
+            .ids
         };
         let first = go(&mut s);
         if let Some((runs, recordings)) = s.device_submissions() {

@@ -5,7 +5,10 @@
 //!
 //! Algorithm: reset the session (each request starts at position 0), prefill the whole prompt in one
 //! step (`step_last`: the last row of logits only, unless the prompt's logits are kept), sample
-//! from the last row, then decode one token per `step`. After each sampled token the
+//! from the last row (the sampler's history holds the prompt and the ids generated so far, for its
+//! penalties), then decode one token per `step`. When log-probabilities are asked for, each
+//! sampled token's are computed from the same raw row before the next step
+//! ([`crate::sampler::token_logprobs`]). After each sampled token the
 //! caller's `on_token` decides whether to go on, so a vanished client or a matched stop string stops
 //! generation before the next step. EOS ends generation (unless `ignore_eos`) and is not reported.
 //! `prompt + max_tokens` is clamped to the session's KV capacity; hitting that clamp or `max_tokens`
@@ -16,7 +19,7 @@
 //! a scoped thread while the session runs the step, and joined before the next sample (the first
 //! mask likewise overlaps the prefill). EOS is then sampled only where the grammar accepts.
 
-use crate::sampler::{SampleError, Sampler, SamplingParams};
+use crate::sampler::{token_logprobs, SampleError, Sampler, SamplingParams, TokenLogprobs};
 use crate::session::Session;
 use crate::text::grammar::{Constraint, GrammarError};
 use std::ops::ControlFlow;
@@ -75,6 +78,21 @@ pub struct GenerateParams {
     pub eos_ids: Vec<u32>,
     /// Return the logits of every prompt position (teacher-forced) in [`GenerateOutput::prompt_logits`].
     pub keep_prompt_logits: bool,
+    /// `Some(k)`: hand each generated token's raw log-probability and the `k` most likely ids'
+    /// to `on_token` ([`GeneratedToken::logprobs`]); `None` computes none (they cost a pass over
+    /// the row, and a selection for `k > 0`).
+    pub logprobs: Option<usize>,
+}
+
+/// One generated token, as [`generate`] hands it to `on_token`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GeneratedToken {
+    /// The sampled id.
+    pub id: u32,
+    /// Its log-probability and the top ones, under the raw distribution of the row it was
+    /// sampled from (the model's logits, before penalties, temperature or any mask); `Some`
+    /// exactly when [`GenerateParams::logprobs`] is.
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 /// Why generation ended.
@@ -128,7 +146,7 @@ pub enum GenerateError {
 }
 
 /// Runs one request: prefill `prompt`, then decode under `params` (and `constraint`, when given:
-/// only the ids it allows are sampled), calling `on_token` with each generated id.
+/// only the ids it allows are sampled), calling `on_token` with each generated token.
 ///
 /// Errors: [`GenerateError`]; the session is left reset-able in every case.
 pub fn generate(
@@ -136,7 +154,7 @@ pub fn generate(
     prompt: &[u32],
     params: &GenerateParams,
     mut constraint: Option<&mut Constraint>,
-    on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    on_token: &mut dyn FnMut(&GeneratedToken) -> ControlFlow<()>,
 ) -> Result<GenerateOutput, GenerateError> {
     if prompt.is_empty() {
         return Err(GenerateError::EmptyPrompt);
@@ -148,7 +166,7 @@ pub fn generate(
             kv_max,
         });
     }
-    let mut sampler = Sampler::new(params.sampling.clone())?;
+    let mut sampler = Sampler::new(params.sampling.clone())?.with_prompt(prompt);
     session.reset();
     let budget = params.max_tokens.min(kv_max - prompt.len() + 1);
 
@@ -172,6 +190,8 @@ pub fn generate(
     let mut finish = FinishReason::Length;
     let t1 = Instant::now();
     while ids.len() < budget {
+        // Log-probabilities are the model's raw distribution, before the grammar's mask.
+        let raw = (params.logprobs.is_some() && constraint.is_some()).then(|| last.clone());
         if let Some(c) = constraint.as_deref_mut() {
             c.apply(&mut last)?;
         }
@@ -184,7 +204,13 @@ pub fn generate(
             break;
         }
         ids.push(id);
-        if on_token(id).is_break() {
+        let token = GeneratedToken {
+            id,
+            logprobs: params
+                .logprobs
+                .map(|k| token_logprobs(raw.as_deref().unwrap_or(&last), id, k)),
+        };
+        if on_token(&token).is_break() {
             finish = FinishReason::Cancelled;
             break;
         }

@@ -1,16 +1,33 @@
-//! Token sampling from one row of logits: greedy, temperature, top-k, top-p, seeded.
+//! Token sampling from one row of logits: penalties, greedy, temperature, min-p, top-k, top-p,
+//! seeded; and the raw log-probabilities of a row ([`token_logprobs`]).
 //!
-//! Algorithm (the order vLLM and the OpenAI API imply): with `temperature == 0` take the argmax
-//! (lowest id on ties, as the reference greedy chains do). Otherwise scale the logits by
-//! `1/temperature`, keep the `top_k` largest (0 = all; ties broken by the lower id), softmax them in
-//! f64, keep the smallest prefix (by descending probability) whose mass reaches `top_p`, renormalise,
-//! and draw with a ChaCha8 stream seeded by `seed` — the same seed and logits always give the same
-//! token sequence.
+//! Algorithm, in vLLM's order (`vllm/v1/sample/sampler.py`, whose docstring lists the steps):
+//! 1. penalties, on the f32 logits, over the request's history: the repetition penalty `p`
+//!    (llama.cpp / vLLM / the CTRL paper) on every distinct id of the prompt and of the tokens
+//!    generated so far (`logit > 0 ? logit / p : logit · p`), then the frequency and presence
+//!    penalties (OpenAI) on the generated ids only (`logit -= frequency · count`, then
+//!    `logit -= presence` when `count > 0`);
+//! 2. with `temperature == 0`, the argmax (lowest id on ties, as the reference greedy chains);
+//! 3. otherwise scale by `1/temperature` (f64 from here on);
+//! 4. min-p: drop every id whose probability is below `min_p` × the top probability;
+//! 5. top-k: keep the `top_k` largest (0 = all; ties broken by the lower id);
+//! 6. top-p: softmax what is left, keep the smallest prefix (by descending probability) whose
+//!    mass reaches `top_p`, renormalise;
+//! 7. draw with a ChaCha8 stream seeded by `seed`.
+//!
+//! The same seed, history and logits always give the same token. The drawn id joins the history.
+//! llama.cpp's default chain differs (its penalties look at the last 64 tokens, prompt included,
+//! and it applies top-k before temperature); the results coincide only without penalties.
+//!
+//! [`token_logprobs`] is the model's raw distribution, `log_softmax` of the row before any of the
+//! steps above (vLLM's `raw_logprobs`, and OpenAI's), in f64.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use std::collections::{HashMap, HashSet};
 
-/// Sampling parameters, as the OpenAI API names them.
+/// Sampling parameters, as the OpenAI API names them (`top_k`, `min_p` and `repetition_penalty`
+/// as vLLM's OpenAI server does).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
     /// Softmax temperature; 0 = greedy. Must be finite and ≥ 0.
@@ -19,6 +36,18 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// Keep the k most likely tokens; 0 = off.
     pub top_k: usize,
+    /// After temperature, drop the ids whose probability is below `min_p` × the top probability;
+    /// in [0, 1], 0 = off.
+    pub min_p: f32,
+    /// Subtracted from the logit of every id generated at least once so far (OpenAI); finite,
+    /// 0 = off.
+    pub presence_penalty: f32,
+    /// Subtracted from the logit of every generated id once per time it was generated (OpenAI);
+    /// finite, 0 = off.
+    pub frequency_penalty: f32,
+    /// Divides the positive logits and multiplies the others of every id of the prompt or
+    /// generated so far; finite and > 0, 1 = off.
+    pub repetition_penalty: f32,
     /// Seed of the random stream.
     pub seed: u64,
 }
@@ -29,8 +58,21 @@ impl Default for SamplingParams {
             temperature: 0.0,
             top_p: 1.0,
             top_k: 0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
             seed: 0,
         }
+    }
+}
+
+impl SamplingParams {
+    /// Whether any penalty is on (then the sampler keeps the history).
+    fn penalised(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
     }
 }
 
@@ -43,6 +85,18 @@ pub enum SampleError {
     /// `top_p` is outside (0, 1].
     #[error("top_p must be in (0, 1], got {0}")]
     TopP(f32),
+    /// `min_p` is outside [0, 1].
+    #[error("min_p must be in [0, 1], got {0}")]
+    MinP(f32),
+    /// `presence_penalty` is not finite.
+    #[error("presence_penalty must be a finite number, got {0}")]
+    PresencePenalty(f32),
+    /// `frequency_penalty` is not finite.
+    #[error("frequency_penalty must be a finite number, got {0}")]
+    FrequencyPenalty(f32),
+    /// `repetition_penalty` is not a finite number > 0.
+    #[error("repetition_penalty must be a finite number > 0, got {0}")]
+    RepetitionPenalty(f32),
     /// The logits row is empty.
     #[error("empty logits row")]
     Empty,
@@ -51,17 +105,52 @@ pub enum SampleError {
     NoFinite,
 }
 
-/// A seeded sampler; one per request.
+/// The ids the penalties look at (kept only while a penalty is on).
+#[derive(Clone, Debug, Default)]
+struct History {
+    /// Distinct ids of the prompt and of the generated tokens (the repetition penalty's set).
+    seen: HashSet<u32>,
+    /// How many times each id was generated (the frequency and presence penalties').
+    counts: HashMap<u32, u32>,
+}
+
+impl History {
+    /// Applies the penalties of `p` to `row` in place (module note, step 1).
+    fn apply(&self, p: &SamplingParams, row: &mut [f32]) {
+        if p.repetition_penalty != 1.0 {
+            for &id in &self.seen {
+                if let Some(l) = row.get_mut(id as usize) {
+                    *l = if *l > 0.0 {
+                        *l / p.repetition_penalty
+                    } else {
+                        *l * p.repetition_penalty
+                    };
+                }
+            }
+        }
+        for (&id, &count) in &self.counts {
+            if let Some(l) = row.get_mut(id as usize) {
+                *l -= p.frequency_penalty * count as f32;
+                *l -= p.presence_penalty;
+            }
+        }
+    }
+}
+
+/// A seeded sampler with its history; one per generated sequence (one per choice).
 #[derive(Clone, Debug)]
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
+    history: History,
 }
 
 impl Sampler {
-    /// Validates `params` and seeds the random stream.
+    /// Validates `params` and seeds the random stream; the history is empty.
     ///
-    /// Errors: [`SampleError::Temperature`], [`SampleError::TopP`].
+    /// Errors: [`SampleError::Temperature`], [`SampleError::TopP`], [`SampleError::MinP`],
+    /// [`SampleError::PresencePenalty`], [`SampleError::FrequencyPenalty`],
+    /// [`SampleError::RepetitionPenalty`].
     pub fn new(params: SamplingParams) -> Result<Sampler, SampleError> {
         if !params.temperature.is_finite() || params.temperature < 0.0 {
             return Err(SampleError::Temperature(params.temperature));
@@ -69,17 +158,59 @@ impl Sampler {
         if !(params.top_p > 0.0 && params.top_p <= 1.0) {
             return Err(SampleError::TopP(params.top_p));
         }
+        if !(0.0..=1.0).contains(&params.min_p) {
+            return Err(SampleError::MinP(params.min_p));
+        }
+        if !params.presence_penalty.is_finite() {
+            return Err(SampleError::PresencePenalty(params.presence_penalty));
+        }
+        if !params.frequency_penalty.is_finite() {
+            return Err(SampleError::FrequencyPenalty(params.frequency_penalty));
+        }
+        if !(params.repetition_penalty.is_finite() && params.repetition_penalty > 0.0) {
+            return Err(SampleError::RepetitionPenalty(params.repetition_penalty));
+        }
         let rng = ChaCha8Rng::seed_from_u64(params.seed);
-        Ok(Sampler { params, rng })
+        Ok(Sampler {
+            params,
+            rng,
+            history: History::default(),
+        })
     }
 
-    /// Draws one token id from `logits` (`[n_vocab]` f32).
+    /// Adds the prompt `ids` to the history (the repetition penalty counts them as seen; the
+    /// frequency and presence penalties look at generated ids only).
+    pub fn with_prompt(mut self, ids: &[u32]) -> Sampler {
+        if self.params.repetition_penalty != 1.0 {
+            self.history.seen.extend(ids.iter().copied());
+        }
+        self
+    }
+
+    /// Draws one token id from `logits` (`[n_vocab]` f32) after the penalties of the history,
+    /// and adds it to the history.
     ///
     /// Errors: [`SampleError::Empty`], [`SampleError::NoFinite`].
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SampleError> {
         if logits.is_empty() {
             return Err(SampleError::Empty);
         }
+        let id = if self.params.penalised() {
+            let mut row = logits.to_vec();
+            self.history.apply(&self.params, &mut row);
+            self.draw(&row)?
+        } else {
+            self.draw(logits)?
+        };
+        if self.params.penalised() {
+            self.history.seen.insert(id);
+            *self.history.counts.entry(id).or_insert(0) += 1;
+        }
+        Ok(id)
+    }
+
+    /// Steps 2–7 of the module note on an already penalised row.
+    fn draw(&mut self, logits: &[f32]) -> Result<u32, SampleError> {
         if self.params.temperature == 0.0 {
             return argmax(logits).ok_or(SampleError::NoFinite);
         }
@@ -94,10 +225,20 @@ impl Sampler {
             return Err(SampleError::NoFinite);
         }
         cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let max = cand[0].1;
+        if self.params.min_p > 0.0 {
+            // p_i / p_max = exp(s_i − s_max); the candidates are sorted, so the kept ones are a
+            // prefix (the first always stays).
+            let min_p = f64::from(self.params.min_p);
+            let kept = cand
+                .iter()
+                .position(|c| (c.1 - max).exp() < min_p)
+                .unwrap_or(cand.len());
+            cand.truncate(kept);
+        }
         if self.params.top_k > 0 {
             cand.truncate(self.params.top_k);
         }
-        let max = cand[0].1;
         let mut total = 0.0;
         for c in cand.iter_mut() {
             c.1 = (c.1 - max).exp();
@@ -141,9 +282,89 @@ pub fn argmax(logits: &[f32]) -> Option<u32> {
     best.map(|(i, _)| i as u32)
 }
 
+/// Log-probabilities of one position under the model's raw distribution.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    /// `log_softmax(row)[id]` of the token asked about (natural log, ≤ 0; −∞ for a −∞ or NaN
+    /// logit).
+    pub logprob: f64,
+    /// The most likely ids and their log-probabilities, by descending probability, lower id
+    /// first on ties.
+    pub top: Vec<(u32, f64)>,
+}
+
+/// The raw log-probability of `id` in `logits` (`[n_vocab]` f32, finite or −∞; NaN counts as
+/// −∞) and the `top` most likely ids (all of them when `top ≥ n_vocab`): `logit − logsumexp(row)`
+/// in f64, before penalties, temperature or any truncation. A row with no finite logit gives −∞
+/// everywhere; an `id` outside the row gives −∞.
+pub fn token_logprobs(logits: &[f32], id: u32, top: usize) -> TokenLogprobs {
+    let key = |l: f32| {
+        if l.is_nan() {
+            f64::NEG_INFINITY
+        } else {
+            f64::from(l)
+        }
+    };
+    let max = logits
+        .iter()
+        .map(|&l| key(l))
+        .fold(f64::NEG_INFINITY, f64::max);
+    let lse = if max == f64::NEG_INFINITY {
+        f64::INFINITY
+    } else {
+        max + logits
+            .iter()
+            .map(|&l| (key(l) - max).exp())
+            .sum::<f64>()
+            .ln()
+    };
+    let logprob = |i: u32| {
+        logits
+            .get(i as usize)
+            .map_or(f64::NEG_INFINITY, |&l| key(l) - lse)
+    };
+    let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+    let order = |a: &u32, b: &u32| {
+        key(logits[*b as usize])
+            .total_cmp(&key(logits[*a as usize]))
+            .then(a.cmp(b))
+    };
+    let k = top.min(ids.len());
+    if k > 0 && k < ids.len() {
+        ids.select_nth_unstable_by(k - 1, order);
+    }
+    ids.truncate(k);
+    ids.sort_unstable_by(order);
+    TokenLogprobs {
+        logprob: logprob(id),
+        top: ids.into_iter().map(|i| (i, logprob(i))).collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn params(temperature: f32) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            ..SamplingParams::default()
+        }
+    }
+
+    /// `n` draws, one fresh sampler per seed, each first fed `prefix` (one-hot rows) and then
+    /// sampling `logits`.
+    fn draws(p: &SamplingParams, prefix: &[&[f32]], logits: &[f32], n: u64) -> Vec<u32> {
+        (0..n)
+            .map(|seed| {
+                let mut s = Sampler::new(SamplingParams { seed, ..p.clone() }).unwrap();
+                for row in prefix {
+                    s.sample(row).unwrap();
+                }
+                s.sample(logits).unwrap()
+            })
+            .collect()
+    }
 
     #[test]
     fn greedy_takes_lowest_id_on_ties_and_skips_nan() {
@@ -158,8 +379,8 @@ mod tests {
         let p = SamplingParams {
             temperature: 0.9,
             top_p: 0.95,
-            top_k: 0,
             seed: 7,
+            ..SamplingParams::default()
         };
         let draw = |p: &SamplingParams| {
             let mut s = Sampler::new(p.clone()).unwrap();
@@ -182,10 +403,8 @@ mod tests {
     fn top_p_keeps_only_the_nucleus() {
         // p = softmax([10, 0, 0]) puts > 0.99 on id 0, so top_p 0.9 keeps id 0 alone.
         let p = SamplingParams {
-            temperature: 1.0,
             top_p: 0.9,
-            top_k: 0,
-            seed: 1,
+            ..params(1.0)
         };
         let mut s = Sampler::new(p).unwrap();
         for _ in 0..100 {
@@ -194,21 +413,197 @@ mod tests {
     }
 
     #[test]
+    fn penalties_by_hand() {
+        // Seen {0, 1, 2}; generated 1 twice and 2 once. Repetition 2: 2/2 = 1, -1·2 = -2,
+        // 3/2 = 1.5, id 3 unseen. Then frequency 0.5 and presence 0.25 on the generated ids:
+        // -2 - 0.5·2 - 0.25 = -3.25 and 1.5 - 0.5·1 - 0.25 = 0.75.
+        let p = SamplingParams {
+            repetition_penalty: 2.0,
+            frequency_penalty: 0.5,
+            presence_penalty: 0.25,
+            ..SamplingParams::default()
+        };
+        let h = History {
+            seen: [0, 1, 2].into_iter().collect(),
+            counts: [(1, 2), (2, 1)].into_iter().collect(),
+        };
+        let mut row = [2.0, -1.0, 3.0, 4.0];
+        h.apply(&p, &mut row);
+        assert_eq!(row, [1.0, -3.25, 0.75, 4.0]);
+
+        // The sampler builds that history from the prompt and its own draws.
+        let mut s = Sampler::new(p).unwrap().with_prompt(&[0, 0]);
+        let one_hot = |i: usize| {
+            let mut r = [f32::NEG_INFINITY; 4];
+            r[i] = 0.0;
+            r
+        };
+        for i in [1, 2, 1] {
+            assert_eq!(s.sample(&one_hot(i)).unwrap(), i as u32);
+        }
+        let mut row = [2.0, -1.0, 3.0, 4.0];
+        s.history.apply(&s.params, &mut row);
+        assert_eq!(row, [1.0, -3.25, 0.75, 4.0]);
+    }
+
+    #[test]
+    fn repetition_penalty_moves_greedy_and_covers_prompt_and_output() {
+        let rep = SamplingParams {
+            repetition_penalty: 2.0,
+            ..SamplingParams::default()
+        };
+        // 3/2 = 1.5 < 2: the prompt's id loses.
+        let mut s = Sampler::new(rep.clone()).unwrap().with_prompt(&[0]);
+        assert_eq!(s.sample(&[3.0, 2.0]).unwrap(), 1);
+        // A negative logit is multiplied: -1·2 = -2 < -1.5.
+        let mut s = Sampler::new(rep.clone()).unwrap().with_prompt(&[0]);
+        assert_eq!(s.sample(&[-1.0, -1.5]).unwrap(), 1);
+        // No prompt: the generated ids count. 0, then [1.5, 2] → 1, then [1.5, 1] → 0.
+        let mut s = Sampler::new(rep).unwrap();
+        let seq: Vec<u32> = (0..3).map(|_| s.sample(&[3.0, 2.0]).unwrap()).collect();
+        assert_eq!(seq, [0, 1, 0]);
+        // Off at its default.
+        let mut s = Sampler::new(SamplingParams::default())
+            .unwrap()
+            .with_prompt(&[0]);
+        assert_eq!(s.sample(&[3.0, 2.0]).unwrap(), 0);
+    }
+
+    #[test]
+    fn frequency_counts_every_time_presence_once_and_neither_the_prompt() {
+        let logits = [1.0, 0.9, 0.0];
+        let run = |p: SamplingParams| {
+            let mut s = Sampler::new(p).unwrap().with_prompt(&[0, 0, 0]);
+            (0..5)
+                .map(|_| s.sample(&logits).unwrap())
+                .collect::<Vec<_>>()
+        };
+        // Frequency 0.15: [1, .9] → 0; [.85, .9] → 1; [.85, .75] → 0; [.7, .75] → 1; [.7, .6] → 0.
+        let freq = run(SamplingParams {
+            frequency_penalty: 0.15,
+            ..SamplingParams::default()
+        });
+        assert_eq!(freq, [0, 1, 0, 1, 0]);
+        // Presence 0.15: [1, .9] → 0; [.85, .9] → 1; then [.85, .75] for good → 0.
+        let presence = run(SamplingParams {
+            presence_penalty: 0.15,
+            ..SamplingParams::default()
+        });
+        assert_eq!(presence, [0, 1, 0, 0, 0]);
+        // A negative penalty favours repetition: 0 forever.
+        let negative = run(SamplingParams {
+            frequency_penalty: -0.5,
+            presence_penalty: -0.5,
+            ..SamplingParams::default()
+        });
+        assert_eq!(negative, [0; 5]);
+    }
+
+    #[test]
+    fn min_p_applies_after_temperature() {
+        // p = [0.5, 0.3, 0.15, 0.05]; min_p 0.4. At T = 1, p/p_max = [1, .6, .3, .1]: ids 0 and 1
+        // stay. At T = 2, p/p_max = sqrt(...) = [1, .775, .548, .316]: ids 0, 1 and 2 stay.
+        let logits: Vec<f32> = [0.5f32, 0.3, 0.15, 0.05].iter().map(|p| p.ln()).collect();
+        for (t, kept) in [(1.0, 2), (2.0, 3)] {
+            let p = SamplingParams {
+                min_p: 0.4,
+                ..params(t)
+            };
+            let got = draws(&p, &[], &logits, 400);
+            for id in 0..4 {
+                assert_eq!(got.contains(&id), id < kept, "T {t}: id {id}");
+            }
+        }
+        // min_p 1 keeps the top id only.
+        let p = SamplingParams {
+            min_p: 1.0,
+            ..params(1.0)
+        };
+        assert!(draws(&p, &[], &logits, 100).iter().all(|&id| id == 0));
+    }
+
+    #[test]
+    fn penalties_apply_before_temperature() {
+        // Generated once: id 0. Frequency 1 makes [1, 0] into [0, 0], which T = 0.5 leaves even,
+        // so min_p 0.9 keeps both. Temperature first would give [2, 0] - [1, 0] = [1, 0]:
+        // p1/p0 = e^-1 < 0.9, id 1 dropped.
+        let p = SamplingParams {
+            frequency_penalty: 1.0,
+            min_p: 0.9,
+            ..params(0.5)
+        };
+        let got = draws(&p, &[&[0.0, f32::NEG_INFINITY]], &[1.0, 0.0], 200);
+        assert!(got.contains(&0) && got.contains(&1), "{got:?}");
+    }
+
+    #[test]
     fn bad_parameters_are_refused() {
-        let bad_t = SamplingParams {
-            temperature: -1.0,
-            ..SamplingParams::default()
-        };
-        assert_eq!(
-            Sampler::new(bad_t).unwrap_err(),
-            SampleError::Temperature(-1.0)
-        );
-        let bad_p = SamplingParams {
-            top_p: 0.0,
-            ..SamplingParams::default()
-        };
-        assert_eq!(Sampler::new(bad_p).unwrap_err(), SampleError::TopP(0.0));
-        let mut s = Sampler::new(SamplingParams::default()).unwrap();
+        let d = SamplingParams::default;
+        for (p, e) in [
+            (
+                SamplingParams {
+                    temperature: -1.0,
+                    ..d()
+                },
+                SampleError::Temperature(-1.0),
+            ),
+            (SamplingParams { top_p: 0.0, ..d() }, SampleError::TopP(0.0)),
+            (SamplingParams { min_p: 1.5, ..d() }, SampleError::MinP(1.5)),
+            (
+                SamplingParams {
+                    presence_penalty: f32::INFINITY,
+                    ..d()
+                },
+                SampleError::PresencePenalty(f32::INFINITY),
+            ),
+            (
+                SamplingParams {
+                    frequency_penalty: f32::NEG_INFINITY,
+                    ..d()
+                },
+                SampleError::FrequencyPenalty(f32::NEG_INFINITY),
+            ),
+            (
+                SamplingParams {
+                    repetition_penalty: 0.0,
+                    ..d()
+                },
+                SampleError::RepetitionPenalty(0.0),
+            ),
+        ] {
+            assert_eq!(Sampler::new(p).unwrap_err(), e);
+        }
+        let mut s = Sampler::new(d()).unwrap();
         assert_eq!(s.sample(&[]).unwrap_err(), SampleError::Empty);
+    }
+
+    #[test]
+    fn logprobs_are_the_raw_log_softmax() {
+        // softmax([1, 0, 0, -inf]) = [e, 1, 1, 0] / (e + 2).
+        let e = std::f64::consts::E;
+        let row = [0.0, 1.0, 0.0, f32::NEG_INFINITY];
+        let lp = token_logprobs(&row, 2, 2);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert!(close(lp.logprob, -(e + 2.0).ln()), "{lp:?}");
+        assert_eq!(lp.top.len(), 2);
+        assert_eq!(
+            (lp.top[0].0, lp.top[1].0),
+            (1, 0),
+            "ties: the lower id first"
+        );
+        assert!(close(lp.top[0].1, 1.0 - (e + 2.0).ln()));
+        assert!(close(lp.top[1].1, -(e + 2.0).ln()));
+        // Asking for more than the row holds gives all of it, −∞ last; NaN counts as −∞.
+        let all = token_logprobs(&[0.0, f32::NAN, 0.0], 1, 10);
+        assert_eq!(all.logprob, f64::NEG_INFINITY);
+        assert_eq!(all.top.iter().map(|t| t.0).collect::<Vec<_>>(), [0, 2, 1]);
+        assert!(close(all.top[0].1, -(2f64).ln()));
+        // No top entries when none are asked for; an id outside the row, or a row with no finite
+        // logit, is −∞.
+        assert!(token_logprobs(&row, 0, 0).top.is_empty());
+        assert_eq!(token_logprobs(&row, 9, 0).logprob, f64::NEG_INFINITY);
+        let none = token_logprobs(&[f32::NEG_INFINITY; 2], 0, 1);
+        assert_eq!(none.logprob, f64::NEG_INFINITY);
+        assert_eq!(none.top, vec![(0, f64::NEG_INFINITY)]);
     }
 }

@@ -352,15 +352,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     session.profile_device(true)?;
     let params = GenerateParams {
         max_tokens: args.n_gen,
-        sampling: SamplingParams {
-            temperature: 0.0,
-            top_p: 1.0,
-            top_k: 0,
-            seed: 0,
-        },
+        sampling: SamplingParams::default(),
         ignore_eos: true,
         eos_ids: Vec::new(),
         keep_prompt_logits: false,
+        logprobs: None,
     };
     let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
         let b = ProgressBar::new((args.reps * (args.n_gen + 1)) as u64);

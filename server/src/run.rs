@@ -333,6 +333,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             top_p: args.top_p,
             top_k: args.top_k,
             seed: args.seed,
+            ..SamplingParams::default()
         },
         ignore_eos: args.ignore_eos,
         eos_ids: tokenizer
@@ -340,14 +341,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             .map(|t| vec![t.eos_id()])
             .unwrap_or_default(),
         keep_prompt_logits: args.logits_out.is_some(),
+        logprobs: None,
     };
     let stream_text = !args.json && tokenizer.is_some();
     let mut decoder = tokenizer.as_ref().map(|t| t.stream_decoder());
     let mut stdout = std::io::stdout();
-    let out = generate(&mut session, &prompt, &params, None, &mut |id| {
+    let out = generate(&mut session, &prompt, &params, None, &mut |token| {
         if stream_text {
             if let Some(d) = decoder.as_mut() {
-                let _ = write!(stdout, "{}", d.push(id));
+                let _ = write!(stdout, "{}", d.push(token.id));
                 let _ = stdout.flush();
             }
         }

@@ -53,6 +53,7 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
             .map(|t| vec![t.eos_id()])
             .unwrap_or_default(),
         keep_prompt_logits: false,
+        logprobs: None,
     };
     generate(&mut session, &prompt, &params, None, &mut |_| {
         ControlFlow::Continue(())

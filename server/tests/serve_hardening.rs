@@ -486,13 +486,13 @@ async fn unknown_fields_inside_messages_are_refused_by_name_like_top_level_ones(
 }
 
 #[tokio::test]
-async fn n_0_is_invalid_and_max_tokens_has_one_message() {
+async fn n_outside_1_to_8_is_invalid_and_max_tokens_has_one_message() {
     let srv = start_fake(script(byte_ids("ok")), 4096, limits()).await;
     for (extra, code) in [
         (r#","n":0"#, "invalid_value"),
         (r#","n":-1"#, "invalid_value"),
         (r#","n":1.5"#, "invalid_value"),
-        (r#","n":2"#, "unsupported_parameter"),
+        (r#","n":9"#, "invalid_value"),
     ] {
         let resp = post_chat(&srv, extra).await;
         let v = resp.json();

@@ -374,15 +374,15 @@ async fn errors_are_openai_shaped() {
         &raw_request(srv.addr, "GET", "/v1/chat/completions", b"").await,
         405,
     );
-    // Refused parameters, by name; accepted at their defaults.
+    // Refused and out-of-range parameters, by name; accepted at their defaults.
     for (extra, param) in [
-        (r#","n":2"#, "n"),
+        (r#","n":9"#, "n"),
         (r#","tool_choice":"required""#, "tool_choice"),
-        (r#","logprobs":true"#, "logprobs"),
+        (r#","logprobs":"yes""#, "logprobs"),
         (r#","logit_bias":{"7":3}"#, "logit_bias"),
-        (r#","presence_penalty":1"#, "presence_penalty"),
-        (r#","frequency_penalty":1"#, "frequency_penalty"),
-        (r#","repetition_penalty":1.3"#, "repetition_penalty"),
+        (r#","presence_penalty":3"#, "presence_penalty"),
+        (r#","frequency_penalty":-3"#, "frequency_penalty"),
+        (r#","repetition_penalty":0"#, "repetition_penalty"),
         (r#","bogus":1"#, "bogus"),
     ] {
         let resp = raw_request(
@@ -408,7 +408,7 @@ async fn errors_are_openai_shaped() {
         (r#","echo":true"#, "echo"),
         (r#","best_of":3"#, "best_of"),
         (r#","suffix":"s""#, "suffix"),
-        (r#","logprobs":2"#, "logprobs"),
+        (r#","logprobs":6"#, "logprobs"),
     ] {
         let body = format!(r#"{{"model":"{MODEL_ID}","prompt":"p"{extra}}}"#);
         let v = check(

@@ -356,3 +356,36 @@ async fn a_schema_the_engine_cannot_enforce_is_a_400_naming_it() {
     );
     srv.stop().await;
 }
+
+#[tokio::test]
+async fn logprobs_are_the_raw_distribution_before_the_grammar_mask() {
+    let srv = start_real().await;
+    let ask = |extra: Value| {
+        let mut b = json!({"temperature": 0.0, "max_tokens": 4, "logprobs": true,
+                           "top_logprobs": 5});
+        for (k, v) in extra.as_object().expect("object") {
+            b[k] = v.clone();
+        }
+        body(b)
+    };
+    let free = post(&srv, &ask(json!({}))).await.json();
+    let json_mode = post(
+        &srv,
+        &ask(json!({"response_format": {"type": "json_object"}})),
+    )
+    .await
+    .json();
+    let first = |v: &Value| v["choices"][0]["logprobs"]["content"][0].clone();
+    // The same prompt, so the same raw distribution at the first position, whatever the mask
+    // then lets the sampler take.
+    assert_eq!(
+        first(&free)["top_logprobs"],
+        first(&json_mode)["top_logprobs"]
+    );
+    let token = first(&json_mode)["token"]
+        .as_str()
+        .expect("token")
+        .to_owned();
+    assert!(token.trim_start().starts_with('{'), "{token:?}");
+    srv.stop().await;
+}

@@ -667,6 +667,7 @@ mod tests {
             ignore_eos: false,
             eos_ids: vec![tok().eos_id()],
             keep_prompt_logits: false,
+            logprobs: None,
         };
         generate(&mut stepper, &[1, 3], &params, Some(c), &mut |_| {
             ControlFlow::Continue(())
@@ -1161,6 +1162,7 @@ mod tests {
             ignore_eos: false,
             eos_ids: vec![tok().eos_id()],
             keep_prompt_logits: false,
+            logprobs: None,
         };
         let e = generate(&mut Short, &[1], &params, Some(&mut c), &mut |_| {
             ControlFlow::Continue(())

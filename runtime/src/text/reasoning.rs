@@ -87,6 +87,11 @@ impl ReasoningSplitter {
         delta
     }
 
+    /// Whether text that may start a marker is held back.
+    pub fn holds_back(&self) -> bool {
+        !self.held.is_empty()
+    }
+
     /// Flushes held-back text.
     pub fn finish(&mut self) -> ReasoningDelta {
         let mut delta = ReasoningDelta::default();
@@ -107,6 +112,15 @@ impl ReasoningSplitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn holds_back_only_a_possible_marker() {
+        let mut s = ReasoningSplitter::new();
+        assert_eq!(s.push("a [TH").content, "a ");
+        assert!(s.holds_back());
+        assert_eq!(s.push("e").content, "[THe");
+        assert!(!s.holds_back());
+    }
 
     #[test]
     fn reasoning_splitter_handles_split_markers() {

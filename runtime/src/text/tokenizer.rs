@@ -652,6 +652,11 @@ impl StreamDecoder<'_> {
         self.push_impl(id, true)
     }
 
+    /// Whether bytes of an incomplete character are held back.
+    pub fn holds_back(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     /// Flushes held-back bytes (an incomplete character becomes one U+FFFD). The decoder can be
     /// reused afterwards.
     pub fn finish(&mut self) -> String {

@@ -21,14 +21,16 @@
 //! the KV cache (400), clamp `max_tokens` to what the cache can still hold (so the answer ends
 //! with `finish_reason: "length"` there), wait for the single-flight engine (503 + `Retry-After`
 //! past `--queue-wait-ms`), then either stream the engine's events as SSE or collect them into
-//! one JSON answer. SSE: each chunk is one `data: <json>\n\n` event in its own HTTP chunk; the
-//! stream always ends with `data: [DONE]`; an engine failure after the stream began is sent as
-//! `data: {"error": …}` before it.
+//! one JSON answer of `n` choices (the engine runs them one after the other). SSE: each chunk is
+//! one `data: <json>\n\n` event in its own HTTP chunk, carrying one choice (its `index`, text
+//! and log-probability entries, [`super::logprobs`]); the choices follow each other, each closed
+//! by its `finish_reason` chunk; the stream always ends with `data: [DONE]`; an engine failure
+//! after the stream began is sent as `data: {"error": …}` before it.
 
-use super::engine::{EngineHandle, Event, Finish, JobSpec, Summary};
+use super::engine::{Chunk, EngineHandle, Event, Finish, JobSpec, Summary, TokenEntry};
 use super::error::ApiError;
 use super::metrics::{Metrics, STATUS_CLIENT_CLOSED};
-use super::params::{self, Sampling};
+use super::params::{self, Prompt, Sampling};
 use super::text::{TextMode, TextModel, ToolCall, ToolCallDelta};
 use super::tools;
 use aubier_runtime::generate::GenerateParams;
@@ -972,48 +974,84 @@ fn budget(
     Ok(max_tokens.map_or(room, |m| m.min(room)))
 }
 
-fn generate_params(app: &AppState, sampling: &Sampling, max_tokens: usize) -> GenerateParams {
+fn generate_params(
+    app: &AppState,
+    sampling: &Sampling,
+    max_tokens: usize,
+    logprobs: Option<usize>,
+) -> GenerateParams {
     GenerateParams {
         max_tokens,
         sampling: SamplingParams {
             temperature: sampling.temperature,
             top_p: sampling.top_p,
             top_k: sampling.top_k,
+            min_p: sampling.min_p,
+            presence_penalty: sampling.presence_penalty,
+            frequency_penalty: sampling.frequency_penalty,
+            repetition_penalty: sampling.repetition_penalty,
             seed: sampling.seed.unwrap_or_else(random_seed),
         },
         ignore_eos: false,
         eos_ids: app.text.eos_ids(),
         keep_prompt_logits: false,
+        logprobs,
     }
 }
 
-/// A whole generation, joined from a job's events.
-struct Collected {
+/// Refuses a token id at or past the vocabulary size. Errors: 400 naming `param`.
+fn check_vocab(app: &AppState, param: &str, ids: &[u32]) -> Result<(), ApiError> {
+    let n_vocab = app.text.tokenizer().n_vocab();
+    match ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id as usize >= n_vocab)
+    {
+        None => Ok(()),
+        Some((i, id)) => Err(ApiError::bad_value(
+            param,
+            format!("'{param}[{i}]' = {id} is not below the vocabulary size {n_vocab}."),
+        )),
+    }
+}
+
+/// One choice of a job, collected: its whole text, its log-probability entries, its summary.
+struct Answer {
     reasoning: String,
     content: String,
     tool_calls: Vec<ToolCall>,
+    logprobs: Vec<TokenEntry>,
     summary: Summary,
 }
 
-/// Collects a job's events: the whole text, the tool calls and the summary.
-async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
-    let mut reasoning = String::new();
-    let mut content = String::new();
-    let mut pieces = Vec::new();
+/// Collects a job's events into its `choices` answers, in choice order (the engine runs the
+/// choices one after the other).
+async fn collect(
+    mut rx: UnboundedReceiver<Event>,
+    choices: usize,
+) -> Result<Vec<Answer>, ApiError> {
+    let mut answers = Vec::with_capacity(choices);
+    let (mut reasoning, mut content, mut logprobs) = (String::new(), String::new(), Vec::new());
+    let mut pieces: Vec<ToolCallDelta> = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
-            Event::Delta(d) => {
-                reasoning.push_str(&d.reasoning);
-                content.push_str(&d.content);
-                pieces.extend(d.tool_calls);
+            Event::Chunk(c) => {
+                reasoning.push_str(&c.delta.reasoning);
+                content.push_str(&c.delta.content);
+                pieces.extend(c.delta.tool_calls);
+                logprobs.extend(c.logprobs);
             }
             Event::Done(summary) => {
-                return Ok(Collected {
-                    reasoning,
-                    content,
-                    tool_calls: super::text::join_tool_calls(&pieces),
+                answers.push(Answer {
+                    reasoning: std::mem::take(&mut reasoning),
+                    content: std::mem::take(&mut content),
+                    tool_calls: super::text::join_tool_calls(&std::mem::take(&mut pieces)),
+                    logprobs: std::mem::take(&mut logprobs),
                     summary,
-                })
+                });
+                if answers.len() == choices {
+                    return Ok(answers);
+                }
             }
             Event::Failed(e) => return Err(e),
         }
@@ -1056,11 +1094,14 @@ fn tool_call_deltas(pieces: &[ToolCallDelta]) -> Value {
         .collect()
 }
 
-fn usage(s: &Summary) -> Value {
+/// The `usage` of a job: the prompt once, the completion tokens of every choice (OpenAI).
+fn usage(done: &[Summary]) -> Value {
+    let prompt = done.first().map_or(0, |s| s.prompt_tokens);
+    let completion: usize = done.iter().map(|s| s.ids.len()).sum();
     json!({
-        "prompt_tokens": s.prompt_tokens,
-        "completion_tokens": s.ids.len(),
-        "total_tokens": s.prompt_tokens + s.ids.len(),
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
     })
 }
 
@@ -1068,31 +1109,48 @@ fn sse_data(v: &Value) -> SseEvent {
     SseEvent::default().data(v.to_string())
 }
 
-/// Turns a job's events into SSE events: `chunk(delta)` for each delta, `last(summary)` for the
-/// finish, optional usage chunk, then `[DONE]`; a failure becomes one `{"error": …}` event and
-/// sets `failed`.
-fn sse_stream<C, L>(
+/// How a route writes its SSE chunks.
+trait ChunkFormat: Send + 'static {
+    /// The chunk that opens choice `choice`, sent before its text (chat: the role delta).
+    fn opening(&self, choice: usize) -> Option<Value>;
+    /// The chunk of a choice's released text.
+    fn text(&self, chunk: &Chunk) -> Value;
+    /// The chunk that closes a choice (its `finish_reason`).
+    fn finish(&self, summary: &Summary) -> Value;
+    /// The usage chunk after the last choice, when the request asked for it.
+    fn usage(&self, done: &[Summary]) -> Option<Value>;
+}
+
+/// Turns a job's events into SSE events: for each choice in turn its opening, a chunk per
+/// [`Chunk`], its finish; after the last choice the optional usage chunk, then `[DONE]`. A
+/// failure becomes one `{"error": …}` event and sets `failed`.
+fn sse_stream<F: ChunkFormat>(
     rx: UnboundedReceiver<Event>,
-    first: Option<Value>,
-    chunk: C,
-    last: L,
+    choices: usize,
+    format: F,
     failed: StreamFailed,
-) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send
-where
-    C: Fn(&super::text::Delta) -> Value + Send + 'static,
-    L: Fn(&Summary) -> Vec<Value> + Send + 'static,
-{
-    let head = stream::iter(first.map(|v| Ok(sse_data(&v))));
-    let body = stream::unfold(Some((rx, chunk, last)), move |state| {
+) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
+    let head = stream::iter(format.opening(0).map(|v| Ok(sse_data(&v))));
+    let state = (rx, format, Vec::<Summary>::new());
+    let body = stream::unfold(Some(state), move |state| {
         let failed = failed.clone();
         async move {
-            let (mut rx, chunk, last) = state?;
+            let (mut rx, format, mut done) = state?;
             let events: Vec<SseEvent> = match rx.recv().await {
-                Some(Event::Delta(d)) => {
-                    let ev = vec![sse_data(&chunk(&d))];
-                    return Some((ev, Some((rx, chunk, last))));
+                Some(Event::Chunk(c)) => {
+                    let ev = vec![sse_data(&format.text(&c))];
+                    return Some((ev, Some((rx, format, done))));
                 }
-                Some(Event::Done(s)) => last(&s).iter().map(sse_data).collect(),
+                Some(Event::Done(s)) => {
+                    let mut ev = vec![sse_data(&format.finish(&s))];
+                    done.push(s);
+                    if done.len() < choices {
+                        ev.extend(format.opening(done.len()).map(|v| sse_data(&v)));
+                        return Some((ev, Some((rx, format, done))));
+                    }
+                    ev.extend(format.usage(&done).map(|v| sse_data(&v)));
+                    ev
+                }
                 Some(Event::Failed(e)) => {
                     failed.0.store(true, Ordering::SeqCst);
                     vec![sse_data(&e.to_value())]
@@ -1115,20 +1173,143 @@ where
 
 /// The SSE response of a job (see [`sse_stream`]), marked so that a failed stream is not counted
 /// as a 200.
-fn sse_response<C, L>(
+fn sse_response<F: ChunkFormat>(
     rx: UnboundedReceiver<Event>,
-    first: Option<Value>,
-    chunk: C,
-    last: L,
-) -> Response
-where
-    C: Fn(&super::text::Delta) -> Value + Send + 'static,
-    L: Fn(&Summary) -> Vec<Value> + Send + 'static,
-{
+    choices: usize,
+    format: F,
+) -> Response {
     let failed = StreamFailed::default();
-    let mut resp = Sse::new(sse_stream(rx, first, chunk, last, failed.clone())).into_response();
+    let mut resp = Sse::new(sse_stream(rx, choices, format, failed.clone())).into_response();
     resp.extensions_mut().insert(failed);
     resp
+}
+
+/// What every chunk of a stream shares: `id`, `object`, `created`, `model`, and whether
+/// `usage: null` rides on each (with `stream_options.include_usage`).
+struct ChunkBase {
+    base: Value,
+    include_usage: bool,
+}
+
+impl ChunkBase {
+    /// A chunk of one choice.
+    fn with_choice(&self, choice: Value) -> Value {
+        let mut v = self.base.clone();
+        v["choices"] = json!([choice]);
+        if self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+
+    /// The last chunk, with no choices and the usage, when asked for.
+    fn usage(&self, done: &[Summary]) -> Option<Value> {
+        self.include_usage.then(|| {
+            let mut u = self.base.clone();
+            u["choices"] = json!([]);
+            u["usage"] = usage(done);
+            u
+        })
+    }
+}
+
+/// The chat route's chunks.
+struct ChatChunks {
+    base: ChunkBase,
+    text: Arc<TextModel>,
+    logprobs: bool,
+}
+
+impl ChatChunks {
+    fn choice(&self, index: usize, delta: Value, logprobs: Value, finish: Option<Finish>) -> Value {
+        self.base.with_choice(json!({
+            "index": index,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish.map(Finish::as_str),
+        }))
+    }
+}
+
+impl ChunkFormat for ChatChunks {
+    fn opening(&self, choice: usize) -> Option<Value> {
+        let delta = json!({"role": "assistant", "content": ""});
+        Some(self.choice(choice, delta, Value::Null, None))
+    }
+
+    fn text(&self, c: &Chunk) -> Value {
+        let mut delta = serde_json::Map::new();
+        if !c.delta.reasoning.is_empty() {
+            delta.insert(
+                "reasoning_content".to_owned(),
+                Value::String(c.delta.reasoning.clone()),
+            );
+        }
+        if !c.delta.content.is_empty() {
+            delta.insert("content".to_owned(), Value::String(c.delta.content.clone()));
+        }
+        if !c.delta.tool_calls.is_empty() {
+            delta.insert(
+                "tool_calls".to_owned(),
+                tool_call_deltas(&c.delta.tool_calls),
+            );
+        }
+        let logprobs = if self.logprobs {
+            super::logprobs::chat(&self.text, &c.logprobs)
+        } else {
+            Value::Null
+        };
+        self.choice(c.choice, Value::Object(delta), logprobs, None)
+    }
+
+    fn finish(&self, s: &Summary) -> Value {
+        self.choice(s.choice, json!({}), Value::Null, Some(s.finish))
+    }
+
+    fn usage(&self, done: &[Summary]) -> Option<Value> {
+        self.base.usage(done)
+    }
+}
+
+/// The legacy completions route's chunks.
+struct CompletionChunks {
+    base: ChunkBase,
+    text: Arc<TextModel>,
+    logprobs: bool,
+}
+
+impl CompletionChunks {
+    fn choice(&self, index: usize, text: &str, logprobs: Value, finish: Option<Finish>) -> Value {
+        self.base.with_choice(json!({
+            "index": index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": finish.map(Finish::as_str),
+        }))
+    }
+}
+
+impl ChunkFormat for CompletionChunks {
+    fn opening(&self, _choice: usize) -> Option<Value> {
+        None
+    }
+
+    fn text(&self, c: &Chunk) -> Value {
+        let logprobs = if self.logprobs {
+            super::logprobs::completion(&self.text, &c.logprobs)
+        } else {
+            Value::Null
+        };
+        self.choice(c.choice, &c.delta.content, logprobs, None)
+    }
+
+    fn finish(&self, s: &Summary) -> Value {
+        self.choice(s.choice, "", Value::Null, Some(s.finish))
+    }
+
+    fn usage(&self, done: &[Summary]) -> Option<Value> {
+        self.base.usage(done)
+    }
 }
 
 async fn chat_completions(
@@ -1147,114 +1328,91 @@ async fn chat_completions(
     })
     .await?;
     let max_tokens = budget(&app, prompt.len(), p.max_tokens, "messages")?;
-    let constraint = match p.structured.grammar.take() {
-        None => None,
+    // One fresh matcher per choice, compiled off the async threads.
+    let constraints = match p.structured.grammar.take() {
+        None => Vec::new(),
         Some(spec) => {
             let text = app.text.clone();
-            let compiled =
-                tokio::task::spawn_blocking(move || tools::compile(text.grammar(), &spec))
-                    .await
-                    .map_err(|e| {
-                        ApiError::internal(format!("The grammar compiler task failed: {e}."))
-                    })??;
-            Some(compiled)
+            let n = p.n;
+            tokio::task::spawn_blocking(move || {
+                (0..n)
+                    .map(|_| tools::compile(text.grammar(), &spec))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .await
+            .map_err(|e| ApiError::internal(format!("The grammar compiler task failed: {e}.")))??
         }
     };
     let spec = JobSpec {
         prompt,
-        params: generate_params(&app, &p.sampling, max_tokens),
+        params: generate_params(&app, &p.sampling, max_tokens, p.logprobs),
         mode: TextMode::Chat {
             stops: p.stop.clone(),
             tool_calls: p.structured.tool_calls,
         },
-        constraint,
+        constraints,
         received,
+        choices: p.n,
     };
     let rx = app.engine.submit(spec, app.limits.queue_wait).await?;
     let id = completion_id("chatcmpl");
     let created = unix_now();
     let model = app.limits.model_id.clone();
     if !p.stream {
-        let c = collect(rx).await?;
-        let s = c.summary;
-        let content = if c.content.is_empty() && !c.tool_calls.is_empty() {
-            Value::Null
-        } else {
-            Value::String(c.content)
-        };
-        let mut message = json!({"role": "assistant", "content": content});
-        message["reasoning_content"] = if c.reasoning.is_empty() {
-            Value::Null
-        } else {
-            Value::String(c.reasoning)
-        };
-        if !c.tool_calls.is_empty() {
-            message["tool_calls"] = tool_calls_value(&c.tool_calls);
-        }
+        let answers = collect(rx, p.n).await?;
+        let choices: Vec<Value> = answers
+            .iter()
+            .map(|a| {
+                let content = if a.content.is_empty() && !a.tool_calls.is_empty() {
+                    Value::Null
+                } else {
+                    Value::String(a.content.clone())
+                };
+                let mut message = json!({"role": "assistant", "content": content});
+                message["reasoning_content"] = if a.reasoning.is_empty() {
+                    Value::Null
+                } else {
+                    Value::String(a.reasoning.clone())
+                };
+                if !a.tool_calls.is_empty() {
+                    message["tool_calls"] = tool_calls_value(&a.tool_calls);
+                }
+                json!({
+                    "index": a.summary.choice,
+                    "message": message,
+                    "logprobs": match p.logprobs {
+                        Some(_) => super::logprobs::chat(&app.text, &a.logprobs),
+                        None => Value::Null,
+                    },
+                    "finish_reason": a.summary.finish.as_str(),
+                })
+            })
+            .collect();
+        let done: Vec<Summary> = answers.into_iter().map(|a| a.summary).collect();
         return Ok(Json(json!({
             "id": id,
             "object": "chat.completion",
             "created": created,
             "model": model,
-            "choices": [{
-                "index": 0,
-                "message": message,
-                "logprobs": null,
-                "finish_reason": s.finish.as_str(),
-            }],
-            "usage": usage(&s),
+            "choices": choices,
+            "usage": usage(&done),
         }))
         .into_response());
     }
-    let include_usage = p.include_usage;
-    let base = json!({
-        "id": id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-    });
-    let with_choice = move |delta: Value, finish: Option<Finish>| {
-        let mut v = base.clone();
-        v["choices"] = json!([{
-            "index": 0,
-            "delta": delta,
-            "logprobs": null,
-            "finish_reason": finish.map(Finish::as_str),
-        }]);
-        if include_usage {
-            v["usage"] = Value::Null;
-        }
-        v
+    let format = ChatChunks {
+        base: ChunkBase {
+            base: json!({
+                "id": id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+            }),
+            include_usage: p.include_usage,
+        },
+        text: app.text.clone(),
+        logprobs: p.logprobs.is_some(),
     };
-    let first = with_choice(json!({"role": "assistant", "content": ""}), None);
-    let chunk_of = with_choice.clone();
-    let chunk = move |d: &super::text::Delta| {
-        let mut delta = serde_json::Map::new();
-        if !d.reasoning.is_empty() {
-            delta.insert(
-                "reasoning_content".to_owned(),
-                Value::String(d.reasoning.clone()),
-            );
-        }
-        if !d.content.is_empty() {
-            delta.insert("content".to_owned(), Value::String(d.content.clone()));
-        }
-        if !d.tool_calls.is_empty() {
-            delta.insert("tool_calls".to_owned(), tool_call_deltas(&d.tool_calls));
-        }
-        chunk_of(Value::Object(delta), None)
-    };
-    let last = move |s: &Summary| {
-        let mut out = vec![with_choice(json!({}), Some(s.finish))];
-        if include_usage {
-            let mut u = out[0].clone();
-            u["choices"] = json!([]);
-            u["usage"] = usage(s);
-            out.push(u);
-        }
-        out
-    };
-    Ok(sse_response(rx, Some(first), chunk, last))
+    Ok(sse_response(rx, p.n, format))
 }
 
 async fn completions(State(app): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
@@ -1264,20 +1422,28 @@ async fn completions(State(app): State<Arc<AppState>>, req: Request) -> Result<R
     let mut p = params::parse_completion(&bytes)?;
     drop(bytes);
     check_model(&app, &p.model)?;
-    let text = std::mem::take(&mut p.prompt);
-    let prompt = prompt_ids(&app, "prompt", body_len, move |t, limit| {
-        t.completion_prompt_within(&text, limit)
-    })
-    .await?;
+    let prompt = match std::mem::replace(&mut p.prompt, Prompt::Ids(Vec::new())) {
+        Prompt::Text(text) => {
+            prompt_ids(&app, "prompt", body_len, move |t, limit| {
+                t.completion_prompt_within(&text, limit)
+            })
+            .await?
+        }
+        Prompt::Ids(ids) => {
+            check_vocab(&app, "prompt", &ids)?;
+            ids
+        }
+    };
     let max_tokens = budget(&app, prompt.len(), Some(p.max_tokens), "prompt")?;
     let spec = JobSpec {
         prompt,
-        params: generate_params(&app, &p.sampling, max_tokens),
+        params: generate_params(&app, &p.sampling, max_tokens, p.logprobs),
         mode: TextMode::Completion {
             stops: p.stop.clone(),
         },
-        constraint: None,
+        constraints: Vec::new(),
         received,
+        choices: p.n,
     };
     let rx = app.engine.submit(spec, app.limits.queue_wait).await?;
     let id = completion_id("cmpl");
@@ -1290,45 +1456,36 @@ async fn completions(State(app): State<Arc<AppState>>, req: Request) -> Result<R
         "model": model,
     });
     if !p.stream {
-        let c = collect(rx).await?;
-        let s = c.summary;
+        let answers = collect(rx, p.n).await?;
+        let choices: Vec<Value> = answers
+            .iter()
+            .map(|a| {
+                json!({
+                    "index": a.summary.choice,
+                    "text": a.content,
+                    "logprobs": match p.logprobs {
+                        Some(_) => super::logprobs::completion(&app.text, &a.logprobs),
+                        None => Value::Null,
+                    },
+                    "finish_reason": a.summary.finish.as_str(),
+                })
+            })
+            .collect();
+        let done: Vec<Summary> = answers.into_iter().map(|a| a.summary).collect();
         let mut v = base;
-        v["choices"] = json!([{
-            "index": 0,
-            "text": c.content,
-            "logprobs": null,
-            "finish_reason": s.finish.as_str(),
-        }]);
-        v["usage"] = usage(&s);
+        v["choices"] = Value::Array(choices);
+        v["usage"] = usage(&done);
         return Ok(Json(v).into_response());
     }
-    let include_usage = p.include_usage;
-    let with_choice = move |text: &str, finish: Option<Finish>| {
-        let mut v = base.clone();
-        v["choices"] = json!([{
-            "index": 0,
-            "text": text,
-            "logprobs": null,
-            "finish_reason": finish.map(Finish::as_str),
-        }]);
-        if include_usage {
-            v["usage"] = Value::Null;
-        }
-        v
+    let format = CompletionChunks {
+        base: ChunkBase {
+            base,
+            include_usage: p.include_usage,
+        },
+        text: app.text.clone(),
+        logprobs: p.logprobs.is_some(),
     };
-    let chunk_of = with_choice.clone();
-    let chunk = move |d: &super::text::Delta| chunk_of(&d.content, None);
-    let last = move |s: &Summary| {
-        let mut out = vec![with_choice("", Some(s.finish))];
-        if include_usage {
-            let mut u = out[0].clone();
-            u["choices"] = json!([]);
-            u["usage"] = usage(s);
-            out.push(u);
-        }
-        out
-    };
-    Ok(sse_response(rx, None, chunk, last))
+    Ok(sse_response(rx, p.n, format))
 }
 
 async fn debug_tokens(
@@ -1341,31 +1498,25 @@ async fn debug_tokens(
     if let Some(m) = &p.model {
         check_model(&app, m)?;
     }
-    let n_vocab = app.text.tokenizer().n_vocab();
-    if let Some((i, id)) = p
-        .ids
-        .iter()
-        .enumerate()
-        .find(|(_, &id)| id as usize >= n_vocab)
-    {
-        return Err(ApiError::bad_value(
-            "ids",
-            format!("'ids[{i}]' = {id} is not below the vocabulary size {n_vocab}."),
-        ));
-    }
+    check_vocab(&app, "ids", &p.ids)?;
     let max_tokens = budget(&app, p.ids.len(), Some(p.max_tokens), "ids")?;
-    let mut params = generate_params(&app, &p.sampling, max_tokens);
+    let mut params = generate_params(&app, &p.sampling, max_tokens, None);
     params.ignore_eos = p.ignore_eos;
     let prompt_tokens = p.ids.len();
     let spec = JobSpec {
         prompt: p.ids,
         params,
         mode: TextMode::Ids,
-        constraint: None,
+        constraints: Vec::new(),
         received,
+        choices: 1,
     };
     let rx = app.engine.submit(spec, app.limits.queue_wait).await?;
-    let s = collect(rx).await?.summary;
+    let s = collect(rx, 1)
+        .await?
+        .pop()
+        .map(|a| a.summary)
+        .ok_or_else(|| ApiError::internal("The engine returned no answer."))?;
     Ok(Json(json!({
         "ids": s.ids,
         "finish_reason": s.finish.as_str(),

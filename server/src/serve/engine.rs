@@ -12,11 +12,21 @@
 //! has gone (the client disconnected: axum dropped the response body, and with it the receiver), so
 //! generation stops before the next engine step. The permit is released only after the engine has
 //! returned, so the next request never overlaps the current one.
+//!
+//! A job of `n` choices runs them one after the other while it holds the engine, choice `i` with
+//! the seed `seed + i`; each ends with its own [`Event::Done`]. With log-probabilities asked for,
+//! each generated token's [`TokenEntry`] waits in a queue and rides on the first [`Chunk`] sent
+//! after it at which the pipeline holds nothing back (so an entry never goes out before its
+//! token's text); what is left goes with the choice's last chunk. A stop string cuts the text, not
+//! the entries: every generated token has one, the stop string's too, as `usage` counts them.
 
 use super::error::ApiError;
 use super::metrics::Metrics;
 use super::text::{Delta, TextMode, TextModel, TextPipeline};
-use aubier_runtime::generate::{FinishReason, GenerateError, GenerateOutput, GenerateParams};
+use aubier_runtime::generate::{
+    FinishReason, GenerateError, GenerateOutput, GenerateParams, GeneratedToken,
+};
+use aubier_runtime::sampler::TokenLogprobs;
 use aubier_runtime::store::expert_store::StoreReport;
 use aubier_runtime::text::grammar::Constraint;
 use std::ops::ControlFlow;
@@ -44,7 +54,7 @@ pub trait Engine: Send + 'static {
         prompt: &[u32],
         params: &GenerateParams,
         constraint: Option<&mut Constraint>,
-        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+        on_token: &mut dyn FnMut(&GeneratedToken) -> ControlFlow<()>,
     ) -> Result<GenerateOutput, EngineFailure>;
 
     /// Engine steps (prefill or decode forward passes) taken since the engine was created.
@@ -73,10 +83,14 @@ pub struct JobSpec {
     pub params: GenerateParams,
     /// How produced tokens become text.
     pub mode: TextMode,
-    /// The grammar the output must follow (`tools`, `response_format`), if any.
-    pub constraint: Option<Constraint>,
+    /// The grammar each choice's output must follow (`tools`, `response_format`): one fresh
+    /// matcher per choice, in choice order; empty = unconstrained.
+    pub constraints: Vec<Constraint>,
     /// When the request's head arrived (the time to first token is measured from it).
     pub received: Instant,
+    /// Choices to generate, one after the other (`n`, at least 1); choice `i` samples with the
+    /// seed `params.sampling.seed + i`.
+    pub choices: usize,
 }
 
 /// Why a generation ended, as the OpenAI API names it (plus `cancelled`, never sent to a client
@@ -105,9 +119,35 @@ impl Finish {
     }
 }
 
-/// The end of a successful generation.
+/// The log-probability data of one generated token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenEntry {
+    /// The token.
+    pub id: u32,
+    /// Its raw log-probability and the top ones asked for.
+    pub logprobs: TokenLogprobs,
+    /// Characters the choice's earlier tokens decode to (control tokens dropped): where this
+    /// token's text starts in a completion's text (the legacy `text_offset`).
+    pub text_offset: usize,
+}
+
+/// Text one choice released at once, with the entries of the tokens it accounts for.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Chunk {
+    /// The choice (0-based).
+    pub choice: usize,
+    /// The released text (whole characters; never part of a stop string).
+    pub delta: Delta,
+    /// Entries of the tokens generated up to this chunk and not sent before (module note);
+    /// always empty without log-probabilities.
+    pub logprobs: Vec<TokenEntry>,
+}
+
+/// The end of one successful choice.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Summary {
+    /// The choice (0-based).
+    pub choice: usize,
     /// Why it ended.
     pub finish: Finish,
     /// Every generated id (EOS excluded), including those after which a stop string matched.
@@ -120,13 +160,13 @@ pub struct Summary {
     pub decode_tok_s: f64,
 }
 
-/// What the engine thread sends back for a job, in order: any number of `Delta`s, then exactly one
-/// `Done` or `Failed`.
+/// What the engine thread sends back for a job, in order: for each choice in turn, any number of
+/// `Chunk`s then its `Done`; a `Failed` ends the job early.
 #[derive(Clone, Debug)]
 pub enum Event {
-    /// Newly released text (whole characters; never part of a stop string).
-    Delta(Delta),
-    /// Generation finished.
+    /// Newly released text of a choice.
+    Chunk(Chunk),
+    /// A choice finished.
     Done(Summary),
     /// Generation failed after it started.
     Failed(ApiError),
@@ -280,38 +320,96 @@ fn run_job(
     events: &tmpsc::UnboundedSender<Event>,
     metrics: &Metrics,
 ) {
-    let mut pipe = TextPipeline::new(text, &spec.mode);
     let mut first = true;
-    let result = engine.generate(
-        &spec.prompt,
-        &spec.params,
-        spec.constraint.as_mut(),
-        &mut |id| {
-            if first {
-                first = false;
-                metrics.observe_first_token(spec.received.elapsed());
-            }
-            if events.is_closed() {
-                return ControlFlow::Break(());
-            }
-            let (delta, stopped) = pipe.push(id);
-            if !delta.is_empty() && events.send(Event::Delta(delta)).is_err() {
-                return ControlFlow::Break(());
-            }
-            if stopped {
-                ControlFlow::Break(())
+    let mut constraints = std::mem::take(&mut spec.constraints).into_iter();
+    let spec: &JobSpec = spec;
+    for choice in 0..spec.choices.max(1) {
+        let mut params = spec.params.clone();
+        params.sampling.seed = params.sampling.seed.wrapping_add(choice as u64);
+        let job = ChoiceJob {
+            spec,
+            params: &params,
+            choice,
+            events,
+            metrics,
+        };
+        let mut constraint = constraints.next();
+        if run_choice(engine, text, &job, constraint.as_mut(), &mut first).is_break() {
+            break;
+        }
+    }
+}
+
+/// One choice of a job.
+struct ChoiceJob<'a> {
+    spec: &'a JobSpec,
+    params: &'a GenerateParams,
+    choice: usize,
+    events: &'a tmpsc::UnboundedSender<Event>,
+    metrics: &'a Metrics,
+}
+
+/// Runs one choice; `Break` when the job must not go on (failure, or the client is gone).
+fn run_choice(
+    engine: &mut dyn Engine,
+    text: &TextModel,
+    job: &ChoiceJob<'_>,
+    constraint: Option<&mut Constraint>,
+    first: &mut bool,
+) -> ControlFlow<()> {
+    let (spec, events, metrics, choice) = (job.spec, job.events, job.metrics, job.choice);
+    let mut pipe = TextPipeline::new(text, &spec.mode);
+    let mut pending: Vec<TokenEntry> = Vec::new();
+    let mut offsets = text.tokenizer().stream_decoder();
+    let mut offset = 0;
+    let result = engine.generate(&spec.prompt, job.params, constraint, &mut |token| {
+        if std::mem::take(first) {
+            metrics.observe_first_token(spec.received.elapsed());
+        }
+        if events.is_closed() {
+            return ControlFlow::Break(());
+        }
+        if let Some(logprobs) = &token.logprobs {
+            pending.push(TokenEntry {
+                id: token.id,
+                logprobs: logprobs.clone(),
+                text_offset: offset,
+            });
+            offset += offsets.push(token.id).chars().count();
+        }
+        let (delta, stopped) = pipe.push(token.id);
+        if !delta.is_empty() {
+            let logprobs = if pipe.holds_back() {
+                Vec::new()
             } else {
-                ControlFlow::Continue(())
+                std::mem::take(&mut pending)
+            };
+            let chunk = Chunk {
+                choice,
+                delta,
+                logprobs,
+            };
+            if events.send(Event::Chunk(chunk)).is_err() {
+                return ControlFlow::Break(());
             }
-        },
-    );
+        }
+        if stopped {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    });
     // Published before the last event, so a client that reads /metrics after its answer sees it.
     metrics.set_engine_steps(engine.steps_taken());
     match result {
         Ok(out) => {
-            let tail = pipe.finish();
-            if !tail.is_empty() {
-                let _ = events.send(Event::Delta(tail));
+            let tail = Chunk {
+                choice,
+                delta: pipe.finish(),
+                logprobs: pending,
+            };
+            if !tail.delta.is_empty() || !tail.logprobs.is_empty() {
+                let _ = events.send(Event::Chunk(tail));
             }
             let finish = match out.finish {
                 _ if pipe.stopped() => Finish::Stop,
@@ -340,19 +438,26 @@ fn run_job(
                 );
                 metrics.record_store(&r);
             }
-            let _ = events.send(Event::Done(Summary {
+            let sent = events.send(Event::Done(Summary {
+                choice,
                 finish,
                 ids: out.ids,
                 prompt_tokens: spec.prompt.len(),
                 prefill_tok_s: out.prefill_tok_s,
                 decode_tok_s: out.decode_tok_s,
             }));
+            if sent.is_err() || finish == Finish::Cancelled {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
         }
         Err(e) => {
             tracing::warn!("generation failed: {e}");
             let _ = events.send(Event::Failed(ApiError::internal(format!(
                 "Generation failed: {e}"
             ))));
+            ControlFlow::Break(())
         }
     }
 }

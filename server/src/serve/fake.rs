@@ -12,7 +12,7 @@
 
 use super::engine::{Engine, EngineFailure};
 use aubier_runtime::error::EngineError;
-use aubier_runtime::generate::{generate, GenerateOutput, GenerateParams, Stepper};
+use aubier_runtime::generate::{generate, GenerateOutput, GenerateParams, GeneratedToken, Stepper};
 use aubier_runtime::text::grammar::Constraint;
 use serde::Deserialize;
 use std::ops::ControlFlow;
@@ -187,7 +187,7 @@ impl Engine for FakeEngine {
         prompt: &[u32],
         params: &GenerateParams,
         constraint: Option<&mut Constraint>,
-        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+        on_token: &mut dyn FnMut(&GeneratedToken) -> ControlFlow<()>,
     ) -> Result<GenerateOutput, EngineFailure> {
         Ok(generate(
             &mut self.stepper,

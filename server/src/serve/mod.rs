@@ -8,9 +8,10 @@
 //!
 //! Modules: [`params`] (request validation, refused parameters), [`error`] (OpenAI-shaped errors),
 //! [`app`] (connections, guards, routes, SSE, admission), [`engine`] (the single-flight engine
-//! thread), [`text`] and [`stop`] (detokenizing, reasoning split, stop strings), [`fake`] and
-//! [`real`] (the two engines), [`lock`], [`metrics`], [`openapi`] (`GET /openapi.json`), [`tools`]
-//! (`tools`, `tool_choice`, `response_format` → the grammar).
+//! thread), [`text`] and [`stop`] (detokenizing, reasoning split, stop strings), [`logprobs`]
+//! (their OpenAI shapes), [`fake`] and [`real`] (the two engines), [`lock`], [`metrics`],
+//! [`openapi`] (`GET /openapi.json`), [`tools`] (`tools`, `tool_choice`, `response_format` → the
+//! grammar).
 #![warn(missing_docs)]
 
 pub mod app;
@@ -18,6 +19,7 @@ pub mod engine;
 pub mod error;
 pub mod fake;
 pub mod lock;
+pub mod logprobs;
 pub mod metrics;
 pub mod openapi;
 pub mod params;

@@ -22,6 +22,10 @@ pub fn spec(model_id: &str, n_vocab: usize, kv_max: usize) -> String {
             "/components/schemas/DebugTokensRequest/properties/ids/maxItems",
             json!(kv_max),
         ),
+        (
+            "/components/schemas/CompletionRequest/properties/prompt/anyOf/1/maxItems",
+            json!(kv_max),
+        ),
     ];
     for (pointer, value) in fills {
         match spec.pointer_mut(pointer) {
@@ -44,5 +48,9 @@ mod tests {
         assert_eq!(s["ModelId"]["enum"], json!(["m-1"]));
         assert_eq!(s["TokenId"]["maximum"], 99);
         assert_eq!(s["DebugTokensRequest"]["properties"]["ids"]["maxItems"], 40);
+        assert_eq!(
+            s["CompletionRequest"]["properties"]["prompt"]["anyOf"][1]["maxItems"],
+            40
+        );
     }
 }

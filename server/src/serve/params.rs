@@ -22,7 +22,17 @@ use serde_json::{Map, Number, Value};
 /// Most stop strings one request may carry (the OpenAI limit).
 pub const MAX_STOPS: usize = 4;
 
-/// Sampling settings of one request (OpenAI names; `top_k` is the vLLM extension).
+/// Most choices one request may ask for (`n`).
+pub const MAX_CHOICES: usize = 8;
+
+/// Most `top_logprobs` of a chat request (the OpenAI limit).
+pub const MAX_TOP_LOGPROBS: u64 = 20;
+
+/// Most `logprobs` of a legacy completion request (the OpenAI limit).
+pub const MAX_COMPLETION_LOGPROBS: u64 = 5;
+
+/// Sampling settings of one request (OpenAI names; `top_k`, `min_p` and `repetition_penalty` are
+/// the vLLM extensions). The semantics and their order: `aubier_runtime::sampler`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sampling {
     /// Softmax temperature in [0, 2]; 0 is greedy. Default 1 (OpenAI), 0 on `/debug/tokens`.
@@ -31,6 +41,14 @@ pub struct Sampling {
     pub top_p: f32,
     /// Keep the k most likely tokens; 0 (default) is off.
     pub top_k: usize,
+    /// Drop tokens below `min_p` × the top probability, in [0, 1]; 0 (default) is off.
+    pub min_p: f32,
+    /// OpenAI's presence penalty, in [-2, 2]; default 0.
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty, in [-2, 2]; default 0.
+    pub frequency_penalty: f32,
+    /// The repetition penalty (> 0; default 1, off).
+    pub repetition_penalty: f32,
     /// Seed of the sampler; `None` = a fresh random seed per request (OpenAI semantics).
     pub seed: Option<u64>,
 }
@@ -56,6 +74,20 @@ pub struct ChatParams {
     pub stream: bool,
     /// `stream_options.include_usage`: send a last chunk with the token counts.
     pub include_usage: bool,
+    /// `n`: choices to generate, in [1, [`MAX_CHOICES`]].
+    pub n: usize,
+    /// `Some(k)` with `logprobs: true`: each token's log-probability and the `k` most likely
+    /// (`top_logprobs`, ≤ [`MAX_TOP_LOGPROBS`]).
+    pub logprobs: Option<usize>,
+}
+
+/// The `prompt` of a legacy completion.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt {
+    /// One string, tokenized with BOS.
+    Text(String),
+    /// Token ids, used as given (each must be below the vocabulary size, checked by the route).
+    Ids(Vec<u32>),
 }
 
 /// A validated `POST /v1/completions` body.
@@ -63,8 +95,8 @@ pub struct ChatParams {
 pub struct CompletionParams {
     /// The `model` field.
     pub model: String,
-    /// The prompt text (a single string).
-    pub prompt: String,
+    /// The prompt: one string or one array of token ids.
+    pub prompt: Prompt,
     /// `max_tokens`; default 16 (the OpenAI default of this endpoint).
     pub max_tokens: usize,
     /// Sampling settings.
@@ -75,6 +107,11 @@ pub struct CompletionParams {
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
+    /// `n`: choices to generate, in [1, [`MAX_CHOICES`]].
+    pub n: usize,
+    /// `logprobs` (≤ [`MAX_COMPLETION_LOGPROBS`]): each token's log-probability and the `k` most
+    /// likely.
+    pub logprobs: Option<usize>,
 }
 
 /// A validated `POST /debug/tokens` body: token ids in, token ids out, no tokenizer involved.
@@ -99,8 +136,6 @@ enum DefaultValue {
     Null,
     /// `null` or the count 1; any other integer >= 1 is unsupported, anything else invalid.
     One,
-    /// `null` or this number.
-    Number(f64),
     /// `null` or `false`.
     False,
     /// `null`, `""`, `[]` or `{}`.
@@ -116,7 +151,6 @@ impl DefaultValue {
         match (self, v) {
             (_, Value::Null) => true,
             (DefaultValue::One, Value::Number(n)) => as_uint(n) == Some(1),
-            (DefaultValue::Number(x), Value::Number(n)) => n.as_f64() == Some(x),
             (DefaultValue::False, Value::Bool(b)) => !b,
             (DefaultValue::Empty, Value::String(s)) => s.is_empty(),
             (DefaultValue::Empty, Value::Array(a)) => a.is_empty(),
@@ -133,7 +167,6 @@ impl DefaultValue {
         match self {
             DefaultValue::Null => "null".to_owned(),
             DefaultValue::One => "1".to_owned(),
-            DefaultValue::Number(x) => format!("{x}"),
             DefaultValue::False => "false".to_owned(),
             DefaultValue::Empty => "empty".to_owned(),
             DefaultValue::OneOf(names) => names.join(" or "),
@@ -144,16 +177,9 @@ impl DefaultValue {
 
 /// Parameters of `/v1/chat/completions` that are recognised but not implemented, with their default.
 const REFUSED_CHAT: &[(&str, DefaultValue)] = &[
-    ("n", DefaultValue::One),
     ("functions", DefaultValue::Empty),
     ("function_call", DefaultValue::OneOf(&["none", "auto"])),
-    ("logprobs", DefaultValue::False),
-    ("top_logprobs", DefaultValue::Number(0.0)),
     ("logit_bias", DefaultValue::Empty),
-    ("presence_penalty", DefaultValue::Number(0.0)),
-    ("frequency_penalty", DefaultValue::Number(0.0)),
-    ("repetition_penalty", DefaultValue::Number(1.0)),
-    ("min_p", DefaultValue::Number(0.0)),
     ("ignore_eos", DefaultValue::False),
     ("audio", DefaultValue::Null),
     ("modalities", DefaultValue::TextModality),
@@ -167,16 +193,10 @@ const REFUSED_CHAT: &[(&str, DefaultValue)] = &[
 
 /// Parameters of `/v1/completions` that are recognised but not implemented, with their default.
 const REFUSED_COMPLETIONS: &[(&str, DefaultValue)] = &[
-    ("n", DefaultValue::One),
     ("best_of", DefaultValue::One),
     ("echo", DefaultValue::False),
     ("suffix", DefaultValue::Empty),
-    ("logprobs", DefaultValue::Null),
     ("logit_bias", DefaultValue::Empty),
-    ("presence_penalty", DefaultValue::Number(0.0)),
-    ("frequency_penalty", DefaultValue::Number(0.0)),
-    ("repetition_penalty", DefaultValue::Number(1.0)),
-    ("min_p", DefaultValue::Number(0.0)),
     ("ignore_eos", DefaultValue::False),
 ];
 
@@ -459,23 +479,35 @@ fn required_model(body: &mut Body) -> Result<String, ApiError> {
     })
 }
 
-/// `temperature` / `top_p` / `top_k` / `seed` with the given temperature default.
+/// `name` as an f32 in `[lo, hi]`, or `default` when absent; also the value sent.
+///
+/// Errors: 400 naming `name` outside the range.
+fn bounded(
+    body: &mut Body,
+    name: &str,
+    default: f32,
+    (lo, hi): (f64, f64),
+) -> Result<(f32, Option<f64>), ApiError> {
+    let sent = body.number(name)?;
+    match sent {
+        None => Ok((default, None)),
+        Some(x) if (lo..=hi).contains(&x) => Ok((x as f32, sent)),
+        Some(x) => Err(ApiError::bad_value(
+            name,
+            format!("'{name}' must be in [{lo}, {hi}], got {x}."),
+        )),
+    }
+}
+
+/// `temperature` / `top_p` / `top_k` / `min_p` / `presence_penalty` / `frequency_penalty` /
+/// `repetition_penalty` / `seed` with the given temperature default.
 ///
 /// Errors: 400 for a value outside the documented range, and for one the engine's f32 makes
 /// invalid (`top_p` 1e-46 is 0 in f32): the narrowed values are checked with the sampler's own
 /// rule ([`Sampler::new`]), so a request that passes here never fails in the sampler.
 fn sampling(body: &mut Body, default_temperature: f32) -> Result<Sampling, ApiError> {
-    let sent_temperature = body.number("temperature")?;
-    let temperature = match sent_temperature {
-        None => default_temperature,
-        Some(t) if (0.0..=2.0).contains(&t) => t as f32,
-        Some(t) => {
-            return Err(ApiError::bad_value(
-                "temperature",
-                format!("'temperature' must be in [0, 2], got {t}."),
-            ))
-        }
-    };
+    let (temperature, sent_temperature) =
+        bounded(body, "temperature", default_temperature, (0.0, 2.0))?;
     let sent_top_p = body.number("top_p")?;
     let top_p = match sent_top_p {
         None => 1.0,
@@ -492,17 +524,47 @@ fn sampling(body: &mut Body, default_temperature: f32) -> Result<Sampling, ApiEr
         Some(k) => usize::try_from(k)
             .map_err(|_| ApiError::bad_value("top_k", format!("'top_k' {k} is too large.")))?,
     };
+    let (min_p, sent_min_p) = bounded(body, "min_p", 0.0, (0.0, 1.0))?;
+    let (presence_penalty, sent_presence) = bounded(body, "presence_penalty", 0.0, (-2.0, 2.0))?;
+    let (frequency_penalty, sent_frequency) = bounded(body, "frequency_penalty", 0.0, (-2.0, 2.0))?;
+    let sent_repetition = body.number("repetition_penalty")?;
+    let repetition_penalty = match sent_repetition {
+        None => 1.0,
+        Some(p) if p > 0.0 && p <= f64::from(f32::MAX) => p as f32,
+        Some(p) => {
+            return Err(ApiError::bad_value(
+                "repetition_penalty",
+                format!(
+                    "'repetition_penalty' must be > 0 and at most {:e} (the largest 32-bit float), got {p}.",
+                    f32::MAX
+                ),
+            ))
+        }
+    };
     let seed = body.uint("seed")?;
     let engine_params = SamplingParams {
         temperature,
         top_p,
         top_k,
+        min_p,
+        presence_penalty,
+        frequency_penalty,
+        repetition_penalty,
         seed: seed.unwrap_or(0),
     };
     if let Err(e) = Sampler::new(engine_params) {
         let (name, sent) = match e {
             SampleError::Temperature(_) => ("temperature", sent_temperature),
-            _ => ("top_p", sent_top_p),
+            SampleError::TopP(_) => ("top_p", sent_top_p),
+            SampleError::MinP(_) => ("min_p", sent_min_p),
+            SampleError::PresencePenalty(_) => ("presence_penalty", sent_presence),
+            SampleError::FrequencyPenalty(_) => ("frequency_penalty", sent_frequency),
+            SampleError::RepetitionPenalty(_) => ("repetition_penalty", sent_repetition),
+            SampleError::Empty | SampleError::NoFinite => {
+                return Err(ApiError::internal(format!(
+                    "The sampler refused its parameters: {e}."
+                )))
+            }
         };
         return Err(ApiError::bad_value(
             name,
@@ -516,8 +578,81 @@ fn sampling(body: &mut Body, default_temperature: f32) -> Result<Sampling, ApiEr
         temperature,
         top_p,
         top_k,
+        min_p,
+        presence_penalty,
+        frequency_penalty,
+        repetition_penalty,
         seed,
     })
+}
+
+/// `n`: a count in [1, [`MAX_CHOICES`]], default 1.
+///
+/// Errors: 400 naming `n` for anything else.
+fn choices(body: &mut Body) -> Result<usize, ApiError> {
+    match body.count("n")? {
+        None => Ok(1),
+        Some(n) if n <= MAX_CHOICES => Ok(n),
+        Some(n) => Err(ApiError::bad_value(
+            "n",
+            format!("'n' must be at most {MAX_CHOICES}, got {n}."),
+        )),
+    }
+}
+
+/// Chat `logprobs` (a boolean) and `top_logprobs` (0..=[`MAX_TOP_LOGPROBS`]): `Some(top)` when
+/// `logprobs` is true. A `top_logprobs` above 0 needs `logprobs: true` (OpenAI; vLLM lets 0 pass
+/// alone, as it changes nothing).
+///
+/// Errors: 400 naming the parameter at fault.
+fn chat_logprobs(body: &mut Body) -> Result<Option<usize>, ApiError> {
+    let on = body.bool("logprobs")?.unwrap_or(false);
+    let top = body.uint("top_logprobs")?;
+    match top {
+        Some(k) if k > MAX_TOP_LOGPROBS => Err(ApiError::bad_value(
+            "top_logprobs",
+            format!("'top_logprobs' must be in [0, {MAX_TOP_LOGPROBS}], got {k}."),
+        )),
+        Some(k) if k > 0 && !on => Err(ApiError::bad_value(
+            "top_logprobs",
+            "'top_logprobs' needs 'logprobs' to be true.",
+        )),
+        _ => Ok(on.then(|| top.unwrap_or(0) as usize)),
+    }
+}
+
+/// Legacy completions `logprobs`: an integer in 0..=[`MAX_COMPLETION_LOGPROBS`], or absent.
+///
+/// Errors: 400 naming `logprobs` for anything else.
+fn completion_logprobs(body: &mut Body) -> Result<Option<usize>, ApiError> {
+    match body.uint("logprobs")? {
+        Some(k) if k > MAX_COMPLETION_LOGPROBS => Err(ApiError::bad_value(
+            "logprobs",
+            format!("'logprobs' must be in [0, {MAX_COMPLETION_LOGPROBS}], got {k}."),
+        )),
+        k => Ok(k.map(|k| k as usize)),
+    }
+}
+
+/// The elements of a JSON array of token ids as u32 (`name[i]` names a bad one).
+///
+/// Errors: 400 naming `name` for an element that is not an integer in [0, 2^32).
+fn token_ids(name: &str, items: &[Value]) -> Result<Vec<u32>, ApiError> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_number()
+                .and_then(as_uint)
+                .and_then(|x| u32::try_from(x).ok())
+                .ok_or_else(|| {
+                    ApiError::bad_value(
+                        name,
+                        format!("'{name}[{i}]' is not a token id (u32): {v}."),
+                    )
+                })
+        })
+        .collect()
 }
 
 /// `stop`: a string or an array of up to [`MAX_STOPS`] non-empty strings.
@@ -656,6 +791,8 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatParams, ApiError> {
     let sampling = sampling(&mut body, 1.0)?;
     let stop = stop(&mut body)?;
     let (stream, include_usage) = stream(&mut body)?;
+    let n = choices(&mut body)?;
+    let logprobs = chat_logprobs(&mut body)?;
     body.refuse(REFUSED_CHAT)?;
     body.identifiers()?;
     body.finish()?;
@@ -668,24 +805,36 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatParams, ApiError> {
         stop,
         stream,
         include_usage,
+        n,
+        logprobs,
     })
 }
 
-/// Parses and validates a (legacy) completion request body. `prompt` must be one string.
+/// Parses and validates a (legacy) completion request body. `prompt` is one string or one array
+/// of token ids (OpenAI's API takes both); a batch of prompts is refused.
 ///
 /// Errors: as [`parse_chat`], with `prompt` in place of `messages`.
 pub fn parse_completion(bytes: &[u8]) -> Result<CompletionParams, ApiError> {
     let mut body = Body::parse(bytes)?;
     let model = required_model(&mut body)?;
     let prompt = match body.take("prompt") {
-        Some(Value::String(s)) => s,
-        Some(Value::Array(_)) => {
+        Some(Value::String(s)) => Prompt::Text(s),
+        Some(Value::Array(items)) if items.iter().all(Value::is_number) => {
+            Prompt::Ids(token_ids("prompt", &items)?)
+        }
+        Some(Value::Array(items)) if items.iter().all(|v| v.is_string() || v.is_array()) => {
             return Err(ApiError::unsupported(
                 "prompt",
-                "as an array (of strings or token ids) is not implemented; send one string",
+                "as a batch (an array of strings or of token-id arrays) is not implemented; send one string or one array of token ids",
             ))
         }
-        Some(other) => return Err(wrong_type("prompt", "a string", &other)),
+        Some(other) => {
+            return Err(wrong_type(
+                "prompt",
+                "a string or an array of token ids",
+                &other,
+            ))
+        }
         None => {
             return Err(ApiError::invalid(
                 Some("prompt"),
@@ -698,6 +847,8 @@ pub fn parse_completion(bytes: &[u8]) -> Result<CompletionParams, ApiError> {
     let sampling = sampling(&mut body, 1.0)?;
     let stop = stop(&mut body)?;
     let (stream, include_usage) = stream(&mut body)?;
+    let n = choices(&mut body)?;
+    let logprobs = completion_logprobs(&mut body)?;
     body.refuse(REFUSED_COMPLETIONS)?;
     body.identifiers()?;
     body.finish()?;
@@ -709,11 +860,14 @@ pub fn parse_completion(bytes: &[u8]) -> Result<CompletionParams, ApiError> {
         stop,
         stream,
         include_usage,
+        n,
+        logprobs,
     })
 }
 
 /// Parses and validates a `/debug/tokens` body: `{"ids": [u32], "max_tokens": n}` plus optional
-/// `model`, `temperature` (default 0), `top_p`, `top_k`, `seed` (default 0) and `ignore_eos`.
+/// `model`, `temperature` (default 0), the other sampling parameters of the chat route, `seed`
+/// (default 0) and `ignore_eos`.
 ///
 /// Errors: 400 for malformed JSON, missing `ids` / `max_tokens`, an id that is not a u32, bad
 /// sampling values, or an unrecognised parameter.
@@ -721,21 +875,7 @@ pub fn parse_debug_tokens(bytes: &[u8]) -> Result<DebugTokensParams, ApiError> {
     let mut body = Body::parse(bytes)?;
     let model = body.string("model")?;
     let ids = match body.take("ids") {
-        Some(Value::Array(items)) => items
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                v.as_number()
-                    .and_then(as_uint)
-                    .and_then(|x| u32::try_from(x).ok())
-                    .ok_or_else(|| {
-                        ApiError::bad_value(
-                            "ids",
-                            format!("'ids[{i}]' is not a token id (u32): {v}."),
-                        )
-                    })
-            })
-            .collect::<Result<Vec<u32>, _>>()?,
+        Some(Value::Array(items)) => token_ids("ids", &items)?,
         Some(other) => return Err(wrong_type("ids", "an array of token ids", &other)),
         None => {
             return Err(ApiError::invalid(
@@ -794,16 +934,9 @@ mod tests {
     #[test]
     fn every_refused_chat_parameter_is_named_when_not_default() {
         let non_default: &[(&str, &str)] = &[
-            ("n", "2"),
             ("functions", r#"[{"name":"f"}]"#),
             ("function_call", r#"{"name":"f"}"#),
-            ("logprobs", "true"),
-            ("top_logprobs", "3"),
             ("logit_bias", r#"{"5":10}"#),
-            ("presence_penalty", "0.5"),
-            ("frequency_penalty", "0.5"),
-            ("repetition_penalty", "1.1"),
-            ("min_p", "0.1"),
             ("ignore_eos", "true"),
             ("audio", r#"{"voice":"alloy","format":"wav"}"#),
             ("modalities", r#"["text","audio"]"#),
@@ -844,16 +977,10 @@ mod tests {
     #[test]
     fn every_refused_completion_parameter_is_named() {
         let non_default: &[(&str, &str)] = &[
-            ("n", "3"),
             ("best_of", "2"),
             ("echo", "true"),
             ("suffix", r#""end""#),
-            ("logprobs", "0"),
             ("logit_bias", r#"{"1":1}"#),
-            ("presence_penalty", "1"),
-            ("frequency_penalty", "-1"),
-            ("repetition_penalty", "1.2"),
-            ("min_p", "0.05"),
             ("ignore_eos", "true"),
         ];
         let names: Vec<&str> = refused_completion_parameters().collect();
@@ -984,10 +1111,129 @@ mod tests {
         }
         let e = parse_completion(br#"{"model":"m","prompt":"x","best_of":0}"#).unwrap_err();
         assert_eq!(e.code, Some("invalid_value"));
+        let e = chat(r#","n":9"#).unwrap_err();
         assert_eq!(
-            chat(r#","n":3"#).unwrap_err().code,
-            Some("unsupported_parameter")
+            (e.param.as_deref(), e.code),
+            (Some("n"), Some("invalid_value"))
         );
+    }
+
+    #[test]
+    fn penalties_and_min_p_are_taken_and_range_checked() {
+        let p = chat(
+            r#","min_p":0.05,"presence_penalty":-2,"frequency_penalty":2,"repetition_penalty":1.3"#,
+        )
+        .unwrap();
+        let s = &p.sampling;
+        assert_eq!(
+            (
+                s.min_p,
+                s.presence_penalty,
+                s.frequency_penalty,
+                s.repetition_penalty
+            ),
+            (0.05, -2.0, 2.0, 1.3)
+        );
+        let d = chat("").unwrap().sampling;
+        assert_eq!(
+            (
+                d.min_p,
+                d.presence_penalty,
+                d.frequency_penalty,
+                d.repetition_penalty
+            ),
+            (0.0, 0.0, 0.0, 1.0)
+        );
+        for (extra, param) in [
+            (r#","min_p":1.5"#, "min_p"),
+            (r#","min_p":-0.1"#, "min_p"),
+            (r#","presence_penalty":2.5"#, "presence_penalty"),
+            (r#","frequency_penalty":-2.01"#, "frequency_penalty"),
+            (r#","frequency_penalty":"x""#, "frequency_penalty"),
+            (r#","repetition_penalty":0"#, "repetition_penalty"),
+            (r#","repetition_penalty":-1"#, "repetition_penalty"),
+            // Positive, but 0 once narrowed to f32; and just past f32's range.
+            (r#","repetition_penalty":1e-50"#, "repetition_penalty"),
+            (
+                r#","repetition_penalty":3.4028234663852894e38"#,
+                "repetition_penalty",
+            ),
+        ] {
+            let e = chat(extra).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{extra}: {}", e.message);
+            assert_eq!(e.code, Some("invalid_value"), "{extra}");
+            let body = format!(r#"{{"model":"m","prompt":"x"{extra}}}"#);
+            let e = parse_completion(body.as_bytes()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{extra}");
+        }
+    }
+
+    #[test]
+    fn n_and_logprobs_are_parsed_and_bounded() {
+        let p = chat(r#","n":8,"logprobs":true,"top_logprobs":20"#).unwrap();
+        assert_eq!((p.n, p.logprobs), (8, Some(20)));
+        assert_eq!(chat(r#","logprobs":true"#).unwrap().logprobs, Some(0));
+        let p = chat(r#","logprobs":false,"top_logprobs":0"#).unwrap();
+        assert_eq!((p.n, p.logprobs), (1, None));
+        for (extra, param) in [
+            (r#","logprobs":true,"top_logprobs":21"#, "top_logprobs"),
+            (r#","top_logprobs":3"#, "top_logprobs"),
+            (r#","logprobs":false,"top_logprobs":1"#, "top_logprobs"),
+            (r#","logprobs":1"#, "logprobs"),
+            (r#","n":"2""#, "n"),
+        ] {
+            let e = chat(extra).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{extra}: {}", e.message);
+            assert_eq!(e.code, Some("invalid_value"), "{extra}");
+        }
+        let c = |extra: &str| {
+            parse_completion(format!(r#"{{"model":"m","prompt":"x"{extra}}}"#).as_bytes())
+        };
+        let p = c(r#","n":3,"logprobs":5"#).unwrap();
+        assert_eq!((p.n, p.logprobs), (3, Some(5)));
+        assert_eq!(c(r#","logprobs":0"#).unwrap().logprobs, Some(0));
+        assert_eq!(c("").unwrap().logprobs, None);
+        for (extra, param) in [
+            (r#","logprobs":6"#, "logprobs"),
+            (r#","logprobs":true"#, "logprobs"),
+            (r#","n":9"#, "n"),
+        ] {
+            assert_eq!(
+                c(extra).unwrap_err().param.as_deref(),
+                Some(param),
+                "{extra}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_completion_prompt_is_a_string_or_token_ids() {
+        let prompt =
+            |p: &str| parse_completion(format!(r#"{{"model":"m","prompt":{p}}}"#).as_bytes());
+        assert_eq!(
+            prompt(r#""hi""#).unwrap().prompt,
+            Prompt::Text("hi".to_owned())
+        );
+        assert_eq!(
+            prompt("[1, 2.0, 3]").unwrap().prompt,
+            Prompt::Ids(vec![1, 2, 3])
+        );
+        assert_eq!(prompt("[]").unwrap().prompt, Prompt::Ids(Vec::new()));
+        for (p, code) in [
+            ("[1, -2]", "invalid_value"),
+            ("[4294967296]", "invalid_value"),
+            (r#"[1, "a"]"#, "invalid_value"),
+            ("7", "invalid_value"),
+            (r#"["a", "b"]"#, "unsupported_parameter"),
+            ("[[1, 2]]", "unsupported_parameter"),
+        ] {
+            let e = prompt(p).unwrap_err();
+            assert_eq!(
+                (e.param.as_deref(), e.code),
+                (Some("prompt"), Some(code)),
+                "{p}"
+            );
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use super::engine::{Engine, EngineFailure};
 use aubier_runtime::engine::Model;
 use aubier_runtime::error::EngineError;
-use aubier_runtime::generate::{generate, GenerateOutput, GenerateParams};
+use aubier_runtime::generate::{generate, GenerateOutput, GenerateParams, GeneratedToken};
 use aubier_runtime::session::{Session, SessionOptions};
 use aubier_runtime::store::expert_store::{StoreOptions, StoreReport};
 use aubier_runtime::text::grammar::Constraint;
@@ -52,7 +52,7 @@ impl Engine for RealEngine {
         prompt: &[u32],
         params: &GenerateParams,
         constraint: Option<&mut Constraint>,
-        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+        on_token: &mut dyn FnMut(&GeneratedToken) -> ControlFlow<()>,
     ) -> Result<GenerateOutput, EngineFailure> {
         Ok(generate(
             &mut self.session,

@@ -68,6 +68,11 @@ impl StopMatcher {
         }
     }
 
+    /// Whether text that may start a stop string is held back.
+    pub fn holds_back(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     /// Releases the held-back text at the end of generation (nothing after a stop).
     pub fn finish(&mut self) -> String {
         std::mem::take(&mut self.pending)
@@ -110,6 +115,15 @@ mod tests {
         }
         out.push(m.finish());
         (out, false)
+    }
+
+    #[test]
+    fn holds_back_only_while_a_stop_may_start() {
+        let mut m = StopMatcher::new(vec!["END".to_owned()]);
+        assert_eq!(m.push("xE").text, "x");
+        assert!(m.holds_back());
+        assert_eq!(m.push("x").text, "Ex");
+        assert!(!m.holds_back());
     }
 
     #[test]

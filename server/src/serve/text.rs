@@ -344,6 +344,18 @@ impl<'t> TextPipeline<'t> {
         self.stopped
     }
 
+    /// Whether any stage holds text back (an incomplete character, a possible `[THINK]` /
+    /// `[/THINK]` marker, a possible stop-string prefix): when it does not, everything pushed so
+    /// far has been released.
+    pub fn holds_back(&self) -> bool {
+        self.decoder.as_ref().is_some_and(StreamDecoder::holds_back)
+            || self
+                .reasoning
+                .as_ref()
+                .is_some_and(ReasoningSplitter::holds_back)
+            || self.stops.holds_back()
+    }
+
     /// Feeds one generated id; returns the released text and whether a stop string matched.
     pub fn push(&mut self, id: u32) -> (Delta, bool) {
         if self.stopped {

@@ -98,13 +98,22 @@ impl TestServer {
     }
 }
 
-/// Starts a server with `engine` and `limits`.
+/// Starts a server with `engine` and `limits` (the bundled model's tokenizer and template).
 pub async fn start(
     engine: Box<dyn Engine>,
     steps: Option<Arc<AtomicU64>>,
     limits: ServerLimits,
 ) -> TestServer {
-    let text = text_model();
+    start_with_text(engine, steps, limits, text_model()).await
+}
+
+/// Starts a server with `engine`, `limits` and the text side `text`.
+pub async fn start_with_text(
+    engine: Box<dyn Engine>,
+    steps: Option<Arc<AtomicU64>>,
+    limits: ServerLimits,
+    text: Arc<TextModel>,
+) -> TestServer {
     let metrics = Arc::new(Metrics::default());
     let handle = EngineHandle::spawn(engine, text.clone(), metrics.clone()).expect("engine thread");
     let state = Arc::new(AppState::new(limits, text, handle, metrics.clone()));
