@@ -1005,11 +1005,14 @@ async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<(String, String, Su
     ))
 }
 
+/// OpenAI's usage object; `prompt_tokens_details.cached_tokens` counts the prompt tokens the
+/// prompt cache reused (`--prompt-cache`), as OpenAI and llama.cpp's server report them.
 fn usage(s: &Summary) -> Value {
     json!({
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.ids.len(),
         "total_tokens": s.prompt_tokens + s.ids.len(),
+        "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
     })
 }
 
