@@ -162,7 +162,8 @@ impl Binding {
     /// Vulkan kernels, which compute a token's row by the same code whatever the run's length;
     /// false as soon as a step takes a `cpu` kernel, whose one-token runs take other kernels
     /// (the decode kernels; the oracle's dot instead of sgemm for the F32 products) and differ
-    /// in the last bits. `tests/prefix_cache.rs` checks all three on the bundled model. The
+    /// in the last bits. `tests/prefix_cache.rs` checks all three on the bundled model (Vulkan
+    /// on lavapipe, as CI runs it; a hardware GPU runs the same shaders, untested here). The
     /// prompt cache (`crate::session`) keeps only rows a cold prefill would write again.
     pub fn one_token_runs_match_prefill(&self) -> bool {
         self.steps
