@@ -3,12 +3,14 @@
 //! Anything that turns tokens into logits ([`Stepper`]) runs under it — the server's scripted fake
 //! engine too.
 //!
-//! Algorithm: reset the session (each request starts at position 0), prefill the whole prompt in one
-//! step (`step_last`: the last row of logits only, unless the prompt's logits are kept), sample
-//! from the last row (the sampler's history holds the prompt and the ids generated so far, for its
-//! penalties), then decode one token per `step`. When log-probabilities are asked for, each
-//! sampled token's are computed from the same raw row before the next step
-//! ([`crate::sampler::token_logprobs`]). After each sampled token the
+//! Algorithm: start the request ([`Stepper::start`]: a reset to position 0, or, with the session's
+//! prompt cache on, position `n` past the prefix the prompt shares with the cached request chain,
+//! whose logits are those of a cold run — `crate::session`), prefill the rest of the prompt in one
+//! step (`step_last`: the last row of logits only; the whole prompt from position 0 when its
+//! logits are kept), sample from the last row (the sampler's history holds the prompt and the ids
+//! generated so far, for its penalties), then decode one token per `step`. When
+//! log-probabilities are asked for, each sampled token's are computed from the same raw row before
+//! the next step ([`crate::sampler::token_logprobs`]). After each sampled token the
 //! caller's `on_token` decides whether to go on, so a vanished client or a matched stop string stops
 //! generation before the next step. EOS ends generation (unless `ignore_eos`) and is not reported.
 //! `prompt + max_tokens` is clamped to the session's KV capacity; hitting that clamp or `max_tokens`
@@ -29,6 +31,13 @@ use std::time::{Duration, Instant};
 pub trait Stepper {
     /// Starts a new request at position 0.
     fn reset(&mut self);
+    /// Starts a new request for `prompt` (non-empty): returns `n < prompt.len()`, the leading
+    /// prompt tokens already in the cache and kept there (the next step runs at position `n` on
+    /// `prompt[n..]`, with a cold run's logits). The default keeps none: [`Stepper::reset`].
+    fn start(&mut self, _prompt: &[u32]) -> usize {
+        self.reset();
+        0
+    }
     /// KV capacity in tokens.
     fn kv_max(&self) -> usize;
     /// Runs `tokens` at the next positions; returns `[T × n_vocab]` f32 logits, row-major.
@@ -50,6 +59,10 @@ pub trait Stepper {
 impl Stepper for Session {
     fn reset(&mut self) {
         Session::reset(self)
+    }
+
+    fn start(&mut self, prompt: &[u32]) -> usize {
+        Session::start_request(self, prompt)
     }
 
     fn kv_max(&self) -> usize {
@@ -113,7 +126,9 @@ pub struct GenerateOutput {
     pub ids: Vec<u32>,
     /// Why it ended.
     pub finish: FinishReason,
-    /// Prompt tokens ÷ prefill wall time (tok/s).
+    /// Leading prompt tokens whose cache rows were reused, not prefilled ([`Stepper::start`]).
+    pub cached_tokens: usize,
+    /// Prefilled prompt tokens (those not reused) ÷ prefill wall time (tok/s).
     pub prefill_tok_s: f64,
     /// Decoded tokens ÷ decode wall time (tok/s); 0 when fewer than 2 tokens were generated.
     pub decode_tok_s: f64,
@@ -167,7 +182,12 @@ pub fn generate(
         });
     }
     let mut sampler = Sampler::new(params.sampling.clone())?.with_prompt(prompt);
-    session.reset();
+    let cached = if params.keep_prompt_logits {
+        session.reset();
+        0
+    } else {
+        session.start(prompt)
+    };
     let budget = params.max_tokens.min(kv_max - prompt.len() + 1);
 
     let mut mask_wait = Duration::ZERO;
@@ -181,7 +201,7 @@ pub fn generate(
                 Some(logits),
             ))
         } else {
-            Ok((session.step_last(prompt)?, None))
+            Ok((session.step_last(&prompt[cached..])?, None))
         }
     })?;
     let prefill_s = t0.elapsed().as_secs_f64();
@@ -224,7 +244,8 @@ pub fn generate(
     let decode_s = t1.elapsed().as_secs_f64();
     let decoded = ids.len().saturating_sub(1);
     Ok(GenerateOutput {
-        prefill_tok_s: rate(prompt.len(), prefill_s),
+        cached_tokens: cached,
+        prefill_tok_s: rate(prompt.len() - cached, prefill_s),
         decode_tok_s: if decoded > 0 {
             rate(decoded, decode_s)
         } else {

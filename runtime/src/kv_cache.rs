@@ -4,10 +4,12 @@
 //! The values `V` are a view of the first `kv_lora_rank` columns, so nothing else is stored.
 //!
 //! A step writes rows `pos[0..T]` (the plan's `cache_write`) and reads rows `0..S`, `S = pos_last +
-//! 1`; every row below `S` was written by the current request, because positions restart at 0
-//! after [`LatentKvCache::reset`] and grow contiguously. `reset` also zeroes every row written
-//! since the previous reset, so no value of an earlier request survives in memory the engine
-//! reads.
+//! 1`; every row below `S` was written by the current request chain, because positions restart
+//! at 0 after [`LatentKvCache::reset`] (or at `n` after [`LatentKvCache::truncate`] to `n`: a
+//! request that reuses the first `n` rows of the previous one, `crate::session`'s prompt cache)
+//! and grow contiguously. Both zero every row past the kept ones written since the previous
+//! reset, so no value of an earlier request outside the kept prefix survives in memory the
+//! engine reads.
 
 /// Errors of [`LatentKvCache::new`].
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -101,11 +103,18 @@ impl LatentKvCache {
 
     /// Starts a new request: zeroes every row written since the last reset, in every layer.
     pub fn reset(&mut self) {
-        let n = self.high_water * self.width;
+        self.truncate(0);
+    }
+
+    /// Starts a new request that keeps rows `0..rows` (a prefix it shares with the previous
+    /// request chain): zeroes every later row written since the last reset, in every layer.
+    /// `rows ≥ n_ctx` keeps every row.
+    pub fn truncate(&mut self, rows: usize) {
+        let keep = rows.min(self.high_water);
         for l in &mut self.layers {
-            l[..n].fill(0.0);
+            l[keep * self.width..self.high_water * self.width].fill(0.0);
         }
-        self.high_water = 0;
+        self.high_water = keep;
     }
 }
 
@@ -128,6 +137,32 @@ mod tests {
         }
         assert_eq!(c.row(0, 8), None);
         assert_eq!(c.row(2, 0), None);
+    }
+
+    #[test]
+    fn truncate_keeps_the_prefix_and_clears_the_rest() {
+        let mut c = LatentKvCache::new(2, 8, 3).expect("cache");
+        for layer in 0..2 {
+            let p = c.layer_ptr(layer, 6).expect("layer");
+            // SAFETY: rows 0..6 of a [8 × 3] layer.
+            unsafe { std::slice::from_raw_parts_mut(p, 18) }.fill(2.5);
+        }
+        c.truncate(4);
+        for layer in 0..2 {
+            let l = c.layer(layer).expect("layer");
+            assert!(
+                l[..12].iter().all(|&v| v == 2.5),
+                "layer {layer}: kept rows"
+            );
+            assert!(
+                l[12..].iter().all(|&v| v == 0.0),
+                "layer {layer}: dropped rows"
+            );
+        }
+        c.truncate(9);
+        assert_eq!(c.row(1, 3), Some(&[2.5, 2.5, 2.5][..]));
+        c.reset();
+        assert!(c.layer(0).expect("layer").iter().all(|&v| v == 0.0));
     }
 
     #[test]

@@ -6,7 +6,22 @@
 //! A step of `T` tokens runs the plan at positions `position .. position + T` over
 //! `S = position + T` cached keys and returns one row of logits per token. Positions restart at 0
 //! after [`Session::reset`]; cache rows of earlier requests are zeroed, and a step never reads a
-//! row it did not write in the current request (rows `0..S` were all written since the reset).
+//! row it did not write in the current request chain (rows `0..S` were all written since the
+//! reset, by this request or by the prefix it kept).
+//!
+//! Prompt cache ([`Session::set_prompt_cache`], off by default; the server turns it on): the
+//! session remembers the ids of the chain, rows `0..position` (the previous request's prompt
+//! and the tokens stepped after it), and [`Session::start_request`] keeps the rows of the
+//! longest prefix a new prompt shares with them, as llama.cpp's server does with
+//! `cache_prompt`; the rows past it are zeroed and positions go on from there. Only rows whose
+//! bits a cold prefill of the new prompt would write again are kept, so the logits are those of
+//! a cold run, bit for bit: at most `prompt.len() − 1` tokens (one is stepped for the logits);
+//! on a binding whose one-token runs compute other bits than a run of several tokens
+//! ([`crate::backend::Binding::one_token_runs_match_prefill`]: the `cpu` backend), only rows
+//! written by runs of two or more tokens (prompt rows, not decoded ones), with at least two
+//! tokens left to step, and nothing with a pass size of 1 to 3 tokens ([`Session::set_ubatch`]),
+//! which can make lone-token runs of a prompt. On the `oracle` and `vulkan` backends decoded rows
+//! are kept too (the generated tokens a multi-turn prompt repeats).
 //!
 //! The steps run on the host executor (`oracle`, `cpu`: the latent cache in host memory) or on
 //! the device of a `vulkan` model ([`DeviceRun`]: the latent cache in device memory, the routed
@@ -17,6 +32,10 @@
 //! mapped file; after each step the routed ids of every layer go to the store, which counts the
 //! served fraction and rotates its fast slots; [`Session::reset`] resets it per its
 //! [`crate::store::expert_store::ResetMode`]. The logits never depend on where an expert lives.
+//! A request that keeps a cached prefix resets the store the same way; the prefix's routing,
+//! kept with its rows, goes to the policies before the first step's own tokens
+//! ([`ExpertStore::observe_after`]), so the placement follows a cold prefill's access sequence,
+//! while the counters count the tokens that were computed.
 
 use crate::backend::vulkan::exec::{f32s, DeviceRun, KernelTime};
 use crate::backend::ExecError;
@@ -66,6 +85,20 @@ pub struct Session {
     /// Per-token routing since the last [`Session::take_routing`], when recording.
     routing_log: Option<Vec<TokenRouting>>,
     store: ExpertStore,
+    /// Whether [`Session::start_request`] keeps a shared prefix.
+    prompt_cache: bool,
+    /// Whether a one-token run computes the bits of a longer run
+    /// ([`crate::backend::Binding::one_token_runs_match_prefill`]).
+    one_token_is_prefill: bool,
+    /// The ids at positions `0..position` (the request chain).
+    chain: Vec<u32>,
+    /// Per chain position: whether a one-token run wrote its row.
+    one_token_rows: Vec<bool>,
+    /// Per layer, the chain positions' routed ids (`[position × n_expert_used]`).
+    chain_routing: Vec<Vec<i32>>,
+    /// Whether the rows kept by the last [`Session::start_request`] still have to go to the
+    /// store's policies (with the next step).
+    prefix_unseen: bool,
 }
 
 /// What runs a session's steps.
@@ -171,6 +204,12 @@ impl Session {
         };
         Ok(Session {
             store,
+            prompt_cache: false,
+            one_token_is_prefill: model.binding().one_token_runs_match_prefill(),
+            chain: Vec::new(),
+            one_token_rows: Vec::new(),
+            chain_routing: vec![Vec::new(); router_outputs.len()],
+            prefix_unseen: false,
             runner,
             kv_max,
             position: 0,
@@ -373,7 +412,18 @@ impl Session {
         if last_only && keep.is_none() {
             logits.drain(..(t - 1) * n_vocab);
         }
-        self.store.observe(&self.router_ids, t)?;
+        let reused: &[Vec<i32>] = if self.prefix_unseen {
+            &self.chain_routing
+        } else {
+            &[]
+        };
+        self.store.observe_after(reused, &self.router_ids, t)?;
+        self.prefix_unseen = false;
+        self.chain.extend_from_slice(tokens);
+        self.one_token_rows.extend(std::iter::repeat_n(t == 1, t));
+        for (dst, ids) in self.chain_routing.iter_mut().zip(&self.router_ids) {
+            dst.extend_from_slice(ids);
+        }
         if let Some(log) = &mut self.routing_log {
             let k = self.model.config.n_expert_used;
             for (i, pos) in (self.position..end).enumerate() {
@@ -415,12 +465,63 @@ impl Session {
     /// expert store's request counters zeroed and, with `--reset exact`, its membership and
     /// policies back to the boot state (the time it took is in [`Session::store_report`]).
     pub fn reset(&mut self) {
-        self.position = 0;
+        self.restart(0);
+    }
+
+    /// Turns the prompt cache of [`Session::start_request`] on or off (off when the session
+    /// opens).
+    pub fn set_prompt_cache(&mut self, on: bool) {
+        self.prompt_cache = on;
+    }
+
+    /// Starts a new request for `prompt`: [`Session::reset`], except that with the prompt cache
+    /// on ([`Session::set_prompt_cache`]) the cache rows of the longest prefix `prompt` shares
+    /// with the request chain (the ids at positions `0..position`: the previous prompt and the
+    /// tokens stepped after it) are kept when a cold prefill of `prompt` would write the same
+    /// bits into them (the module note: at most `prompt.len() − 1` tokens; on a binding whose
+    /// one-token runs differ, only rows of longer runs and at least two tokens left). Returns
+    /// `n`, the prefix kept: the position is `n`, the next step takes `prompt[n..]`, and its
+    /// logits are those of a cold run of `prompt`, bit for bit. The store is reset as by
+    /// [`Session::reset`]; the kept rows' routing goes to its policies with the next step.
+    pub fn start_request(&mut self, prompt: &[u32]) -> usize {
+        let keep = self.reusable(prompt);
+        self.restart(keep);
+        keep
+    }
+
+    /// The prefix of `prompt` [`Session::start_request`] keeps.
+    fn reusable(&self, prompt: &[u32]) -> usize {
+        let lone_runs = (1..4).contains(&self.ubatch);
+        if !self.prompt_cache || (!self.one_token_is_prefill && lone_runs) {
+            return 0;
+        }
+        let shared = self
+            .chain
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let keep = shared.min(prompt.len().saturating_sub(1));
+        if self.one_token_is_prefill {
+            return keep;
+        }
+        let batched = self
+            .one_token_rows
+            .iter()
+            .position(|&one| one)
+            .unwrap_or(keep);
+        keep.min(batched).min(prompt.len().saturating_sub(2))
+    }
+
+    /// Keeps the first `keep` positions of the chain (cache rows, ids, routing) and drops the
+    /// rest; resets the router trace and the store.
+    fn restart(&mut self, keep: usize) {
+        self.position = keep;
         match &mut self.runner {
-            Runner::Host { cache, .. } => cache.reset(),
+            Runner::Host { cache, .. } => cache.truncate(keep),
             Runner::Device(run) => {
                 if let Some(dp) = self.model.device_plan() {
-                    if let Err(e) = run.reset(dp) {
+                    if let Err(e) = run.truncate(dp, keep) {
                         tracing::error!("zeroing the device's latent cache: {e}");
                     }
                 }
@@ -429,6 +530,13 @@ impl Session {
         for r in &mut self.router_ids {
             r.clear();
         }
+        let k = self.model.config.n_expert_used;
+        self.chain.truncate(keep);
+        self.one_token_rows.truncate(keep);
+        for r in &mut self.chain_routing {
+            r.truncate(keep * k);
+        }
+        self.prefix_unseen = keep > 0;
         if let Err(e) = self.store.reset() {
             tracing::error!("expert store reset: {e}");
         }
@@ -465,7 +573,8 @@ impl Session {
     }
 
     /// The routing recorded since recording started or since the last call, in step order (across
-    /// resets); empty when not recording.
+    /// resets); empty when not recording. Only computed tokens are recorded: the prefix a
+    /// request keeps ([`Session::start_request`]) was recorded when it was computed.
     pub fn take_routing(&mut self) -> Vec<TokenRouting> {
         self.routing_log
             .as_mut()

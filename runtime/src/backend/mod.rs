@@ -155,6 +155,23 @@ pub struct Binding {
     pub steps: Vec<BoundStep>,
 }
 
+impl Binding {
+    /// Whether a run of one token computes the same bits for it (its latent cache rows, its
+    /// logits, its routing) as a run of several tokens does, so that rows written by decode
+    /// steps are those a prefill would write. True for the cranelift kernels (`oracle`) and the
+    /// Vulkan kernels, which compute a token's row by the same code whatever the run's length;
+    /// false as soon as a step takes a `cpu` kernel, whose one-token runs take other kernels
+    /// (the decode kernels; the oracle's dot instead of sgemm for the F32 products) and differ
+    /// in the last bits. `tests/prefix_cache.rs` checks all three on the bundled model (Vulkan
+    /// on lavapipe, as CI runs it; a hardware GPU runs the same shaders, untested here). The
+    /// prompt cache (`crate::session`) keeps only rows a cold prefill would write again.
+    pub fn one_token_runs_match_prefill(&self) -> bool {
+        self.steps
+            .iter()
+            .all(|s| !matches!(s.kernel, HostKernel::Cpu(_)))
+    }
+}
+
 /// A backend refused a plan.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("backend `{backend}` cannot run step {step} (`{op}`): {reason}")]

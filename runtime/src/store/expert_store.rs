@@ -532,6 +532,25 @@ impl ExpertStore {
     /// refuses an access (an id routed twice in one token). On error the counters may be partly
     /// updated; the slots always equal the file's bytes.
     pub fn observe(&mut self, router_ids: &[Vec<i32>], t: usize) -> Result<(), StoreError> {
+        self.observe_after(&[], router_ids, t)
+    }
+
+    /// [`ExpertStore::observe`] of the first step of a request that reused the cached rows of
+    /// its first tokens (`crate::session`'s prompt cache): `reused[i]` is the `i`-th MoE layer's
+    /// routing of those tokens as they were computed (`[n × k]`, row-major; empty slices or no
+    /// layers for none). They count nothing — no step computed them — but their ids go to the
+    /// policies before the step's own tokens, so the policies see the access sequence of a cold
+    /// prefill of the whole prompt, and the step's slots count as hits against the placement
+    /// it computed with, as they would in a cold prefill run in one step.
+    ///
+    /// Errors: those of [`ExpertStore::observe`]; [`StoreError::Plan`] as well when a layer's
+    /// reused ids are not whole rows of `k`.
+    pub fn observe_after(
+        &mut self,
+        reused: &[Vec<i32>],
+        router_ids: &[Vec<i32>],
+        t: usize,
+    ) -> Result<(), StoreError> {
         if router_ids.len() != self.layers.len() {
             return Err(StoreError::Plan(format!(
                 "{} routing rows for {} MoE layers",
@@ -568,7 +587,17 @@ impl ExpertStore {
                 continue;
             };
             let k = ids.len() / t;
-            for row in ids.chunks_exact(k.max(1)) {
+            let earlier = reused.get(li).map_or(&[][..], Vec::as_slice);
+            if earlier.len() % k.max(1) != 0 {
+                return Err(StoreError::Plan(format!(
+                    "layer {layer}: {} reused routed ids are not rows of {k}",
+                    earlier.len()
+                )));
+            }
+            for row in earlier
+                .chunks_exact(k.max(1))
+                .chain(ids.chunks_exact(k.max(1)))
+            {
                 self.token_ids.clear();
                 self.token_ids.extend(row.iter().map(|&e| e as u32));
                 policy

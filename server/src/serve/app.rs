@@ -1094,14 +1094,18 @@ fn tool_call_deltas(pieces: &[ToolCallDelta]) -> Value {
         .collect()
 }
 
-/// The `usage` of a job: the prompt once, the completion tokens of every choice (OpenAI).
+/// The `usage` of a job: the prompt once, the completion tokens of every choice (OpenAI);
+/// `prompt_tokens_details.cached_tokens` counts the prompt tokens the prompt cache reused
+/// (`--prompt-cache`) for the first choice, as OpenAI and llama.cpp's server report them.
 fn usage(done: &[Summary]) -> Value {
     let prompt = done.first().map_or(0, |s| s.prompt_tokens);
+    let cached = done.first().map_or(0, |s| s.cached_tokens);
     let completion: usize = done.iter().map(|s| s.ids.len()).sum();
     json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
 }
 

@@ -154,6 +154,9 @@ pub struct Summary {
     pub ids: Vec<u32>,
     /// Prompt length, tokens.
     pub prompt_tokens: usize,
+    /// Leading prompt tokens reused from the engine's cache instead of prefilled (OpenAI's
+    /// `usage.prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: usize,
     /// Prefill rate, tok/s.
     pub prefill_tok_s: f64,
     /// Decode rate, tok/s.
@@ -443,6 +446,7 @@ fn run_choice(
                 finish,
                 ids: out.ids,
                 prompt_tokens: spec.prompt.len(),
+                cached_tokens: out.cached_tokens,
                 prefill_tok_s: out.prefill_tok_s,
                 decode_tok_s: out.decode_tok_s,
             }));

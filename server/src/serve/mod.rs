@@ -60,6 +60,15 @@ pub enum EngineKind {
     Fake,
 }
 
+/// `--prompt-cache`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PromptCache {
+    /// Reuse the cached prefix a prompt shares with the previous request's tokens.
+    On,
+    /// Prefill every prompt whole.
+    Off,
+}
+
 /// Arguments of `aubier serve`.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
@@ -125,6 +134,12 @@ pub struct ServeArgs {
     /// "fail_at_step".
     #[arg(long)]
     pub fake_script: Option<PathBuf>,
+    /// Reuse the latent KV rows of the prefix a prompt shares with the previous request's prompt
+    /// and generated tokens instead of prefilling it again (llama.cpp's `cache_prompt`; the
+    /// logits are a cold run's, bit for bit); reported as usage.prompt_tokens_details.
+    /// cached_tokens (real engine).
+    #[arg(long, value_enum, default_value_t = PromptCache::On)]
+    pub prompt_cache: PromptCache,
     /// The split expert store (real engine).
     #[command(flatten)]
     pub store: crate::run::StoreArgs,
@@ -255,8 +270,9 @@ fn load_engine(path: &Path, args: &ServeArgs) -> Result<Loaded, ServeError> {
                 .store
                 .options(backend)
                 .map_err(|e| load_err(crate::error_text::error_text(&e)))?;
-            let engine = real::RealEngine::open(model, kv_max, &store, args.backend.ubatch)
+            let mut engine = real::RealEngine::open(model, kv_max, &store, args.backend.ubatch)
                 .map_err(|e| load_err(e.to_string()))?;
+            engine.set_prompt_cache(args.prompt_cache == PromptCache::On);
             Ok((Arc::new(text), Box::new(engine), Some(backend.to_string())))
         }
         EngineKind::Fake => {
@@ -386,5 +402,35 @@ pub fn run(args: ServeArgs) -> ExitCode {
             eprintln!("aubier serve: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    #[test]
+    fn the_prompt_cache_is_on_unless_turned_off() {
+        let parse = |flags: &[&str]| {
+            Cli::try_parse_from(std::iter::once("serve").chain(flags.iter().copied()))
+                .map(|c| c.args.prompt_cache)
+        };
+        assert_eq!(parse(&[]).expect("defaults"), PromptCache::On);
+        assert_eq!(
+            parse(&["--prompt-cache", "off"]).expect("off"),
+            PromptCache::Off
+        );
+        assert_eq!(
+            parse(&["--prompt-cache", "on"]).expect("on"),
+            PromptCache::On
+        );
+        assert!(parse(&["--prompt-cache", "maybe"]).is_err());
     }
 }

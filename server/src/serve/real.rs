@@ -1,5 +1,8 @@
 //! `--engine real` (the default): the model's `Session` driven by
-//! `aubier_runtime::generate::generate`, the one decode loop `aubier run` uses too.
+//! `aubier_runtime::generate::generate`, the one decode loop `aubier run` uses too, with the
+//! session's prompt cache on unless `--prompt-cache off` (a request reuses the cached rows of the
+//! prefix its prompt shares with the previous request's tokens, with a cold run's logits:
+//! `aubier_runtime::session`).
 
 use super::engine::{Engine, EngineFailure};
 use aubier_runtime::engine::Model;
@@ -26,7 +29,8 @@ impl std::fmt::Debug for RealEngine {
 
 impl RealEngine {
     /// Opens a session of `kv_max` tokens on `model` with the expert store `store`, running
-    /// prompts in passes of at most `ubatch` tokens ([`Session::set_ubatch`]).
+    /// prompts in passes of at most `ubatch` tokens ([`Session::set_ubatch`]), its prompt cache
+    /// on ([`RealEngine::set_prompt_cache`]).
     ///
     /// Errors: the session's [`EngineError`] (e.g. a KV cache that cannot be allocated, a store
     /// that cannot be built).
@@ -38,7 +42,13 @@ impl RealEngine {
     ) -> Result<RealEngine, EngineError> {
         let mut session = Session::open_with_store(model, SessionOptions { kv_max }, store)?;
         session.set_ubatch(ubatch);
+        session.set_prompt_cache(true);
         Ok(RealEngine { session })
+    }
+
+    /// Turns the session's prompt cache on or off ([`Session::set_prompt_cache`]).
+    pub fn set_prompt_cache(&mut self, on: bool) {
+        self.session.set_prompt_cache(on);
     }
 }
 

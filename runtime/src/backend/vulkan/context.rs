@@ -841,14 +841,40 @@ impl Recorder<'_> {
     ///
     /// Errors: [`VulkanError::Invalid`] when the buffer belongs to another context.
     pub fn fill(&mut self, buffer: &Buffer, word: u32) -> Result<(), VulkanError> {
-        self.ctx.check_range(buffer, 0, 0)?;
+        self.fill_from(buffer, 0, word)
+    }
+
+    /// Records filling `buffer` from byte `offset` (a multiple of 4) to its end with the 4-byte
+    /// word `word`; nothing when `offset` is the buffer's size.
+    ///
+    /// Errors: [`VulkanError::Invalid`] when the buffer belongs to another context, or `offset`
+    /// is past its end or not a multiple of 4.
+    pub fn fill_from(
+        &mut self,
+        buffer: &Buffer,
+        offset: u64,
+        word: u32,
+    ) -> Result<(), VulkanError> {
+        self.ctx.check_range(buffer, offset, 0)?;
+        if !offset.is_multiple_of(4) {
+            return Err(VulkanError::Invalid(format!(
+                "a fill starts at byte {offset}, not a multiple of 4"
+            )));
+        }
+        if offset == buffer.size {
+            return Ok(());
+        }
         // SAFETY: the buffer belongs to this device (checked above) and has TRANSFER_DST usage;
-        // WHOLE_SIZE fills whole words from offset 0; `cmd` is recording.
+        // `offset` is a multiple of 4 below its size, WHOLE_SIZE fills whole words from there;
+        // `cmd` is recording.
         unsafe {
-            self.ctx
-                .shared
-                .device
-                .cmd_fill_buffer(self.cmd, buffer.buffer, 0, vk::WHOLE_SIZE, word)
+            self.ctx.shared.device.cmd_fill_buffer(
+                self.cmd,
+                buffer.buffer,
+                offset,
+                vk::WHOLE_SIZE,
+                word,
+            )
         };
         self.barrier();
         Ok(())

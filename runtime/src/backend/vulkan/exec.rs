@@ -443,9 +443,18 @@ impl DeviceRun {
     ///
     /// Errors: [`VulkanError::Vk`] when the submission fails.
     pub fn reset(&mut self, dp: &DevicePlan) -> Result<(), VulkanError> {
+        self.truncate(dp, 0)
+    }
+
+    /// Keeps rows `0..rows` of every layer of the latent cache and zeroes the others (a new
+    /// request reusing a prefix of the previous one); `rows ≥ capacity` keeps every row.
+    ///
+    /// Errors: [`VulkanError::Vk`] when the submission fails.
+    pub fn truncate(&mut self, dp: &DevicePlan, rows: usize) -> Result<(), VulkanError> {
+        let offset = (rows.min(self.capacity) * self.width * 4) as u64;
         dp.ctx.run(|r| {
             for c in &self.cache {
-                r.fill(c, 0)?;
+                r.fill_from(c, offset, 0)?;
             }
             Ok(())
         })
