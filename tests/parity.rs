@@ -75,8 +75,10 @@ fn greedy(file: &str, reference: &str) {
         eos_ids: vec![2],
         keep_prompt_logits: false,
     };
-    let out =
-        generate(&mut s, &prefix, &params, &mut |_| ControlFlow::Continue(())).expect("generate");
+    let out = generate(&mut s, &prefix, &params, None, &mut |_| {
+        ControlFlow::Continue(())
+    })
+    .expect("generate");
     assert_eq!(
         out.ids, expected,
         "{file}: greedy continuation differs from {reference}"

@@ -129,8 +129,10 @@ fn check_greedy(f: &Fixture, max_delta: f32) {
         keep_prompt_logits: false,
     };
     let mut s = session(f.file);
-    let out =
-        generate(&mut s, &prefix, &params, &mut |_| ControlFlow::Continue(())).expect("generate");
+    let out = generate(&mut s, &prefix, &params, None, &mut |_| {
+        ControlFlow::Continue(())
+    })
+    .expect("generate");
     let must = margins
         .iter()
         .position(|&m| m < f64::from(max_delta))

@@ -115,8 +115,10 @@ fn check_greedy(model: Arc<Model>, file: &str, reference: &str, what: &str) {
         keep_prompt_logits: false,
     };
     let mut s = session(model);
-    let out =
-        generate(&mut s, &prefix, &params, &mut |_| ControlFlow::Continue(())).expect("generate");
+    let out = generate(&mut s, &prefix, &params, None, &mut |_| {
+        ControlFlow::Continue(())
+    })
+    .expect("generate");
     assert_eq!(out.ids, expected, "{file} ({what}): greedy chain");
 }
 
@@ -164,9 +166,15 @@ fn vulkan_greedy_ids_equal_the_oracles_on_the_bundled_model() {
         let m = Model::load_with(&model_path(file), kind).expect("model");
         let mut s = session(m);
         let go = |s: &mut Session| {
-            generate(s, &prompt, &params, &mut |_| ControlFlow::Continue(()))
-                .expect("generate")
-                .ids
+            generate(
+                s,
+                &prompt,
+                &params,
+                None,
+                &mut |_| ControlFlow::Continue(()),
+            )
+            .expect("generate")
+            .ids
         };
         let first = go(&mut s);
         if let Some((runs, recordings)) = s.device_submissions() {
