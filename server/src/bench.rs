@@ -24,6 +24,16 @@
 //!    by its first weight (weightless steps to the component of the step before them); reported
 //!    as ms per prefill and ms per decoded token. The prefill runs the output head for the last
 //!    position only (`Session::step_last`), as llama.cpp does.
+//! 6. The cost of constrained decoding (`--json-schema FILE`: a `response_format` json_schema;
+//!    `--tools FILE`: an OpenAI `tools` array, `tool_choice: required`, parallel calls): after the
+//!    reps above, as many pairs of reps: one with the grammar's [`Constraint`], greedy, ending at
+//!    EOS (the grammar's end) or `--n-gen`, then one without, greedy, `ignore_eos`, as many
+//!    tokens (pairs, so that the load of a shared machine weighs on both alike). Reported: the
+//!    time to build the [`GrammarCompiler`] and to compile the grammar; every mask's compute time
+//!    (`Constraint::mask_times`, median and p99); the time the loop waited for a mask after its
+//!    step had ended (`GenerateOutput::mask_wait`, the part not hidden behind the step) per
+//!    token; decode ms/token with and without the constraint (medians over the pairs) and the
+//!    median of the pairs' ratios.
 
 use crate::run::{BackendArgs, Loaded, PromptArgs, StoreArgs};
 use anyhow::{bail, Context};
@@ -34,13 +44,17 @@ use aubier_runtime::executor::StepTime;
 use aubier_runtime::generate::{generate, GenerateParams};
 use aubier_runtime::sampler::SamplingParams;
 use aubier_runtime::session::{Session, SessionOptions};
+use aubier_runtime::text::grammar::{
+    Constraint, ContentFormat, GrammarCompiler, GrammarSpec, ToolChoice, ToolSpec, ToolsSpec,
+};
+use aubier_runtime::text::tokenizer::Tokenizer;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::io::IsTerminal;
 use std::ops::ControlFlow;
-use std::path::PathBuf;
-use std::time::Instant;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// The default prompt text (`server/data/alice.txt`, see its README), in the binary so that
 /// `aubier bench` does not depend on the source tree it was built from.
@@ -69,6 +83,14 @@ pub struct BenchArgs {
     /// Print one JSON object instead of text (and no progress bar).
     #[arg(long)]
     pub json: bool,
+    /// Also measure constrained decoding to JSON valid against this JSON schema file (method
+    /// step 6).
+    #[arg(long, conflicts_with = "tools")]
+    pub json_schema: Option<PathBuf>,
+    /// Also measure constrained decoding to calls of these tools (a JSON file holding an OpenAI
+    /// `tools` array; `tool_choice: required`, parallel calls; method step 6).
+    #[arg(long)]
+    pub tools: Option<PathBuf>,
     /// The split expert store, as for `aubier run`.
     #[command(flatten)]
     pub store: StoreArgs,
@@ -303,6 +325,38 @@ pub struct BenchReport {
     /// The `vulkan` backend's GPU time per kernel from timestamp queries, most decode time
     /// first: name, ms per prefill, ms per decoded token, launches (empty for a host backend).
     pub gpu_kernels: Vec<(String, f64, f64, u64)>,
+    /// The cost of constrained decoding, with `--json-schema` or `--tools` (method step 6).
+    pub grammar: Option<GrammarReport>,
+}
+
+/// What constrained decoding cost (method step 6).
+#[derive(Debug, Serialize)]
+pub struct GrammarReport {
+    /// `json_schema FILE` or `tools FILE`.
+    pub grammar: String,
+    /// Building the [`GrammarCompiler`] over the vocabulary (once per server), ms.
+    pub compiler_build_ms: f64,
+    /// Compiling the grammar (once per request), ms, over the reps.
+    pub compile_ms: Spread,
+    /// Tokens generated under the constraint, all reps.
+    pub tokens: usize,
+    /// Masks computed, all reps (one per sampled token).
+    pub masks: usize,
+    /// Mask compute time, median over all masks, ms.
+    pub mask_ms_median: f64,
+    /// Mask compute time, 99th percentile, ms.
+    pub mask_ms_p99: f64,
+    /// Mask compute time, largest, ms.
+    pub mask_ms_max: f64,
+    /// Decode ms per token without a constraint (median over the pairs).
+    pub step_ms: f64,
+    /// Decode ms per token with the constraint (median over the pairs).
+    pub constrained_step_ms: f64,
+    /// Constrained ÷ unconstrained decode ms per token, median over the pairs.
+    pub slowdown: f64,
+    /// Waiting for the mask after the step had ended, ms per generated token (the part of the
+    /// mask not hidden behind the step).
+    pub exposed_ms_per_token: f64,
 }
 
 /// Runs `aubier bench`.
@@ -324,7 +378,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         None => BUNDLED_TEXT.to_owned(),
     };
     let backend = args.backend.kind()?;
-    let Loaded { model, prompt, .. } = PromptArgs {
+    let grammar = grammar_spec(args.json_schema.as_deref(), args.tools.as_deref())?;
+    let Loaded {
+        model,
+        prompt,
+        tokenizer,
+    } = PromptArgs {
         model: args.model.clone(),
         prompt_ids: None,
         prompt: Some(text),
@@ -428,7 +487,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         })
         .collect();
     gpu_kernels.sort_by(|a, b| b.2.total_cmp(&a.2));
-    let report = BenchReport {
+    let mut report = BenchReport {
+        grammar: None,
         device: model
             .device_plan()
             .map(|dp| dp.context().info().name.clone()),
@@ -451,12 +511,152 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         isa: aubier_runtime::backend::cpu::isa().to_string(),
         served_fraction: session.store_report().served_fraction,
     };
+    if let Some((name, spec)) = grammar {
+        let tokenizer = tokenizer.context("the model file has no tokenizer for the grammar")?;
+        let run = GrammarRun {
+            session: &mut session,
+            prompt: &prompt,
+            tokenizer: &tokenizer,
+            n_gen: args.n_gen,
+            reps: args.reps,
+        };
+        report.grammar = Some(run.measure(name, &spec)?);
+    }
     if args.json {
         outln!("{}", serde_json::to_string(&report)?);
     } else {
         print_text(&report)?;
     }
     Ok(())
+}
+
+/// The grammar of `--json-schema` / `--tools`, with its name for the report.
+fn grammar_spec(
+    json_schema: Option<&Path>,
+    tools: Option<&Path>,
+) -> anyhow::Result<Option<(String, GrammarSpec)>> {
+    let read = |path: &Path| -> anyhow::Result<serde_json::Value> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    };
+    if let Some(path) = json_schema {
+        let spec = GrammarSpec {
+            reasoning: false,
+            content: ContentFormat::JsonSchema(read(path)?),
+            tools: None,
+        };
+        return Ok(Some((format!("json_schema {}", path.display()), spec)));
+    }
+    let Some(path) = tools else {
+        return Ok(None);
+    };
+    let list = read(path)?;
+    let tools = list
+        .as_array()
+        .with_context(|| format!("{}: not a JSON array of tools", path.display()))?
+        .iter()
+        .map(|t| {
+            let f = &t["function"];
+            Ok(ToolSpec {
+                name: f["name"]
+                    .as_str()
+                    .with_context(|| format!("{}: a tool without function.name", path.display()))?
+                    .to_owned(),
+                parameters: f.get("parameters").cloned(),
+                strict: f["strict"].as_bool().unwrap_or(false),
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let spec = GrammarSpec {
+        reasoning: false,
+        content: ContentFormat::Text,
+        tools: Some(ToolsSpec {
+            tools,
+            choice: ToolChoice::Required,
+            parallel: true,
+        }),
+    };
+    Ok(Some((format!("tools {}", path.display()), spec)))
+}
+
+/// The constrained reps of method step 6.
+struct GrammarRun<'a> {
+    session: &'a mut Session,
+    prompt: &'a [u32],
+    tokenizer: &'a Tokenizer,
+    n_gen: usize,
+    reps: usize,
+}
+
+impl GrammarRun<'_> {
+    /// Runs the pairs of reps under `spec` (method step 6).
+    fn measure(self, name: String, spec: &GrammarSpec) -> anyhow::Result<GrammarReport> {
+        let t = Instant::now();
+        let compiler = GrammarCompiler::new(self.tokenizer)?;
+        let compiler_build_ms = ms(t.elapsed());
+        let params = GenerateParams {
+            max_tokens: self.n_gen,
+            sampling: SamplingParams::default(),
+            ignore_eos: false,
+            eos_ids: vec![self.tokenizer.eos_id()],
+            keep_prompt_logits: false,
+        };
+        let (mut compile, mut masks) = (Vec::new(), Vec::new());
+        let (mut with, mut without, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut tokens, mut wait) = (0, Duration::ZERO);
+        let per_token = |tok_s: f64| if tok_s > 0.0 { 1e3 / tok_s } else { 0.0 };
+        for _ in 0..self.reps {
+            let t = Instant::now();
+            let mut c: Constraint = compiler.compile(spec)?;
+            compile.push(ms(t.elapsed()));
+            let out = generate(
+                self.session,
+                self.prompt,
+                &params,
+                Some(&mut c),
+                &mut |_| ControlFlow::Continue(()),
+            )?;
+            tokens += out.ids.len();
+            wait += out.mask_wait;
+            masks.extend(c.mask_times().iter().map(|d| ms(*d)));
+            let free = GenerateParams {
+                max_tokens: out.ids.len().max(2),
+                ignore_eos: true,
+                ..params.clone()
+            };
+            let base = generate(self.session, self.prompt, &free, None, &mut |_| {
+                ControlFlow::Continue(())
+            })?;
+            let (a, b) = (per_token(out.decode_tok_s), per_token(base.decode_tok_s));
+            with.push(a);
+            without.push(b);
+            ratio.push(if b > 0.0 { a / b } else { 0.0 });
+        }
+        masks.sort_by(f64::total_cmp);
+        let pct = |q: f64| {
+            let i = ((q * masks.len() as f64).ceil() as usize).clamp(1, masks.len().max(1));
+            masks.get(i - 1).copied().unwrap_or(0.0)
+        };
+        Ok(GrammarReport {
+            grammar: name,
+            compiler_build_ms,
+            compile_ms: Spread::of(&compile),
+            tokens,
+            masks: masks.len(),
+            mask_ms_median: Spread::of(&masks).median,
+            mask_ms_p99: pct(0.99),
+            mask_ms_max: masks.last().copied().unwrap_or(0.0),
+            step_ms: Spread::of(&without).median,
+            constrained_step_ms: Spread::of(&with).median,
+            slowdown: Spread::of(&ratio).median,
+            exposed_ms_per_token: ms(wait) / tokens.max(1) as f64,
+        })
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 /// `prompt` (BOS first when `bos`) with its text tokens repeated, or cut, to `n` tokens.
@@ -528,6 +728,23 @@ fn print_text(r: &BenchReport) -> anyhow::Result<()> {
         print_host_times(r)?;
     }
     outln!("served fraction {:.4} (last rep)", r.served_fraction);
+    if let Some(g) = &r.grammar {
+        outln!(
+            "grammar {}: compiler {:.1} ms, compile {:.2} ms; {} tokens, {} masks: mask {:.3} ms median, {:.3} ms p99, {:.3} ms max; decode {:.2} ms/token unconstrained, {:.2} constrained (pairs' ratio {:.3}); mask wait {:.3} ms/token not hidden",
+            g.grammar,
+            g.compiler_build_ms,
+            g.compile_ms.median,
+            g.tokens,
+            g.masks,
+            g.mask_ms_median,
+            g.mask_ms_p99,
+            g.mask_ms_max,
+            g.step_ms,
+            g.constrained_step_ms,
+            g.slowdown,
+            g.exposed_ms_per_token
+        );
+    }
     if let Some(device) = &r.device {
         let kernels: Vec<String> = r
             .gpu_kernels
@@ -590,5 +807,43 @@ mod tests {
         assert_eq!(fit_prompt(&[1, 7, 8, 9], 2, true).unwrap(), [1, 7]);
         assert_eq!(fit_prompt(&[7, 8], 3, false).unwrap(), [7, 8, 7]);
         assert!(fit_prompt(&[1], 3, true).is_err());
+    }
+
+    /// The bundled grammar inputs of the benchmark parse and compile over the bundled model's
+    /// tokenizer.
+    #[test]
+    fn bundled_grammar_inputs_compile() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let file =
+            aubier_runtime::gguf::GgufFile::open(root.join("../models/ms4-tiny256-q2k.gguf"))
+                .expect("bundled model");
+        let compiler = GrammarCompiler::new(&Tokenizer::from_gguf(&file).expect("tokenizer"))
+            .expect("compiler");
+        let data = root.join("data/grammar");
+        let schema = data.join("order.schema.json");
+        let tools = data.join("tools.json");
+        for (s, t) in [
+            (Some(schema.as_path()), None),
+            (None, Some(tools.as_path())),
+        ] {
+            let (name, spec) = grammar_spec(s, t).expect("read").expect("a grammar");
+            compiler
+                .compile(&spec)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        let (_, spec) = grammar_spec(None, Some(&tools)).unwrap().unwrap();
+        let names: Vec<String> = spec
+            .tools
+            .unwrap()
+            .tools
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        assert_eq!(
+            names,
+            ["get_weather", "search_web", "send_email", "create_event"]
+        );
+        assert!(grammar_spec(None, None).unwrap().is_none());
+        assert!(grammar_spec(Some(&data.join("missing.json")), None).is_err());
     }
 }

@@ -47,7 +47,7 @@ use toktrie::{ApproximateTokEnv, SimpleVob, TokRxInfo, TokTrie};
 /// Builds [`Constraint`]s for one tokenizer.
 ///
 /// Built once per tokenizer (server boot: a trie over the vocabulary and llguidance's token
-/// slices, some 100 ms for 131072 ids); cheap to clone, `Send + Sync`.
+/// slices; docs/BENCHMARKS.md has the time); cheap to clone, `Send + Sync`.
 #[derive(Clone)]
 pub struct GrammarCompiler {
     factory: Arc<ParserFactory>,
@@ -100,7 +100,8 @@ pub enum ContentFormat {
 /// The tools a request offers (OpenAI `tools`, `tool_choice`, `parallel_tool_calls`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolsSpec {
-    /// The function tools, in request order (errors name them `tools[i]` by this index).
+    /// The function tools, in request order (errors name them `tools[i]` by this index). Empty
+    /// with `Auto`: content alone; empty with `Required` or `Function`: an error.
     pub tools: Vec<ToolSpec>,
     /// Whether and which tool must be called.
     pub choice: ToolChoice,
