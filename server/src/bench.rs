@@ -601,6 +601,7 @@ impl GrammarRun<'_> {
             ignore_eos: false,
             eos_ids: vec![self.tokenizer.eos_id()],
             keep_prompt_logits: false,
+            logprobs: None,
         };
         let (mut compile, mut masks) = (Vec::new(), Vec::new());
         let (mut with, mut without, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
