@@ -2,7 +2,8 @@
 //! field, rates and times are positive, the weight bytes per decoded token equal a sum taken
 //! straight from the GGUF tensor table (every tensor in full, but `token_embd` one row and the
 //! `*_exps` tensors n_expert_used / n_expert of their bytes), the per-component times add up to
-//! their totals, and the default kernels are `q8x2`.
+//! their totals, and the default kernels are `q8x2`; with `--tools` the report has the grammar
+//! section.
 
 use aubier_runtime::gguf::GgufFile;
 use aubier_tests::models_dir;
@@ -22,6 +23,10 @@ fn json_report_on_the_bundled_model() {
     assert_eq!(v["n_prompt"], 40);
     assert_eq!(v["n_gen"], 6);
     assert_eq!(v["reps"], 3);
+    assert!(
+        v["grammar"].is_null(),
+        "no grammar without --json-schema / --tools"
+    );
     for k in ["prefill_tok_s", "decode_tok_s", "ttft_ms"] {
         let s = &v[k];
         let (lo, med, hi) = (
@@ -109,4 +114,49 @@ fn bad_sizes_are_errors() {
         assert!(!o.status.success());
         assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"));
     }
+}
+
+/// `--tools`: the grammar section counts one mask per sampled token (and one for the EOS that
+/// ends the calls), every figure is positive and ordered, and the run without a grammar has none.
+#[test]
+fn grammar_report_with_tools() {
+    let model = models_dir().join("ms4-tiny256-q2k.gguf");
+    let tools = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/grammar/tools.json");
+    let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
+        .args(["bench", "--model"])
+        .arg(&model)
+        .args([
+            "--n-prompt",
+            "8",
+            "--n-gen",
+            "200",
+            "--reps",
+            "2",
+            "--json",
+            "--tools",
+        ])
+        .arg(&tools)
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    let g = &v["grammar"];
+    let (tokens, masks) = (g["tokens"].as_u64().unwrap(), g["masks"].as_u64().unwrap());
+    assert!(tokens > 0 && (tokens..=tokens + 2).contains(&masks), "{g}");
+    let f = |k: &str| g[k].as_f64().unwrap();
+    assert!(
+        0.0 < f("mask_ms_median") && f("mask_ms_median") <= f("mask_ms_p99"),
+        "{g}"
+    );
+    assert!(f("mask_ms_p99") <= f("mask_ms_max"), "{g}");
+    for k in [
+        "compiler_build_ms",
+        "step_ms",
+        "constrained_step_ms",
+        "slowdown",
+    ] {
+        assert!(f(k) > 0.0, "{k}: {g}");
+    }
+    assert!(f("exposed_ms_per_token") >= 0.0);
+    assert!(g["grammar"].as_str().unwrap().starts_with("tools "));
 }
