@@ -24,18 +24,6 @@ async fn server(prompt_cache: bool) -> TestServer {
     start(Box::new(engine), None, limits()).await
 }
 
-/// POSTs `body` to `path`: the response JSON (status 200).
-async fn post(srv: &TestServer, path: &str, body: &Value) -> Value {
-    let resp = raw_request(srv.addr, "POST", path, body.to_string().as_bytes()).await;
-    assert_eq!(
-        resp.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&resp.body())
-    );
-    resp.json()
-}
-
 /// The usage's `(prompt_tokens, cached_tokens)`.
 fn cached(usage: &Value) -> (u64, u64) {
     let prompt = usage["prompt_tokens"].as_u64().expect("prompt_tokens");
@@ -81,7 +69,7 @@ async fn conversation(prompt_cache: bool) -> Vec<(String, (u64, u64))> {
     let first = json!({
         "model": MODEL_ID, "messages": [user], "max_tokens": 12, "temperature": 0,
     });
-    let v = post(&srv, "/v1/chat/completions", &first).await;
+    let v = post_json(&srv, "/v1/chat/completions", &first).await;
     let reply = v["choices"][0]["message"]["content"]
         .as_str()
         .expect("content")
@@ -97,7 +85,7 @@ async fn conversation(prompt_cache: bool) -> Vec<(String, (u64, u64))> {
         "max_tokens": 12,
         "temperature": 0,
     });
-    let v = post(&srv, "/v1/chat/completions", &second).await;
+    let v = post_json(&srv, "/v1/chat/completions", &second).await;
     let text = v["choices"][0]["message"]["content"]
         .as_str()
         .expect("content");
@@ -109,7 +97,7 @@ async fn conversation(prompt_cache: bool) -> Vec<(String, (u64, u64))> {
         "The old lighthouse",
         "The old lighthouse stood on the cliff",
     ] {
-        let v = post(&srv, "/v1/completions", &completion(prompt)).await;
+        let v = post_json(&srv, "/v1/completions", &completion(prompt)).await;
         let text = v["choices"][0]["text"].as_str().expect("text");
         out.push((text.to_owned(), cached(&v["usage"])));
     }

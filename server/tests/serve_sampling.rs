@@ -29,17 +29,6 @@ use serve_common::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-async fn post(srv: &TestServer, path: &str, body: &Value) -> Value {
-    let resp = raw_request(srv.addr, "POST", path, body.to_string().as_bytes()).await;
-    assert_eq!(
-        resp.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&resp.body())
-    );
-    resp.json()
-}
-
 async fn post_error(srv: &TestServer, path: &str, body: &Value) -> (u16, Value) {
     let resp = raw_request(srv.addr, "POST", path, body.to_string().as_bytes()).await;
     (resp.status, resp.json())
@@ -95,7 +84,7 @@ async fn n_choices_are_indexed_streamed_one_after_the_other_and_usage_counts_the
     let per_choice = ids.len() as u64;
     let srv = start_fake(script(ids), 4096, limits()).await;
 
-    let v = post(&srv, "/v1/chat/completions", &chat(json!({"n": 3}))).await;
+    let v = post_json(&srv, "/v1/chat/completions", &chat(json!({"n": 3}))).await;
     let choices = v["choices"].as_array().expect("choices");
     assert_eq!(choices.len(), 3);
     for (i, c) in choices.iter().enumerate() {
@@ -143,7 +132,7 @@ async fn n_choices_are_indexed_streamed_one_after_the_other_and_usage_counts_the
     assert_eq!(last["usage"]["completion_tokens"], 3 * per_choice);
     assert_eq!(last["usage"]["prompt_tokens"], prompt_tokens);
 
-    let v = post(
+    let v = post_json(
         &srv,
         "/v1/completions",
         &completion(json!("x"), json!({"n": 2})),
@@ -215,7 +204,7 @@ async fn chat_logprobs_give_one_entry_per_token_no_earlier_than_its_text() {
     let text = "aé€ b Hello world!".to_owned();
     let srv = start_fake(script(ids.clone()), 4096, limits()).await;
     let body = chat(json!({"logprobs": true, "top_logprobs": 2, "stop": ["€x", "ldX"]}));
-    let v = post(&srv, "/v1/chat/completions", &body).await;
+    let v = post_json(&srv, "/v1/chat/completions", &body).await;
     let choice = &v["choices"][0];
     assert_eq!(choice["message"]["content"], text);
     assert_eq!(choice["logprobs"]["refusal"], Value::Null);
@@ -256,7 +245,7 @@ async fn chat_logprobs_give_one_entry_per_token_no_earlier_than_its_text() {
     );
 
     // Without logprobs, none are computed or sent.
-    let v = post(&srv, "/v1/chat/completions", &chat(json!({}))).await;
+    let v = post_json(&srv, "/v1/chat/completions", &chat(json!({}))).await;
     assert_eq!(v["choices"][0]["logprobs"], Value::Null);
     srv.stop().await;
 }
@@ -266,7 +255,7 @@ async fn a_stop_string_cuts_the_text_not_the_entries() {
     let ids = byte_ids("abc STOP def");
     let srv = start_fake(script(ids), 4096, limits()).await;
     let body = completion(json!("x"), json!({"logprobs": 0, "stop": "STOP"}));
-    let v = post(&srv, "/v1/completions", &body).await;
+    let v = post_json(&srv, "/v1/completions", &body).await;
     let c = &v["choices"][0];
     assert_eq!(c["text"], "abc ");
     // Every generated token through the one completing the stop, as usage counts them.
@@ -302,7 +291,7 @@ async fn a_stop_string_cuts_the_text_not_the_entries() {
 async fn completion_logprobs_have_the_legacy_shape_and_offsets() {
     let srv = start_fake(script(byte_ids("aé b")), 4096, limits()).await;
     for k in [0, 1, 5] {
-        let v = post(
+        let v = post_json(
             &srv,
             "/v1/completions",
             &completion(json!("x"), json!({"logprobs": k})),
@@ -347,7 +336,7 @@ async fn completion_logprobs_have_the_legacy_shape_and_offsets() {
 #[tokio::test]
 async fn a_completion_prompt_may_be_token_ids_below_the_vocabulary_size() {
     let srv = start_fake(script(byte_ids("ok")), 64, limits()).await;
-    let v = post(
+    let v = post_json(
         &srv,
         "/v1/completions",
         &completion(json!([1, 1784, 3992]), json!({})),
@@ -533,7 +522,7 @@ async fn on_the_real_engine_choices_differ_and_choice_i_is_seeded_seed_plus_i() 
             .map(|e| e["bytes"].clone())
             .collect()
     };
-    let v = post(&srv, "/v1/chat/completions", &ask(4, 11)).await;
+    let v = post_json(&srv, "/v1/chat/completions", &ask(4, 11)).await;
     let choices: Vec<Vec<Value>> = v["choices"]
         .as_array()
         .expect("choices")
@@ -547,13 +536,13 @@ async fn on_the_real_engine_choices_differ_and_choice_i_is_seeded_seed_plus_i() 
             assert_ne!(choices[i], choices[j], "choices {i} and {j} are the same");
         }
     }
-    let alone = post(&srv, "/v1/chat/completions", &ask(1, 13)).await;
+    let alone = post_json(&srv, "/v1/chat/completions", &ask(1, 13)).await;
     assert_eq!(
         tokens(&alone["choices"][0]),
         choices[2],
         "choice 2 of seed 11 is seed 13"
     );
-    let again = post(&srv, "/v1/chat/completions", &ask(4, 11)).await;
+    let again = post_json(&srv, "/v1/chat/completions", &ask(4, 11)).await;
     assert_eq!(again["choices"], v["choices"], "seeded choices repeat");
     srv.stop().await;
 }
@@ -563,7 +552,7 @@ async fn logprobs_are_the_raw_distribution_whatever_the_sampling() {
     let srv = real_server(&bundled_model(), BackendKind::default()).await;
     let prompt = json!([1, 1784, 3992, 1295, 2227]);
     let first = |v: &Value| v["choices"][0]["logprobs"]["top_logprobs"][0].clone();
-    let greedy = post(
+    let greedy = post_json(
         &srv,
         "/v1/completions",
         &completion(
@@ -590,7 +579,7 @@ async fn logprobs_are_the_raw_distribution_whatever_the_sampling() {
         let mut e = extra.clone();
         e["max_tokens"] = json!(1);
         e["logprobs"] = json!(5);
-        let v = post(&srv, "/v1/completions", &completion(prompt.clone(), e)).await;
+        let v = post_json(&srv, "/v1/completions", &completion(prompt.clone(), e)).await;
         let got = first(&v);
         // The sampled token may differ (then it joins the map); the top five are the same.
         let m = got.as_object().expect("map");
@@ -604,8 +593,8 @@ async fn logprobs_are_the_raw_distribution_whatever_the_sampling() {
             json!({"max_tokens": 1, "logprobs": true, "top_logprobs": 20, "temperature": t, "seed": 9}),
         )
     };
-    let a = post(&srv, "/v1/chat/completions", &at(0.0)).await;
-    let b = post(&srv, "/v1/chat/completions", &at(1.5)).await;
+    let a = post_json(&srv, "/v1/chat/completions", &at(0.0)).await;
+    let b = post_json(&srv, "/v1/chat/completions", &at(1.5)).await;
     let top20 = |v: &Value| v["choices"][0]["logprobs"]["content"][0]["top_logprobs"].clone();
     assert_eq!(top20(&a).as_array().expect("top").len(), 20);
     assert_eq!(top20(&a), top20(&b));
@@ -704,7 +693,7 @@ async fn oracle_logprobs_of_token_id_prompts_match_the_llamacpp_references() {
             json!(&r.ids[..p]),
             json!({"max_tokens": 1, "temperature": 0, "logprobs": 5}),
         );
-        let v = post(&srv, "/v1/completions", &body).await;
+        let v = post_json(&srv, "/v1/completions", &body).await;
         let (token, logprob, map) = one(&v);
         let top1 = r.top[p - 1][0].0;
         assert_eq!(
@@ -728,7 +717,7 @@ async fn oracle_logprobs_of_token_id_prompts_match_the_llamacpp_references() {
         json!(prefix),
         json!({"max_tokens": expected.len(), "temperature": 0, "logprobs": 2}),
     );
-    let v = post(&srv, "/v1/completions", &body).await;
+    let v = post_json(&srv, "/v1/completions", &body).await;
     let lp = &v["choices"][0]["logprobs"];
     let tokens: Vec<String> = expected
         .iter()

@@ -191,6 +191,18 @@ impl RawResponse {
     }
 }
 
+/// POSTs the JSON `body` to `path` and returns the response JSON, asserting status 200.
+pub async fn post_json(srv: &TestServer, path: &str, body: &Value) -> Value {
+    let resp = raw_request(srv.addr, "POST", path, body.to_string().as_bytes()).await;
+    assert_eq!(
+        resp.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&resp.body())
+    );
+    resp.json()
+}
+
 /// Sends one raw request on a fresh connection (`Connection: close`).
 pub async fn raw_request(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> RawResponse {
     raw_request_with(
