@@ -368,6 +368,15 @@ fn refuse_in(
     Ok(())
 }
 
+/// 400 `missing_required_parameter` for `name`.
+pub(super) fn missing_parameter(name: &str) -> ApiError {
+    ApiError::invalid(
+        Some(name),
+        "missing_required_parameter",
+        format!("Missing required parameter: '{name}'."),
+    )
+}
+
 /// 400 `unknown_parameter` for `name`.
 pub(super) fn unknown_parameter(name: &str) -> ApiError {
     ApiError::invalid(
@@ -470,13 +479,8 @@ pub(super) fn wrong_type(name: &str, want: &str, got: &Value) -> ApiError {
 }
 
 fn required_model(body: &mut Body) -> Result<String, ApiError> {
-    body.string("model")?.ok_or_else(|| {
-        ApiError::invalid(
-            Some("model"),
-            "missing_required_parameter",
-            "Missing required parameter: 'model'.",
-        )
-    })
+    body.string("model")?
+        .ok_or_else(|| missing_parameter("model"))
 }
 
 /// `name` as an f32 in `[lo, hi]`, or `default` when absent; also the value sent.
@@ -749,13 +753,7 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatParams, ApiError> {
             Value::Array(m)
         }
         Some(other) => return Err(wrong_type("messages", "an array", &other)),
-        None => {
-            return Err(ApiError::invalid(
-                Some("messages"),
-                "missing_required_parameter",
-                "Missing required parameter: 'messages'.",
-            ))
-        }
+        None => return Err(missing_parameter("messages")),
     };
     let mut chat = Map::new();
     chat.insert("messages".to_owned(), messages);
@@ -836,11 +834,7 @@ pub fn parse_completion(bytes: &[u8]) -> Result<CompletionParams, ApiError> {
             ))
         }
         None => {
-            return Err(ApiError::invalid(
-                Some("prompt"),
-                "missing_required_parameter",
-                "Missing required parameter: 'prompt'.",
-            ))
+            return Err(missing_parameter("prompt"))
         }
     };
     let max_tokens = body.count("max_tokens")?.unwrap_or(16);
@@ -877,25 +871,13 @@ pub fn parse_debug_tokens(bytes: &[u8]) -> Result<DebugTokensParams, ApiError> {
     let ids = match body.take("ids") {
         Some(Value::Array(items)) => token_ids("ids", &items)?,
         Some(other) => return Err(wrong_type("ids", "an array of token ids", &other)),
-        None => {
-            return Err(ApiError::invalid(
-                Some("ids"),
-                "missing_required_parameter",
-                "Missing required parameter: 'ids'.",
-            ))
-        }
+        None => return Err(missing_parameter("ids")),
     };
     let max_tokens = match body.uint("max_tokens")? {
         Some(n) => usize::try_from(n).map_err(|_| {
             ApiError::bad_value("max_tokens", format!("'max_tokens' {n} is too large."))
         })?,
-        None => {
-            return Err(ApiError::invalid(
-                Some("max_tokens"),
-                "missing_required_parameter",
-                "Missing required parameter: 'max_tokens'.",
-            ))
-        }
+        None => return Err(missing_parameter("max_tokens")),
     };
     let mut sampling = sampling(&mut body, 0.0)?;
     sampling.seed = Some(sampling.seed.unwrap_or(0));

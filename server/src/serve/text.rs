@@ -468,9 +468,6 @@ impl<'t> TextPipeline<'t> {
         if self.tool_calls() > 0 {
             let mut delta = Delta::default();
             delta.tool_calls.extend(self.close_piece());
-            if let Some(calls) = self.calls.as_mut() {
-                calls.phase = CallPhase::Arguments;
-            }
             return delta;
         }
         self.finish_content()

@@ -12,7 +12,7 @@
 //! Without tools and with a text format there is no grammar at all.
 
 use super::error::ApiError;
-use super::params::{unknown_parameter, wrong_type};
+use super::params::{missing_parameter, unknown_parameter, wrong_type};
 use aubier_runtime::text::grammar::{
     Constraint, ContentFormat, GrammarCompiler, GrammarError, GrammarSpec, SchemaSite, ToolChoice,
     ToolSpec, ToolsSpec,
@@ -75,11 +75,7 @@ fn name_field(map: &mut Map<String, Value>, prefix: &str, key: &str) -> Result<S
             format!("'{full}' must match ^[a-zA-Z0-9_-]{{1,64}}$, got {s:?}."),
         )),
         Some(other) => Err(wrong_type(&full, "a string", &other)),
-        None => Err(ApiError::invalid(
-            Some(&full),
-            "missing_required_parameter",
-            format!("Missing required parameter: '{full}'."),
-        )),
+        None => Err(missing_parameter(&full)),
     }
 }
 
@@ -136,22 +132,11 @@ fn parse_tools(tools: &Value) -> Result<Vec<ToolSpec>, ApiError> {
                     format!("'{prefix}type' must be \"function\", got {other}."),
                 ))
             }
-            None => {
-                return Err(ApiError::invalid(
-                    Some(&format!("{prefix}type")),
-                    "missing_required_parameter",
-                    format!("Missing required parameter: '{prefix}type'."),
-                ))
-            }
+            None => return Err(missing_parameter(&format!("{prefix}type"))),
         }
         let fprefix = format!("{prefix}function.");
-        let function = take(&mut tool, "function").ok_or_else(|| {
-            ApiError::invalid(
-                Some(&format!("{prefix}function")),
-                "missing_required_parameter",
-                format!("Missing required parameter: '{prefix}function'."),
-            )
-        })?;
+        let function = take(&mut tool, "function")
+            .ok_or_else(|| missing_parameter(&format!("{prefix}function")))?;
         no_more(&tool, &prefix)?;
         let mut function = object(&format!("{prefix}function"), function)?;
         let name = name_field(&mut function, &fprefix, "name")?;
@@ -202,11 +187,7 @@ fn parse_choice(v: Value) -> Result<Choice, ApiError> {
                 }
             }
             let function = take(&mut m, "function").ok_or_else(|| {
-                ApiError::invalid(
-                    Some("tool_choice.function"),
-                    "missing_required_parameter",
-                    "Missing required parameter: 'tool_choice.function'.",
-                )
+                missing_parameter("tool_choice.function")
             })?;
             no_more(&m, "tool_choice.")?;
             let mut f = object("tool_choice.function", function)?;
@@ -226,13 +207,7 @@ fn parse_format(v: Value) -> Result<ContentFormat, ApiError> {
     let kind = match take(&mut m, "type") {
         Some(Value::String(t)) => t,
         Some(other) => return Err(wrong_type("response_format.type", "a string", &other)),
-        None => {
-            return Err(ApiError::invalid(
-                Some("response_format.type"),
-                "missing_required_parameter",
-                "Missing required parameter: 'response_format.type'.",
-            ))
-        }
+        None => return Err(missing_parameter("response_format.type")),
     };
     let format = match kind.as_str() {
         "text" => ContentFormat::Text,
@@ -240,22 +215,14 @@ fn parse_format(v: Value) -> Result<ContentFormat, ApiError> {
         "json_schema" => {
             let prefix = "response_format.json_schema.";
             let js = take(&mut m, "json_schema").ok_or_else(|| {
-                ApiError::invalid(
-                    Some("response_format.json_schema"),
-                    "missing_required_parameter",
-                    "Missing required parameter: 'response_format.json_schema'.",
-                )
+                missing_parameter("response_format.json_schema")
             })?;
             let mut js = object("response_format.json_schema", js)?;
             name_field(&mut js, prefix, "name")?;
             description(&mut js, prefix)?;
             flag(&mut js, prefix, "strict")?;
             let schema = schema(&mut js, prefix, "schema")?.ok_or_else(|| {
-                ApiError::invalid(
-                    Some("response_format.json_schema.schema"),
-                    "missing_required_parameter",
-                    "Missing required parameter: 'response_format.json_schema.schema'.",
-                )
+                missing_parameter("response_format.json_schema.schema")
             })?;
             no_more(&js, prefix)?;
             ContentFormat::JsonSchema(schema)
