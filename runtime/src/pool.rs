@@ -15,8 +15,29 @@
 //! a spinner yields to the OS, so an oversubscribed pool does not starve the body. The body's end
 //! is signalled by a guard's `Drop`, so a panicking body stops the spinners and the scope
 //! rethrows the panic. Nothing spins between runs: between requests or tokens, workers sleep.
+//! One run at a time has spinners, process-wide: a second run's spinner could otherwise take the
+//! first run's work, meet the first run's spinner inside it and wait there for ever (two sessions
+//! stepping at once in one process did deadlock so). A caller outside the pool waits its turn;
+//! one on a pool worker (a run inside a run, or a pool job) must not block a worker, so while
+//! another run holds the spinners it runs its body plainly, without them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, TryLockError};
+
+/// Held by the run whose spinners are up (module note).
+static SPINNERS: Mutex<()> = Mutex::new(());
+
+/// The right to start spinners: waited for outside the pool, tried on a worker.
+fn spinners_turn() -> Option<MutexGuard<'static, ()>> {
+    if rayon::current_thread_index().is_none() {
+        return Some(SPINNERS.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+    match SPINNERS.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
 
 /// Idle rounds of a spinner between two `sched_yield`s: where the pool has more threads than
 /// the machine has free cores, the body's thread still gets the CPU within a few tens of
@@ -37,8 +58,16 @@ impl Drop for Done<'_> {
 /// queued (module note). Returns what `body` returns; a panic in `body` propagates after the
 /// spinners have stopped.
 pub fn run_hot<R: Send>(body: impl FnOnce() -> R + Send) -> R {
+    run_hot_reporting(body).0
+}
+
+/// [`run_hot`], and whether the run had the spinners.
+fn run_hot_reporting<R: Send>(body: impl FnOnce() -> R + Send) -> (R, bool) {
+    let Some(_turn) = spinners_turn() else {
+        return (body(), false);
+    };
     let done = AtomicBool::new(false);
-    rayon::scope(|s| {
+    let out = rayon::scope(|s| {
         let own = rayon::current_thread_index();
         let done = &done;
         s.spawn_broadcast(move |_, ctx| {
@@ -61,7 +90,8 @@ pub fn run_hot<R: Send>(body: impl FnOnce() -> R + Send) -> R {
         });
         let _done = Done(done);
         body()
-    })
+    });
+    (out, true)
 }
 
 #[cfg(test)]
@@ -142,13 +172,19 @@ mod tests {
         };
         let wait = std::time::Duration::from_millis(200);
         let p = pool(2);
-        let during = p.install(|| {
-            run_hot(|| {
-                let before = other_cpu();
-                std::thread::sleep(wait);
-                other_cpu() - before
+        // On a worker, a run gets no spinners while another test's run holds them: try again.
+        let during = (0..1000)
+            .find_map(|_| {
+                let (during, spun) = p.install(|| {
+                    run_hot_reporting(|| {
+                        let before = other_cpu();
+                        std::thread::sleep(wait);
+                        other_cpu() - before
+                    })
+                });
+                spun.then_some(during)
             })
-        });
+            .expect("a run with the spinners");
         // Without the spinner it runs some 30 µs; a twentieth of the wait leaves room for a
         // machine busy with other tests.
         assert!(
@@ -164,6 +200,33 @@ mod tests {
             after < 0.1 * wait.as_secs_f64(),
             "other worker ran {after} s"
         );
+    }
+
+    /// Two threads running bodies on the global pool at once (two sessions stepping in one
+    /// process) both finish.
+    #[test]
+    fn concurrent_runs_from_two_threads_finish() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..2 {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for _ in 0..300 {
+                    run_hot(|| {
+                        (0..64).into_par_iter().for_each(|_| {
+                            let t = std::time::Instant::now();
+                            while t.elapsed() < std::time::Duration::from_micros(5) {
+                                std::hint::spin_loop();
+                            }
+                        })
+                    });
+                }
+                let _ = tx.send(());
+            });
+        }
+        for _ in 0..2 {
+            rx.recv_timeout(std::time::Duration::from_secs(120))
+                .expect("a thread's runs never finished (deadlock)");
+        }
     }
 
     /// A panicking body stops the spinners and the panic reaches the caller (no hang).
