@@ -4,7 +4,8 @@
 //! Algorithm, in vLLM's order (`vllm/v1/sample/sampler.py`, whose docstring lists the steps):
 //! 1. penalties, on the f32 logits, over the request's history: the repetition penalty `p`
 //!    (llama.cpp / vLLM / the CTRL paper) on every distinct id of the prompt and of the tokens
-//!    generated so far (`logit > 0 ? logit / p : logit · p`), then the frequency and presence
+//!    generated so far (`logit > 0 ? logit / p : logit · p`, saturating at ±`f32::MAX` so that
+//!    a finite logit stays finite), then the frequency and presence
 //!    penalties (OpenAI) on the generated ids only (`logit -= frequency · count`, then
 //!    `logit -= presence` when `count > 0`);
 //! 2. with `temperature == 0`, the argmax (lowest id on ties, as the reference greedy chains);
@@ -120,10 +121,16 @@ impl History {
         if p.repetition_penalty != 1.0 {
             for &id in &self.seen {
                 if let Some(l) = row.get_mut(id as usize) {
-                    *l = if *l > 0.0 {
+                    let penalized = if *l > 0.0 {
                         *l / p.repetition_penalty
                     } else {
                         *l * p.repetition_penalty
+                    };
+                    // A finite logit stays finite, however large the penalty.
+                    *l = if l.is_finite() {
+                        penalized.clamp(-f32::MAX, f32::MAX)
+                    } else {
+                        penalized
                     };
                 }
             }
@@ -467,6 +474,23 @@ mod tests {
             .unwrap()
             .with_prompt(&[0]);
         assert_eq!(s.sample(&[3.0, 2.0]).unwrap(), 0);
+    }
+
+    #[test]
+    fn an_extreme_repetition_penalty_keeps_finite_logits_finite() {
+        for penalty in [f32::MAX, f32::MIN_POSITIVE / 4.0] {
+            let p = SamplingParams {
+                repetition_penalty: penalty,
+                temperature: 1.0,
+                ..SamplingParams::default()
+            };
+            let mut s = Sampler::new(p).unwrap().with_prompt(&[0, 1]);
+            let mut row = [-10_000.0, 3.0, f32::NEG_INFINITY];
+            s.history.apply(&s.params, &mut row);
+            assert!(row[..2].iter().all(|l| l.is_finite()), "{penalty}: {row:?}");
+            assert_eq!(row[2], f32::NEG_INFINITY);
+            assert!(s.sample(&[-10_000.0, 3.0, f32::NEG_INFINITY]).unwrap() < 2);
+        }
     }
 
     #[test]
