@@ -288,6 +288,21 @@ pub struct RunArgs {
     /// Keep the k most likely tokens; 0 = off.
     #[arg(long, default_value_t = 0)]
     pub top_k: usize,
+    /// Drop tokens below min-p × the top probability (after temperature); 0 = off.
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// OpenAI's presence penalty, subtracted once from each generated token's logit (the
+    /// server takes [-2, 2], as OpenAI).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty, subtracted per time a token was generated (the server
+    /// takes [-2, 2]).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// The repetition penalty over the prompt and the generated tokens (llama.cpp's
+    /// --repeat-penalty, vLLM's repetition_penalty); 1 = off.
+    #[arg(long, alias = "repeat-penalty", default_value_t = 1.0)]
+    pub repetition_penalty: f32,
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -332,8 +347,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             temperature: args.temperature,
             top_p: args.top_p,
             top_k: args.top_k,
+            min_p: args.min_p,
+            presence_penalty: args.presence_penalty,
+            frequency_penalty: args.frequency_penalty,
+            repetition_penalty: args.repetition_penalty,
             seed: args.seed,
-            ..SamplingParams::default()
         },
         ignore_eos: args.ignore_eos,
         eos_ids: tokenizer

@@ -92,6 +92,62 @@ fn greedy_json_matches_the_reference_chain_and_bad_input_is_an_error() {
 }
 
 #[test]
+fn sampling_penalties_reach_the_sampler_and_bad_values_are_errors() {
+    let prompt = [1u32, 1784, 3937, 1044];
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_aubier"))
+            .args(["run", "--model"])
+            .arg(models_dir().join("ms4-tiny256-q2k.gguf"))
+            .args(["--prompt-ids", &csv(&prompt), "--ignore-eos", "--json"])
+            .args(["--max-tokens", "24"])
+            .args(extra)
+            .output()
+            .expect("runs")
+    };
+    let ids = |extra: &[&str]| {
+        let o = run(extra);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        json_ids(&v, "generated_ids")
+    };
+    // The greedy chain of this random model repeats no token in 24.
+    let greedy = ids(&[]);
+    let distinct: std::collections::BTreeSet<u32> = greedy.iter().copied().collect();
+    assert_eq!(distinct.len(), greedy.len(), "{greedy:?}");
+    // A strongly negative frequency or presence penalty raises each generated token so far
+    // above the rest that greedy decoding repeats the first token for ever.
+    for flag in ["--frequency-penalty", "--presence-penalty"] {
+        assert_eq!(ids(&[flag, "-1000"]), vec![greedy[0]; 24], "{flag}");
+    }
+    // min_p 1 keeps only the most likely token: sampling at temperature 1 is greedy then,
+    // and is not without it.
+    let sampled = ["--temperature", "1", "--seed", "3"];
+    assert_eq!(ids(&[&sampled[..], &["--min-p", "1"]].concat()), greedy);
+    assert_ne!(ids(&sampled), greedy);
+    // Under a huge repetition penalty every seen token's logit drops to about 0 or below: no
+    // token repeats and none of the prompt's comes back.
+    let penalized = ids(&["--repeat-penalty", "1e9"]);
+    let distinct: std::collections::BTreeSet<u32> = penalized.iter().copied().collect();
+    assert_eq!(distinct.len(), penalized.len(), "{penalized:?}");
+    assert!(
+        penalized.iter().all(|id| !prompt.contains(id)),
+        "{penalized:?}"
+    );
+    for (flag, value) in [
+        ("--repetition-penalty", "0"),
+        ("--presence-penalty", "inf"),
+        ("--frequency-penalty", "NaN"),
+        ("--min-p", "1.5"),
+    ] {
+        let o = run(&[flag, value]);
+        assert!(!o.status.success(), "{flag} {value}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        let name = flag.trim_start_matches("--").replace('-', "_");
+        assert!(err.contains(&name), "{flag} {value}: {err}");
+    }
+}
+
+#[test]
 fn backend_flags_that_contradict_each_other_are_errors() {
     for (args, says) in [
         (
