@@ -2,7 +2,8 @@
 //! bundled model (default backend): a second chat request that extends the first conversation,
 //! and a completion whose prompt extends the previous one, report
 //! `usage.prompt_tokens_details.cached_tokens > 0` (non-stream and in the stream's usage chunk),
-//! a first request and every request with the cache off report 0, and the greedy text of every
+//! and so does `/debug/tokens` (`cached_tokens`) for token ids extending the previous ones; a
+//! first request and every request with the cache off report 0, and the greedy text of every
 //! request is the same with the cache on and off.
 
 mod serve_common;
@@ -110,6 +111,17 @@ async fn conversation(prompt_cache: bool) -> Vec<(String, (u64, u64))> {
         )
         .await,
     );
+    // Token ids in: the second prompt extends the first.
+    let ids = [1u32, 1784, 3937, 1044, 1278, 2036, 1307];
+    for n in [5, 7] {
+        let body = json!({"ids": &ids[..n], "max_tokens": 4, "ignore_eos": true});
+        let v = post_json(&srv, "/debug/tokens", &body).await;
+        let count = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("no {k}: {v}"));
+        out.push((
+            v["ids"].to_string(),
+            (count("prompt_tokens"), count("cached_tokens")),
+        ));
+    }
     srv.stop().await;
     out
 }
@@ -134,8 +146,9 @@ async fn a_continued_conversation_reuses_its_prefix_with_the_same_output() {
     });
     assert_eq!(cached[0], 0, "the first request has nothing cached");
     // The continued conversation (twice), the longer completion prompt and the shorter one
-    // after it; the first completion shares at most the BOS with the chat before it.
-    for i in [1, 2, 4, 5] {
+    // after it, the longer /debug/tokens prompt; the first completion shares at most the BOS
+    // with the chat before it.
+    for i in [1, 2, 4, 5, 7] {
         assert!(cached[i] > 1, "request {i} reused nothing: {cached:?}");
     }
 }

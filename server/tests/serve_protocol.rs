@@ -40,7 +40,9 @@ async fn each_sse_event_is_its_own_chunk_and_the_stream_ends_with_done() {
     assert_eq!(usage_chunk["choices"].as_array().map(Vec::len), Some(0));
     assert_eq!(usage_chunk["usage"]["completion_tokens"], 17);
     let prompt = text_model()
-        .chat_prompt(serde_json::json!({"messages":[{"role":"user","content":"hello"}]}))
+        .chat_prompt(&chat_request(
+            r#"{"messages":[{"role":"user","content":"hello"}]}"#,
+        ))
         .expect("prompt");
     assert_eq!(usage_chunk["usage"]["prompt_tokens"], prompt.len());
     srv.stop().await;
@@ -247,7 +249,9 @@ async fn a_prompt_longer_than_the_context_is_a_400_and_max_tokens_is_clamped() {
     // holds the prompt and every generated token but the last (which is sampled, never stepped),
     // so the room is kv_max - prompt + 1 tokens.
     let prompt = text_model()
-        .chat_prompt(serde_json::json!({"messages":[{"role":"user","content":"hi"}]}))
+        .chat_prompt(&chat_request(
+            r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+        ))
         .expect("prompt")
         .len();
     assert!(prompt < kv_max);
@@ -430,6 +434,11 @@ async fn errors_are_openai_shaped() {
 /// Starts a slow stream on its own connection and returns the reader once the stream is running.
 async fn hold_engine(srv: &TestServer) -> HttpReader {
     open_stream(srv.addr).await
+}
+
+/// A chat request for the template, from its JSON.
+fn chat_request(json: &str) -> aubier_runtime::text::chat::ChatRequest {
+    serde_json::from_str(json).expect("a chat request")
 }
 
 fn slow_script() -> FakeScript {

@@ -27,6 +27,13 @@
 //! by its `finish_reason` chunk; the stream always ends with `data: [DONE]`; an engine failure
 //! after the stream began is sent as `data: {"error": …}` before it.
 
+use super::api::response::{
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
+    ChatLogprobs, Completion, CompletionChoice, CompletionChunk, CompletionChunkChoice,
+    CompletionLogprobs, DebugTokens, Delta, FunctionDelta, Health, HealthStatus, Model, ModelList,
+    PromptTokensDetails, ResponseFunction, ResponseToolCall, ToolCallDelta as WireToolCallDelta,
+    Usage,
+};
 use super::engine::{Chunk, EngineHandle, Event, Finish, JobSpec, Summary, TokenEntry};
 use super::error::ApiError;
 use super::metrics::{Metrics, STATUS_CLIENT_CLOSED};
@@ -46,7 +53,7 @@ use axum::{Json, Router};
 use futures::stream::{self, Stream, StreamExt};
 use http_body::Frame;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use serde_json::{json, Value};
+use serde::Serialize;
 use std::convert::Infallible;
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
@@ -824,11 +831,20 @@ async fn health(
 ) -> Response {
     let model = &app.limits.model_id;
     match refusal(&app, &conn) {
-        None => Json(json!({"status": "ok", "model": model})).into_response(),
+        None => Json(Health {
+            status: HealthStatus::Ok,
+            model: model.clone(),
+            reason: None,
+        })
+        .into_response(),
         Some(reason) => {
             let mut resp = (
                 StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({"status": "busy", "model": model, "reason": reason})),
+                Json(Health {
+                    status: HealthStatus::Busy,
+                    model: model.clone(),
+                    reason: Some(reason),
+                }),
             )
                 .into_response();
             resp.headers_mut()
@@ -860,23 +876,26 @@ async fn openapi(State(app): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-fn model_object(app: &AppState) -> Value {
-    json!({
-        "id": app.limits.model_id,
-        "object": "model",
-        "created": app.booted,
-        "owned_by": "aubier",
-    })
+fn model_object(app: &AppState) -> Model {
+    Model {
+        id: app.limits.model_id.clone(),
+        object: "model",
+        created: app.booted,
+        owned_by: "aubier".to_owned(),
+    }
 }
 
-async fn list_models(State(app): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [model_object(&app)]}))
+async fn list_models(State(app): State<Arc<AppState>>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![model_object(&app)],
+    })
 }
 
 async fn get_model(
     State(app): State<Arc<AppState>>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Model>, ApiError> {
     check_model(&app, &id)?;
     Ok(Json(model_object(&app)))
 }
@@ -1062,34 +1081,38 @@ async fn collect(
 }
 
 /// The OpenAI `tool_calls` array of a message.
-fn tool_calls_value(calls: &[ToolCall]) -> Value {
+fn response_tool_calls(calls: &[ToolCall]) -> Vec<ResponseToolCall> {
     calls
         .iter()
-        .map(|c| {
-            json!({
-                "id": c.id,
-                "type": "function",
-                "function": {"name": c.name, "arguments": c.arguments},
-            })
+        .map(|c| ResponseToolCall {
+            id: c.id.clone(),
+            kind: "function",
+            function: ResponseFunction {
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            },
         })
         .collect()
 }
 
 /// The OpenAI `delta.tool_calls` array of a streamed chunk.
-fn tool_call_deltas(pieces: &[ToolCallDelta]) -> Value {
+fn tool_call_deltas(pieces: &[ToolCallDelta]) -> Vec<WireToolCallDelta> {
     pieces
         .iter()
         .map(|p| {
-            let mut v = json!({"index": p.index});
-            match &p.head {
-                Some((id, name)) => {
-                    v["id"] = json!(id);
-                    v["type"] = json!("function");
-                    v["function"] = json!({"name": name, "arguments": p.arguments});
-                }
-                None => v["function"] = json!({"arguments": p.arguments}),
+            let (id, name) = match &p.head {
+                Some((id, name)) => (Some(id.clone()), Some(name.clone())),
+                None => (None, None),
+            };
+            WireToolCallDelta {
+                index: p.index,
+                kind: id.is_some().then_some("function"),
+                id,
+                function: FunctionDelta {
+                    name,
+                    arguments: p.arguments.clone(),
+                },
             }
-            v
         })
         .collect()
 }
@@ -1097,32 +1120,43 @@ fn tool_call_deltas(pieces: &[ToolCallDelta]) -> Value {
 /// The `usage` of a job: the prompt once, the completion tokens of every choice (OpenAI);
 /// `prompt_tokens_details.cached_tokens` counts the prompt tokens the prompt cache reused
 /// (`--prompt-cache`) for the first choice, as OpenAI and llama.cpp's server report them.
-fn usage(done: &[Summary]) -> Value {
+fn usage(done: &[Summary]) -> Usage {
     let prompt = done.first().map_or(0, |s| s.prompt_tokens);
     let cached = done.first().map_or(0, |s| s.cached_tokens);
     let completion: usize = done.iter().map(|s| s.ids.len()).sum();
-    json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    })
+    Usage {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: prompt + completion,
+        prompt_tokens_details: PromptTokensDetails {
+            cached_tokens: cached,
+        },
+    }
 }
 
-fn sse_data(v: &Value) -> SseEvent {
-    SseEvent::default().data(v.to_string())
+/// One SSE event carrying `v` as JSON.
+fn sse_data<T: Serialize>(v: &T) -> SseEvent {
+    match serde_json::to_string(v) {
+        Ok(json) => SseEvent::default().data(json),
+        Err(e) => {
+            let error = ApiError::internal(format!("A chunk did not serialize: {e}.")).body();
+            SseEvent::default().data(serde_json::to_string(&error).unwrap_or_default())
+        }
+    }
 }
 
 /// How a route writes its SSE chunks.
 trait ChunkFormat: Send + 'static {
+    /// The route's chunk type.
+    type Chunk: Serialize;
     /// The chunk that opens choice `choice`, sent before its text (chat: the role delta).
-    fn opening(&self, choice: usize) -> Option<Value>;
+    fn opening(&self, choice: usize) -> Option<Self::Chunk>;
     /// The chunk of a choice's released text.
-    fn text(&self, chunk: &Chunk) -> Value;
+    fn text(&self, chunk: &Chunk) -> Self::Chunk;
     /// The chunk that closes a choice (its `finish_reason`).
-    fn finish(&self, summary: &Summary) -> Value;
+    fn finish(&self, summary: &Summary) -> Self::Chunk;
     /// The usage chunk after the last choice, when the request asked for it.
-    fn usage(&self, done: &[Summary]) -> Option<Value>;
+    fn usage(&self, done: &[Summary]) -> Option<Self::Chunk>;
 }
 
 /// Turns a job's events into SSE events: for each choice in turn its opening, a chunk per
@@ -1157,13 +1191,13 @@ fn sse_stream<F: ChunkFormat>(
                 }
                 Some(Event::Failed(e)) => {
                     failed.0.store(true, Ordering::SeqCst);
-                    vec![sse_data(&e.to_value())]
+                    vec![sse_data(&e.body())]
                 }
                 None => {
                     failed.0.store(true, Ordering::SeqCst);
                     vec![sse_data(
                         &ApiError::internal("The engine stopped without finishing the request.")
-                            .to_value(),
+                            .body(),
                     )]
                 }
             };
@@ -1188,131 +1222,165 @@ fn sse_response<F: ChunkFormat>(
     resp
 }
 
-/// What every chunk of a stream shares: `id`, `object`, `created`, `model`, and whether
-/// `usage: null` rides on each (with `stream_options.include_usage`).
-struct ChunkBase {
-    base: Value,
+/// What every chunk of a stream shares: `id`, `created`, `model`, and whether `usage: null`
+/// rides on each (with `stream_options.include_usage`).
+struct ChunkHead {
+    id: String,
+    created: u64,
+    model: String,
     include_usage: bool,
 }
 
-impl ChunkBase {
-    /// A chunk of one choice.
-    fn with_choice(&self, choice: Value) -> Value {
-        let mut v = self.base.clone();
-        v["choices"] = json!([choice]);
-        if self.include_usage {
-            v["usage"] = Value::Null;
-        }
-        v
-    }
-
-    /// The last chunk, with no choices and the usage, when asked for.
-    fn usage(&self, done: &[Summary]) -> Option<Value> {
-        self.include_usage.then(|| {
-            let mut u = self.base.clone();
-            u["choices"] = json!([]);
-            u["usage"] = usage(done);
-            u
-        })
+impl ChunkHead {
+    /// The `usage` of a choice's chunk: `null` with `include_usage`, absent otherwise.
+    fn no_usage_yet(&self) -> Option<Option<Usage>> {
+        self.include_usage.then_some(None)
     }
 }
 
 /// The chat route's chunks.
 struct ChatChunks {
-    base: ChunkBase,
+    head: ChunkHead,
     text: Arc<TextModel>,
     logprobs: bool,
 }
 
 impl ChatChunks {
-    fn choice(&self, index: usize, delta: Value, logprobs: Value, finish: Option<Finish>) -> Value {
-        self.base.with_choice(json!({
-            "index": index,
-            "delta": delta,
-            "logprobs": logprobs,
-            "finish_reason": finish.map(Finish::as_str),
-        }))
+    fn chunk(
+        &self,
+        choices: Vec<ChatChunkChoice>,
+        usage: Option<Option<Usage>>,
+    ) -> ChatCompletionChunk {
+        ChatCompletionChunk {
+            id: self.head.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.head.created,
+            model: self.head.model.clone(),
+            choices,
+            usage,
+        }
+    }
+
+    fn choice(
+        &self,
+        index: usize,
+        delta: Delta,
+        logprobs: Option<ChatLogprobs>,
+        finish_reason: Option<Finish>,
+    ) -> ChatCompletionChunk {
+        let choice = ChatChunkChoice {
+            index,
+            delta,
+            logprobs,
+            finish_reason,
+        };
+        self.chunk(vec![choice], self.head.no_usage_yet())
     }
 }
 
+/// `s`, or `None` when empty.
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
 impl ChunkFormat for ChatChunks {
-    fn opening(&self, choice: usize) -> Option<Value> {
-        let delta = json!({"role": "assistant", "content": ""});
-        Some(self.choice(choice, delta, Value::Null, None))
-    }
+    type Chunk = ChatCompletionChunk;
 
-    fn text(&self, c: &Chunk) -> Value {
-        let mut delta = serde_json::Map::new();
-        if !c.delta.reasoning.is_empty() {
-            delta.insert(
-                "reasoning_content".to_owned(),
-                Value::String(c.delta.reasoning.clone()),
-            );
-        }
-        if !c.delta.content.is_empty() {
-            delta.insert("content".to_owned(), Value::String(c.delta.content.clone()));
-        }
-        if !c.delta.tool_calls.is_empty() {
-            delta.insert(
-                "tool_calls".to_owned(),
-                tool_call_deltas(&c.delta.tool_calls),
-            );
-        }
-        let logprobs = if self.logprobs {
-            super::logprobs::chat(&self.text, &c.logprobs)
-        } else {
-            Value::Null
+    fn opening(&self, choice: usize) -> Option<ChatCompletionChunk> {
+        let delta = Delta {
+            role: Some("assistant"),
+            content: Some(String::new()),
+            ..Delta::default()
         };
-        self.choice(c.choice, Value::Object(delta), logprobs, None)
+        Some(self.choice(choice, delta, None, None))
     }
 
-    fn finish(&self, s: &Summary) -> Value {
-        self.choice(s.choice, json!({}), Value::Null, Some(s.finish))
+    fn text(&self, c: &Chunk) -> ChatCompletionChunk {
+        let delta = Delta {
+            role: None,
+            content: non_empty(&c.delta.content),
+            reasoning_content: non_empty(&c.delta.reasoning),
+            tool_calls: tool_call_deltas(&c.delta.tool_calls),
+        };
+        let logprobs = self
+            .logprobs
+            .then(|| super::logprobs::chat(&self.text, &c.logprobs));
+        self.choice(c.choice, delta, logprobs, None)
     }
 
-    fn usage(&self, done: &[Summary]) -> Option<Value> {
-        self.base.usage(done)
+    fn finish(&self, s: &Summary) -> ChatCompletionChunk {
+        self.choice(s.choice, Delta::default(), None, Some(s.finish))
+    }
+
+    fn usage(&self, done: &[Summary]) -> Option<ChatCompletionChunk> {
+        self.head
+            .include_usage
+            .then(|| self.chunk(Vec::new(), Some(Some(usage(done)))))
     }
 }
 
 /// The legacy completions route's chunks.
 struct CompletionChunks {
-    base: ChunkBase,
+    head: ChunkHead,
     text: Arc<TextModel>,
     logprobs: bool,
 }
 
 impl CompletionChunks {
-    fn choice(&self, index: usize, text: &str, logprobs: Value, finish: Option<Finish>) -> Value {
-        self.base.with_choice(json!({
-            "index": index,
-            "text": text,
-            "logprobs": logprobs,
-            "finish_reason": finish.map(Finish::as_str),
-        }))
+    fn chunk(
+        &self,
+        choices: Vec<CompletionChunkChoice>,
+        usage: Option<Option<Usage>>,
+    ) -> CompletionChunk {
+        CompletionChunk {
+            id: self.head.id.clone(),
+            object: "text_completion",
+            created: self.head.created,
+            model: self.head.model.clone(),
+            choices,
+            usage,
+        }
+    }
+
+    fn choice(
+        &self,
+        index: usize,
+        text: &str,
+        logprobs: Option<CompletionLogprobs>,
+        finish_reason: Option<Finish>,
+    ) -> CompletionChunk {
+        let choice = CompletionChunkChoice {
+            index,
+            text: text.to_owned(),
+            logprobs,
+            finish_reason,
+        };
+        self.chunk(vec![choice], self.head.no_usage_yet())
     }
 }
 
 impl ChunkFormat for CompletionChunks {
-    fn opening(&self, _choice: usize) -> Option<Value> {
+    type Chunk = CompletionChunk;
+
+    fn opening(&self, _choice: usize) -> Option<CompletionChunk> {
         None
     }
 
-    fn text(&self, c: &Chunk) -> Value {
-        let logprobs = if self.logprobs {
-            super::logprobs::completion(&self.text, &c.logprobs)
-        } else {
-            Value::Null
-        };
+    fn text(&self, c: &Chunk) -> CompletionChunk {
+        let logprobs = self
+            .logprobs
+            .then(|| super::logprobs::completion(&self.text, &c.logprobs));
         self.choice(c.choice, &c.delta.content, logprobs, None)
     }
 
-    fn finish(&self, s: &Summary) -> Value {
-        self.choice(s.choice, "", Value::Null, Some(s.finish))
+    fn finish(&self, s: &Summary) -> CompletionChunk {
+        self.choice(s.choice, "", None, Some(s.finish))
     }
 
-    fn usage(&self, done: &[Summary]) -> Option<Value> {
-        self.base.usage(done)
+    fn usage(&self, done: &[Summary]) -> Option<CompletionChunk> {
+        self.head
+            .include_usage
+            .then(|| self.chunk(Vec::new(), Some(Some(usage(done)))))
     }
 }
 
@@ -1328,7 +1396,7 @@ async fn chat_completions(
     check_model(&app, &p.model)?;
     let chat = std::mem::take(&mut p.chat);
     let prompt = prompt_ids(&app, "messages", body_len, move |t, limit| {
-        t.chat_prompt_within(chat, limit)
+        t.chat_prompt_within(&chat, limit)
     })
     .await?;
     let max_tokens = budget(&app, prompt.len(), p.max_tokens, "messages")?;
@@ -1364,53 +1432,39 @@ async fn chat_completions(
     let model = app.limits.model_id.clone();
     if !p.stream {
         let answers = collect(rx, p.n).await?;
-        let choices: Vec<Value> = answers
+        let choices = answers
             .iter()
-            .map(|a| {
-                let content = if a.content.is_empty() && !a.tool_calls.is_empty() {
-                    Value::Null
-                } else {
-                    Value::String(a.content.clone())
-                };
-                let mut message = json!({"role": "assistant", "content": content});
-                message["reasoning_content"] = if a.reasoning.is_empty() {
-                    Value::Null
-                } else {
-                    Value::String(a.reasoning.clone())
-                };
-                if !a.tool_calls.is_empty() {
-                    message["tool_calls"] = tool_calls_value(&a.tool_calls);
-                }
-                json!({
-                    "index": a.summary.choice,
-                    "message": message,
-                    "logprobs": match p.logprobs {
-                        Some(_) => super::logprobs::chat(&app.text, &a.logprobs),
-                        None => Value::Null,
-                    },
-                    "finish_reason": a.summary.finish.as_str(),
-                })
+            .map(|a| ChatChoice {
+                index: a.summary.choice,
+                message: AssistantMessage {
+                    role: "assistant",
+                    content: (!a.content.is_empty() || a.tool_calls.is_empty())
+                        .then(|| a.content.clone()),
+                    reasoning_content: non_empty(&a.reasoning),
+                    tool_calls: response_tool_calls(&a.tool_calls),
+                },
+                logprobs: p
+                    .logprobs
+                    .map(|_| super::logprobs::chat(&app.text, &a.logprobs)),
+                finish_reason: a.summary.finish,
             })
             .collect();
         let done: Vec<Summary> = answers.into_iter().map(|a| a.summary).collect();
-        return Ok(Json(json!({
-            "id": id,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": choices,
-            "usage": usage(&done),
-        }))
+        return Ok(Json(ChatCompletion {
+            id,
+            object: "chat.completion",
+            created,
+            model,
+            choices,
+            usage: usage(&done),
+        })
         .into_response());
     }
     let format = ChatChunks {
-        base: ChunkBase {
-            base: json!({
-                "id": id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-            }),
+        head: ChunkHead {
+            id,
+            created,
+            model,
             include_usage: p.include_usage,
         },
         text: app.text.clone(),
@@ -1453,37 +1507,35 @@ async fn completions(State(app): State<Arc<AppState>>, req: Request) -> Result<R
     let id = completion_id("cmpl");
     let created = unix_now();
     let model = app.limits.model_id.clone();
-    let base = json!({
-        "id": id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-    });
     if !p.stream {
         let answers = collect(rx, p.n).await?;
-        let choices: Vec<Value> = answers
+        let choices = answers
             .iter()
-            .map(|a| {
-                json!({
-                    "index": a.summary.choice,
-                    "text": a.content,
-                    "logprobs": match p.logprobs {
-                        Some(_) => super::logprobs::completion(&app.text, &a.logprobs),
-                        None => Value::Null,
-                    },
-                    "finish_reason": a.summary.finish.as_str(),
-                })
+            .map(|a| CompletionChoice {
+                index: a.summary.choice,
+                text: a.content.clone(),
+                logprobs: p
+                    .logprobs
+                    .map(|_| super::logprobs::completion(&app.text, &a.logprobs)),
+                finish_reason: a.summary.finish,
             })
             .collect();
         let done: Vec<Summary> = answers.into_iter().map(|a| a.summary).collect();
-        let mut v = base;
-        v["choices"] = Value::Array(choices);
-        v["usage"] = usage(&done);
-        return Ok(Json(v).into_response());
+        return Ok(Json(Completion {
+            id,
+            object: "text_completion",
+            created,
+            model,
+            choices,
+            usage: usage(&done),
+        })
+        .into_response());
     }
     let format = CompletionChunks {
-        base: ChunkBase {
-            base,
+        head: ChunkHead {
+            id,
+            created,
+            model,
             include_usage: p.include_usage,
         },
         text: app.text.clone(),
@@ -1495,7 +1547,7 @@ async fn completions(State(app): State<Arc<AppState>>, req: Request) -> Result<R
 async fn debug_tokens(
     State(app): State<Arc<AppState>>,
     req: Request,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DebugTokens>, ApiError> {
     let received = Instant::now();
     let bytes = read_body(&app, req).await?;
     let p = params::parse_debug_tokens(&bytes)?;
@@ -1521,11 +1573,12 @@ async fn debug_tokens(
         .pop()
         .map(|a| a.summary)
         .ok_or_else(|| ApiError::internal("The engine returned no answer."))?;
-    Ok(Json(json!({
-        "ids": s.ids,
-        "finish_reason": s.finish.as_str(),
-        "prompt_tokens": prompt_tokens,
-        "prefill_tok_s": s.prefill_tok_s,
-        "decode_tok_s": s.decode_tok_s,
-    })))
+    Ok(Json(DebugTokens {
+        ids: s.ids,
+        finish_reason: s.finish,
+        prompt_tokens,
+        cached_tokens: s.cached_tokens,
+        prefill_tok_s: s.prefill_tok_s,
+        decode_tok_s: s.decode_tok_s,
+    }))
 }

@@ -94,8 +94,9 @@ pub struct JobSpec {
 }
 
 /// Why a generation ended, as the OpenAI API names it (plus `cancelled`, never sent to a client
-/// because there is none left to send it to).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// because there is none left to send it to, so not in the schema).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
 pub enum Finish {
     /// EOS was produced, or a stop string matched.
     Stop,
@@ -104,6 +105,7 @@ pub enum Finish {
     /// `max_tokens` or the KV capacity was reached.
     Length,
     /// The client went away.
+    #[schemars(skip)]
     Cancelled,
 }
 

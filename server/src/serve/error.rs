@@ -2,6 +2,7 @@
 //! `{"error": {"message", "type", "param", "code"}}` that the OpenAI API returns (openai-openapi
 //! `ErrorResponse`), so OpenAI clients raise their usual exception with our message in it.
 
+use super::api::response::{ErrorBody, ErrorObject, ErrorType};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
@@ -14,7 +15,7 @@ pub struct ApiError {
     /// Human-readable message naming the parameter, model or limit at fault.
     pub message: String,
     /// OpenAI error type: `invalid_request_error` or `server_error`.
-    pub kind: &'static str,
+    pub kind: ErrorType,
     /// The request parameter at fault, when there is one.
     pub param: Option<String>,
     /// Machine-readable code (`unsupported_parameter`, `model_not_found`, ...).
@@ -33,7 +34,7 @@ impl ApiError {
         ApiError {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
-            kind: "invalid_request_error",
+            kind: ErrorType::InvalidRequestError,
             param: param.map(str::to_owned),
             code: Some(code),
             retry_after_s: None,
@@ -63,7 +64,7 @@ impl ApiError {
             message: format!(
                 "The model '{asked}' does not exist; this server serves only '{served}'."
             ),
-            kind: "invalid_request_error",
+            kind: ErrorType::InvalidRequestError,
             param: Some("model".to_owned()),
             code: Some("model_not_found"),
             retry_after_s: None,
@@ -75,7 +76,7 @@ impl ApiError {
         ApiError {
             status: StatusCode::NOT_FOUND,
             message: format!("No route for {method} {path}."),
-            kind: "invalid_request_error",
+            kind: ErrorType::InvalidRequestError,
             param: None,
             code: Some("unknown_url"),
             retry_after_s: None,
@@ -87,7 +88,7 @@ impl ApiError {
         ApiError {
             status: StatusCode::METHOD_NOT_ALLOWED,
             message: format!("Method {method} is not allowed on {path}."),
-            kind: "invalid_request_error",
+            kind: ErrorType::InvalidRequestError,
             param: None,
             code: Some("method_not_allowed"),
             retry_after_s: None,
@@ -101,7 +102,7 @@ impl ApiError {
             message: format!(
                 "The request body is larger than the limit of {limit} bytes (--body-limit)."
             ),
-            kind: "invalid_request_error",
+            kind: ErrorType::InvalidRequestError,
             param: None,
             code: Some("request_too_large"),
             retry_after_s: None,
@@ -114,7 +115,7 @@ impl ApiError {
         ApiError {
             status: StatusCode::FORBIDDEN,
             message: message.into(),
-            kind: "invalid_request_error",
+            kind: ErrorType::InvalidRequestError,
             param: None,
             code: Some(code),
             retry_after_s: None,
@@ -132,7 +133,7 @@ impl ApiError {
             message: format!(
                 "The request body must be JSON, but the request has {sent}; send the header 'Content-Type: application/json'."
             ),
-            kind: "invalid_request_error",
+            kind: ErrorType::InvalidRequestError,
             param: None,
             code: Some("unsupported_media_type"),
             retry_after_s: None,
@@ -146,7 +147,7 @@ impl ApiError {
             message: format!(
                 "The request body did not arrive within {limit_ms} ms (--read-timeout-ms)."
             ),
-            kind: "invalid_request_error",
+            kind: ErrorType::InvalidRequestError,
             param: None,
             code: Some("request_timeout"),
             retry_after_s: None,
@@ -158,7 +159,7 @@ impl ApiError {
         ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
             message: message.into(),
-            kind: "server_error",
+            kind: ErrorType::ServerError,
             param: None,
             code: Some("server_busy"),
             retry_after_s: Some(retry_after_s),
@@ -170,7 +171,7 @@ impl ApiError {
         ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             message: message.into(),
-            kind: "server_error",
+            kind: ErrorType::ServerError,
             param: None,
             code: Some("engine_error"),
             retry_after_s: None,
@@ -178,15 +179,15 @@ impl ApiError {
     }
 
     /// The body `{"error": {"message", "type", "param", "code"}}`.
-    pub fn to_value(&self) -> serde_json::Value {
-        serde_json::json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        })
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorObject {
+                message: self.message.clone(),
+                kind: self.kind,
+                param: self.param.clone(),
+                code: self.code,
+            },
+        }
     }
 }
 
@@ -200,15 +201,7 @@ impl std::error::Error for ApiError {}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut resp = (
-            self.status,
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            self.to_value().to_string(),
-        )
-            .into_response();
+        let mut resp = (self.status, axum::Json(self.body())).into_response();
         if let Some(s) = self.retry_after_s {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));

@@ -13,9 +13,10 @@
 //! `k` most likely tokens plus the sampled one when it is not among them (up to `k + 1`, as the
 //! OpenAI reference says and vLLM does), most likely first.
 
+use super::api::response::{ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, CompletionLogprobs};
 use super::engine::TokenEntry;
 use super::text::TextModel;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use std::fmt::Write;
 
 /// The log-probability written for a token of probability 0 (OpenAI's "very unlikely").
@@ -45,60 +46,70 @@ pub fn token_string(bytes: &[u8]) -> String {
 }
 
 /// One `{token, logprob, bytes}` object.
-fn chat_token(text: &TextModel, id: u32, logprob: f64) -> Map<String, Value> {
+fn chat_top(text: &TextModel, id: u32, logprob: f64) -> ChatTopLogprob {
     let b = bytes(text, id);
-    let mut m = Map::new();
-    m.insert("token".to_owned(), Value::String(token_string(b)));
-    m.insert("logprob".to_owned(), json!(value(logprob)));
-    m.insert("bytes".to_owned(), json!(b));
-    m
+    ChatTopLogprob {
+        token: token_string(b),
+        logprob: value(logprob),
+        bytes: b.to_vec(),
+    }
 }
 
 /// The chat `logprobs` object of `entries`.
-pub fn chat(text: &TextModel, entries: &[TokenEntry]) -> Value {
-    let content: Vec<Value> = entries
+pub fn chat(text: &TextModel, entries: &[TokenEntry]) -> ChatLogprobs {
+    let content = entries
         .iter()
         .map(|e| {
-            let mut m = chat_token(text, e.id, e.logprobs.logprob);
-            let top: Vec<Value> = e
-                .logprobs
-                .top
-                .iter()
-                .map(|&(id, lp)| Value::Object(chat_token(text, id, lp)))
-                .collect();
-            m.insert("top_logprobs".to_owned(), Value::Array(top));
-            Value::Object(m)
+            let ChatTopLogprob {
+                token,
+                logprob,
+                bytes,
+            } = chat_top(text, e.id, e.logprobs.logprob);
+            ChatTokenLogprob {
+                token,
+                logprob,
+                bytes,
+                top_logprobs: e
+                    .logprobs
+                    .top
+                    .iter()
+                    .map(|&(id, lp)| chat_top(text, id, lp))
+                    .collect(),
+            }
         })
         .collect();
-    json!({"content": content, "refusal": null})
+    ChatLogprobs {
+        content,
+        refusal: (),
+    }
 }
 
 /// The legacy completions `logprobs` object of `entries`.
-pub fn completion(text: &TextModel, entries: &[TokenEntry]) -> Value {
+pub fn completion(text: &TextModel, entries: &[TokenEntry]) -> CompletionLogprobs {
     let tokens: Vec<String> = entries
         .iter()
         .map(|e| token_string(bytes(text, e.id)))
         .collect();
-    let top: Vec<Value> = entries
+    let top_logprobs = entries
         .iter()
         .zip(&tokens)
         .map(|(e, sampled)| {
             let mut m = Map::new();
             for &(id, lp) in &e.logprobs.top {
-                m.insert(token_string(bytes(text, id)), json!(value(lp)));
+                m.insert(token_string(bytes(text, id)), Value::from(value(lp)));
             }
             if !e.logprobs.top.iter().any(|&(id, _)| id == e.id) {
-                m.insert(sampled.clone(), json!(value(e.logprobs.logprob)));
+                m.insert(sampled.clone(), Value::from(value(e.logprobs.logprob)));
             }
-            Value::Object(m)
+            m
         })
         .collect();
-    json!({
-        "tokens": tokens,
-        "token_logprobs": entries.iter().map(|e| value(e.logprobs.logprob)).collect::<Vec<_>>(),
-        "top_logprobs": top,
-        "text_offset": entries.iter().map(|e| e.text_offset).collect::<Vec<_>>(),
-    })
+    CompletionLogprobs {
+        token_logprobs: entries.iter().map(|e| value(e.logprobs.logprob)).collect(),
+        top_logprobs,
+        text_offset: entries.iter().map(|e| e.text_offset).collect(),
+        tokens,
+    }
 }
 
 #[cfg(test)]

@@ -6,14 +6,16 @@
 //! and serve until SIGINT or SIGTERM. Shutdown stops accepting connections, lets the running
 //! request (and any open stream) finish, joins the engine thread, then releases the lock.
 //!
-//! Modules: [`params`] (request validation, refused parameters), [`error`] (OpenAI-shaped errors),
+//! Modules: [`api`] (the wire types of every request and response body, with their JSON
+//! Schema), [`params`] (request validation, refused parameters), [`error`] (OpenAI-shaped errors),
 //! [`app`] (connections, guards, routes, SSE, admission), [`engine`] (the single-flight engine
 //! thread), [`text`] and [`stop`] (detokenizing, reasoning split, stop strings), [`logprobs`]
 //! (their OpenAI shapes), [`fake`] and [`real`] (the two engines), [`lock`], [`metrics`],
-//! [`openapi`] (`GET /openapi.json`), [`tools`] (`tools`, `tool_choice`, `response_format` → the
+//! [`openapi`] (`GET /openapi.json`, generated from [`api`]), [`tools`] (`tools`, `tool_choice`, `response_format` → the
 //! grammar).
 #![warn(missing_docs)]
 
+pub mod api;
 pub mod app;
 pub mod engine;
 pub mod error;

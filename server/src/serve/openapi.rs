@@ -1,39 +1,245 @@
-//! `GET /openapi.json`: the hand-written OpenAPI 3.1 description of what the server accepts and
-//! returns (`openapi.json` beside this file), with the served model id, the vocabulary size and
-//! the KV capacity filled in at boot. CI runs schemathesis against it (`server/tests/schemathesis/`).
+//! `GET /openapi.json`: the OpenAPI 3.1 description of what the server accepts and returns,
+//! generated from the wire types (`super::api`) the routes parse and write with.
+//!
+//! Algorithm: two schemars generators (JSON Schema 2020-12, definitions under
+//! `#/components/schemas/`) walk the request types under serde's deserialize contract and the
+//! response types under its serialize contract; their definitions are merged into
+//! `components.schemas`, and the route table below refers to them. At boot, the served model id,
+//! the vocabulary size and the KV capacity are written into `ModelId`, `TokenId` and `TokenIds`.
+//! CI runs schemathesis against the result (`server/tests/schemathesis/`).
 
-use serde_json::{json, Value};
+use super::api::request::{ChatCompletionRequest, CompletionRequest, DebugTokensRequest};
+use super::api::response::{
+    ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, DebugTokens, ErrorBody,
+    Health, Model, ModelList,
+};
+use schemars::generate::{Contract, SchemaSettings};
+use schemars::{JsonSchema, SchemaGenerator};
+use serde_json::{json, Map, Value};
 
-/// The spec as written, before the boot-time values are filled in.
-const TEMPLATE: &str = include_str!("openapi.json");
+fn generator(contract: Contract) -> SchemaGenerator {
+    let mut settings = SchemaSettings::draft2020_12();
+    settings.definitions_path = "/components/schemas/".into();
+    settings.meta_schema = None;
+    settings.contract = contract;
+    settings.into_generator()
+}
 
-/// The spec for a server of `model_id` with a vocabulary of `n_vocab` ids and a KV cache of
+/// `$ref`s to generated definitions.
+struct Refs {
+    requests: SchemaGenerator,
+    responses: SchemaGenerator,
+}
+
+impl Refs {
+    fn request<T: JsonSchema>(&mut self) -> Value {
+        self.requests.subschema_for::<T>().to_value()
+    }
+
+    fn response<T: JsonSchema>(&mut self) -> Value {
+        self.responses.subschema_for::<T>().to_value()
+    }
+
+    /// The definitions of both generators. A name both define (a type used on both sides)
+    /// keeps the request's definition; the tests check that no name is defined twice.
+    fn definitions(mut self) -> (Map<String, Value>, Vec<String>) {
+        let mut all = self.requests.take_definitions(true);
+        let mut twice = Vec::new();
+        for (name, schema) in self.responses.take_definitions(true) {
+            if all.contains_key(&name) {
+                twice.push(name);
+            } else {
+                all.insert(name, schema);
+            }
+        }
+        (all, twice)
+    }
+}
+
+/// A response of `description` whose body is `schema` as JSON.
+fn json_response(description: &str, schema: &Value) -> Value {
+    json!({"description": description, "content": {"application/json": {"schema": schema}}})
+}
+
+/// The 503 answer: `body`, with `Retry-After`.
+fn busy(description: &str, body: &Value) -> Value {
+    let mut r = json_response(description, body);
+    r["headers"] = json!({"Retry-After": {
+        "description": "Seconds to wait before retrying.",
+        "schema": {"type": "integer", "minimum": 1},
+    }});
+    r
+}
+
+/// The SSE body whose events carry `chunk` (or an error): `data: <JSON>` …, `data: [DONE]`.
+fn event_stream(chunk: &Value, error: &Value) -> Value {
+    json!({
+        "type": "object",
+        "description": "Each event is 'data: <chunk JSON>' (an error object if the engine fails \
+            mid-stream); the last is 'data: [DONE]'.",
+        "required": ["data"],
+        "properties": {
+            "event": {"const": "message"},
+            "data": {"anyOf": [
+                {"const": "[DONE]"},
+                {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": {"anyOf": [chunk, error]},
+                },
+            ]},
+        },
+    })
+}
+
+/// The document, before the boot-time values; the second value lists names defined twice.
+fn document() -> (Value, Vec<String>) {
+    let mut refs = Refs {
+        requests: generator(Contract::Deserialize),
+        responses: generator(Contract::Serialize),
+    };
+    let error = refs.response::<ErrorBody>();
+    let err = |description: &str| json_response(description, &error);
+    let forbidden = err("Host or Origin not served (--allow-host, --cors-origin).");
+    let overloaded = busy(
+        "Too many connections or requests in progress, or the engine stayed busy for \
+         --queue-wait-ms.",
+        &error,
+    );
+    let not_found = err("Another model id than the served one.");
+    let generation = |ok: Value| {
+        json!({
+            "200": ok,
+            "400": err("Invalid request: a parameter of the wrong type or out of range, an \
+                unsupported or unknown parameter (named in 'param'), a conversation the template \
+                refuses, or a prompt longer than the context."),
+            "403": forbidden,
+            "404": not_found,
+            "408": err("The body did not arrive within --read-timeout-ms."),
+            "413": err("The body is larger than --body-limit."),
+            "415": err("The body is not declared as 'Content-Type: application/json'."),
+            "500": err("The engine failed while generating."),
+            "503": overloaded,
+        })
+    };
+    let body = |schema: Value| json!({"required": true, "content": {"application/json": {"schema": schema}}});
+    let streamed = |description: &str, whole: Value, chunk: Value| {
+        json!({"description": description, "content": {
+            "application/json": {"schema": whole},
+            "text/event-stream": {"schema": event_stream(&chunk, &error)},
+        }})
+    };
+    let chat = json!({"post": {
+        "operationId": "createChatCompletion",
+        "summary": "Chat completion (SSE with 'stream': true).",
+        "requestBody": body(refs.request::<ChatCompletionRequest>()),
+        "responses": generation(streamed(
+            "The answer, or its stream.",
+            refs.response::<ChatCompletion>(),
+            refs.response::<ChatCompletionChunk>(),
+        )),
+    }});
+    let completions = json!({"post": {
+        "operationId": "createCompletion",
+        "summary": "Text completion of one prompt (a string or token ids).",
+        "requestBody": body(refs.request::<CompletionRequest>()),
+        "responses": generation(streamed(
+            "The completion, or its stream.",
+            refs.response::<Completion>(),
+            refs.response::<CompletionChunk>(),
+        )),
+    }});
+    let debug_tokens = json!({"post": {
+        "operationId": "debugTokens",
+        "summary": "Token ids in, generated ids out (no tokenizer).",
+        "requestBody": body(refs.request::<DebugTokensRequest>()),
+        "responses": generation(json_response(
+            "The generated ids.",
+            &refs.response::<DebugTokens>(),
+        )),
+    }});
+    let model = refs.response::<Model>();
+    let models = json!({"get": {
+        "operationId": "listModels",
+        "summary": "The served model.",
+        "responses": {
+            "200": json_response("A list of one model.", &refs.response::<ModelList>()),
+            "403": forbidden,
+            "503": overloaded,
+        },
+    }});
+    let retrieve = json!({"get": {
+        "operationId": "retrieveModel",
+        "summary": "The served model, by id.",
+        "parameters": [{"name": "model", "in": "path", "required": true,
+            "schema": {"type": "string"}}],
+        "responses": {
+            "200": json_response("The model.", &model),
+            "403": forbidden,
+            "404": not_found,
+            "503": overloaded,
+        },
+    }});
+    let health_body = refs.response::<Health>();
+    let health = json!({"get": {
+        "operationId": "health",
+        "summary": "Whether a request sent now would be admitted.",
+        "responses": {
+            "200": json_response("Admitting requests.", &health_body),
+            "403": forbidden,
+            "503": busy("Not admitting requests now (the reason says why).", &health_body),
+        },
+    }});
+    let metrics = json!({"get": {
+        "operationId": "metrics",
+        "summary": "Prometheus text format.",
+        "responses": {
+            "200": {"description": "Every metric.",
+                "content": {"text/plain": {"schema": {"type": "string"}}}},
+            "403": forbidden,
+        },
+    }});
+    let openapi = json!({"get": {
+        "operationId": "openapi",
+        "summary": "This description.",
+        "responses": {
+            "200": json_response("The OpenAPI document.", &json!({"type": "object"})),
+            "403": forbidden,
+        },
+    }});
+    let (schemas, twice) = refs.definitions();
+    let doc = json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "aubier",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "OpenAI-compatible server of aubier (ARCHITECTURE.md § server). Every \
+                error body is OpenAI's {\"error\": {message, type, param, code}}.",
+        },
+        "paths": {
+            "/v1/chat/completions": chat,
+            "/v1/completions": completions,
+            "/debug/tokens": debug_tokens,
+            "/v1/models": models,
+            "/v1/models/{model}": retrieve,
+            "/health": health,
+            "/metrics": metrics,
+            "/openapi.json": openapi,
+        },
+        "components": {"schemas": schemas},
+    });
+    (doc, twice)
+}
+
+/// The document for a server of `model_id` with a vocabulary of `n_vocab` ids and a KV cache of
 /// `kv_max` tokens, as JSON text.
 pub fn spec(model_id: &str, n_vocab: usize, kv_max: usize) -> String {
-    let mut spec: Value = serde_json::from_str(TEMPLATE)
-        .unwrap_or_else(|e| unreachable!("openapi.json is checked by the tests: {e}"));
-    let fills = [
-        ("/components/schemas/ModelId/enum", json!([model_id])),
-        (
-            "/components/schemas/TokenId/maximum",
-            json!(n_vocab.saturating_sub(1)),
-        ),
-        (
-            "/components/schemas/DebugTokensRequest/properties/ids/maxItems",
-            json!(kv_max),
-        ),
-        (
-            "/components/schemas/CompletionRequest/properties/prompt/anyOf/1/maxItems",
-            json!(kv_max),
-        ),
-    ];
-    for (pointer, value) in fills {
-        match spec.pointer_mut(pointer) {
-            Some(slot) => *slot = value,
-            None => unreachable!("openapi.json has no {pointer}"),
-        }
-    }
-    spec.to_string()
+    let (mut doc, _) = document();
+    let schemas = &mut doc["components"]["schemas"];
+    schemas["ModelId"]["enum"] = json!([model_id]);
+    schemas["TokenId"]["maximum"] = json!(n_vocab.saturating_sub(1));
+    schemas["TokenIds"]["maxItems"] = json!(kv_max);
+    doc.to_string()
 }
 
 #[cfg(test)]
@@ -47,10 +253,193 @@ mod tests {
         let s = &v["components"]["schemas"];
         assert_eq!(s["ModelId"]["enum"], json!(["m-1"]));
         assert_eq!(s["TokenId"]["maximum"], 99);
-        assert_eq!(s["DebugTokensRequest"]["properties"]["ids"]["maxItems"], 40);
-        assert_eq!(
-            s["CompletionRequest"]["properties"]["prompt"]["anyOf"][1]["maxItems"],
-            40
+        assert_eq!(s["TokenIds"]["maxItems"], 40);
+    }
+
+    /// Every `$ref` in `v`.
+    fn refs(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                if let Some(Value::String(r)) = m.get("$ref") {
+                    out.push(r.clone());
+                }
+                m.values().for_each(|x| refs(x, out));
+            }
+            Value::Array(a) => a.iter().for_each(|x| refs(x, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_reference_resolves_and_no_name_is_defined_twice() {
+        let (doc, twice) = document();
+        assert!(
+            twice.is_empty(),
+            "defined by a request and a response type: {twice:?}"
         );
+        let mut all = Vec::new();
+        refs(&doc, &mut all);
+        assert!(all.len() > 20, "{all:?}");
+        for r in all {
+            assert!(doc.pointer(r.trim_start_matches('#')).is_some(), "{r}");
+        }
+    }
+
+    /// A validator of request bodies against the document's schema `name`.
+    fn request_validator(doc: &Value, name: &str) -> jsonschema::Validator {
+        let schema = json!({
+            "$ref": format!("#/components/schemas/{name}"),
+            "components": doc["components"],
+        });
+        jsonschema::validator_for(&schema).expect("a valid JSON Schema")
+    }
+
+    #[test]
+    fn only_the_parameters_the_parser_needs_are_required() {
+        let (doc, _) = document();
+        let s = &doc["components"]["schemas"];
+        assert_eq!(
+            s["ChatCompletionRequest"]["required"],
+            json!(["model", "messages"])
+        );
+        assert_eq!(
+            s["CompletionRequest"]["required"],
+            json!(["model", "prompt"])
+        );
+        assert_eq!(
+            s["DebugTokensRequest"]["required"],
+            json!(["ids", "max_tokens"])
+        );
+    }
+
+    #[test]
+    fn the_request_schemas_accept_what_the_parser_accepts() {
+        use super::super::params::{parse_chat, parse_completion, parse_debug_tokens};
+        let doc: Value = serde_json::from_str(&spec("m", 1000, 64)).expect("JSON");
+        let chat = request_validator(&doc, "ChatCompletionRequest");
+        let msg = r#""model":"m","messages":[{"role":"user","content":"hi"}]"#;
+        let chat_cases = [
+            "",
+            r#","temperature":2.5"#,
+            r#","temperature":"hot""#,
+            r#","top_p":0"#,
+            r#","top_p":1e-46"#,
+            r#","top_k":-1"#,
+            r#","top_k":4.0"#,
+            r#","seed":0.5"#,
+            r#","max_tokens":0"#,
+            r#","n":9"#,
+            r#","n":8"#,
+            r#","stop":["a","b","c","d","e"]"#,
+            r#","stop":[""]"#,
+            r#","stop":"x""#,
+            r#","stream_options":{"include_usage":true}"#,
+            r#","stream":true,"stream_options":{"include_usage":true}"#,
+            r#","stream":true,"stream_options":{"x":1}"#,
+            r#","logprobs":true,"top_logprobs":20"#,
+            r#","top_logprobs":3"#,
+            r#","logprobs":1"#,
+            r#","frobnicate":1"#,
+            r#","store":true"#,
+            r#","store":false"#,
+            r#","modalities":["text"]"#,
+            r#","modalities":["text","audio"]"#,
+            r#","service_tier":"flex""#,
+            r#","repetition_penalty":0"#,
+            r#","repetition_penalty":3.402823466385289e38"#,
+            r#","tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"tool_choice":"required""#,
+            r#","tools":[{"type":"function","function":{"name":"f g"}}]"#,
+            r#","tools":[{"type":"function","function":{"name":"f","foo":1}}]"#,
+            r#","tool_choice":"sometimes""#,
+            r#","response_format":{"type":"json_object"}"#,
+            r#","response_format":{"type":"text","x":1}"#,
+            r#","response_format":{"type":"json_schema"}"#,
+            r#","response_format":{"type":"json_schema","json_schema":{"name":"s","schema":{}}}"#,
+            r#","response_format":{"type":"text","json_schema":{"name":"s","schema":{}}}"#,
+            r#","response_format":{"type":"text","json_schema":null}"#,
+            r#","response_format":{"type":"json_schema","json_schema":{"name":"s","schema":3}}"#,
+            r#","reasoning_effort":"medium""#,
+        ];
+        for extra in chat_cases {
+            let body = format!("{{{msg}{extra}}}");
+            let v: Value = serde_json::from_str(&body).expect("JSON");
+            assert_eq!(
+                chat.is_valid(&v),
+                parse_chat(body.as_bytes()).is_ok(),
+                "{body}"
+            );
+        }
+        for messages in [
+            r#"[{"role":"user","content":"x","extra":1}]"#,
+            r#"[{"role":"user","content":[{"type":"thinking","thinking":"t","x":0}]}]"#,
+            r#"[{"role":"user","content":[{"type":"image_url","image_url":"u"}]}]"#,
+            r#"[{"role":"assistant","audio":{"id":"a"}}]"#,
+            r#"[{"role":"assistant","content":"a","reasoning":"r","reasoning_content":"r"}]"#,
+            r#"[{"role":"user","content":"x","name":"n","refusal":null,"annotations":[]}]"#,
+            r#"[{"role":"robot","content":"x"}]"#,
+        ] {
+            let body = format!(r#"{{"model":"m","messages":{messages}}}"#);
+            let v: Value = serde_json::from_str(&body).expect("JSON");
+            assert_eq!(
+                chat.is_valid(&v),
+                parse_chat(body.as_bytes()).is_ok(),
+                "{body}"
+            );
+        }
+        let completion = request_validator(&doc, "CompletionRequest");
+        for extra in [
+            r#""prompt":"x""#,
+            r#""prompt":[1,2.0,3]"#,
+            r#""prompt":[1,-2]"#,
+            r#""prompt":["a","b"]"#,
+            r#""prompt":7"#,
+            r#""prompt":"x","best_of":1"#,
+            r#""prompt":"x","best_of":2"#,
+            r#""prompt":"x","logprobs":6"#,
+            r#""prompt":"x","echo":true"#,
+        ] {
+            let body = format!(r#"{{"model":"m",{extra}}}"#);
+            let v: Value = serde_json::from_str(&body).expect("JSON");
+            assert_eq!(
+                completion.is_valid(&v),
+                parse_completion(body.as_bytes()).is_ok(),
+                "{body}"
+            );
+        }
+        let debug = request_validator(&doc, "DebugTokensRequest");
+        for body in [
+            r#"{"ids":[1,2],"max_tokens":4}"#,
+            r#"{"ids":[1,-2],"max_tokens":4}"#,
+            r#"{"ids":[1]}"#,
+            r#"{"ids":[5.0],"max_tokens":1.0}"#,
+            r#"{"ids":[1],"max_tokens":1,"ignore_eos":true,"x":1}"#,
+        ] {
+            let v: Value = serde_json::from_str(body).expect("JSON");
+            assert_eq!(
+                debug.is_valid(&v),
+                parse_debug_tokens(body.as_bytes()).is_ok(),
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn what_json_schema_cannot_compare_is_the_parsers_alone() {
+        use super::super::params::parse_chat;
+        let doc: Value = serde_json::from_str(&spec("m", 1000, 64)).expect("JSON");
+        let chat = request_validator(&doc, "ChatCompletionRequest");
+        let msg = r#""model":"m","messages":[{"role":"user","content":"hi"}]"#;
+        // Valid for the schema, refused by the parser: rules between values.
+        for extra in [
+            r#","max_tokens":5,"max_completion_tokens":6"#,
+            r#","tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]"#,
+            r#","tool_choice":"required""#,
+            r#","tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}"#,
+        ] {
+            let body = format!("{{{msg}{extra}}}");
+            let v: Value = serde_json::from_str(&body).expect("JSON");
+            assert!(chat.is_valid(&v), "{body}");
+            assert!(parse_chat(body.as_bytes()).is_err(), "{body}");
+        }
     }
 }

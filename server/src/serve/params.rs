@@ -1,23 +1,36 @@
-//! Request parameters: parse and validate the JSON bodies of `/v1/chat/completions`,
-//! `/v1/completions` and `/debug/tokens`.
+//! Request parameters: read the JSON bodies of `/v1/chat/completions`, `/v1/completions` and
+//! `/debug/tokens` into their wire types (`super::api::request`) and validate them into what the
+//! routes run.
 //!
-//! Algorithm: the body is read as one JSON object; each accepted parameter is taken out of it and
-//! type- and range-checked; each recognised but unimplemented parameter is taken out and refused
-//! **by name** unless it carries its default value (a silently ignored parameter would give an answer
-//! that looks like the one the client asked for); any key left over is refused by name as
-//! unrecognised, as the OpenAI API itself does. The same policy holds inside each message of
-//! `messages` (its content chunks and tool calls): known keys are taken, known but unimplemented
-//! ones refused unless at their default, unknown ones refused by name (`messages[1].foo`).
-//! Integers follow JSON Schema: `2.0` is the integer 2. Floats the engine computes in f32
-//! (`temperature`, `top_p`) are checked after narrowing, with the sampler's own rule, so no value
-//! a client sends can reach the engine invalid. The parameter names and defaults follow the OpenAI
-//! API reference (Chat Completions and legacy Completions) and, for `top_k` / `repetition_penalty` /
-//! `min_p` / `ignore_eos` / `continue_final_message`, vLLM's OpenAI server.
+//! Algorithm: the body is parsed as JSON (a 400 `invalid_json` with serde's position) and must be
+//! an object. It is then deserialized into its wire type with the path of a failing field tracked
+//! (serde_path_to_error): an unknown key is a 400 `unknown_parameter` naming its path
+//! (`messages[1].foo`), a missing one `missing_required_parameter`, a value of the wrong kind
+//! `invalid_value` naming it. Then each value is checked: ranges; floats the engine computes in
+//! f32 (`temperature`, `top_p`, the penalties) after narrowing, with the sampler's own rule, so no
+//! value a client sends can reach the engine invalid; values that depend on each other
+//! (`max_tokens` / `max_completion_tokens`, `top_logprobs` / `logprobs`, `stream_options` /
+//! `stream`); and each recognised but unimplemented parameter is refused **by name** unless it
+//! carries its default value (a silently ignored parameter would give an answer that looks like
+//! the one the client asked for), inside messages too. The parameter names and defaults follow
+//! the OpenAI API reference (Chat Completions and legacy Completions) and, for `top_k` /
+//! `repetition_penalty` / `min_p` / `ignore_eos` / `continue_final_message`, vLLM's OpenAI
+//! server.
 
+use super::api::request::{
+    ChatCompletionRequest, CompletionRequest, ContentChunk as WireChunk, DebugTokensRequest,
+    Message, ReasoningEffort, RefusedField, SamplingFields, Stop, StreamOptions,
+    ToolCall as WireToolCall,
+};
+use super::api::scalar::{token_ids, Count, DefaultValue, StrOr};
 use super::error::ApiError;
 use super::tools::{structured, Structured};
 use aubier_runtime::sampler::{SampleError, Sampler, SamplingParams};
-use serde_json::{Map, Number, Value};
+use aubier_runtime::text::chat::{
+    ChatMessage, ChatRequest, ContentChunk, FunctionCall, MessageContent, ToolCall,
+};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 /// Most stop strings one request may carry (the OpenAI limit).
 pub const MAX_STOPS: usize = 4;
@@ -58,9 +71,9 @@ pub struct Sampling {
 pub struct ChatParams {
     /// The `model` field.
     pub model: String,
-    /// `messages`, `tools`, `reasoning_effort` and `continue_final_message`, as a JSON object
-    /// for `aubier_runtime::text::chat::ChatRequest`'s deserializer.
-    pub chat: Value,
+    /// `messages`, `tools`, `reasoning_effort` and `continue_final_message`: what the chat
+    /// template renders.
+    pub chat: ChatRequest,
     /// `tools`, `tool_choice`, `parallel_tool_calls` and `response_format`: the grammar to
     /// enforce and whether tool calls are read.
     pub structured: Structured,
@@ -129,240 +142,110 @@ pub struct DebugTokensParams {
     pub ignore_eos: bool,
 }
 
-/// How a refused parameter's default is recognised.
-#[derive(Clone, Copy, Debug)]
-enum DefaultValue {
-    /// Only `null` (absent).
-    Null,
-    /// `null` or the count 1; any other integer >= 1 is unsupported, anything else invalid.
-    One,
-    /// `null` or `false`.
-    False,
-    /// `null`, `""`, `[]` or `{}`.
-    Empty,
-    /// `null` or one of these strings.
-    OneOf(&'static [&'static str]),
-    /// `null` or `["text"]`.
-    TextModality,
-}
-
-impl DefaultValue {
-    fn holds(self, v: &Value) -> bool {
-        match (self, v) {
-            (_, Value::Null) => true,
-            (DefaultValue::One, Value::Number(n)) => as_uint(n) == Some(1),
-            (DefaultValue::False, Value::Bool(b)) => !b,
-            (DefaultValue::Empty, Value::String(s)) => s.is_empty(),
-            (DefaultValue::Empty, Value::Array(a)) => a.is_empty(),
-            (DefaultValue::Empty, Value::Object(o)) => o.is_empty(),
-            (DefaultValue::OneOf(names), Value::String(s)) => names.contains(&s.as_str()),
-            (DefaultValue::TextModality, Value::Array(a)) => {
-                a.len() == 1 && a[0].as_str() == Some("text")
-            }
-            _ => false,
-        }
-    }
-
-    fn describe(self) -> String {
-        match self {
-            DefaultValue::Null => "null".to_owned(),
-            DefaultValue::One => "1".to_owned(),
-            DefaultValue::False => "false".to_owned(),
-            DefaultValue::Empty => "empty".to_owned(),
-            DefaultValue::OneOf(names) => names.join(" or "),
-            DefaultValue::TextModality => "[\"text\"]".to_owned(),
-        }
-    }
-}
-
-/// Parameters of `/v1/chat/completions` that are recognised but not implemented, with their default.
-const REFUSED_CHAT: &[(&str, DefaultValue)] = &[
-    ("functions", DefaultValue::Empty),
-    ("function_call", DefaultValue::OneOf(&["none", "auto"])),
-    ("logit_bias", DefaultValue::Empty),
-    ("ignore_eos", DefaultValue::False),
-    ("audio", DefaultValue::Null),
-    ("modalities", DefaultValue::TextModality),
-    ("prediction", DefaultValue::Null),
-    ("web_search_options", DefaultValue::Null),
-    ("store", DefaultValue::False),
-    ("metadata", DefaultValue::Empty),
-    ("service_tier", DefaultValue::OneOf(&["auto", "default"])),
-    ("verbosity", DefaultValue::OneOf(&["medium"])),
-];
-
-/// Parameters of `/v1/completions` that are recognised but not implemented, with their default.
-const REFUSED_COMPLETIONS: &[(&str, DefaultValue)] = &[
-    ("best_of", DefaultValue::One),
-    ("echo", DefaultValue::False),
-    ("suffix", DefaultValue::Empty),
-    ("logit_bias", DefaultValue::Empty),
-    ("ignore_eos", DefaultValue::False),
-];
-
-/// Identifier-only parameters: accepted and ignored, because they never change the answer
-/// (`user`, `safety_identifier` and `prompt_cache_key` label the caller for the provider).
-const IDENTIFIERS: &[&str] = &["user", "safety_identifier", "prompt_cache_key"];
-
-/// The names refused on `/v1/chat/completions` when not at their default, in table order.
+/// The names refused on `/v1/chat/completions` when not at their default.
 pub fn refused_chat_parameters() -> impl Iterator<Item = &'static str> {
-    REFUSED_CHAT.iter().map(|(n, _)| *n)
+    let names: Vec<&'static str> = ChatCompletionRequest::default()
+        .refused()
+        .into_iter()
+        .map(|(name, _, _)| name)
+        .collect();
+    names.into_iter()
 }
 
-/// The names refused on `/v1/completions` when not at their default, in table order.
+/// The names refused on `/v1/completions` when not at their default.
 pub fn refused_completion_parameters() -> impl Iterator<Item = &'static str> {
-    REFUSED_COMPLETIONS.iter().map(|(n, _)| *n)
+    let names: Vec<&'static str> = CompletionRequest::default()
+        .refused()
+        .into_iter()
+        .map(|(name, _, _)| name)
+        .collect();
+    names.into_iter()
 }
 
-/// The request body as a JSON object whose keys are taken out as they are validated.
-struct Body {
-    map: Map<String, Value>,
-}
-
-impl Body {
-    /// Parses `bytes`. Errors: 400 `invalid_json` naming serde's position, or when the body is not an
-    /// object.
-    fn parse(bytes: &[u8]) -> Result<Body, ApiError> {
-        let value: Value = serde_json::from_slice(bytes).map_err(|e| {
-            ApiError::invalid(
-                None,
-                "invalid_json",
-                format!("The request body is not valid JSON: {e}."),
-            )
-        })?;
-        match value {
-            Value::Object(map) => Ok(Body { map }),
-            other => Err(ApiError::invalid(
-                None,
-                "invalid_json",
-                format!(
-                    "The request body must be a JSON object, got {}.",
-                    json_kind(&other)
-                ),
-            )),
-        }
-    }
-
-    /// Removes `name`; an explicit `null` counts as absent.
-    fn take(&mut self, name: &str) -> Option<Value> {
-        self.map.remove(name).filter(|v| !v.is_null())
-    }
-
-    fn string(&mut self, name: &str) -> Result<Option<String>, ApiError> {
-        match self.take(name) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(other) => Err(wrong_type(name, "a string", &other)),
-        }
-    }
-
-    fn bool(&mut self, name: &str) -> Result<Option<bool>, ApiError> {
-        match self.take(name) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(b)),
-            Some(other) => Err(wrong_type(name, "a boolean", &other)),
-        }
-    }
-
-    fn number(&mut self, name: &str) -> Result<Option<f64>, ApiError> {
-        match self.take(name) {
-            None => Ok(None),
-            Some(Value::Number(n)) => match n.as_f64() {
-                Some(x) => Ok(Some(x)),
-                None => Err(ApiError::bad_value(
-                    name,
-                    format!("'{name}' is not a finite number."),
-                )),
-            },
-            Some(other) => Err(wrong_type(name, "a number", &other)),
-        }
-    }
-
-    fn uint(&mut self, name: &str) -> Result<Option<u64>, ApiError> {
-        match self.take(name) {
-            None => Ok(None),
-            Some(Value::Number(n)) => as_uint(&n).map(Some).ok_or_else(|| {
-                ApiError::bad_value(
-                    name,
-                    format!("'{name}' must be an integer in [0, 2^64), got {n}."),
-                )
-            }),
-            Some(other) => Err(wrong_type(name, "an integer", &other)),
-        }
-    }
-
-    /// A count of at least 1 (`max_tokens`, `n`): one message for 0, -1, 2.5 or `"x"`.
-    fn count(&mut self, name: &str) -> Result<Option<usize>, ApiError> {
-        match self.take(name) {
-            None => Ok(None),
-            Some(v) => count_of(name, &v).map(Some),
-        }
-    }
-
-    /// Refuses each parameter of `table` present with a non-default value.
-    fn refuse(&mut self, table: &[(&str, DefaultValue)]) -> Result<(), ApiError> {
-        refuse_in(&mut self.map, table, "")
-    }
-
-    /// Removes identifier-only parameters after checking they are strings.
-    fn identifiers(&mut self) -> Result<(), ApiError> {
-        for name in IDENTIFIERS {
-            self.string(name)?;
-        }
-        Ok(())
-    }
-
-    /// Refuses the first key nobody took.
-    fn finish(self) -> Result<(), ApiError> {
-        match self.map.keys().next() {
-            None => Ok(()),
-            Some(k) => Err(unknown_parameter(k)),
-        }
+/// `key` under `path` (serde_path_to_error's `.` is the body itself).
+fn join(path: &str, key: &str) -> String {
+    if path == "." {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
     }
 }
 
-/// The integer `n` holds, if any: JSON Schema counts `2.0` as the integer 2.
-fn as_uint(n: &Number) -> Option<u64> {
-    // 2^64: every integral f64 below it converts to u64 exactly.
-    const LIMIT: f64 = 18_446_744_073_709_551_616.0;
-    n.as_u64().or_else(|| {
-        n.as_f64()
-            .filter(|x| x.fract() == 0.0 && *x >= 0.0 && *x < LIMIT)
-            .map(|x| x as u64)
-    })
+/// The name between the first pair of backticks of serde's `message`, when it starts with
+/// `prefix` (serde's "unknown field `x`, …" and "missing field `x`").
+fn quoted<'a>(message: &'a str, prefix: &str) -> Option<&'a str> {
+    let rest = message.strip_prefix(prefix)?.strip_prefix('`')?;
+    rest.split('`').next()
 }
 
-/// `v` as a count >= 1. Errors: 400 naming `name` for anything else.
-fn count_of(name: &str, v: &Value) -> Result<usize, ApiError> {
-    v.as_number()
-        .and_then(as_uint)
-        .filter(|&n| n >= 1)
-        .and_then(|n| usize::try_from(n).ok())
-        .ok_or_else(|| {
-            ApiError::bad_value(name, format!("'{name}' must be an integer >= 1, got {v}."))
-        })
+/// The 400 of a body that does not deserialize into its wire type, naming the field's path.
+fn field_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = e.path().to_string();
+    let message = e.inner().to_string();
+    if let Some(key) = quoted(&message, "unknown field ") {
+        // Inside an internally tagged object (a content chunk) the path stops at the object.
+        let param = if path == key || path.ends_with(&format!(".{key}")) {
+            path
+        } else {
+            join(&path, key)
+        };
+        return unknown_parameter(&param);
+    }
+    if let Some(key) = quoted(&message, "missing field ") {
+        return missing_parameter(&join(&path, key));
+    }
+    let text = match message.strip_prefix("must ") {
+        Some(rule) => format!("'{path}' must {rule}."),
+        None => format!("Invalid value for '{path}': {message}."),
+    };
+    ApiError::bad_value(&path, text)
 }
 
-/// Refuses each parameter of `table` in `map` present with a non-default value (`prefix` names
-/// the enclosing object, as `messages[0].`). A [`DefaultValue::One`] parameter that is not a
-/// count at all is invalid rather than unsupported.
-fn refuse_in(
-    map: &mut Map<String, Value>,
-    table: &[(&str, DefaultValue)],
-    prefix: &str,
-) -> Result<(), ApiError> {
-    for (name, default) in table {
-        if let Some(v) = map.remove(*name) {
-            let full = format!("{prefix}{name}");
-            if matches!(default, DefaultValue::One) && !v.is_null() {
-                count_of(&full, &v)?;
-            }
-            if !default.holds(&v) {
-                return Err(ApiError::unsupported(
+/// Reads `bytes` as the wire type `T`.
+///
+/// Errors: 400 `invalid_json` for malformed JSON or a body that is not an object; else
+/// [`field_error`]'s.
+fn read<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::invalid(
+            None,
+            "invalid_json",
+            format!("The request body is not valid JSON: {e}."),
+        )
+    })?;
+    if !value.is_object() {
+        return Err(ApiError::invalid(
+            None,
+            "invalid_json",
+            format!(
+                "The request body must be a JSON object, got {}.",
+                json_kind(&value)
+            ),
+        ));
+    }
+    serde_path_to_error::deserialize(value).map_err(field_error)
+}
+
+/// Refuses each of `fields` sent with a non-default value, named under `prefix`
+/// (`messages[0].`). A [`DefaultValue::One`] parameter that is not a count at all is invalid
+/// rather than unsupported.
+fn refuse(fields: &[RefusedField<'_>], prefix: &str) -> Result<(), ApiError> {
+    for (name, v, default) in fields {
+        let full = format!("{prefix}{name}");
+        if matches!(default, DefaultValue::One) && !v.is_null() {
+            let counted = serde_json::from_value::<Count>((*v).clone()).is_ok();
+            if !counted {
+                return Err(ApiError::bad_value(
                     &full,
-                    &format!("is not implemented (default {})", default.describe()),
+                    format!("'{full}' must be an integer >= 1, got {v}."),
                 ));
             }
+        }
+        if !default.holds(v) {
+            return Err(ApiError::unsupported(
+                &full,
+                &format!("is not implemented (default {})", default.describe()),
+            ));
         }
     }
     Ok(())
@@ -386,79 +269,6 @@ pub(super) fn unknown_parameter(name: &str) -> ApiError {
     )
 }
 
-/// Keys of a message the chat template reads (`reasoning` is `reasoning_content`'s other name).
-const MESSAGE_KEYS: &[&str] = &[
-    "role",
-    "content",
-    "reasoning_content",
-    "reasoning",
-    "tool_calls",
-    "tool_call_id",
-    "name",
-];
-
-/// Message keys of the OpenAI API that aubier does not implement, with their default.
-const REFUSED_MESSAGE: &[(&str, DefaultValue)] = &[
-    ("refusal", DefaultValue::Null),
-    ("audio", DefaultValue::Null),
-    ("function_call", DefaultValue::Null),
-    ("annotations", DefaultValue::Empty),
-];
-
-/// Applies the unknown-key policy to an object inside `messages`: `known` keys stay, `refused`
-/// ones are taken out (and refused unless at their default), anything else is refused by name.
-/// Values that are not objects are left to the chat deserializer, which names their type.
-fn check_object(
-    value: &mut Value,
-    known: &[&str],
-    refused: &[(&str, DefaultValue)],
-    prefix: &str,
-) -> Result<(), ApiError> {
-    let Value::Object(map) = value else {
-        return Ok(());
-    };
-    refuse_in(map, refused, prefix)?;
-    match map.keys().find(|k| !known.contains(&k.as_str())) {
-        None => Ok(()),
-        Some(k) => Err(unknown_parameter(&format!("{prefix}{k}"))),
-    }
-}
-
-/// Checks every message, content chunk and tool call of `messages` for unknown keys (see the
-/// module note).
-fn check_messages(messages: &mut [Value]) -> Result<(), ApiError> {
-    for (i, message) in messages.iter_mut().enumerate() {
-        let prefix = format!("messages[{i}].");
-        check_object(message, MESSAGE_KEYS, REFUSED_MESSAGE, &prefix)?;
-        if let Some(Value::Array(chunks)) = message.get_mut("content") {
-            for (j, chunk) in chunks.iter_mut().enumerate() {
-                let known: &[&str] = match chunk.get("type").and_then(Value::as_str) {
-                    Some("text") => &["type", "text"],
-                    Some("thinking") => &["type", "thinking", "closed"],
-                    // Other chunk types (images, audio) are refused by the template as a whole.
-                    _ => continue,
-                };
-                check_object(chunk, known, &[], &format!("{prefix}content[{j}]."))?;
-            }
-        }
-        if let Some(Value::Array(calls)) = message.get_mut("tool_calls") {
-            for (j, call) in calls.iter_mut().enumerate() {
-                let call_prefix = format!("{prefix}tool_calls[{j}].");
-                check_object(call, &["id", "type", "function"], &[], &call_prefix)?;
-                if let Some(f) = call.get_mut("function") {
-                    check_object(
-                        f,
-                        &["name", "arguments"],
-                        &[],
-                        &format!("{call_prefix}function."),
-                    )?;
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
 fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
@@ -470,32 +280,27 @@ fn json_kind(v: &Value) -> &'static str {
     }
 }
 
-/// 400 `invalid_value`: `name` must be `want` (`"a string"`) but is another JSON kind.
-pub(super) fn wrong_type(name: &str, want: &str, got: &Value) -> ApiError {
-    ApiError::bad_value(
-        name,
-        format!("'{name}' must be {want}, got {}.", json_kind(got)),
-    )
+/// A count as `usize`. Errors: 400 naming `name` when it does not fit.
+fn count(name: &str, c: Option<Count>) -> Result<Option<usize>, ApiError> {
+    c.map(|Count(n)| {
+        usize::try_from(n)
+            .map_err(|_| ApiError::bad_value(name, format!("'{name}' {n} is too large.")))
+    })
+    .transpose()
 }
 
-fn required_model(body: &mut Body) -> Result<String, ApiError> {
-    body.string("model")?
-        .ok_or_else(|| missing_parameter("model"))
-}
-
-/// `name` as an f32 in `[lo, hi]`, or `default` when absent; also the value sent.
+/// `sent` as an f32 in `[lo, hi]`, or `default` when absent.
 ///
 /// Errors: 400 naming `name` outside the range.
 fn bounded(
-    body: &mut Body,
     name: &str,
+    sent: Option<f64>,
     default: f32,
     (lo, hi): (f64, f64),
-) -> Result<(f32, Option<f64>), ApiError> {
-    let sent = body.number(name)?;
+) -> Result<f32, ApiError> {
     match sent {
-        None => Ok((default, None)),
-        Some(x) if (lo..=hi).contains(&x) => Ok((x as f32, sent)),
+        None => Ok(default),
+        Some(x) if (lo..=hi).contains(&x) => Ok(x as f32),
         Some(x) => Err(ApiError::bad_value(
             name,
             format!("'{name}' must be in [{lo}, {hi}], got {x}."),
@@ -503,17 +308,19 @@ fn bounded(
     }
 }
 
-/// `temperature` / `top_p` / `top_k` / `min_p` / `presence_penalty` / `frequency_penalty` /
-/// `repetition_penalty` / `seed` with the given temperature default.
+/// The sampling settings with the given temperature default.
 ///
 /// Errors: 400 for a value outside the documented range, and for one the engine's f32 makes
 /// invalid (`top_p` 1e-46 is 0 in f32): the narrowed values are checked with the sampler's own
 /// rule ([`Sampler::new`]), so a request that passes here never fails in the sampler.
-fn sampling(body: &mut Body, default_temperature: f32) -> Result<Sampling, ApiError> {
-    let (temperature, sent_temperature) =
-        bounded(body, "temperature", default_temperature, (0.0, 2.0))?;
-    let sent_top_p = body.number("top_p")?;
-    let top_p = match sent_top_p {
+fn sampling(f: SamplingFields, default_temperature: f32) -> Result<Sampling, ApiError> {
+    let temperature = bounded(
+        "temperature",
+        f.temperature,
+        default_temperature,
+        (0.0, 2.0),
+    )?;
+    let top_p = match f.top_p {
         None => 1.0,
         Some(p) if p > 0.0 && p <= 1.0 => p as f32,
         Some(p) => {
@@ -523,16 +330,15 @@ fn sampling(body: &mut Body, default_temperature: f32) -> Result<Sampling, ApiEr
             ))
         }
     };
-    let top_k = match body.uint("top_k")? {
+    let top_k = match f.top_k {
         None => 0,
-        Some(k) => usize::try_from(k)
-            .map_err(|_| ApiError::bad_value("top_k", format!("'top_k' {k} is too large.")))?,
+        Some(k) => usize::try_from(k.0)
+            .map_err(|_| ApiError::bad_value("top_k", format!("'top_k' {} is too large.", k.0)))?,
     };
-    let (min_p, sent_min_p) = bounded(body, "min_p", 0.0, (0.0, 1.0))?;
-    let (presence_penalty, sent_presence) = bounded(body, "presence_penalty", 0.0, (-2.0, 2.0))?;
-    let (frequency_penalty, sent_frequency) = bounded(body, "frequency_penalty", 0.0, (-2.0, 2.0))?;
-    let sent_repetition = body.number("repetition_penalty")?;
-    let repetition_penalty = match sent_repetition {
+    let min_p = bounded("min_p", f.min_p, 0.0, (0.0, 1.0))?;
+    let presence_penalty = bounded("presence_penalty", f.presence_penalty, 0.0, (-2.0, 2.0))?;
+    let frequency_penalty = bounded("frequency_penalty", f.frequency_penalty, 0.0, (-2.0, 2.0))?;
+    let repetition_penalty = match f.repetition_penalty {
         None => 1.0,
         Some(p) if p > 0.0 && p <= f64::from(f32::MAX) => p as f32,
         Some(p) => {
@@ -545,7 +351,7 @@ fn sampling(body: &mut Body, default_temperature: f32) -> Result<Sampling, ApiEr
             ))
         }
     };
-    let seed = body.uint("seed")?;
+    let seed = f.seed.map(|s| s.0);
     let engine_params = SamplingParams {
         temperature,
         top_p,
@@ -558,12 +364,12 @@ fn sampling(body: &mut Body, default_temperature: f32) -> Result<Sampling, ApiEr
     };
     if let Err(e) = Sampler::new(engine_params) {
         let (name, sent) = match e {
-            SampleError::Temperature(_) => ("temperature", sent_temperature),
-            SampleError::TopP(_) => ("top_p", sent_top_p),
-            SampleError::MinP(_) => ("min_p", sent_min_p),
-            SampleError::PresencePenalty(_) => ("presence_penalty", sent_presence),
-            SampleError::FrequencyPenalty(_) => ("frequency_penalty", sent_frequency),
-            SampleError::RepetitionPenalty(_) => ("repetition_penalty", sent_repetition),
+            SampleError::Temperature(_) => ("temperature", f.temperature),
+            SampleError::TopP(_) => ("top_p", f.top_p),
+            SampleError::MinP(_) => ("min_p", f.min_p),
+            SampleError::PresencePenalty(_) => ("presence_penalty", f.presence_penalty),
+            SampleError::FrequencyPenalty(_) => ("frequency_penalty", f.frequency_penalty),
+            SampleError::RepetitionPenalty(_) => ("repetition_penalty", f.repetition_penalty),
             SampleError::Empty | SampleError::NoFinite => {
                 return Err(ApiError::internal(format!(
                     "The sampler refused its parameters: {e}."
@@ -593,11 +399,11 @@ fn sampling(body: &mut Body, default_temperature: f32) -> Result<Sampling, ApiEr
 /// `n`: a count in [1, [`MAX_CHOICES`]], default 1.
 ///
 /// Errors: 400 naming `n` for anything else.
-fn choices(body: &mut Body) -> Result<usize, ApiError> {
-    match body.count("n")? {
+fn choices(n: Option<Count>) -> Result<usize, ApiError> {
+    match n {
         None => Ok(1),
-        Some(n) if n <= MAX_CHOICES => Ok(n),
-        Some(n) => Err(ApiError::bad_value(
+        Some(Count(n)) if n <= MAX_CHOICES as u64 => Ok(n as usize),
+        Some(Count(n)) => Err(ApiError::bad_value(
             "n",
             format!("'n' must be at most {MAX_CHOICES}, got {n}."),
         )),
@@ -609,9 +415,8 @@ fn choices(body: &mut Body) -> Result<usize, ApiError> {
 /// alone, as it changes nothing).
 ///
 /// Errors: 400 naming the parameter at fault.
-fn chat_logprobs(body: &mut Body) -> Result<Option<usize>, ApiError> {
-    let on = body.bool("logprobs")?.unwrap_or(false);
-    let top = body.uint("top_logprobs")?;
+fn chat_logprobs(on: Option<bool>, top: Option<u64>) -> Result<Option<usize>, ApiError> {
+    let on = on.unwrap_or(false);
     match top {
         Some(k) if k > MAX_TOP_LOGPROBS => Err(ApiError::bad_value(
             "top_logprobs",
@@ -628,8 +433,8 @@ fn chat_logprobs(body: &mut Body) -> Result<Option<usize>, ApiError> {
 /// Legacy completions `logprobs`: an integer in 0..=[`MAX_COMPLETION_LOGPROBS`], or absent.
 ///
 /// Errors: 400 naming `logprobs` for anything else.
-fn completion_logprobs(body: &mut Body) -> Result<Option<usize>, ApiError> {
-    match body.uint("logprobs")? {
+fn completion_logprobs(k: Option<u64>) -> Result<Option<usize>, ApiError> {
+    match k {
         Some(k) if k > MAX_COMPLETION_LOGPROBS => Err(ApiError::bad_value(
             "logprobs",
             format!("'logprobs' must be in [0, {MAX_COMPLETION_LOGPROBS}], got {k}."),
@@ -638,50 +443,12 @@ fn completion_logprobs(body: &mut Body) -> Result<Option<usize>, ApiError> {
     }
 }
 
-/// The elements of a JSON array of token ids as u32 (`name[i]` names a bad one).
-///
-/// Errors: 400 naming `name` for an element that is not an integer in [0, 2^32).
-fn token_ids(name: &str, items: &[Value]) -> Result<Vec<u32>, ApiError> {
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            v.as_number()
-                .and_then(as_uint)
-                .and_then(|x| u32::try_from(x).ok())
-                .ok_or_else(|| {
-                    ApiError::bad_value(
-                        name,
-                        format!("'{name}[{i}]' is not a token id (u32): {v}."),
-                    )
-                })
-        })
-        .collect()
-}
-
 /// `stop`: a string or an array of up to [`MAX_STOPS`] non-empty strings.
-fn stop(body: &mut Body) -> Result<Vec<String>, ApiError> {
-    let stops = match body.take("stop") {
+fn stop(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
+    let stops = match stop {
         None => Vec::new(),
-        Some(Value::String(s)) => vec![s],
-        Some(Value::Array(items)) => items
-            .into_iter()
-            .map(|v| match v {
-                Value::String(s) => Ok(s),
-                other => Err(wrong_type(
-                    "stop",
-                    "a string or an array of strings",
-                    &other,
-                )),
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-        Some(other) => {
-            return Err(wrong_type(
-                "stop",
-                "a string or an array of strings",
-                &other,
-            ))
-        }
+        Some(StrOr::Str(s)) => vec![s],
+        Some(StrOr::Other(list)) => list,
     };
     if stops.len() > MAX_STOPS {
         return Err(ApiError::bad_value(
@@ -701,42 +468,69 @@ fn stop(body: &mut Body) -> Result<Vec<String>, ApiError> {
     Ok(stops)
 }
 
-/// `stream` and `stream_options` (`include_usage`; `include_obfuscation` is accepted and has no
+/// `stream` and `stream_options.include_usage` (`include_obfuscation` is accepted and has no
 /// effect, since aubier never pads its chunks). `stream_options` without `stream` is refused, as
 /// the OpenAI API does.
-fn stream(body: &mut Body) -> Result<(bool, bool), ApiError> {
-    let stream = body.bool("stream")?.unwrap_or(false);
-    let mut include_usage = false;
-    match body.take("stream_options") {
-        None => {}
-        Some(Value::Object(opts)) => {
-            if !stream {
-                return Err(ApiError::bad_value(
-                    "stream_options",
-                    "'stream_options' is only allowed when 'stream' is true.",
-                ));
-            }
-            for (k, v) in opts {
-                match (k.as_str(), v) {
-                    (_, Value::Null) => {}
-                    ("include_usage", Value::Bool(b)) => include_usage = b,
-                    ("include_obfuscation", Value::Bool(_)) => {}
-                    ("include_usage" | "include_obfuscation", other) => {
-                        return Err(wrong_type(
-                            &format!("stream_options.{k}"),
-                            "a boolean",
-                            &other,
-                        ))
-                    }
-                    (other, _) => {
-                        return Err(unknown_parameter(&format!("stream_options.{other}")))
-                    }
-                }
-            }
-        }
-        Some(other) => return Err(wrong_type("stream_options", "an object", &other)),
+fn stream(stream: Option<bool>, options: Option<StreamOptions>) -> Result<(bool, bool), ApiError> {
+    let stream = stream.unwrap_or(false);
+    match options {
+        Some(_) if !stream => Err(ApiError::bad_value(
+            "stream_options",
+            "'stream_options' is only allowed when 'stream' is true.",
+        )),
+        options => Ok((
+            stream,
+            options.and_then(|o| o.include_usage).unwrap_or(false),
+        )),
     }
-    Ok((stream, include_usage))
+}
+
+fn chunk(c: WireChunk) -> ContentChunk {
+    match c {
+        WireChunk::Text { text } => ContentChunk::Text { text },
+        WireChunk::Thinking { thinking, closed } => ContentChunk::Thinking {
+            thinking,
+            closed: closed.unwrap_or(true),
+        },
+    }
+}
+
+fn tool_call(c: WireToolCall) -> ToolCall {
+    ToolCall {
+        id: c.id,
+        kind: c.kind,
+        function: FunctionCall {
+            name: c.function.name,
+            arguments: c.function.arguments.unwrap_or(Value::Null),
+        },
+    }
+}
+
+/// Message `i` as the chat template reads it.
+///
+/// Errors: 400 naming a refused key sent with a non-default value, or `reasoning` sent beside
+/// `reasoning_content` (two names of one field).
+fn message(i: usize, m: Message) -> Result<ChatMessage, ApiError> {
+    let prefix = format!("messages[{i}].");
+    refuse(&m.refused(), &prefix)?;
+    if m.reasoning.is_some() && m.reasoning_content.is_some() {
+        let name = format!("{prefix}reasoning");
+        return Err(ApiError::bad_value(
+            &name,
+            format!("'{name}' is another name of 'reasoning_content'; send one of them."),
+        ));
+    }
+    Ok(ChatMessage {
+        role: m.role.0,
+        content: m.content.map(|c| match c {
+            StrOr::Str(s) => MessageContent::Text(s),
+            StrOr::Other(chunks) => MessageContent::Chunks(chunks.into_iter().map(chunk).collect()),
+        }),
+        reasoning_content: m.reasoning_content.or(m.reasoning),
+        tool_calls: m.tool_calls.map(|c| c.into_iter().map(tool_call).collect()),
+        tool_call_id: m.tool_call_id,
+        name: m.name,
+    })
 }
 
 /// Parses and validates a chat completion request body.
@@ -745,38 +539,17 @@ fn stream(body: &mut Body) -> Result<(bool, bool), ApiError> {
 /// of range, more than [`MAX_STOPS`] stops, a refused parameter at a non-default value (named in
 /// `param`), or an unrecognised parameter.
 pub fn parse_chat(bytes: &[u8]) -> Result<ChatParams, ApiError> {
-    let mut body = Body::parse(bytes)?;
-    let model = required_model(&mut body)?;
-    let messages = match body.take("messages") {
-        Some(Value::Array(mut m)) => {
-            check_messages(&mut m)?;
-            Value::Array(m)
-        }
-        Some(other) => return Err(wrong_type("messages", "an array", &other)),
-        None => return Err(missing_parameter("messages")),
-    };
-    let mut chat = Map::new();
-    chat.insert("messages".to_owned(), messages);
-    let effort = body.string("reasoning_effort")?;
-    let tools = body.take("tools");
+    let r: ChatCompletionRequest = read(bytes)?;
+    refuse(&r.refused(), "")?;
     let structured = structured(
-        tools.as_ref(),
-        body.take("tool_choice"),
-        body.bool("parallel_tool_calls")?,
-        body.take("response_format"),
-        effort.as_deref() == Some("high"),
+        r.tools.as_deref().unwrap_or_default(),
+        r.tool_choice.clone(),
+        r.parallel_tool_calls,
+        r.response_format.clone(),
+        r.reasoning_effort == Some(ReasoningEffort::High),
     )?;
-    if let Some(tools) = tools {
-        chat.insert("tools".to_owned(), tools);
-    }
-    if let Some(effort) = effort {
-        chat.insert("reasoning_effort".to_owned(), Value::String(effort));
-    }
-    if let Some(cont) = body.bool("continue_final_message")? {
-        chat.insert("continue_final_message".to_owned(), Value::Bool(cont));
-    }
-    let max_new = body.count("max_completion_tokens")?;
-    let max_old = body.count("max_tokens")?;
+    let max_new = count("max_completion_tokens", r.max_completion_tokens)?;
+    let max_old = count("max_tokens", r.max_tokens)?;
     let max_tokens = match (max_new, max_old) {
         (Some(a), Some(b)) if a != b => {
             return Err(ApiError::bad_value(
@@ -786,17 +559,39 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatParams, ApiError> {
         }
         (a, b) => a.or(b),
     };
-    let sampling = sampling(&mut body, 1.0)?;
-    let stop = stop(&mut body)?;
-    let (stream, include_usage) = stream(&mut body)?;
-    let n = choices(&mut body)?;
-    let logprobs = chat_logprobs(&mut body)?;
-    body.refuse(REFUSED_CHAT)?;
-    body.identifiers()?;
-    body.finish()?;
+    let sampling = sampling(r.sampling_fields(), 1.0)?;
+    let (stream, include_usage) = stream(r.stream, r.stream_options)?;
+    let n = choices(r.n)?;
+    let logprobs = chat_logprobs(r.logprobs, r.top_logprobs.map(|k| k.0))?;
+    let stop = stop(r.stop)?;
+    let tools =
+        match &r.tools {
+            Some(tools) => Some(serde_json::to_value(tools).map_err(|e| {
+                ApiError::internal(format!("The tools do not serialize again: {e}."))
+            })?),
+            None => None,
+        };
+    let messages = r
+        .messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| message(i, m))
+        .collect::<Result<Vec<_>, _>>()?;
+    let chat = ChatRequest {
+        messages,
+        tools,
+        reasoning_effort: r.reasoning_effort.map(|e| {
+            match e {
+                ReasoningEffort::None => "none",
+                ReasoningEffort::High => "high",
+            }
+            .to_owned()
+        }),
+        continue_final_message: r.continue_final_message.unwrap_or(false),
+    };
     Ok(ChatParams {
-        model,
-        chat: Value::Object(chat),
+        model: r.model.0,
+        chat,
         structured,
         max_tokens,
         sampling,
@@ -808,46 +603,49 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatParams, ApiError> {
     })
 }
 
+/// The prompt of a legacy completion: one string, or one array of token ids (OpenAI's API takes
+/// both).
+///
+/// Errors: 400 `unsupported_parameter` for a batch (an array of strings or of token-id arrays),
+/// `invalid_value` for anything else that is neither.
+fn prompt(v: Value) -> Result<Prompt, ApiError> {
+    match v {
+        Value::String(s) => Ok(Prompt::Text(s)),
+        Value::Array(items) if items.iter().all(Value::is_number) => token_ids("prompt", &items)
+            .map(Prompt::Ids)
+            .map_err(|e| ApiError::bad_value("prompt", format!("{e}."))),
+        Value::Array(items) if items.iter().all(|v| v.is_string() || v.is_array()) => {
+            Err(ApiError::unsupported(
+                "prompt",
+                "as a batch (an array of strings or of token-id arrays) is not implemented; send one string or one array of token ids",
+            ))
+        }
+        other => Err(ApiError::bad_value(
+            "prompt",
+            format!(
+                "'prompt' must be a string or an array of token ids, got {}.",
+                json_kind(&other)
+            ),
+        )),
+    }
+}
+
 /// Parses and validates a (legacy) completion request body. `prompt` is one string or one array
 /// of token ids (OpenAI's API takes both); a batch of prompts is refused.
 ///
 /// Errors: as [`parse_chat`], with `prompt` in place of `messages`.
 pub fn parse_completion(bytes: &[u8]) -> Result<CompletionParams, ApiError> {
-    let mut body = Body::parse(bytes)?;
-    let model = required_model(&mut body)?;
-    let prompt = match body.take("prompt") {
-        Some(Value::String(s)) => Prompt::Text(s),
-        Some(Value::Array(items)) if items.iter().all(Value::is_number) => {
-            Prompt::Ids(token_ids("prompt", &items)?)
-        }
-        Some(Value::Array(items)) if items.iter().all(|v| v.is_string() || v.is_array()) => {
-            return Err(ApiError::unsupported(
-                "prompt",
-                "as a batch (an array of strings or of token-id arrays) is not implemented; send one string or one array of token ids",
-            ))
-        }
-        Some(other) => {
-            return Err(wrong_type(
-                "prompt",
-                "a string or an array of token ids",
-                &other,
-            ))
-        }
-        None => {
-            return Err(missing_parameter("prompt"))
-        }
-    };
-    let max_tokens = body.count("max_tokens")?.unwrap_or(16);
-    let sampling = sampling(&mut body, 1.0)?;
-    let stop = stop(&mut body)?;
-    let (stream, include_usage) = stream(&mut body)?;
-    let n = choices(&mut body)?;
-    let logprobs = completion_logprobs(&mut body)?;
-    body.refuse(REFUSED_COMPLETIONS)?;
-    body.identifiers()?;
-    body.finish()?;
+    let r: CompletionRequest = read(bytes)?;
+    refuse(&r.refused(), "")?;
+    let prompt = prompt(r.prompt.0.clone())?;
+    let max_tokens = count("max_tokens", r.max_tokens)?.unwrap_or(16);
+    let sampling = sampling(r.sampling_fields(), 1.0)?;
+    let (stream, include_usage) = stream(r.stream, r.stream_options)?;
+    let n = choices(r.n)?;
+    let logprobs = completion_logprobs(r.logprobs.map(|k| k.0))?;
+    let stop = stop(r.stop)?;
     Ok(CompletionParams {
-        model,
+        model: r.model.0,
         prompt,
         max_tokens,
         sampling,
@@ -866,29 +664,21 @@ pub fn parse_completion(bytes: &[u8]) -> Result<CompletionParams, ApiError> {
 /// Errors: 400 for malformed JSON, missing `ids` / `max_tokens`, an id that is not a u32, bad
 /// sampling values, or an unrecognised parameter.
 pub fn parse_debug_tokens(bytes: &[u8]) -> Result<DebugTokensParams, ApiError> {
-    let mut body = Body::parse(bytes)?;
-    let model = body.string("model")?;
-    let ids = match body.take("ids") {
-        Some(Value::Array(items)) => token_ids("ids", &items)?,
-        Some(other) => return Err(wrong_type("ids", "an array of token ids", &other)),
-        None => return Err(missing_parameter("ids")),
-    };
-    let max_tokens = match body.uint("max_tokens")? {
-        Some(n) => usize::try_from(n).map_err(|_| {
-            ApiError::bad_value("max_tokens", format!("'max_tokens' {n} is too large."))
-        })?,
-        None => return Err(missing_parameter("max_tokens")),
-    };
-    let mut sampling = sampling(&mut body, 0.0)?;
+    let r: DebugTokensRequest = read(bytes)?;
+    let max_tokens = usize::try_from(r.max_tokens.0).map_err(|_| {
+        ApiError::bad_value(
+            "max_tokens",
+            format!("'max_tokens' {} is too large.", r.max_tokens.0),
+        )
+    })?;
+    let mut sampling = sampling(r.sampling_fields(), 0.0)?;
     sampling.seed = Some(sampling.seed.unwrap_or(0));
-    let ignore_eos = body.bool("ignore_eos")?.unwrap_or(false);
-    body.finish()?;
     Ok(DebugTokensParams {
-        model,
-        ids,
+        model: r.model.map(|m| m.0),
+        ids: r.ids.0,
         max_tokens,
         sampling,
-        ignore_eos,
+        ignore_eos: r.ignore_eos.unwrap_or(false),
     })
 }
 
@@ -1140,6 +930,11 @@ mod tests {
                 r#","repetition_penalty":3.4028234663852894e38"#,
                 "repetition_penalty",
             ),
+            // The double just above f32::MAX (parsed to the nearest f64, not one below).
+            (
+                r#","repetition_penalty":3.402823466385289e38"#,
+                "repetition_penalty",
+            ),
         ] {
             let e = chat(extra).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{extra}: {}", e.message);
@@ -1247,7 +1042,7 @@ mod tests {
                 .as_bytes(),
         )
         .unwrap();
-        assert_eq!(p.chat["messages"][0]["name"], "n");
+        assert_eq!(p.chat.messages[0].name.as_deref(), Some("n"));
     }
 
     #[test]

@@ -191,14 +191,11 @@ impl TextModel {
     /// control token.
     pub fn chat_prompt_within(
         &self,
-        chat: serde_json::Value,
+        request: &ChatRequest,
         limit: usize,
     ) -> Result<Option<Vec<u32>>, ApiError> {
-        let request: ChatRequest = serde_json::from_value(chat).map_err(|e| {
-            ApiError::bad_value("messages", format!("'messages' is malformed: {e}."))
-        })?;
         self.template
-            .render_ids_within(&request, &self.tokenizer, limit)
+            .render_ids_within(request, &self.tokenizer, limit)
             .map_err(|e| match e {
                 ChatError::ReasoningEffort(_) => {
                     ApiError::bad_value("reasoning_effort", e.to_string())
@@ -213,10 +210,10 @@ impl TextModel {
     /// [`TextModel::chat_prompt_within`] with no limit.
     ///
     /// Errors: those of [`TextModel::chat_prompt_within`].
-    pub fn chat_prompt(&self, chat: serde_json::Value) -> Result<Vec<u32>, ApiError> {
+    pub fn chat_prompt(&self, request: &ChatRequest) -> Result<Vec<u32>, ApiError> {
         // No prompt has more than usize::MAX ids, so the limit never applies.
         Ok(self
-            .chat_prompt_within(chat, usize::MAX)?
+            .chat_prompt_within(request, usize::MAX)?
             .unwrap_or_default())
     }
 

@@ -94,7 +94,17 @@ pub enum Role {
 }
 
 impl Role {
-    fn name(self) -> &'static str {
+    /// Every role, in declaration order.
+    pub const ALL: [Role; 5] = [
+        Role::System,
+        Role::Developer,
+        Role::User,
+        Role::Assistant,
+        Role::Tool,
+    ];
+
+    /// The role's name in a request (`"user"`).
+    pub fn name(self) -> &'static str {
         match self {
             Role::System => "system",
             Role::Developer => "developer",
