@@ -17,14 +17,16 @@
 //! finishes with [`FinishReason::Length`].
 //!
 //! With a [`Constraint`] (structured output, tool calls) the disallowed logits are set to −∞
-//! before each sample and the sampled id is committed to it; the next step's mask is computed on
-//! a scoped thread while the session runs the step, and joined before the next sample (the first
-//! mask likewise overlaps the prefill). EOS is then sampled only where the grammar accepts.
+//! before each sample and the sampled id is committed to it; the next step's mask is computed by
+//! the request's mask worker (one scoped thread, which the constraint is handed to and back)
+//! while the session runs the step, and received before the next sample (the first mask likewise
+//! overlaps the prefill). EOS is then sampled only where the grammar accepts.
 
 use crate::sampler::{token_logprobs, SampleError, Sampler, SamplingParams, TokenLogprobs};
 use crate::session::Session;
 use crate::text::grammar::{Constraint, GrammarError};
 use std::ops::ControlFlow;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// What the decode loop drives: tokens in at the next positions, one row of logits out per token.
@@ -168,7 +170,86 @@ pub fn generate(
     session: &mut dyn Stepper,
     prompt: &[u32],
     params: &GenerateParams,
-    mut constraint: Option<&mut Constraint>,
+    constraint: Option<&mut Constraint>,
+    on_token: &mut dyn FnMut(&GeneratedToken) -> ControlFlow<()>,
+) -> Result<GenerateOutput, GenerateError> {
+    let Some(c) = constraint else {
+        return decode(session, prompt, params, &mut Mask::default(), on_token);
+    };
+    // One mask worker for the whole request: the constraint goes to it for each mask and comes
+    // back with the result.
+    std::thread::scope(|s| {
+        let (to_worker, jobs) = mpsc::channel::<&mut Constraint>();
+        let (to_loop, done) = mpsc::channel();
+        s.spawn(move || {
+            for c in jobs {
+                let result = c.compute_mask();
+                if to_loop.send((c, result)).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut mask = Mask {
+            held: Some(c),
+            link: Some((to_worker, done)),
+        };
+        decode(session, prompt, params, &mut mask, on_token)
+    })
+}
+
+/// A mask computed by the worker: the constraint handed back, and the computation's result.
+type Computed<'c> = (&'c mut Constraint, Result<(), GrammarError>);
+
+/// The constraint of a request and the channels to its mask worker; empty without one.
+#[derive(Default)]
+struct Mask<'c> {
+    /// The constraint, while the loop holds it.
+    held: Option<&'c mut Constraint>,
+    /// To the worker and back.
+    link: Option<(
+        mpsc::Sender<&'c mut Constraint>,
+        mpsc::Receiver<Computed<'c>>,
+    )>,
+}
+
+impl Mask<'_> {
+    fn constraint(&mut self) -> Option<&mut Constraint> {
+        self.held.as_deref_mut()
+    }
+
+    /// Runs `step` on this thread while the worker computes the constraint's next mask; adds the
+    /// time spent waiting for the mask after `step` returned to `wait`. The step's error comes
+    /// first, then the mask's.
+    fn overlap<T>(
+        &mut self,
+        wait: &mut Duration,
+        step: impl FnOnce() -> Result<T, GenerateError>,
+    ) -> Result<T, GenerateError> {
+        let (Some(c), Some((to_worker, done))) = (self.held.take(), self.link.as_ref()) else {
+            return step();
+        };
+        let lost = || GrammarError::Matcher("the mask worker stopped (it panicked)".to_owned());
+        if let Err(mpsc::SendError(c)) = to_worker.send(c) {
+            self.held = Some(c);
+            return Err(lost().into());
+        }
+        let out = step();
+        let t = Instant::now();
+        let (c, mask) = done.recv().map_err(|_| lost())?;
+        *wait += t.elapsed();
+        self.held = Some(c);
+        let out = out?;
+        mask?;
+        Ok(out)
+    }
+}
+
+/// The decode loop of [`generate`], with the constraint (if any) in `mask`.
+fn decode(
+    session: &mut dyn Stepper,
+    prompt: &[u32],
+    params: &GenerateParams,
+    mask: &mut Mask<'_>,
     on_token: &mut dyn FnMut(&GeneratedToken) -> ControlFlow<()>,
 ) -> Result<GenerateOutput, GenerateError> {
     if prompt.is_empty() {
@@ -192,7 +273,7 @@ pub fn generate(
 
     let mut mask_wait = Duration::ZERO;
     let t0 = Instant::now();
-    let (mut last, prompt_logits) = with_mask(constraint.as_deref_mut(), &mut mask_wait, || {
+    let (mut last, prompt_logits) = mask.overlap(&mut mask_wait, || {
         if params.keep_prompt_logits {
             let logits = session.step(prompt)?;
             let n_vocab = logits.len() / prompt.len();
@@ -211,12 +292,12 @@ pub fn generate(
     let t1 = Instant::now();
     while ids.len() < budget {
         // Log-probabilities are the model's raw distribution, before the grammar's mask.
-        let raw = (params.logprobs.is_some() && constraint.is_some()).then(|| last.clone());
-        if let Some(c) = constraint.as_deref_mut() {
+        let raw = (params.logprobs.is_some() && mask.constraint().is_some()).then(|| last.clone());
+        if let Some(c) = mask.constraint() {
             c.apply(&mut last)?;
         }
         let id = sampler.sample(&last)?;
-        if let Some(c) = constraint.as_deref_mut() {
+        if let Some(c) = mask.constraint() {
             c.commit(id)?;
         }
         if !params.ignore_eos && params.eos_ids.contains(&id) {
@@ -237,9 +318,7 @@ pub fn generate(
         if ids.len() == budget {
             break;
         }
-        last = with_mask(constraint.as_deref_mut(), &mut mask_wait, || {
-            Ok(session.step(&[id])?)
-        })?;
+        last = mask.overlap(&mut mask_wait, || Ok(session.step(&[id])?))?;
     }
     let decode_s = t1.elapsed().as_secs_f64();
     let decoded = ids.len().saturating_sub(1);
@@ -256,30 +335,6 @@ pub fn generate(
         prompt_logits,
         mask_wait,
     })
-}
-
-/// Runs `step` on this thread while `constraint`'s next mask is computed on a scoped one; adds
-/// the time spent waiting for the mask after `step` returned to `wait`. The step's error comes
-/// first, then the mask's.
-fn with_mask<T>(
-    constraint: Option<&mut Constraint>,
-    wait: &mut Duration,
-    step: impl FnOnce() -> Result<T, GenerateError>,
-) -> Result<T, GenerateError> {
-    let Some(c) = constraint else {
-        return step();
-    };
-    let (out, mask) = std::thread::scope(|s| {
-        let worker = s.spawn(|| c.compute_mask());
-        let out = step();
-        let t = Instant::now();
-        let mask = worker.join();
-        *wait += t.elapsed();
-        (out, mask)
-    });
-    let out = out?;
-    mask.map_err(|_| GrammarError::Matcher("the mask computation panicked".to_owned()))??;
-    Ok(out)
 }
 
 fn rate(n: usize, secs: f64) -> f64 {
