@@ -22,7 +22,7 @@ use super::api::request::{
     Message, ReasoningEffort, RefusedField, SamplingFields, Stop, StreamOptions,
     ToolCall as WireToolCall,
 };
-use super::api::scalar::{token_ids, Count, DefaultValue, StrOr};
+use super::api::scalar::{json_uint, token_ids, Count, DefaultValue, StrOr};
 use super::error::ApiError;
 use super::tools::{structured, Structured};
 use aubier_runtime::sampler::{SampleError, Sampler, SamplingParams};
@@ -232,14 +232,12 @@ fn read<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 fn refuse(fields: &[RefusedField<'_>], prefix: &str) -> Result<(), ApiError> {
     for (name, v, default) in fields {
         let full = format!("{prefix}{name}");
-        if matches!(default, DefaultValue::One) && !v.is_null() {
-            let counted = serde_json::from_value::<Count>((*v).clone()).is_ok();
-            if !counted {
-                return Err(ApiError::bad_value(
-                    &full,
-                    format!("'{full}' must be an integer >= 1, got {v}."),
-                ));
-            }
+        let counted = json_uint(v).is_some_and(|n| n >= 1);
+        if matches!(default, DefaultValue::One) && !v.is_null() && !counted {
+            return Err(ApiError::bad_value(
+                &full,
+                format!("'{full}' must be an integer >= 1, got {v}."),
+            ));
         }
         if !default.holds(v) {
             return Err(ApiError::unsupported(
