@@ -1,7 +1,7 @@
 //! `--backend vulkan` through the built binary: `aubier run` on the bundled model gives the
-//! oracle's greedy ids on a Vulkan device (lavapipe in CI), every routed expert served from
-//! device memory, `aubier gen --plan --backend vulkan`
-//! prints the GPU kernels of every step, `aubier quality` finds `--backend vulkan` EQUIVALENT to
+//! oracle's greedy ids on a Vulkan device (lavapipe in CI), every routed expert counted by the
+//! store, `aubier gen --plan --backend vulkan` prints the GPU kernels of every step bound at the
+//! device's subgroup width, `aubier quality` finds `--backend vulkan` EQUIVALENT to
 //! the oracle on real text (the bundled `alice.txt`), `aubier serve --backend vulkan` answers
 //! `POST /debug/tokens` with the oracle's greedy ids, and on a machine without a Vulkan driver
 //! (the loader pointed at none) `--backend vulkan` fails saying what to install while the default
@@ -46,10 +46,13 @@ fn run_backend_vulkan_gives_the_oracles_greedy_ids() {
     let o = run(&["--backend", "vulkan"], false);
     let vulkan = generated(&o);
     assert_eq!(vulkan.len(), 16);
-    // Every expert is in device memory: every routed slot is served from it.
+    // The default keeps no fast-store slot on this backend: every routed expert is read from
+    // the host store.
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
-    assert_eq!(v["store"]["served_fraction"], 1.0, "{v}");
-    assert_eq!(v["store"]["fast_hits"], v["store"]["routed"], "{v}");
+    assert_eq!(v["store"]["n_res"], 0, "{v}");
+    assert_eq!(v["store"]["fast_hits"], 0, "{v}");
+    // 5 prompt tokens and 15 decoded ones, 3 MoE layers, top-4.
+    assert_eq!(v["store"]["routed"], (5 + 15) * 3 * 4, "{v}");
     assert_eq!(vulkan, generated(&run(&["--backend", "oracle"], false)));
 }
 
@@ -76,6 +79,29 @@ fn gen_plan_backend_vulkan_names_the_gpu_kernels_of_every_step() {
         assert!(text.contains(kernel), "{kernel} missing");
     }
     assert!(text.contains("glsl"), "{text}");
+    // Bound at the subgroup width of the device it runs on (the one `aubier devices` lists
+    // first here: lavapipe in CI), which every step's variant names.
+    let d = Command::new(env!("CARGO_BIN_EXE_aubier"))
+        .args(["devices", "--json"])
+        .output()
+        .expect("runs");
+    let devices: serde_json::Value = serde_json::from_slice(&d.stdout).expect("devices JSON");
+    let width = devices[0]["subgroup_size"]
+        .as_u64()
+        .expect("a subgroup width");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("the plan as JSON");
+    let backend = v["backend"].as_str().expect("the backend");
+    assert!(
+        backend.ends_with(&format!("subgroup {width})")),
+        "{backend}"
+    );
+    for b in v["binding"].as_array().expect("binding") {
+        let variant = b["variant"].as_str().expect("variant");
+        assert!(
+            variant == "none (in place)" || variant.ends_with(&format!("; subgroup {width}")),
+            "{variant}"
+        );
+    }
 }
 
 #[test]

@@ -10,7 +10,7 @@
 //! while another thread reads or writes them is the caller's to order.
 
 use super::device::{DeviceInfo, Instance};
-use super::{is_spirv, vk_call, VulkanError};
+use super::error::{is_spirv, vk_call, VulkanError};
 use ash::vk;
 use std::sync::{Arc, Mutex, PoisonError};
 

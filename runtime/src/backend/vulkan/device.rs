@@ -1,7 +1,7 @@
 //! The Vulkan devices of this machine: what each offers a compute kernel
 //! ([`list_devices`]), and which one to run on ([`select`]).
 
-use super::{vk_call, VulkanError};
+use super::error::{vk_call, VulkanError};
 use ash::vk;
 use serde::Serialize;
 

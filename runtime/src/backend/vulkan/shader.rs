@@ -8,7 +8,7 @@
 //! never sees half of one. A cache that cannot be written costs the next run a compile, nothing
 //! else.
 
-use super::{is_spirv, VulkanError};
+use super::error::{is_spirv, VulkanError};
 use aubier_kernels_gen::gpu::fnv1a;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

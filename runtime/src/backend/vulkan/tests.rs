@@ -215,3 +215,54 @@ fn vulkan_context_refuses_bad_arguments() {
         Ok(_) => panic!("expected Selection, got a context"),
     }
 }
+
+/// A `vulkan` backend on a device that does not exist binds for [`WARP`] and says so in its
+/// name and in every step's variant; its load fails naming the device it asked for.
+#[test]
+fn vulkan_without_its_device_binds_for_the_default_width_and_says_so() {
+    use crate::backend::{Backend, LoadInput};
+    use crate::gguf::GgufFile;
+    use crate::store::FastBudget;
+    use crate::weights::Weights;
+    use aubier_compiler::{compile, CompileOptions, Target};
+    use aubier_kernels_gen::gpu::emit::WARP;
+    use std::sync::Arc;
+
+    let backend = super::VulkanBackend::new(Some(usize::MAX));
+    let name = backend.name();
+    assert_eq!(
+        name,
+        format!("vulkan (no device; binds for subgroup {WARP})")
+    );
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/ms4-tiny256-q2k.gguf");
+    let file = Arc::new(GgufFile::open(&path).expect("bundled model"));
+    let cfg = crate::model::read_config(&file).expect("config");
+    let refs = crate::model::weight_refs(&file, &cfg).expect("weights");
+    let opts = CompileOptions {
+        target: Target::Gpu,
+        ..CompileOptions::default()
+    };
+    let plan = Arc::new(compile(&cfg, &refs, &opts).expect("plan"));
+    let binding = backend.bind(&plan).expect("binds without a device");
+    assert!(binding
+        .steps
+        .iter()
+        .all(|s| s.choice.variant == "none (in place)"
+            || s.choice.variant.ends_with(&format!("; subgroup {WARP}"))));
+    let weights = Arc::new(Weights::bind(Arc::clone(&file), &plan).expect("weights"));
+    let input = LoadInput {
+        plan: &plan,
+        binding: &binding,
+        weights: &weights,
+        budget: FastBudget::Auto,
+    };
+    let e = backend
+        .load(&input)
+        .expect_err("no such device")
+        .to_string();
+    assert!(
+        e.contains(&format!("--device {} names no Vulkan device", usize::MAX)),
+        "{e}"
+    );
+}
