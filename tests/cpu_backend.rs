@@ -20,12 +20,16 @@
 //!   every backend (every kernel computes a token's row independently of the other rows of its
 //!   run).
 
-use aubier_runtime::backend::cpu::CpuNumerics;
-use aubier_runtime::backend::BackendKind;
+use aubier_runtime::backend::cpu::CpuBackend;
+use aubier_runtime::backend::oracle::OracleBackend;
+use aubier_runtime::backend::Backend;
+use aubier_runtime::engine::Model;
 use aubier_runtime::sampler::argmax;
 use aubier_runtime::session::{Session, SessionOptions};
-use aubier_runtime::store::expert_store::{FastBudget, StoreOptions};
-use aubier_tests::{bundled_model_on, data_dir, json_ids, read_f32, read_i32, read_json};
+use aubier_runtime::store::expert_store::StoreOptions;
+use aubier_runtime::store::FastBudget;
+use aubier_tests::{data_dir, json_ids, models_dir, read_f32, read_i32, read_json};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 const N_VOCAB: usize = 8192;
 const POSITIONS: usize = 200;
@@ -37,17 +41,39 @@ fn prompt() -> Vec<u32> {
     )
 }
 
-const ORACLE: BackendKind = BackendKind::Oracle;
-const Q8: BackendKind = BackendKind::Cpu(CpuNumerics::Q8);
-const Q8X2: BackendKind = BackendKind::Cpu(CpuNumerics::Q8x2);
+const ORACLE: &str = "oracle";
+const Q8: &str = "q8";
+const Q8X2: &str = "q8x2";
 
-fn session(kernels: BackendKind, store: &StoreOptions) -> Session {
-    Session::open_with_store(
-        bundled_model_on(kernels),
-        SessionOptions { kv_max: 256 },
-        store,
-    )
-    .expect("session")
+/// The bundled model on the oracle or on the cpu backend with numerics `kernels`, its copies
+/// into the cpu backend's layout on or off; loaded once per test binary.
+fn model(kernels: &str, copies: bool) -> Arc<Model> {
+    type Loaded = Mutex<Vec<((String, bool), Arc<Model>)>>;
+    static MODELS: OnceLock<Loaded> = OnceLock::new();
+    let mut models = MODELS
+        .get_or_init(Loaded::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let key = (kernels.to_string(), copies);
+    if let Some((_, m)) = models.iter().find(|(k, _)| *k == key) {
+        return Arc::clone(m);
+    }
+    let backend: Arc<dyn Backend> = match kernels {
+        ORACLE => Arc::new(OracleBackend),
+        n => Arc::new(CpuBackend::new(n.parse().expect("numerics")).with_copies(copies)),
+    };
+    let path = models_dir().join("ms4-tiny256-q2k.gguf");
+    let m = Model::load_backend(&path, backend, FastBudget::Auto).expect("bundled model loads");
+    models.push((key, Arc::clone(&m)));
+    m
+}
+
+fn session_on(model: Arc<Model>, store: &StoreOptions) -> Session {
+    Session::open_with_store(model, SessionOptions { kv_max: 256 }, store).expect("session")
+}
+
+fn session(kernels: &str, store: &StoreOptions) -> Session {
+    session_on(model(kernels, true), store)
 }
 
 /// Log-probabilities of `ids` in `row` (f64 log-sum-exp).
@@ -61,7 +87,7 @@ fn log_probs(row: &[f32], ids: &[i32]) -> Vec<f64> {
 
 /// Per position: top-1 agreement with the exact reference, and the |Δ log-prob| against it of
 /// llama.cpp's top-20 ids under `kernels` (sorted ascending), with llama.cpp's own errors.
-fn errors(kernels: BackendKind) -> (usize, Vec<f64>, usize, Vec<f64>) {
+fn errors(kernels: &str) -> (usize, Vec<f64>, usize, Vec<f64>) {
     let dir = data_dir().join("models");
     let exact = read_f32(&dir.join("ms4-tiny256-q2k.transformers-dequant.logits.f32"));
     let top_ids = read_i32(&dir.join("ms4-tiny256-q2k.llamacpp.top20_ids.i32"));
@@ -138,10 +164,10 @@ fn q8x2_is_at_least_twice_as_close_as_q8() {
     assert!(mean * 2.0 <= q8_mean, "mean {mean} vs q8's {q8_mean}");
 }
 
-/// Prefill of 20 tokens then 8 decode steps; the logits' bits.
-fn run_bits(kernels: BackendKind, store: &StoreOptions) -> Vec<u32> {
+/// Prefill of 20 tokens then 8 decode steps on `model`; the logits' bits.
+fn run_bits(model: Arc<Model>, store: &StoreOptions) -> Vec<u32> {
     let ids = prompt();
-    let mut s = session(kernels, store);
+    let mut s = session_on(model, store);
     let mut out = s.step(&ids[..20]).expect("prefill");
     for &id in &ids[20..28] {
         out.extend(s.step(&[id]).expect("decode"));
@@ -152,16 +178,12 @@ fn run_bits(kernels: BackendKind, store: &StoreOptions) -> Vec<u32> {
 #[test]
 fn cpu_kernels_do_not_depend_on_threads_or_placement() {
     let host = StoreOptions {
-        interleave: false,
+        budget: FastBudget::Slots(0),
         ..StoreOptions::default()
     };
     let resident = StoreOptions {
         budget: FastBudget::Slots(16),
-        ..host.clone()
-    };
-    let interleaved = StoreOptions {
-        interleave: true,
-        ..resident.clone()
+        ..StoreOptions::default()
     };
     let pool = |n| {
         rayon::ThreadPoolBuilder::new()
@@ -169,30 +191,39 @@ fn cpu_kernels_do_not_depend_on_threads_or_placement() {
             .build()
             .expect("pool")
     };
-    let oracle = run_bits(ORACLE, &host);
+    let oracle = run_bits(model(ORACLE, true), &host);
+    assert!(
+        run_bits(model(ORACLE, true), &resident) == oracle,
+        "oracle: host vs resident experts differ"
+    );
     for kernels in [Q8, Q8X2] {
-        let one = pool(1).install(|| run_bits(kernels, &host));
-        let two = pool(2).install(|| run_bits(kernels, &host));
-        let three_resident = pool(3).install(|| run_bits(kernels, &resident));
+        let plain = model(kernels, false);
+        let one = pool(1).install(|| run_bits(Arc::clone(&plain), &host));
+        let two = pool(2).install(|| run_bits(Arc::clone(&plain), &host));
+        let three_resident = pool(3).install(|| run_bits(Arc::clone(&plain), &resident));
         assert!(one == two, "{kernels}: 1 vs 2 threads differ");
         assert!(
             one == three_resident,
             "{kernels}: host vs resident experts differ"
         );
-        let two_interleaved = pool(2).install(|| run_bits(kernels, &interleaved));
-        let copies = session(kernels, &interleaved).store_report().dense_bytes;
-        assert!(copies > 0, "no dense weight interleaved");
+        let copied = model(kernels, true);
+        let two_interleaved = pool(2).install(|| run_bits(Arc::clone(&copied), &resident));
+        let copies: u64 = copied
+            .loaded()
+            .memory()
+            .iter()
+            .filter(|m| m.what == "dense weight copies")
+            .map(|m| m.bytes)
+            .sum();
+        assert!(copies > 0, "no dense weight copied");
+        let none: u64 = plain.loaded().memory().iter().map(|m| m.bytes).sum();
+        assert_eq!(none, 0, "copies made with them off");
         assert!(
             one == two_interleaved,
             "{kernels}: experts and dense weights in the file's vs the interleaved layout differ"
         );
         assert!(one != oracle, "{kernels}: computed the oracle's bits");
     }
-    // The oracle reads interleaved experts from the host alias: its own bits.
-    assert!(
-        run_bits(ORACLE, &interleaved) == oracle,
-        "oracle with an interleaved store"
-    );
 }
 
 #[test]

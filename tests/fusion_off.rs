@@ -8,13 +8,16 @@ use aubier_compiler::config::Mistral4Config;
 use aubier_compiler::plan::Plan;
 use aubier_compiler::types::WeightRef;
 use aubier_compiler::{compile, CompileOptions, Fusion, Target};
-use aubier_runtime::backend::cpu::CpuNumerics;
-use aubier_runtime::backend::{BackendKind, BindError};
+use aubier_runtime::backend::cpu::{CpuBackend, CpuNumerics};
+use aubier_runtime::backend::oracle::OracleBackend;
+use aubier_runtime::backend::registry::BackendSpec;
+use aubier_runtime::backend::{Backend, BindError};
 use aubier_runtime::engine::Model;
 use aubier_runtime::error::EngineError;
 use aubier_runtime::gguf::GgufFile;
 use aubier_runtime::model::{read_config, weight_refs};
 use aubier_runtime::session::{Session, SessionOptions};
+use aubier_runtime::store::FastBudget;
 use aubier_tests::model_path;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -51,7 +54,7 @@ fn run(model: Arc<Model>) -> Vec<u32> {
 
 #[test]
 fn fusions_off_run_bit_identically_on_the_oracle() {
-    let reference = run(Model::load_with(&bundled(), BackendKind::Oracle).unwrap());
+    let reference = run(Model::load_with(&bundled(), &BackendSpec::named("oracle")).unwrap());
     let (file, cfg, refs) = bind();
     for o in [
         opts(Target::Gpu, Fusion::Off),
@@ -60,8 +63,15 @@ fn fusions_off_run_bit_identically_on_the_oracle() {
     ] {
         let plan = compile(&cfg, &refs, &o).unwrap();
         assert!(plan.steps.iter().all(|s| !s.op.is_fused()), "{o:?}");
-        let model =
-            Model::from_plan(Arc::clone(&file), cfg.clone(), plan, BackendKind::Oracle).unwrap();
+        let oracle = Arc::new(OracleBackend);
+        let model = Model::from_plan(
+            Arc::clone(&file),
+            cfg.clone(),
+            plan,
+            oracle,
+            FastBudget::Auto,
+        )
+        .unwrap();
         assert_eq!(run(model), reference, "{o:?}");
     }
 }
@@ -81,11 +91,19 @@ fn the_cpu_backends_fused_attention_gives_the_bits_of_its_unfused_steps() {
         .all(|s| !s.op.is_fused() || s.op.name() == "kqkv"));
     let unfused = compile(&cfg, &refs, &opts(Target::Cpu, Fusion::Off)).unwrap();
     for numerics in [CpuNumerics::Q8x2, CpuNumerics::Q8] {
-        let kind = BackendKind::Cpu(numerics);
-        let with = Model::from_plan(Arc::clone(&file), cfg.clone(), fused.clone(), kind).unwrap();
-        let without =
-            Model::from_plan(Arc::clone(&file), cfg.clone(), unfused.clone(), kind).unwrap();
-        assert_eq!(run(with), run(without), "{kind}");
+        let cpu = Arc::new(CpuBackend::new(numerics));
+        let load = |plan: &Plan| {
+            let backend = Arc::clone(&cpu) as Arc<dyn Backend>;
+            Model::from_plan(
+                Arc::clone(&file),
+                cfg.clone(),
+                plan.clone(),
+                backend,
+                FastBudget::Auto,
+            )
+            .unwrap()
+        };
+        assert_eq!(run(load(&fused)), run(load(&unfused)), "{numerics}");
     }
 }
 
@@ -94,18 +112,23 @@ fn refused(
     plan: Plan,
     file: &Arc<GgufFile>,
     cfg: &Mistral4Config,
-    backend: BackendKind,
+    backend: Arc<dyn Backend>,
 ) -> (usize, &'static str) {
-    let first = match backend {
-        BackendKind::Oracle => plan.steps.iter().position(|s| s.op.is_fused()),
-        BackendKind::Cpu(_) => plan
+    let first = match backend.name().as_str() {
+        "oracle" => plan.steps.iter().position(|s| s.op.is_fused()),
+        _ => plan
             .steps
             .iter()
             .position(|s| s.op.is_fused() && s.op.name() != "kqkv"),
-        other => panic!("{other} binds fused plans"),
     }
     .unwrap();
-    match Model::from_plan(Arc::clone(file), cfg.clone(), plan, backend) {
+    match Model::from_plan(
+        Arc::clone(file),
+        cfg.clone(),
+        plan,
+        backend,
+        FastBudget::Auto,
+    ) {
         Err(EngineError::Bind(BindError { step, op, .. })) => {
             assert_eq!(step, first);
             (step, op)
@@ -117,9 +140,9 @@ fn refused(
 #[test]
 fn the_oracle_refuses_fused_plans() {
     let (file, cfg, refs) = bind();
-    let oracle = BackendKind::Oracle;
+    let oracle: Arc<dyn Backend> = Arc::new(OracleBackend);
     let plan = compile(&cfg, &refs, &opts(Target::Gpu, Fusion::Auto)).unwrap();
-    let (_, op) = refused(plan, &file, &cfg, oracle);
+    let (_, op) = refused(plan, &file, &cfg, Arc::clone(&oracle));
     assert_eq!(op, "phase");
     let wkb_only = CompileOptions {
         fuse_wkb: Fusion::On,
@@ -129,7 +152,7 @@ fn the_oracle_refuses_fused_plans() {
         compile(&cfg, &refs, &wkb_only).unwrap(),
         &file,
         &cfg,
-        oracle,
+        Arc::clone(&oracle),
     );
     assert_eq!(op, "wkb");
     let kqkv_only = CompileOptions {
@@ -148,9 +171,9 @@ fn the_oracle_refuses_fused_plans() {
 #[test]
 fn the_cpu_backend_refuses_the_gpu_fusions_by_name() {
     let (file, cfg, refs) = bind();
-    let cpu = BackendKind::Cpu(CpuNumerics::default());
+    let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::default());
     let plan = compile(&cfg, &refs, &opts(Target::Gpu, Fusion::Auto)).unwrap();
-    let (_, op) = refused(plan, &file, &cfg, cpu);
+    let (_, op) = refused(plan, &file, &cfg, Arc::clone(&cpu));
     assert_eq!(op, "phase");
     let wkb = opts(Target::Cpu, Fusion::Auto);
     let wkb = CompileOptions {

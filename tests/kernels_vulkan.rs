@@ -35,7 +35,7 @@ use aubier_kernels_gen::gpu::emit::WARP;
 use aubier_kernels_gen::gpu::ir::{bx, ci, tid, Kb, Kernel, ParamKind, Size};
 use aubier_kernels_gen::gpu::math;
 use aubier_kernels_gen::gpu::quant::supported_types;
-use aubier_runtime::backend::vulkan::shader::compile_glsl;
+use aubier_runtime::backend::vulkan_device::compile_glsl;
 use aubier_runtime::gguf::GgufFile;
 use aubier_tests::kernels::exec::{bundled_step_kinds, Exec};
 use aubier_tests::kernels::vulkan::device;

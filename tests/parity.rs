@@ -2,7 +2,7 @@
 //! (transformers on the same weights; llama.cpp as the peer). See that folder's README for how each
 //! reference was produced.
 
-use aubier_runtime::backend::BackendKind;
+use aubier_runtime::backend::registry::BackendSpec;
 use aubier_runtime::engine::Model;
 use aubier_runtime::generate::{generate, GenerateParams};
 use aubier_runtime::sampler::{argmax, SamplingParams};
@@ -20,7 +20,8 @@ fn prompt_ids() -> Vec<u32> {
 }
 
 fn prompt_logits(file: &str) -> Vec<f32> {
-    let model = Model::load_with(&model_path(file), BackendKind::Oracle).expect("model loads");
+    let model =
+        Model::load_with(&model_path(file), &BackendSpec::named("oracle")).expect("model loads");
     let mut s = Session::open(model, SessionOptions { kv_max: 256 }).expect("session");
     s.step(&prompt_ids()).expect("step")
 }
@@ -66,7 +67,8 @@ fn greedy(file: &str, reference: &str) {
     let r = read_json(&data_dir().join("models").join(reference));
     let prefix = json_ids(&r, "prefix_ids");
     let expected = json_ids(&r, "generated_ids");
-    let model = Model::load_with(&model_path(file), BackendKind::Oracle).expect("model loads");
+    let model =
+        Model::load_with(&model_path(file), &BackendSpec::named("oracle")).expect("model loads");
     let mut s = Session::open(model, SessionOptions { kv_max: 256 }).expect("session");
     let params = GenerateParams {
         max_tokens: expected.len(),

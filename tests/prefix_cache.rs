@@ -17,19 +17,18 @@
 //!   `none`), and its counters count the computed tokens: the cold run's hits are the kept
 //!   prefix's (a cold prefill of it alone) plus the warm run's.
 
-use aubier_runtime::backend::cpu::CpuNumerics;
-use aubier_runtime::backend::vulkan::DeviceChoice;
-use aubier_runtime::backend::BackendKind;
+use aubier_runtime::backend::registry::BackendSpec;
 use aubier_runtime::generate::{generate, GenerateParams};
 use aubier_runtime::sampler::SamplingParams;
 use aubier_runtime::session::{Session, SessionOptions};
-use aubier_runtime::store::expert_store::{FastBudget, ResetMode, StoreOptions};
+use aubier_runtime::store::expert_store::{ResetMode, StoreOptions};
+use aubier_runtime::store::FastBudget;
 use aubier_tests::{bundled_model_on, data_dir, json_ids, read_json};
 use std::ops::ControlFlow;
 
-const ORACLE: BackendKind = BackendKind::Oracle;
-const CPU: BackendKind = BackendKind::Cpu(CpuNumerics::Q8x2);
-const VULKAN: BackendKind = BackendKind::Vulkan(DeviceChoice { index: None });
+const ORACLE: &str = "oracle";
+const CPU: &str = "cpu";
+const VULKAN: &str = "vulkan";
 
 /// Tokens of the first request's prompt.
 const FIRST: usize = 40;
@@ -43,9 +42,9 @@ fn ids() -> Vec<u32> {
     )
 }
 
-fn session(backend: BackendKind, cache: bool, store: &StoreOptions) -> Session {
+fn session(backend: &str, cache: bool, store: &StoreOptions) -> Session {
     let mut s = Session::open_with_store(
-        bundled_model_on(backend),
+        bundled_model_on(&BackendSpec::named(backend)),
         SessionOptions { kv_max: 256 },
         store,
     )
@@ -169,7 +168,7 @@ fn cases(ids: &[u32], gen: &[u32]) -> Vec<Case> {
 
 /// Every case after the first request, on `backend` with `ubatch`: the kept prefix is the
 /// expected one, and the logits are the cold run's bits.
-fn reused_prefixes_give_the_cold_logits(backend: BackendKind, ubatch: usize) {
+fn reused_prefixes_give_the_cold_logits(backend: &str, ubatch: usize) {
     let ids = ids();
     let store = StoreOptions::default();
     let mut cold = session(backend, false, &store);
@@ -220,7 +219,7 @@ fn vulkan_reuses_prefixes_with_the_cold_logits() {
 
 /// The logits of `ids[..n]`'s last token after the first `m` positions were written by
 /// one-token steps (`decoded`) or by one prefill, against a cold prefill of all `n`.
-fn decoded_rows_are_prefill_rows(backend: BackendKind) -> bool {
+fn decoded_rows_are_prefill_rows(backend: &str) -> bool {
     let ids = ids();
     let (m, n) = (30, 40);
     let mut s = session(backend, false, &StoreOptions::default());
@@ -241,11 +240,11 @@ fn decoded_rows_are_prefill_rows(backend: BackendKind) -> bool {
 #[test]
 fn decoded_rows_are_kept_only_where_they_are_prefill_rows() {
     for backend in [ORACLE, VULKAN] {
-        let model = bundled_model_on(backend);
+        let model = bundled_model_on(&BackendSpec::named(backend));
         assert!(model.binding().one_token_runs_match_prefill(), "{backend}");
         assert!(decoded_rows_are_prefill_rows(backend), "{backend}");
     }
-    let model = bundled_model_on(CPU);
+    let model = bundled_model_on(&BackendSpec::named(CPU));
     assert!(!model.binding().one_token_runs_match_prefill());
     assert!(
         !decoded_rows_are_prefill_rows(CPU),

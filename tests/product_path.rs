@@ -12,7 +12,7 @@
 //!
 //! The figures are printed (`cargo test -p aubier-tests --test product_path -- --nocapture`).
 
-use aubier_runtime::backend::BackendKind;
+use aubier_runtime::backend::registry::BackendSpec;
 use aubier_runtime::engine::Model;
 use aubier_runtime::generate::{generate, GenerateParams};
 use aubier_runtime::sampler::{argmax, SamplingParams};
@@ -55,7 +55,7 @@ const FIXTURES: [Fixture; 4] = [
 ];
 
 fn session(file: &str) -> Session {
-    let model = Model::load_with(&model_path(file), BackendKind::default()).expect("model loads");
+    let model = Model::load_with(&model_path(file), &BackendSpec::default()).expect("model loads");
     Session::open(model, SessionOptions { kv_max: 256 }).expect("session")
 }
 

@@ -4,21 +4,57 @@
 //! * the fast store never holds more than `n_res` experts per layer, and its size never exceeds
 //!   the byte budget it was given;
 //! * every resident slot holds exactly the file's bytes of its expert (each stacked tensor's slice),
-//!   in the file's layout or, with `interleave`, in the interleaved one;
+//!   read back from the cpu backend's slots in the file's layout or, with its copies on, in the
+//!   interleaved one;
 //! * with one token per step, the fast hits are what an independent replay of the same policy over
 //!   the same sequence counts (`Policy::access_step`: a hit is a resident expert);
 //! * `reset` with `exact` returns membership and policy state to the boot state, so a sequence
 //!   after a reset is served exactly as on a fresh store; with `none` the state is kept.
 
+use aubier_runtime::backend::cpu::CpuBackend;
+use aubier_runtime::engine::Model;
 use aubier_runtime::placement::hotset::HotSet;
 use aubier_runtime::placement::policy::{
     Access, Lfu, Lru, Policy, PolicyKind, StaticSet, TwoQ, TwoQParams,
 };
-use aubier_runtime::store::expert_store::{
-    ExpertStore, FastBudget, ResetMode, StoreOptions, StoreReport,
-};
-use aubier_tests::bundled_model;
+use aubier_runtime::store::expert_store::{ExpertStore, ResetMode, StoreOptions, StoreReport};
+use aubier_runtime::store::{FastBudget, StoreError};
+use aubier_tests::models_dir;
 use proptest::prelude::*;
+use std::sync::{Arc, OnceLock};
+
+/// The bundled model on the cpu backend, every expert's slot available, its copies into the
+/// interleaved layout on or off; loaded once per test binary each.
+fn model(interleave: bool) -> Arc<Model> {
+    static MODELS: [OnceLock<Arc<Model>>; 2] = [OnceLock::new(), OnceLock::new()];
+    Arc::clone(MODELS[usize::from(interleave)].get_or_init(|| {
+        let backend = Arc::new(CpuBackend::default().with_copies(interleave));
+        let path = models_dir().join("ms4-tiny256-q2k.gguf");
+        Model::load_backend(&path, backend, FastBudget::Slots(N_EXPERT)).expect("bundled model")
+    }))
+}
+
+/// A store of `opts` over the slots of `model(interleave)`.
+struct Store {
+    model: Arc<Model>,
+    store: ExpertStore,
+}
+
+impl Store {
+    fn new(opts: &StoreOptions, interleave: bool) -> Result<Store, StoreError> {
+        let model = model(interleave);
+        let store = ExpertStore::new(&model.plan, opts, &mut model.slots().lock())?;
+        Ok(Store { model, store })
+    }
+
+    fn observe(&mut self, ids: &[Vec<i32>], t: usize) -> Result<(), StoreError> {
+        self.store.observe(ids, t, &mut self.model.slots().lock())
+    }
+
+    fn reset(&mut self) -> Result<f64, StoreError> {
+        self.store.reset(&mut self.model.slots().lock())
+    }
+}
 
 const N_EXPERT: usize = 16;
 const TOP_K: usize = 4;
@@ -53,7 +89,7 @@ fn policy_kind() -> impl Strategy<Value = PolicyKind> {
     ]
 }
 
-fn options() -> impl Strategy<Value = StoreOptions> {
+fn options() -> impl Strategy<Value = (StoreOptions, bool)> {
     (
         policy_kind(),
         0..=N_EXPERT,
@@ -70,7 +106,7 @@ fn options() -> impl Strategy<Value = StoreOptions> {
                         .map(|l| (0..N_EXPERT as u32).rev().skip(l).collect())
                         .collect(),
                 });
-                StoreOptions {
+                let opts = StoreOptions {
                     budget: FastBudget::Slots(n_res),
                     resident_set,
                     policy,
@@ -78,30 +114,34 @@ fn options() -> impl Strategy<Value = StoreOptions> {
                     a1out,
                     max_promotions,
                     reset: ResetMode::Exact,
-                    interleave,
-                }
+                };
+                (opts, interleave)
             },
         )
 }
 
-/// Asserts the store's invariants: at most `n_res` residents per layer, every copy equal to the
-/// file's bytes.
-fn check_store(store: &ExpertStore) -> Result<(), TestCaseError> {
-    for i in 0..store.n_layers() {
-        let resident = store.resident(i);
-        prop_assert!(resident.len() <= store.n_res(), "layer {i}: {resident:?}");
-        let copies = store.copies(i);
+/// Asserts the store's invariants: at most `n_res` residents per layer, every slot's bytes,
+/// read back, equal to the file's.
+fn check_store(s: &Store) -> Result<(), TestCaseError> {
+    let moe = s.model.plan.moe_layers().expect("moe layers");
+    for (i, layer) in moe.iter().enumerate() {
+        let resident = s.store.resident(i);
+        prop_assert!(resident.len() <= s.store.n_res(), "layer {i}: {resident:?}");
+        let n = layer.tensors.len();
         // gate/up (fused, or split in two) and down: two or three tensors per resident expert
-        prop_assert!(
-            copies.len() == 2 * resident.len() || copies.len() == 3 * resident.len(),
-            "layer {i}: {} copies for {} residents",
-            copies.len(),
-            resident.len()
-        );
-        for (e, w, fast, host) in copies {
+        prop_assert!(n == 2 || n == 3, "layer {i}: {n} tensors");
+        let copies = s
+            .store
+            .copies(i, &mut s.model.slots().lock(), n)
+            .expect("read back");
+        prop_assert_eq!(copies.len(), n * resident.len());
+        for (e, t, fast) in copies {
+            let tensor = layer.tensors[t];
+            let view = s.model.weight_view(tensor.weight).expect("view");
+            let at = e as usize * tensor.expert_bytes;
             prop_assert!(
-                fast.as_slice() == host,
-                "layer {i} expert {e} weight {w}: copy differs"
+                fast.as_slice() == &view[at..at + tensor.expert_bytes],
+                "layer {i} expert {e} tensor {t}: copy differs"
             );
         }
     }
@@ -109,18 +149,23 @@ fn check_store(store: &ExpertStore) -> Result<(), TestCaseError> {
 }
 
 /// The boot-comparable state: each layer's residents and its policy snapshot (Debug form).
-fn state(store: &ExpertStore) -> Vec<(Vec<u32>, String)> {
-    (0..store.n_layers())
-        .map(|i| (store.resident(i), format!("{:?}", store.policy_snapshot(i))))
+fn state(s: &Store) -> Vec<(Vec<u32>, String)> {
+    (0..s.store.n_layers())
+        .map(|i| {
+            (
+                s.store.resident(i),
+                format!("{:?}", s.store.policy_snapshot(i)),
+            )
+        })
         .collect()
 }
 
-fn run(store: &mut ExpertStore, seq: &[(usize, Step)]) -> Result<StoreReport, TestCaseError> {
+fn run(store: &mut Store, seq: &[(usize, Step)]) -> Result<StoreReport, TestCaseError> {
     for (t, s) in seq {
         store.observe(s, *t).expect("observe");
         check_store(store)?;
     }
-    Ok(store.report())
+    Ok(store.store.report())
 }
 
 /// The policy `opts` builds for `layer`, built here from the policy module directly.
@@ -158,11 +203,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
-    fn budget_and_bytes_hold_over_random_routing(opts in options(), seq in steps(5, 24)) {
-        let mut store = ExpertStore::new(bundled_model(), &opts).expect("store");
+    fn budget_and_bytes_hold_over_random_routing((opts, il) in options(), seq in steps(5, 24)) {
+        let mut store = Store::new(&opts, il).expect("store");
         check_store(&store)?;
         let FastBudget::Slots(n_res) = opts.budget else { unreachable!() };
-        prop_assert_eq!(store.n_res(), n_res);
+        prop_assert_eq!(store.store.n_res(), n_res);
         let report = run(&mut store, &seq)?;
         let routed: usize = seq.iter().map(|(_, s)| s.iter().map(Vec::len).sum::<usize>()).sum();
         prop_assert_eq!(report.routed, routed as u64);
@@ -180,22 +225,24 @@ proptest! {
     #[test]
     fn byte_budget_is_never_exceeded(budget in 0u64..8_000_000, seq in steps(3, 12)) {
         let opts = StoreOptions { budget: FastBudget::Bytes(budget), ..StoreOptions::default() };
-        let mut store = ExpertStore::new(bundled_model(), &opts).expect("store");
-        prop_assert!(store.fast_bytes() <= budget, "{} > {budget}", store.fast_bytes());
+        let mut store = Store::new(&opts, true).expect("store");
+        let fast = store.store.fast_bytes();
+        prop_assert!(fast <= budget, "{fast} > {budget}");
         // One more slot per layer would not fit (unless every expert is resident already).
-        if store.n_res() < N_EXPERT {
-            let per_slot = if store.n_res() > 0 { store.fast_bytes() / store.n_res() as u64 } else {
+        let n_res = store.store.n_res();
+        if n_res < N_EXPERT {
+            let per_slot = if n_res > 0 { fast / n_res as u64 } else {
                 let one = StoreOptions { budget: FastBudget::Slots(1), ..StoreOptions::default() };
-                ExpertStore::new(bundled_model(), &one).expect("store").fast_bytes()
+                Store::new(&one, true).expect("store").store.fast_bytes()
             };
-            prop_assert!(store.fast_bytes() + per_slot > budget);
+            prop_assert!(fast + per_slot > budget);
         }
         run(&mut store, &seq)?;
     }
 
     #[test]
-    fn decode_steps_serve_as_the_policy_replays(opts in options(), seq in steps(1, 32)) {
-        let mut store = ExpertStore::new(bundled_model(), &opts).expect("store");
+    fn decode_steps_serve_as_the_policy_replays((opts, il) in options(), seq in steps(1, 32)) {
+        let mut store = Store::new(&opts, il).expect("store");
         let report = run(&mut store, &seq)?;
         let mut hits = 0u64;
         let mut out = Vec::new();
@@ -211,16 +258,16 @@ proptest! {
     }
 
     #[test]
-    fn exact_reset_returns_to_boot(opts in options(), a in steps(4, 16), b in steps(4, 16)) {
-        let mut fresh = ExpertStore::new(bundled_model(), &opts).expect("store");
+    fn exact_reset_returns_to_boot((opts, il) in options(), a in steps(4, 16), b in steps(4, 16)) {
+        let mut fresh = Store::new(&opts, il).expect("store");
         let boot = state(&fresh);
         let want = run(&mut fresh, &b)?;
 
-        let mut store = ExpertStore::new(bundled_model(), &opts).expect("store");
+        let mut store = Store::new(&opts, il).expect("store");
         run(&mut store, &a)?;
         store.reset().expect("reset");
         prop_assert_eq!(state(&store), boot);
-        prop_assert_eq!(store.report().routed, 0);
+        prop_assert_eq!(store.store.report().routed, 0);
         let got = run(&mut store, &b)?;
         prop_assert_eq!(
             (got.fast_hits, got.routed, got.promotions),
@@ -229,15 +276,15 @@ proptest! {
     }
 
     #[test]
-    fn none_reset_keeps_the_state(opts in options(), a in steps(4, 16)) {
+    fn none_reset_keeps_the_state((opts, il) in options(), a in steps(4, 16)) {
         let opts = StoreOptions { reset: ResetMode::None, ..opts };
-        let mut store = ExpertStore::new(bundled_model(), &opts).expect("store");
+        let mut store = Store::new(&opts, il).expect("store");
         run(&mut store, &a)?;
         let before = state(&store);
         let ms = store.reset().expect("reset");
         prop_assert_eq!(ms, 0.0);
         prop_assert_eq!(state(&store), before);
-        prop_assert_eq!(store.report().routed, 0);
+        prop_assert_eq!(store.store.report().routed, 0);
     }
 }
 
@@ -247,7 +294,9 @@ fn bad_options_are_errors() {
         budget: FastBudget::Slots(17),
         ..StoreOptions::default()
     };
-    let e = ExpertStore::new(bundled_model(), &too_many).expect_err("17 > 16");
+    let e = Store::new(&too_many, true)
+        .map(|_| ())
+        .expect_err("17 > 16");
     assert_eq!(
         e.to_string(),
         "--n-res 17 exceeds the 16 experts of a layer"
@@ -256,7 +305,8 @@ fn bad_options_are_errors() {
         policy: PolicyKind::Min,
         ..StoreOptions::default()
     };
-    assert!(ExpertStore::new(bundled_model(), &min)
+    assert!(Store::new(&min, true)
+        .map(|_| ())
         .expect_err("min")
         .to_string()
         .contains("offline"));
@@ -266,11 +316,12 @@ fn bad_options_are_errors() {
         }),
         ..StoreOptions::default()
     };
-    assert!(ExpertStore::new(bundled_model(), &hot)
+    assert!(Store::new(&hot, true)
+        .map(|_| ())
         .expect_err("2 layers")
         .to_string()
         .contains("2 layers"));
-    let mut ok = ExpertStore::new(bundled_model(), &StoreOptions::default()).expect("store");
+    let mut ok = Store::new(&StoreOptions::default(), true).expect("store");
     let bad = vec![vec![0, 1, 2, 16], vec![0, 1, 2, 3], vec![0, 1, 2, 3]];
     assert!(ok.observe(&bad, 1).is_err());
     let twice = vec![vec![0, 1, 2, 2], vec![0, 1, 2, 3], vec![0, 1, 2, 3]];
@@ -278,6 +329,6 @@ fn bad_options_are_errors() {
         budget: FastBudget::Slots(2),
         ..StoreOptions::default()
     };
-    let mut s = ExpertStore::new(bundled_model(), &two_slots).expect("store");
+    let mut s = Store::new(&two_slots, true).expect("store");
     assert!(s.observe(&twice, 1).is_err());
 }

@@ -12,8 +12,7 @@
 //! The figures are printed (`cargo test -p aubier-tests --test vulkan_backend -- --nocapture`).
 
 use aubier_compiler::{compile, CompileOptions, Fusion, Target};
-use aubier_runtime::backend::vulkan::DeviceChoice;
-use aubier_runtime::backend::BackendKind;
+use aubier_runtime::backend::registry::BackendSpec;
 use aubier_runtime::backend::ExecError;
 use aubier_runtime::engine::Model;
 use aubier_runtime::error::EngineError;
@@ -23,6 +22,7 @@ use aubier_runtime::gguf::GgufFile;
 use aubier_runtime::model::{read_config, weight_refs};
 use aubier_runtime::sampler::{argmax, SamplingParams};
 use aubier_runtime::session::{Session, SessionOptions};
+use aubier_runtime::store::FastBudget;
 use aubier_tests::{data_dir, json_ids, model_path, read_f32, read_json};
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -30,7 +30,11 @@ use std::sync::Arc;
 const N_VOCAB: usize = 8192;
 const POSITIONS: usize = 200;
 const MAX_DELTA: f32 = 1e-4;
-const VULKAN: BackendKind = BackendKind::Vulkan(DeviceChoice { index: None });
+
+/// The vulkan backend on the first device (lavapipe in CI).
+fn vulkan() -> BackendSpec {
+    BackendSpec::named("vulkan")
+}
 
 /// Fixture files and the stems of their exact references.
 const FIXTURES: [(&str, &str); 4] = [
@@ -60,7 +64,8 @@ fn model(file: &str, (phase, wkb, kqkv): (Fusion, Fusion, Fusion)) -> Arc<Model>
         ..CompileOptions::default()
     };
     let plan = compile(&cfg, &refs, &opts).expect("compile");
-    Model::from_plan(gguf, cfg, plan, VULKAN)
+    let backend = vulkan().make().expect("the vulkan backend");
+    Model::from_plan(gguf, cfg, plan, backend, FastBudget::Auto)
         .unwrap_or_else(|e| panic!("{file} on the vulkan backend: {e}"))
 }
 
@@ -164,8 +169,8 @@ fn vulkan_greedy_ids_equal_the_oracles_on_the_bundled_model() {
         logprobs: None,
     };
     let prompt = [1u32, 17, 4096, 8000, 3, 99, 512];
-    let ids = |kind: BackendKind, twice: bool| {
-        let m = Model::load_with(&model_path(file), kind).expect("model");
+    let ids = |backend: BackendSpec, twice: bool| {
+        let m = Model::load_with(&model_path(file), &backend).expect("model");
         let mut s = session(m);
         let go = |s: &mut Session| {
             generate(
@@ -179,9 +184,10 @@ fn vulkan_greedy_ids_equal_the_oracles_on_the_bundled_model() {
             .ids
         };
         let first = go(&mut s);
-        if let Some((runs, recordings)) = s.device_submissions() {
+        if backend.name == "vulkan" {
             // The prefill and the first decode step record; every later step replays.
-            assert_eq!((runs, recordings), (params.max_tokens as u64, 2));
+            let c = s.counters();
+            assert_eq!((c.steps, c.recordings), (params.max_tokens as u64, 2));
         }
         if twice {
             s.reset();
@@ -189,7 +195,10 @@ fn vulkan_greedy_ids_equal_the_oracles_on_the_bundled_model() {
         }
         first
     };
-    assert_eq!(ids(VULKAN, true), ids(BackendKind::Oracle, false));
+    assert_eq!(
+        ids(vulkan(), true),
+        ids(BackendSpec::named("oracle"), false)
+    );
 }
 
 #[test]
@@ -204,7 +213,7 @@ fn a_nan_router_on_the_device_is_an_expert_id_error() {
     router.data = f32::NAN.to_le_bytes().repeat(router.data.len() / 4);
     let path = std::env::temp_dir().join(format!("aubier-nan-router-{}.gguf", std::process::id()));
     std::fs::write(&path, w.finish()).expect("write");
-    let m = Model::load_with(&path, VULKAN).expect("model");
+    let m = Model::load_with(&path, &vulkan()).expect("model");
     let _ = std::fs::remove_file(&path);
     let mut s = session(m);
     match s.step(&[1, 17, 4096]) {

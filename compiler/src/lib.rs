@@ -1,6 +1,7 @@
 //! `aubier-compiler`: the IR of the model (a petgraph `StableDiGraph`), the op table, the pass
 //! pipeline and the [`plan::Plan`] every backend executes. It knows nothing of files, devices or
-//! HTTP (ARCHITECTURE.md § compiler).
+//! HTTP (ARCHITECTURE.md § compiler); [`ggml_type`] is the ggml type table (block sizes and bytes)
+//! the plan's weights are typed by, shared with the kernel emitters and the runtime.
 //!
 //! Pipeline: `build` (the `model!` description → [`ir::Graph`]) then each pass of
 //! [`passes::PASSES`] in order, the verifier running after every stage, then
@@ -14,6 +15,7 @@ extern crate self as aubier_compiler;
 pub mod builder;
 pub mod config;
 pub mod error;
+pub mod ggml_type;
 pub mod infer;
 pub mod ir;
 pub mod model;

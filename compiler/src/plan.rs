@@ -18,9 +18,12 @@
 //!   the phase's output through the `wkb` (or unfused head_mat_mul/concat) between them. The CPU
 //!   oracle refuses fused steps;
 //! - `output_head` names the step a compiler pass found to be the output head (`mark_head`): its
-//!   rows are computed independently, so a backend may run it for the last position only.
+//!   rows are computed independently, so a backend may run it for the last position only;
+//! - [`Plan::moe_layers`] reads the experts of every `moe_ffn` step off the plan (tensors, expert
+//!   count, bytes per expert): what the split expert store places and the backends address.
 
 use crate::config::Mistral4Config;
+use crate::ggml_type::GgmlType;
 use crate::ops::Op;
 use crate::types::{Attrs, DType, Shape, WeightRef};
 use serde::{Deserialize, Serialize};
@@ -110,4 +113,125 @@ pub struct OutputHead {
     pub step: usize,
     /// The value it writes (a plan output).
     pub value: ValueId,
+}
+
+/// One stacked expert tensor of a `moe_ffn` step (ggml `ne = {ne0, ne1, n_expert}`): expert `e`
+/// is bytes `e · expert_bytes .. (e + 1) · expert_bytes` of the tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ExpertTensor {
+    /// Operand index of the tensor in its step's `args`.
+    pub arg: usize,
+    /// The weight.
+    pub weight: WeightId,
+    /// Bytes of one expert's slice: the ggml row size of `ne0` elements times `ne1`.
+    pub expert_bytes: usize,
+}
+
+/// The experts of one `moe_ffn` step ([`Plan::moe_layers`]): what the split expert store places
+/// and what a backend addresses expert by expert.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MoeLayer {
+    /// Index of the `moe_ffn` step in [`Plan::steps`].
+    pub step: usize,
+    /// The model layer (`Attrs::Moe::layer`).
+    pub layer: usize,
+    /// Experts of every tensor (`ne[2]`).
+    pub n_expert: usize,
+    /// The stacked tensors in operand order (`ffn_gate_up_exps`, or `ffn_gate_exps` and
+    /// `ffn_up_exps`; then `ffn_down_exps`): every weight operand of the step.
+    pub tensors: Vec<ExpertTensor>,
+}
+
+impl MoeLayer {
+    /// Bytes of one expert over all its tensors (a fast-store slot).
+    pub fn expert_bytes(&self) -> usize {
+        self.tensors.iter().map(|t| t.expert_bytes).sum()
+    }
+}
+
+/// A plan whose MoE steps are not what [`Plan::moe_layers`] reads.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("plan step {step}: {detail}")]
+pub struct PlanError {
+    /// The step at fault.
+    pub step: usize,
+    /// What is wrong.
+    pub detail: String,
+}
+
+impl Plan {
+    /// The experts of every `moe_ffn` step, in layer order. Every weight operand of such a step is
+    /// a stacked expert tensor; all of them have the same expert count.
+    ///
+    /// Errors: [`PlanError`] naming the step when it lacks `Moe` attributes, repeats a layer, has
+    /// a weight that is not `{ne0, ne1, n_expert}` of a known ggml type with whole blocks per row,
+    /// or an expert count other than the first step's.
+    pub fn moe_layers(&self) -> Result<Vec<MoeLayer>, PlanError> {
+        let mut layers: Vec<MoeLayer> = Vec::new();
+        for (i, step) in self.steps.iter().enumerate() {
+            if step.op != Op::MoeFfn {
+                continue;
+            }
+            let bad = |detail: String| PlanError { step: i, detail };
+            let Attrs::Moe { layer, .. } = step.attrs else {
+                return Err(bad("a moe_ffn step without Moe attributes".into()));
+            };
+            if layers.iter().any(|l| l.layer == layer) {
+                return Err(bad(format!("layer {layer} has two moe_ffn steps")));
+            }
+            let mut tensors = Vec::new();
+            let mut n_expert = None;
+            for (arg, a) in step.args.iter().enumerate() {
+                let Operand::Weight(weight) = *a else {
+                    continue;
+                };
+                let w = self.weights.get(weight).ok_or_else(|| {
+                    bad(format!("operand {arg} is weight {weight}, not in the plan"))
+                })?;
+                let [ne0, ne1, n] = w.ne[..] else {
+                    return Err(bad(format!("`{}` has ne {:?}, not 3 dims", w.name, w.ne)));
+                };
+                let row = GgmlType::from_name(&w.ggml_type)
+                    .and_then(|ty| ty.row_size(ne0))
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "`{}`: rows of {ne0} {} elements are not whole blocks of a known type",
+                            w.name, w.ggml_type
+                        ))
+                    })?;
+                let expert_bytes = row
+                    .checked_mul(ne1)
+                    .ok_or_else(|| bad(format!("`{}`: an expert's bytes overflow", w.name)))?;
+                if *n_expert.get_or_insert(n) != n {
+                    return Err(bad(format!(
+                        "`{}` has {n} experts, another tensor {n_expert:?}",
+                        w.name
+                    )));
+                }
+                tensors.push(ExpertTensor {
+                    arg,
+                    weight,
+                    expert_bytes,
+                });
+            }
+            let n_expert =
+                n_expert.ok_or_else(|| bad("a moe_ffn step without expert weights".into()))?;
+            if let Some(first) = layers.first() {
+                if first.n_expert != n_expert {
+                    return Err(bad(format!(
+                        "layer {layer} has {n_expert} experts, layer {} has {}",
+                        first.layer, first.n_expert
+                    )));
+                }
+            }
+            layers.push(MoeLayer {
+                step: i,
+                layer,
+                n_expert,
+                tensors,
+            });
+        }
+        layers.sort_by_key(|l| l.layer);
+        Ok(layers)
+    }
 }

@@ -23,30 +23,27 @@
 //! which can make lone-token runs of a prompt. On the `oracle` and `vulkan` backends decoded rows
 //! are kept too (the generated tokens a multi-turn prompt repeats).
 //!
-//! The steps run on the host executor (`oracle`, `cpu`: the latent cache in host memory) or on
-//! the device of a `vulkan` model ([`DeviceRun`]: the latent cache in device memory, the routed
-//! ids read back after each step).
+//! The steps run on the backend the model was loaded for, through its [`Run`] (the latent cache
+//! and buffers of this session, in host or device memory); the plan's logits and routed ids are
+//! read back after each step.
 //!
-//! Every session owns a split expert store ([`ExpertStore`], `crate::store::expert_store`): the
-//! step's `moe_ffn` kernels read resident experts from its fast copies and the others from the
-//! mapped file; after each step the routed ids of every layer go to the store, which counts the
-//! served fraction and rotates its fast slots; [`Session::reset`] resets it per its
-//! [`crate::store::expert_store::ResetMode`]. The logits never depend on where an expert lives.
+//! Every session owns a split expert store ([`ExpertStore`], `crate::store::expert_store`) over
+//! the model's slot memory: the step's `moe_ffn` kernels read resident experts from their slots
+//! and the others from the host store; after each step the routed ids of every layer go to the
+//! store, which counts the served fraction and rotates its slots; [`Session::reset`] resets it
+//! per its [`crate::store::expert_store::ResetMode`]. The logits never depend on where an expert
+//! lives.
 //! A request that keeps a cached prefix resets the store the same way; the prefix's routing,
 //! kept with its rows, goes to the policies before the first step's own tokens
 //! ([`ExpertStore::observe_after`]), so the placement follows a cold prefill's access sequence,
 //! while the counters count the tokens that were computed.
 
-use crate::backend::vulkan::exec::{f32s, DeviceRun, KernelTime};
-use crate::backend::ExecError;
+use crate::backend::{ExecError, Experts, Output, Run, RunCounters, StepInput};
 use crate::engine::Model;
 use crate::error::EngineError;
-use crate::executor::{Bound, Executor, StepTime};
-use crate::kv_cache::LatentKvCache;
-use crate::store::expert_store::{ExpertStore, FastBudget, StoreOptions, StoreReport};
+use crate::store::expert_store::{ExpertStore, StoreOptions, StoreReport};
 use aubier_compiler::config::Mistral4Config;
-use aubier_compiler::ops::Op;
-use aubier_compiler::plan::{Operand, ValueId};
+use aubier_compiler::plan::ValueId;
 use std::sync::Arc;
 
 /// Logits of one step: `[T × n_vocab]` f32, row-major, one row per input token.
@@ -72,7 +69,7 @@ impl SessionOptions {
 #[derive(Debug)]
 pub struct Session {
     model: Arc<Model>,
-    runner: Runner,
+    run: Box<dyn Run>,
     kv_max: usize,
     position: usize,
     steps: u64,
@@ -101,19 +98,6 @@ pub struct Session {
     prefix_unseen: bool,
 }
 
-/// What runs a session's steps.
-#[derive(Debug)]
-enum Runner {
-    /// The host executor and its latent cache (the `oracle` and `cpu` backends).
-    Host {
-        exec: Box<Executor>,
-        cache: LatentKvCache,
-    },
-    /// The device state of a model bound to the `vulkan` backend (its latent cache in device
-    /// memory).
-    Device(Box<DeviceRun>),
-}
-
 /// The routing of one token: its position and, per layer, the routed expert ids in descending
 /// router probability (`[n_layer][n_expert_used]`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -135,11 +119,12 @@ impl Session {
         Session::open_with_store(model, opts, &StoreOptions::default())
     }
 
-    /// [`Session::open`] with the expert store built from `store` (the default: every expert
-    /// resident when the budget allows, 2Q, exact reset).
+    /// [`Session::open`] with the expert store built from `store` (the default: every slot the
+    /// model was loaded with, 2Q, exact reset).
     ///
     /// Errors: those of [`Session::open`], and [`EngineError::Store`] when the store cannot be
-    /// built (too many slots, a resident set that does not fit, `min`, bad 2Q fractions).
+    /// built (more slots than the model has, a resident set that does not fit, `min`, bad 2Q
+    /// fractions); [`EngineError::Backend`] when the backend cannot open a run.
     pub fn open_with_store(
         model: Arc<Model>,
         opts: SessionOptions,
@@ -173,35 +158,8 @@ impl Session {
         let router_outputs = (0..cfg.n_layer)
             .map(|l| output(&format!("router_ids.{l}")))
             .collect::<Result<Vec<_>, _>>()?;
-        let (runner, store) = match model.device_plan() {
-            Some(dp) => {
-                let run =
-                    DeviceRun::new(dp, &model.plan, cfg.n_layer, kv_max, cfg.kv_cache_width())?;
-                // Every expert is in device memory: the host store keeps no copy (the split
-                // store on the device is the next step), it only follows the routing.
-                let host_only = StoreOptions {
-                    budget: FastBudget::Slots(0),
-                    ..store.clone()
-                };
-                (
-                    Runner::Device(Box::new(run)),
-                    ExpertStore::new(Arc::clone(&model), &host_only)?,
-                )
-            }
-            None => {
-                let cache = LatentKvCache::new(cfg.n_layer, kv_max, cfg.kv_cache_width())?;
-                let exec = Executor::new(&model.plan, model.program())?;
-                let store = ExpertStore::new(Arc::clone(&model), store)?;
-                map_dense_weights(&model, &store);
-                (
-                    Runner::Host {
-                        exec: Box::new(exec),
-                        cache,
-                    },
-                    store,
-                )
-            }
-        };
+        let run = Arc::clone(model.loaded()).open(kv_max)?;
+        let store = ExpertStore::new(&model.plan, store, &mut model.slots().lock())?;
         Ok(Session {
             store,
             prompt_cache: false,
@@ -210,7 +168,7 @@ impl Session {
             one_token_rows: Vec::new(),
             chain_routing: vec![Vec::new(); router_outputs.len()],
             prefix_unseen: false,
-            runner,
+            run,
             kv_max,
             position: 0,
             steps: 0,
@@ -277,49 +235,17 @@ impl Session {
         Ok(logits)
     }
 
-    /// Starts (`true`, zeroed) or stops timing every kernel launch on the GPU (a session of the
-    /// `vulkan` backend; a host session has nothing to time this way).
+    /// Starts (`true`: the counters zeroed) or stops timing kernels ([`Run::profile`]: host
+    /// backends time every step always, a device only while profiling).
     ///
-    /// Errors: [`EngineError::Vulkan`] when the device has no timestamps.
-    pub fn profile_device(&mut self, on: bool) -> Result<(), EngineError> {
-        if let (Runner::Device(run), Some(dp)) = (&mut self.runner, self.model.device_plan()) {
-            run.set_profile(dp, on)?;
-        }
-        Ok(())
+    /// Errors: [`EngineError::Backend`] when the device cannot time launches.
+    pub fn profile(&mut self, on: bool) -> Result<(), EngineError> {
+        Ok(self.run.profile(on)?)
     }
 
-    /// GPU time per kernel since [`Session::profile_device`] started it; empty on a host session.
-    pub fn device_kernel_times(&self) -> &[KernelTime] {
-        match &self.runner {
-            Runner::Device(run) => run.kernel_times(),
-            Runner::Host { .. } => &[],
-        }
-    }
-
-    /// `(runs, recordings)` of a `vulkan` session: steps submitted, and command buffers
-    /// recorded for them (a run of the shape of the last one replays its command buffer);
-    /// `None` on a host session.
-    pub fn device_submissions(&self) -> Option<(u64, u64)> {
-        match &self.runner {
-            Runner::Device(run) => Some(run.submissions()),
-            Runner::Host { .. } => None,
-        }
-    }
-
-    /// Wall time of each plan step since the session opened or [`Session::reset_step_times`]
-    /// (host sessions; empty for a `vulkan` session: [`Session::device_kernel_times`]).
-    pub fn step_times(&self) -> &[StepTime] {
-        match &self.runner {
-            Runner::Host { exec, .. } => exec.step_times(),
-            Runner::Device(_) => &[],
-        }
-    }
-
-    /// Zeroes [`Session::step_times`].
-    pub fn reset_step_times(&mut self) {
-        if let Runner::Host { exec, .. } = &mut self.runner {
-            exec.reset_step_times()
-        }
+    /// Kernel times and counters since the session opened or profiling started.
+    pub fn counters(&self) -> RunCounters {
+        self.run.counters()
     }
 
     /// The checks of [`Session::step`] before anything runs: the position after `tokens`.
@@ -358,50 +284,35 @@ impl Session {
         let head = model.plan.output_head.map(|h| h.value);
         let keep = head.filter(|&v| last_only && v == self.logits);
         let inputs: [(&str, &[i32]); 2] = [("tokens", &ids), ("pos", &pos)];
-        let mut logits = match &mut self.runner {
-            Runner::Host { exec, cache } => {
-                let weights = model.weight_views();
-                let store = &self.store;
-                // On a worker of the rayon pool, so that the run's parallel steps fork from a
-                // worker (its own deque) rather than inject each step from outside the pool and
-                // block the caller on a latch; the other workers spin for the run's length
-                // (`pool::run_hot`).
-                crate::pool::run_hot(|| {
-                    let bound = Bound {
-                        plan: &model.plan,
-                        program: model.program(),
-                        binding: model.binding(),
-                        weights: &weights,
-                        experts: Some(store),
-                        file: Some(&*model),
-                    };
-                    exec.run_rows(bound, cache, &inputs, t, end, keep)
-                })?;
-                for (dst, &id) in self.router_ids.iter_mut().zip(&self.router_outputs) {
-                    *dst = exec.i32_value(&model.plan, id)?;
-                }
-                exec.f32_value(&model.plan, self.logits)?.to_vec()
-            }
-            Runner::Device(run) => {
-                let dp = model.device_plan().ok_or_else(|| EngineError::Backend {
-                    message: "a device session on a model without a device plan".into(),
-                })?;
-                let mut wanted = vec![self.logits];
-                wanted.extend(&self.router_outputs);
-                let mut out = run
-                    .run(dp, &model.plan, &inputs, t, end, keep, &wanted)?
-                    .into_iter();
-                let logits = out.next().map(|b| f32s(&b)).unwrap_or_default();
-                for (dst, bytes) in self.router_ids.iter_mut().zip(out) {
-                    *dst = bytes
-                        .chunks_exact(4)
-                        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .collect();
-                }
-                check_expert_ids(&self.router_ids, model.config.n_expert)?;
-                logits
-            }
+        let mut wanted = vec![self.logits];
+        wanted.extend(&self.router_outputs);
+        let input = StepInput {
+            inputs: &inputs,
+            tokens: t,
+            keys: end,
+            outputs: &wanted,
+            last_only: keep,
         };
+        let mut slots = model.slots().lock();
+        self.store.claim(&mut slots)?;
+        let experts = Experts {
+            store: &self.store,
+            slots: slots.memory(),
+        };
+        let mut out = self.run.step(&input, &experts)?.into_iter();
+        let mut logits = match out.next() {
+            Some(Output::F32(v)) => v,
+            _ => return Err(EngineError::MissingOutput("logits (f32)".into())),
+        };
+        for (dst, o) in self.router_ids.iter_mut().zip(out) {
+            *dst = match o {
+                Output::I32(v) => v,
+                Output::F32(_) => {
+                    return Err(EngineError::MissingOutput("router_ids (i32)".into()))
+                }
+            };
+        }
+        check_expert_ids(&self.router_ids, model.config.n_expert)?;
         let rows = if keep.is_some() { 1 } else { t };
         if logits.len() != rows * n_vocab {
             return Err(EngineError::MissingOutput(format!(
@@ -417,7 +328,9 @@ impl Session {
         } else {
             &[]
         };
-        self.store.observe_after(reused, &self.router_ids, t)?;
+        self.store
+            .observe_after(reused, &self.router_ids, t, &mut slots)?;
+        drop(slots);
         self.prefix_unseen = false;
         self.chain.extend_from_slice(tokens);
         self.one_token_rows.extend(std::iter::repeat_n(t == 1, t));
@@ -517,15 +430,8 @@ impl Session {
     /// rest; resets the router trace and the store.
     fn restart(&mut self, keep: usize) {
         self.position = keep;
-        match &mut self.runner {
-            Runner::Host { cache, .. } => cache.truncate(keep),
-            Runner::Device(run) => {
-                if let Some(dp) = self.model.device_plan() {
-                    if let Err(e) = run.truncate(dp, keep) {
-                        tracing::error!("zeroing the device's latent cache: {e}");
-                    }
-                }
-            }
+        if let Err(e) = self.run.truncate(keep) {
+            tracing::error!("zeroing the latent cache: {e}");
         }
         for r in &mut self.router_ids {
             r.clear();
@@ -537,23 +443,14 @@ impl Session {
             r.truncate(keep * k);
         }
         self.prefix_unseen = keep > 0;
-        if let Err(e) = self.store.reset() {
+        if let Err(e) = self.store.reset(&mut self.model.slots().lock()) {
             tracing::error!("expert store reset: {e}");
         }
     }
 
-    /// The expert store's counters since the last [`Session::reset`] (the current request). On
-    /// the `vulkan` backend every expert is in device memory, the fast store of a GPU: every
-    /// routed slot is served from it (`n_res` = all experts, `fast_bytes` their device bytes).
+    /// The expert store's counters since the last [`Session::reset`] (the current request).
     pub fn store_report(&self) -> StoreReport {
-        let mut r = self.store.report();
-        if let (Runner::Device(_), Some(dp)) = (&self.runner, self.model.device_plan()) {
-            r.n_res = self.model.config.n_expert;
-            r.fast_bytes = dp.expert_bytes();
-            r.fast_hits = r.routed;
-            r.served_fraction = if r.routed == 0 { 0.0 } else { 1.0 };
-        }
-        r
+        self.store.report()
     }
 
     /// The session's expert store (for tests and reports).
@@ -589,18 +486,17 @@ impl Session {
         &self.router_ids
     }
 
-    /// The latent KV cache in host memory (for traces and tests); `None` for a session of the
-    /// `vulkan` backend, whose cache is in device memory.
-    pub fn kv_cache(&self) -> Option<&LatentKvCache> {
-        match &self.runner {
-            Runner::Host { cache, .. } => Some(cache),
-            Runner::Device(_) => None,
-        }
+    /// Row `pos` of latent-cache layer `layer` (for traces and tests), read back from where
+    /// the backend keeps it.
+    ///
+    /// Errors: [`EngineError::Backend`] outside the cache or when it cannot be read back.
+    pub fn cache_row(&self, layer: usize, pos: usize) -> Result<Vec<f32>, EngineError> {
+        Ok(self.run.cache_row(layer, pos)?)
     }
 }
 
-/// `Err` when a routed expert id is outside `0..n_expert` (a NaN router selects none: `−1`), as
-/// the host executor's index check refuses it.
+/// `Err` when a routed expert id is outside `0..n_expert` (a NaN router selects none: `−1`): the
+/// host executor's index check refuses it before the experts run, a device's kernels do not.
 fn check_expert_ids(router_ids: &[Vec<i32>], n_expert: usize) -> Result<(), EngineError> {
     for (layer, ids) in router_ids.iter().enumerate() {
         if let Some((index, &id)) = ids
@@ -622,45 +518,10 @@ fn check_expert_ids(router_ids: &[Vec<i32>], n_expert: usize) -> Result<(), Engi
     Ok(())
 }
 
-/// Maps the pages of every weight a token reads in full (everything but what the store holds —
-/// the stacked experts, which it copies or reads a few of, and the dense weights it copies
-/// interleaved — and the embedding tables, whose rows the executor reads from the file) when the
-/// session opens, so that the first request does not fault them in page by page
-/// ([`Model::populate_host_pages`]); they stay mapped from the first request on either way, so
-/// this moves no peak. The embedding tables are only read ahead into the page cache
-/// ([`Model::prefetch_host_pages`]), so that a token's row is not a wait on the disk.
-fn map_dense_weights(model: &Model, store: &ExpertStore) {
-    let embeds: Vec<usize> = model
-        .plan
-        .steps
-        .iter()
-        .filter(|s| s.op == Op::Embed)
-        .filter_map(|s| match s.args.first() {
-            Some(&Operand::Weight(w)) => Some(w),
-            _ => None,
-        })
-        .collect();
-    let bytes: usize = (0..model.plan.weights.len())
-        .filter(|&w| !store.holds(w) && !embeds.contains(&w))
-        .filter_map(|w| model.weight_view(w))
-        .map(|view| model.populate_host_pages(view))
-        .sum();
-    let ahead: usize = embeds
-        .iter()
-        .filter_map(|&w| model.weight_view(w))
-        .map(|view| model.prefetch_host_pages(view))
-        .sum();
-    tracing::debug!(
-        bytes,
-        ahead,
-        "dense weights mapped, embedding tables read ahead"
-    );
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::BackendKind;
+    use crate::backend::registry::BackendSpec;
     use std::path::PathBuf;
 
     fn data(rel: &str) -> PathBuf {
@@ -690,7 +551,7 @@ mod tests {
 
     /// A session on the oracle, whose properties these tests check.
     fn open_path(path: &std::path::Path, kv_max: usize) -> Session {
-        let model = Model::load_with(path, BackendKind::Oracle).expect("model loads");
+        let model = Model::load_with(path, &BackendSpec::named("oracle")).expect("model loads");
         Session::open(model, SessionOptions { kv_max }).expect("session opens")
     }
 
@@ -737,9 +598,9 @@ mod tests {
     }
 
     /// The executor reads the embedding table's rows from the file, not through the map: a
-    /// prompt and decoded tokens leave its mapped pages as opening the session left them, while
-    /// rows read through the map do map pages (the counter sees them), and the logits are those
-    /// of the table read in place.
+    /// prompt and decoded tokens leave its mapped pages as opening the session left them (the
+    /// rows' bits are those of the table read in place: the executor's
+    /// `embedding_rows_read_from_the_file_give_the_in_place_bits`).
     #[test]
     fn the_embedding_table_stays_unmapped() {
         let path = bundled("ms4-tiny256-q2k.gguf");
@@ -755,38 +616,15 @@ mod tests {
         assert!(view.len() > 64 * 4096, "{} bytes", view.len());
         let before = mapped_pages(view);
         let ids = prompt();
-        let logits = s.step(&ids[..60]).expect("prompt");
+        s.step(&ids[..60]).expect("prompt");
         for &id in &ids[60..80] {
             s.step(&[id]).expect("decode");
         }
         assert_eq!(mapped_pages(view), before);
-
-        let weights = model.weight_views();
-        let bound = Bound {
-            plan: &model.plan,
-            program: model.program(),
-            binding: model.binding(),
-            weights: &weights,
-            experts: None,
-            file: None,
-        };
-        let cfg = &model.config;
-        let mut exec = Executor::new(&model.plan, model.program()).expect("executor");
-        let mut cache = LatentKvCache::new(cfg.n_layer, 256, cfg.kv_cache_width()).expect("cache");
-        let tokens: Vec<i32> = ids[..60].iter().map(|&id| id as i32).collect();
-        let pos: Vec<i32> = (0..60).collect();
-        let inputs = [("tokens", &tokens[..]), ("pos", &pos[..])];
-        exec.run_rows(bound, &mut cache, &inputs, 60, 60, None)
-            .expect("the table read in place");
+        let mid = view.len() / 2;
+        let sum: u64 = view[mid..mid + 8192].iter().map(|&b| u64::from(b)).sum();
+        std::hint::black_box(sum);
         assert!(mapped_pages(view) > before, "rows read in place map pages");
-        let (_, id) = model
-            .plan
-            .outputs
-            .iter()
-            .find(|(name, _)| name == "logits")
-            .expect("a logits output");
-        let in_place = exec.f32_value(&model.plan, *id).expect("logits");
-        assert_eq!(bits(in_place), bits(&logits));
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {
@@ -819,13 +657,10 @@ mod tests {
         s.reset();
         assert_eq!(s.position(), 0);
         assert!(s.router_ids().iter().all(Vec::is_empty));
-        assert!(s
-            .kv_cache()
-            .expect("a host session")
-            .layer(0)
-            .expect("layer")
-            .iter()
-            .all(|&v| v == 0.0));
+        for pos in 0..40 {
+            let row = s.cache_row(0, pos).expect("a cache row");
+            assert!(row.iter().all(|&v| v == 0.0), "row {pos}");
+        }
         let got = s.step(&ids[100..108]).expect("second request");
         assert_eq!(bits(&got), bits(&want));
         assert_eq!(s.steps_taken(), 2);

@@ -19,8 +19,9 @@
 //!    `moe_ffn` (`*_exps`, counted `n_expert_used / n_expert` of their bytes: the expected share
 //!    of the experts one token selects). Split into attention, router, routed experts, shared
 //!    expert, output head and embedding.
-//! 5. Time by component: the executor's wall time per plan step (`Session::step_times`, summed
-//!    separately for prefill and decode steps over all reps), each step assigned to a component
+//! 5. Time by component: the backend's time per plan step (`Session::counters`: host wall time,
+//!    or GPU time from timestamp queries on a device; summed separately for prefill and decode
+//!    steps over all reps), each step assigned to a component
 //!    by its first weight (weightless steps to the component of the step before them); reported
 //!    as ms per prefill and ms per decoded token. The prefill runs the output head for the last
 //!    position only (`Session::step_last`), as llama.cpp does.
@@ -39,8 +40,8 @@ use crate::run::{BackendArgs, Loaded, PromptArgs, StoreArgs};
 use anyhow::{bail, Context};
 use aubier_compiler::ops::Op;
 use aubier_compiler::plan::Operand;
+use aubier_runtime::backend::KernelTime;
 use aubier_runtime::engine::Model;
-use aubier_runtime::executor::StepTime;
 use aubier_runtime::generate::{generate, GenerateParams};
 use aubier_runtime::sampler::SamplingParams;
 use aubier_runtime::session::{Session, SessionOptions};
@@ -267,6 +268,25 @@ fn step_components(model: &Model) -> Vec<Component> {
 }
 
 /// Wall seconds by component: `(prefill, decode)` sums of `times` (per step).
+/// Time per plan step: the kernel times of each step summed.
+fn step_times(model: &Model, times: &[KernelTime]) -> Vec<StepTime> {
+    let mut out = vec![StepTime::default(); model.plan.steps.len()];
+    for k in times {
+        if let Some(t) = out.get_mut(k.step) {
+            t.prefill_s += k.prefill_s;
+            t.decode_s += k.decode_s;
+        }
+    }
+    out
+}
+
+/// Seconds in one plan step.
+#[derive(Clone, Copy, Debug, Default)]
+struct StepTime {
+    prefill_s: f64,
+    decode_s: f64,
+}
+
 fn time_by_component(model: &Model, times: &[StepTime]) -> (ByComponent, ByComponent) {
     let (mut p, mut d) = (ByComponent::default(), ByComponent::default());
     for (c, t) in step_components(model).into_iter().zip(times) {
@@ -299,12 +319,11 @@ pub struct BenchReport {
     pub peak_rss_bytes: u64,
     /// Weight bytes read per decoded token.
     pub weight_bytes_per_token: ByComponent,
-    /// Milliseconds per prefill of `n_prompt` tokens by component (mean over the reps; per-step
-    /// wall time, `Session::step_times`, of a host backend: zero on `vulkan`, see
-    /// `gpu_kernels`).
+    /// Milliseconds per prefill of `n_prompt` tokens by component (mean over the reps; the
+    /// backend's time per plan step, `Session::counters`: host wall time, or GPU time from
+    /// timestamps on a device).
     pub prefill_ms_by_component: ByComponent,
-    /// Milliseconds per decoded token by component (mean over all decode steps of the reps; zero
-    /// on `vulkan`).
+    /// Milliseconds per decoded token by component (mean over all decode steps of the reps).
     pub decode_ms_per_token_by_component: ByComponent,
     /// The backend (`cpu (q8x2)`, `oracle`, …).
     pub backend: String,
@@ -312,7 +331,7 @@ pub struct BenchReport {
     /// `scalar`).
     pub isa: String,
     /// The twenty plan steps that took the most prefill time: op, first weight (or output value)
-    /// name, ms per prefill (host backends; empty on `vulkan`).
+    /// name, ms per prefill.
     pub slowest_prefill_steps: Vec<(String, String, f64)>,
     /// The twenty plan steps that took the most decode time: op, first weight (or output value)
     /// name, ms per decoded token.
@@ -320,11 +339,11 @@ pub struct BenchReport {
     /// Routed (token, layer, expert) slots of the last rep served from the fast expert store ÷
     /// all routed slots (`Session::store_report`).
     pub served_fraction: f64,
-    /// The Vulkan device of the `vulkan` backend (`None` for a host backend).
+    /// The device the backend runs on (`None` on the host).
     pub device: Option<String>,
-    /// The `vulkan` backend's GPU time per kernel from timestamp queries, most decode time
-    /// first: name, ms per prefill, ms per decoded token, launches (empty for a host backend).
-    pub gpu_kernels: Vec<(String, f64, f64, u64)>,
+    /// Time per kernel (host wall time, or GPU time from timestamp queries), most decode time
+    /// first: name, ms per prefill, ms per decoded token, launches.
+    pub kernels: Vec<(String, f64, f64, u64)>,
     /// The cost of constrained decoding, with `--json-schema` or `--tools` (method step 6).
     pub grammar: Option<GrammarReport>,
 }
@@ -377,7 +396,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         None => BUNDLED_TEXT.to_owned(),
     };
-    let backend = args.backend.kind()?;
+    let spec = args.backend.spec()?;
     let grammar = grammar_spec(args.json_schema.as_deref(), args.tools.as_deref())?;
     let Loaded {
         model,
@@ -388,7 +407,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         prompt_ids: None,
         prompt: Some(text),
     }
-    .load(backend)?;
+    .load(&spec, args.store.budget())?;
     let prompt = fit_prompt(
         &prompt,
         args.n_prompt,
@@ -405,10 +424,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             model.config.n_ctx_train
         );
     }
-    let store = args.store.options(backend)?;
+    let store = args.store.options()?;
     let mut session = Session::open_with_store(model.clone(), SessionOptions { kv_max }, &store)?;
     session.set_ubatch(args.backend.ubatch);
-    session.profile_device(true)?;
     let params = GenerateParams {
         max_tokens: args.n_gen,
         sampling: SamplingParams::default(),
@@ -427,7 +445,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         b
     });
     let (mut prefill, mut decode, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
-    session.reset_step_times();
+    session.profile(true)?;
     let mut decode_steps = 0usize;
     for rep in 0..args.reps {
         if let Some(b) = &bar {
@@ -453,7 +471,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let (prefill_t, decode_t) = time_by_component(&model, session.step_times());
+    let counters = session.counters();
+    let times = step_times(&model, &counters.times);
+    let (prefill_t, decode_t) = time_by_component(&model, &times);
     let per_token = 1e3 / decode_steps.max(1) as f64;
     let per_prefill = 1e3 / args.reps as f64;
     let slowest = |ms: &dyn Fn(&StepTime) -> f64| {
@@ -461,7 +481,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             .plan
             .steps
             .iter()
-            .zip(session.step_times())
+            .zip(&times)
             .map(|(step, t)| {
                 let name = step
                     .args
@@ -478,21 +498,23 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         v.truncate(20);
         v
     };
-    let mut gpu_kernels: Vec<(String, f64, f64, u64)> = session
-        .device_kernel_times()
-        .iter()
-        .map(|k| {
-            let (p, d) = (k.prefill_s * per_prefill, k.decode_s * per_token);
-            (k.name.clone(), p, d, k.launches)
-        })
-        .collect();
-    gpu_kernels.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let mut kernels: Vec<(String, f64, f64, u64)> = Vec::new();
+    for k in &counters.times {
+        let (p, d) = (k.prefill_s * per_prefill, k.decode_s * per_token);
+        match kernels.iter_mut().find(|(name, ..)| *name == k.kernel) {
+            Some(e) => {
+                e.1 += p;
+                e.2 += d;
+                e.3 += k.launches;
+            }
+            None => kernels.push((k.kernel.clone(), p, d, k.launches)),
+        }
+    }
+    kernels.sort_by(|a, b| b.2.total_cmp(&a.2));
     let mut report = BenchReport {
         grammar: None,
-        device: model
-            .device_plan()
-            .map(|dp| dp.context().info().name.clone()),
-        gpu_kernels,
+        device: model.device(),
+        kernels,
         model: args.model.display().to_string(),
         n_prompt: prompt.len(),
         n_gen: args.n_gen,
@@ -507,7 +529,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         decode_ms_per_token_by_component: decode_t.scaled(per_token),
         slowest_prefill_steps: slowest(&|t| t.prefill_s * per_prefill),
         slowest_decode_steps: slowest(&|t| t.decode_s * per_token),
-        backend: backend.to_string(),
+        backend: model.backend_name().to_string(),
         isa: aubier_runtime::backend::cpu::isa().to_string(),
         served_fraction: session.store_report().served_fraction,
     };
@@ -725,9 +747,7 @@ fn print_text(r: &BenchReport) -> anyhow::Result<()> {
         mb(b.output_head),
         mb(b.embedding)
     );
-    if r.device.is_none() {
-        print_host_times(r)?;
-    }
+    print_times(r)?;
     outln!("served fraction {:.4} (last rep)", r.served_fraction);
     if let Some(g) = &r.grammar {
         outln!(
@@ -747,23 +767,23 @@ fn print_text(r: &BenchReport) -> anyhow::Result<()> {
         );
     }
     if let Some(device) = &r.device {
-        let kernels: Vec<String> = r
-            .gpu_kernels
-            .iter()
-            .take(20)
-            .map(|(name, p, d, n)| format!("{name} {p:.2}/{d:.3} ({n})"))
-            .collect();
         outln!("device {device}");
-        outln!(
-            "GPU time per kernel (ms/prefill / ms/token (launches)): {}",
-            kernels.join(", ")
-        );
     }
+    let kernels: Vec<String> = r
+        .kernels
+        .iter()
+        .take(20)
+        .map(|(name, p, d, n)| format!("{name} {p:.2}/{d:.3} ({n})"))
+        .collect();
+    outln!(
+        "time per kernel (ms/prefill / ms/token (launches)): {}",
+        kernels.join(", ")
+    );
     Ok(())
 }
 
-/// The host backends' time per component and slowest steps (wall time per plan step).
-fn print_host_times(r: &BenchReport) -> anyhow::Result<()> {
+/// Time per component and the slowest steps (the backend's time per plan step).
+fn print_times(r: &BenchReport) -> anyhow::Result<()> {
     for (what, c) in [
         ("prefill ms", &r.prefill_ms_by_component),
         ("decode ms/token", &r.decode_ms_per_token_by_component),

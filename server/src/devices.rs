@@ -1,10 +1,10 @@
 //! `aubier devices [--json]`: the Vulkan devices of this machine with the limits and features
-//! a generated kernel depends on (`aubier_runtime::backend::vulkan::device::list_devices`).
+//! a generated kernel depends on (`aubier_runtime::backend::vulkan_device::list_devices`).
 //!
 //! Exit status: 0 with at least one device; 1 without the Vulkan loader or a device, with a
 //! message saying what to install.
 
-use aubier_runtime::backend::vulkan::device::{list_devices, DeviceInfo};
+use aubier_runtime::backend::vulkan_device::{list_devices, DeviceInfo};
 use clap::Args;
 
 /// Arguments of `aubier devices`.

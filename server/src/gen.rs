@@ -1,12 +1,13 @@
 //! `aubier gen [--model FILE] [--target oracle|cpu|gpu] [--fuse-phase|--fuse-wkb|--fuse-kqkv
-//! auto|on|off] [--out DIR] [--check] [--plan [--backend oracle|cpu [--cpu-numerics q8x2|q8]]]
+//! auto|on|off] [--out DIR] [--check] [--plan [--backend NAME [--device N|--cpu-numerics q8x2|q8]]]
 //! [--dump-after STAGE [--format text|dot]] [--disable PASS]…`: compile the model of a GGUF file
 //! and generate the GPU kernels of its plan.
 //!
 //! Modes, in order of precedence: `--dump-after STAGE` prints the graph after a pipeline stage;
 //! `--plan` prints the scheduled `Plan` as JSON — with `--backend`, compiled for that backend's
 //! target and followed by its binding (`backend`, `isa`, and per step the kernel the backend
-//! chose and its variant); otherwise the HIP, CUDA and Vulkan (GLSL) source of every kernel
+//! chose and its variant: what runs; `vulkan` binds at its device's subgroup width, or says which
+//! width it bound for when the machine has no device); otherwise the HIP, CUDA and Vulkan (GLSL) source of every kernel
 //! of the plan (`aubier_kernels_gen::gpu::generate`) is written under `--out` (default
 //! `kernels-gen/generated/` of this workspace) with `MANIFEST.json` (the plan's hash, the flags,
 //! the command, every file's size and hash), and files of an earlier generation that the plan no
@@ -30,13 +31,13 @@ use aubier_compiler::types::WeightRef;
 use aubier_compiler::{compile, dump_after, CompileOptions, DumpFormat, Fusion, Target};
 use aubier_kernels_gen::gpu::emit::WARP;
 use aubier_kernels_gen::gpu::{fnv1a, generate as generate_kernels, plan_kernels, GeneratedFile};
-use aubier_runtime::backend::cpu::CpuNumerics;
-use aubier_runtime::backend::BackendKind;
+use aubier_runtime::backend::Backend;
 use aubier_runtime::gguf::GgufFile;
 use aubier_runtime::model::{read_config, weight_refs};
 use clap::{Args, ValueEnum};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The model `gen` compiles when `--model` is not given: `models/ms4-tiny256-q2k.gguf` at the
 /// workspace root.
@@ -69,13 +70,10 @@ pub struct GenArgs {
     /// none for oracle.
     #[arg(long, value_enum, default_value_t = TargetArg::Gpu)]
     pub target: TargetArg,
-    /// With --plan: compile for this backend's target and print its binding (the kernel of
-    /// every step).
-    #[arg(long, value_enum, requires = "plan", conflicts_with = "target")]
-    pub backend: Option<crate::run::BackendName>,
-    /// With --backend cpu: its numerics (q8x2, q8).
-    #[arg(long, requires = "backend", value_parser = parse_cpu_numerics)]
-    pub cpu_numerics: Option<CpuNumerics>,
+    /// With --plan: `--backend NAME` (and its options) compiles for that backend's target and
+    /// prints its binding, the kernel of every step as it runs.
+    #[command(flatten)]
+    pub backend: crate::run::BackendChoice,
     /// PHASE fusion: RoPE, query temperature, c_kv RMSNorm and latent-cache write as one step.
     #[arg(long, value_enum, default_value_t = FusionArg::Auto)]
     pub fuse_phase: FusionArg,
@@ -107,17 +105,22 @@ pub struct GenArgs {
 }
 
 impl GenArgs {
-    /// The backend of `--backend` (with `--cpu-numerics`), if given.
+    /// The backend of `--backend` (with its options), if given.
     ///
-    /// Errors: `--cpu-numerics` with `--backend oracle`.
-    pub fn backend(&self) -> anyhow::Result<Option<BackendKind>> {
-        crate::run::BackendArgs {
-            backend: self.backend,
-            cpu_numerics: self.cpu_numerics,
-            ..Default::default()
+    /// Errors: `--backend` without `--plan` or with `--target`; an option the backend does not
+    /// take; no such backend.
+    pub fn backend(&self) -> anyhow::Result<Option<Arc<dyn Backend>>> {
+        let given = self.backend.backend.is_some() || !self.backend.options.is_empty();
+        if !given {
+            return Ok(None);
         }
-        .kind()
-        .map(|k| self.backend.map(|_| k))
+        if !self.plan {
+            anyhow::bail!("--backend (and its options) apply to --plan");
+        }
+        if self.target != TargetArg::Gpu {
+            anyhow::bail!("--backend sets the target: give --backend or --target, not both");
+        }
+        Ok(Some(self.backend.spec().make()?))
     }
 
     /// The compiler options these flags ask for.
@@ -125,7 +128,7 @@ impl GenArgs {
     /// Errors: as [`GenArgs::backend`].
     pub fn compile_options(&self) -> anyhow::Result<CompileOptions> {
         let target = match self.backend()? {
-            Some(b) => b.compile_options().target,
+            Some(b) => b.target(),
             None => self.target.into(),
         };
         Ok(CompileOptions {
@@ -136,10 +139,6 @@ impl GenArgs {
             fuse_kqkv: self.fuse_kqkv.into(),
         })
     }
-}
-
-fn parse_cpu_numerics(s: &str) -> Result<CpuNumerics, String> {
-    s.parse()
 }
 
 /// `--target`.
@@ -221,8 +220,8 @@ pub fn generate(args: &GenArgs) -> anyhow::Result<String> {
         return Ok(dump_after(&cfg, &weights, &opts, stage, format)?);
     }
     let plan = compile(&cfg, &weights, &opts)?;
-    if let (true, Some(backend)) = (args.plan, args.backend()?) {
-        return bound_plan_json(&plan, backend);
+    if let Some(backend) = args.backend()? {
+        return bound_plan_json(&plan, &*backend);
     }
     let mut json = serde_json::to_string_pretty(&plan)?;
     json.push('\n');
@@ -260,8 +259,8 @@ pub fn generate(args: &GenArgs) -> anyhow::Result<String> {
 /// ISA tier on this host) and `binding`, per step `{step, op, out, kernel, variant}`.
 ///
 /// Errors: the backend refuses a step (naming it).
-fn bound_plan_json(plan: &Plan, backend: BackendKind) -> anyhow::Result<String> {
-    let binding = backend.backend().bind(plan)?;
+fn bound_plan_json(plan: &Plan, backend: &dyn Backend) -> anyhow::Result<String> {
+    let binding = backend.bind(plan)?;
     let steps: Vec<serde_json::Value> = binding
         .steps
         .iter()
@@ -279,7 +278,7 @@ fn bound_plan_json(plan: &Plan, backend: BackendKind) -> anyhow::Result<String> 
         .collect();
     let mut v = serde_json::to_value(plan)?;
     if let Some(obj) = v.as_object_mut() {
-        obj.insert("backend".into(), backend.to_string().into());
+        obj.insert("backend".into(), binding.backend.clone().into());
         obj.insert("isa".into(), aubier_runtime::backend::cpu::isa().into());
         obj.insert("binding".into(), steps.into());
     }
@@ -474,8 +473,7 @@ mod tests {
         GenArgs {
             model: None,
             target: TargetArg::Gpu,
-            backend: None,
-            cpu_numerics: None,
+            backend: crate::run::BackendChoice::default(),
             fuse_phase: FusionArg::Auto,
             fuse_wkb: FusionArg::Auto,
             fuse_kqkv: FusionArg::Auto,
@@ -609,10 +607,11 @@ mod tests {
         ])
         .unwrap();
         assert!(numerics_without_cpu.args.compile_options().is_err());
-        assert!(
-            Cli::try_parse_from(["gen", "--backend", "cpu"]).is_err(),
-            "needs --plan"
-        );
+        let without_plan = Cli::try_parse_from(["gen", "--backend", "cpu"]).unwrap();
+        let e = without_plan.args.compile_options().unwrap_err().to_string();
+        assert_eq!(e, "--backend (and its options) apply to --plan");
+        let both = Cli::try_parse_from(["gen", "--plan", "--backend", "cpu", "--target", "cpu"]);
+        assert!(both.unwrap().args.compile_options().is_err());
         assert!(Cli::try_parse_from(["gen", "--fuse-kqkv", "maybe"]).is_err());
         assert!(Cli::try_parse_from(["gen", "--target", "tpu"]).is_err());
     }
@@ -673,7 +672,7 @@ mod tests {
     #[test]
     fn plan_with_a_backend_prints_every_steps_kernel() {
         let mut a = args(None, Format::Text);
-        a.backend = Some(crate::run::BackendName::Cpu);
+        a.backend.backend = Some("cpu".into());
         let v: serde_json::Value = serde_json::from_str(&generate(&a).unwrap()).unwrap();
         let steps = v["steps"].as_array().unwrap();
         let binding = v["binding"].as_array().unwrap();
@@ -697,7 +696,7 @@ mod tests {
             .unwrap();
         assert!(variant(other).contains(", 2 planes,"), "{}", variant(other));
 
-        a.backend = Some(crate::run::BackendName::Oracle);
+        a.backend.backend = Some("oracle".into());
         let v: serde_json::Value = serde_json::from_str(&generate(&a).unwrap()).unwrap();
         assert!(v["binding"]
             .as_array()

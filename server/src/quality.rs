@@ -25,6 +25,7 @@ use aubier_runtime::engine::Model;
 use aubier_runtime::gguf::{GgufFile, MetaValue};
 use aubier_runtime::model::{read_config, weight_refs};
 use aubier_runtime::session::{Session, SessionOptions};
+use aubier_runtime::store::FastBudget;
 use aubier_runtime::text::tokenizer::Tokenizer;
 use clap::{Args, Parser};
 use serde::Serialize;
@@ -142,9 +143,19 @@ impl ModelFlags {
         }
         let config = read_config(&file)?;
         let refs = weight_refs(&file, &config)?;
-        let backend = self.backend.kind()?;
-        let plan = aubier_compiler::compile(&config, &refs, &backend.compile_options())?;
-        Ok(Model::from_plan(Arc::new(file), config, plan, backend)?)
+        let backend = self.backend.spec()?.make()?;
+        let opts = aubier_compiler::CompileOptions {
+            target: backend.target(),
+            ..aubier_compiler::CompileOptions::default()
+        };
+        let plan = aubier_compiler::compile(&config, &refs, &opts)?;
+        Ok(Model::from_plan(
+            Arc::new(file),
+            config,
+            plan,
+            backend,
+            FastBudget::Auto,
+        )?)
     }
 }
 

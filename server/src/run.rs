@@ -2,18 +2,17 @@
 //! It drives the same `Session` and decode loop (`aubier_runtime::generate`) as the server.
 
 use anyhow::{bail, Context};
-use aubier_runtime::backend::cpu::CpuNumerics;
-use aubier_runtime::backend::vulkan::DeviceChoice;
-use aubier_runtime::backend::BackendKind;
+use aubier_runtime::backend::registry::{self, BackendSpec};
 use aubier_runtime::engine::Model;
 use aubier_runtime::generate::{generate, FinishReason, GenerateParams};
 use aubier_runtime::placement::hotset::HotSet;
 use aubier_runtime::placement::policy::PolicyKind;
 use aubier_runtime::sampler::SamplingParams;
 use aubier_runtime::session::{Session, SessionOptions};
-use aubier_runtime::store::expert_store::{FastBudget, ResetMode, StoreOptions};
+use aubier_runtime::store::expert_store::{ResetMode, StoreOptions};
+use aubier_runtime::store::FastBudget;
 use aubier_runtime::text::tokenizer::Tokenizer;
-use clap::Args;
+use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -44,10 +43,11 @@ pub struct Loaded {
 }
 
 impl PromptArgs {
-    /// Loads the model for `backend` and resolves the prompt. Errors: the file, the binding,
-    /// the tokenizer, or no prompt.
-    pub fn load(&self, backend: BackendKind) -> anyhow::Result<Loaded> {
-        let model = Model::load_with(&self.model, backend)
+    /// Loads the model for the backend `spec` names with a fast store of `budget`, and resolves
+    /// the prompt. Errors: the backend, the file, the binding, the load, the tokenizer, or no
+    /// prompt.
+    pub fn load(&self, spec: &BackendSpec, budget: FastBudget) -> anyhow::Result<Loaded> {
+        let model = Model::load_backend(&self.model, spec.make()?, budget)
             .with_context(|| format!("loading {}", self.model.display()))?;
         let tokenizer = Tokenizer::from_gguf(&model.file).ok();
         let prompt: Vec<u32> = match (&self.prompt_ids, &self.prompt) {
@@ -73,49 +73,120 @@ impl PromptArgs {
     }
 }
 
-/// The backend and its options, shared by `aubier run`, `serve`, `bench` and the configurations
-/// of `aubier quality` (`#[command(flatten)]`); [`BackendArgs::kind`] resolves them.
+/// `--backend NAME` among the backend registry's (`aubier_runtime::backend::registry`) and
+/// every option a registered backend parses (`--device`, `--cpu-numerics`, …), each refused
+/// with any other backend ([`BackendSpec::make`]); shared by every command that takes a backend
+/// (`#[command(flatten)]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackendChoice {
+    /// `--backend`: `auto` or a registered backend's name; `None` is `auto`.
+    pub backend: Option<String>,
+    /// The registered backends' options given, `(name, value)`.
+    pub options: Vec<(String, String)>,
+}
+
+impl BackendChoice {
+    /// The backend these flags name.
+    pub fn spec(&self) -> BackendSpec {
+        BackendSpec {
+            name: self.backend.clone().unwrap_or_else(|| "auto".into()),
+            options: self.options.clone(),
+        }
+    }
+}
+
+/// The registered backends' options, each once (the first registration's help), in order.
+fn backend_options() -> Vec<registry::BackendOption> {
+    let mut out: Vec<registry::BackendOption> = Vec::new();
+    for e in registry::entries() {
+        for o in e.options {
+            if !out.iter().any(|x| x.name == o.name) {
+                out.push(*o);
+            }
+        }
+    }
+    out
+}
+
+impl Args for BackendChoice {
+    fn augment_args(cmd: Command) -> Command {
+        let entries = registry::entries();
+        let names: Vec<&'static str> = std::iter::once("auto")
+            .chain(entries.iter().map(|e| e.name))
+            .collect();
+        let about: Vec<String> = std::iter::once(
+            "auto (default): vulkan on a hardware GPU when the machine has one, else cpu; a \
+             software Vulkan device such as lavapipe only when vulkan is named"
+                .to_string(),
+        )
+        .chain(entries.iter().map(|e| format!("{}: {}", e.name, e.about)))
+        .collect();
+        let mut cmd = cmd.arg(
+            Arg::new("backend")
+                .long("backend")
+                .value_name("NAME")
+                .value_parser(clap::builder::PossibleValuesParser::new(names))
+                .help(format!("Backend. {}", about.join("; "))),
+        );
+        for o in backend_options() {
+            let takers: Vec<&str> = entries
+                .iter()
+                .filter(|e| e.options.iter().any(|x| x.name == o.name))
+                .map(|e| e.name)
+                .collect();
+            cmd = cmd.arg(
+                Arg::new(o.name)
+                    .long(o.name)
+                    .value_name(o.value)
+                    .help(format!("{} (--backend {})", o.help, takers.join(" / "))),
+            );
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: Command) -> Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl FromArgMatches for BackendChoice {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        let options = backend_options()
+            .iter()
+            .filter_map(|o| {
+                m.get_one::<String>(o.name)
+                    .map(|v| (o.name.to_string(), v.clone()))
+            })
+            .collect();
+        Ok(BackendChoice {
+            backend: m.get_one::<String>("backend").cloned(),
+            options,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+/// The backend, its options and the prompt pass size, shared by `aubier run`, `serve`, `bench`,
+/// `trace` and the configurations of `aubier quality` (`#[command(flatten)]`);
+/// [`BackendArgs::spec`] gathers them.
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
 pub struct BackendArgs {
-    /// Backend: `auto` (default: `vulkan` on a hardware GPU when the machine has one, else
-    /// `cpu`; a software Vulkan device such as lavapipe only when `vulkan` is named), `cpu` (SIMD
-    /// kernels over Q8_K activations, latent attention fused — `aubier quality` EQUIVALENT to
-    /// the oracle under q8x2, see docs/BENCHMARKS.md), `vulkan` (the generated GPU kernels,
-    /// PHASE / WKB / KQKV fused, on a Vulkan device: `aubier devices` lists them) or `oracle`
-    /// (the cranelift lowering of the unfused plan, f32 activations: the numerics reference).
-    #[arg(long, value_enum)]
-    pub backend: Option<BackendName>,
-    /// The Vulkan device of `--backend vulkan`, by its index in `aubier devices` (default: the
-    /// first hardware GPU, else a software device).
-    #[arg(long)]
-    pub device: Option<usize>,
-    /// Numerics of the cpu backend: `q8x2` (default: each activation as two Q8_K planes, value
-    /// and residual) or `q8` (one plane, as llama.cpp's CPU backend: faster, measurably less
-    /// exact).
-    #[arg(long, value_parser = parse_cpu_numerics)]
-    pub cpu_numerics: Option<CpuNumerics>,
+    /// The backend and its options.
+    #[command(flatten)]
+    pub choice: BackendChoice,
     /// Deprecated alias: `oracle` = `--backend oracle`, `q8x2` / `q8` = `--backend cpu
     /// --cpu-numerics q8x2 / q8`.
-    #[arg(long, value_name = "oracle|q8x2|q8", conflicts_with_all = ["backend", "cpu_numerics"])]
+    #[arg(long, value_name = "oracle|q8x2|q8", conflicts_with_all = ["backend", "cpu-numerics"])]
     pub cpu_kernels: Option<String>,
     /// Most prompt tokens per forward pass (llama.cpp's `--ubatch-size`): a longer prompt runs
     /// in equal passes of at most this many tokens, which bounds its activation memory; the
     /// logits do not change. 0 runs a prompt in one pass.
     #[arg(long, default_value_t = DEFAULT_UBATCH)]
     pub ubatch: usize,
-}
-
-/// `--backend`.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackendName {
-    /// `vulkan` on a hardware GPU when there is one, else `cpu` (the product path).
-    Auto,
-    /// The cpu backend.
-    Cpu,
-    /// The generated GPU kernels on a Vulkan device.
-    Vulkan,
-    /// The cranelift oracle.
-    Oracle,
 }
 
 /// The command line's prompt pass size: llama.cpp's default `n_ubatch`.
@@ -125,9 +196,7 @@ impl Default for BackendArgs {
     /// The default backend and [`DEFAULT_UBATCH`], as the command line.
     fn default() -> Self {
         BackendArgs {
-            backend: None,
-            device: None,
-            cpu_numerics: None,
+            choice: BackendChoice::default(),
             cpu_kernels: None,
             ubatch: DEFAULT_UBATCH,
         }
@@ -135,56 +204,44 @@ impl Default for BackendArgs {
 }
 
 impl BackendArgs {
-    /// The backend these flags name ([`BackendKind::default`], `auto`, when none), `auto`
-    /// resolved on this machine ([`BackendKind::resolve`]), printing a warning on stderr for the
+    /// The backend these flags name (`auto` when none), printing a warning on stderr for the
     /// deprecated `--cpu-kernels`.
     ///
-    /// Errors: `--cpu-numerics` with a backend other than cpu; `--device` with a backend other
-    /// than vulkan; an unknown `--cpu-kernels` value.
-    pub fn kind(&self) -> anyhow::Result<BackendKind> {
-        if let Some(old) = &self.cpu_kernels {
-            let (kind, new) = match old.as_str() {
-                "oracle" => (BackendKind::Oracle, "--backend oracle".to_string()),
-                other => {
-                    let n: CpuNumerics = other.parse().map_err(|_| {
-                        anyhow::anyhow!(
-                            "--cpu-kernels: unknown value `{old}` (expected oracle, q8x2 or q8)"
-                        )
-                    })?;
-                    (
-                        BackendKind::Cpu(n),
-                        format!("--backend cpu --cpu-numerics {n}"),
-                    )
-                }
-            };
-            eprintln!("warning: --cpu-kernels is deprecated; use {new}");
-            return Ok(kind);
-        }
-        let name = self.backend.unwrap_or(BackendName::Auto);
-        if let (Some(d), false) = (self.device, name == BackendName::Vulkan) {
-            bail!("--device {d} applies to --backend vulkan")
-        }
-        let kind = match (name, self.cpu_numerics) {
-            (BackendName::Cpu, n) => BackendKind::Cpu(n.unwrap_or_default()),
-            (_, Some(n)) => bail!("--cpu-numerics {n} applies to --backend cpu"),
-            (BackendName::Oracle, None) => BackendKind::Oracle,
-            (BackendName::Vulkan, None) => BackendKind::Vulkan(DeviceChoice { index: self.device }),
-            (BackendName::Auto, None) => BackendKind::Auto,
+    /// Errors: an unknown `--cpu-kernels` value.
+    pub fn spec(&self) -> anyhow::Result<BackendSpec> {
+        let Some(old) = &self.cpu_kernels else {
+            return Ok(self.choice.spec());
         };
-        Ok(kind.resolve())
+        let spec = match old.as_str() {
+            "oracle" => BackendSpec::named("oracle"),
+            "q8x2" | "q8" => BackendSpec::named("cpu").with("cpu-numerics", old),
+            _ => bail!("--cpu-kernels: unknown value `{old}` (expected oracle, q8x2 or q8)"),
+        };
+        let new: Vec<String> = std::iter::once(format!("--backend {}", spec.name))
+            .chain(spec.options.iter().map(|(n, v)| format!("--{n} {v}")))
+            .collect();
+        eprintln!(
+            "warning: --cpu-kernels is deprecated; use {}",
+            new.join(" ")
+        );
+        Ok(BackendSpec {
+            options: spec
+                .options
+                .into_iter()
+                .chain(self.choice.options.clone())
+                .collect(),
+            ..spec
+        })
     }
 }
 
-fn parse_cpu_numerics(s: &str) -> Result<CpuNumerics, String> {
-    s.parse()
-}
-
 /// The split expert store's flags, shared by `aubier run`, `aubier serve` and `aubier bench`
-/// (`#[command(flatten)]`); [`StoreArgs::options`] turns them into the runtime's [`StoreOptions`].
+/// (`#[command(flatten)]`): the budget the model is loaded with ([`StoreArgs::budget`]) and the
+/// options of the session's store ([`StoreArgs::options`]).
 #[derive(Args, Debug, Clone)]
 pub struct StoreArgs {
-    /// Fast-store slots per MoE layer, 0..=n_expert (default: every expert when they fit in half
-    /// the available memory, else as many as fit there).
+    /// Fast-store slots per MoE layer, 0..=n_expert (default: the backend's — on the host every
+    /// expert when they fit in half the available memory, else as many as fit there).
     #[arg(long, conflicts_with = "fast_budget")]
     pub n_res: Option<usize>,
     /// Fast-store budget in bytes over all layers (suffixes K, M, G = 1024¹²³); the slots per
@@ -213,15 +270,19 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
-    /// The runtime options for `backend` (the experts' copies interleaved for the cpu
-    /// backend's decode kernels, in the file's layout for the oracle). Errors: the resident-set
-    /// file cannot be read or parsed.
-    pub fn options(&self, backend: BackendKind) -> anyhow::Result<StoreOptions> {
-        let budget = match (self.n_res, self.fast_budget) {
+    /// The fast store's size the model is loaded with (`--n-res`, `--fast-budget`, else the
+    /// backend's default).
+    pub fn budget(&self) -> FastBudget {
+        match (self.n_res, self.fast_budget) {
             (Some(n), _) => FastBudget::Slots(n),
             (None, Some(b)) => FastBudget::Bytes(b),
             (None, None) => FastBudget::Auto,
-        };
+        }
+    }
+
+    /// The options of a session's store: every slot the model was loaded with, the policy, its
+    /// knobs, the seed and the reset. Errors: the resident-set file cannot be read or parsed.
+    pub fn options(&self) -> anyhow::Result<StoreOptions> {
         let resident_set = match &self.resident_set {
             Some(path) => Some(
                 HotSet::read(path)
@@ -230,14 +291,13 @@ impl StoreArgs {
             None => None,
         };
         Ok(StoreOptions {
-            budget,
+            budget: FastBudget::Auto,
             resident_set,
             policy: self.policy,
             a1in: self.a1in,
             a1out: self.a1out,
             max_promotions: self.max_promotions,
             reset: self.reset,
-            interleave: matches!(backend, BackendKind::Cpu(_)),
         })
     }
 }
@@ -328,17 +388,18 @@ pub struct RunArgs {
 
 /// Runs `aubier run`.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let backend = args.backend.kind()?;
     let Loaded {
         model,
         tokenizer,
         prompt,
-    } = args.input.load(backend)?;
+    } = args
+        .input
+        .load(&args.backend.spec()?, args.store.budget())?;
     let opts = match args.kv_max {
         Some(kv_max) => SessionOptions { kv_max },
         None => SessionOptions::for_config(&model.config),
     };
-    let store = args.store.options(backend)?;
+    let store = args.store.options()?;
     let mut session = Session::open_with_store(model.clone(), opts, &store)?;
     session.set_ubatch(args.backend.ubatch);
     let params = GenerateParams {

@@ -8,6 +8,7 @@ use aubier_runtime::generate::{generate, GenerateParams};
 use aubier_runtime::placement::trace::{TraceRecord, TraceWriter};
 use aubier_runtime::sampler::SamplingParams;
 use aubier_runtime::session::{Session, SessionOptions};
+use aubier_runtime::store::FastBudget;
 use clap::Args;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -39,7 +40,7 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         model,
         tokenizer,
         prompt,
-    } = args.input.load(args.backend.kind()?)?;
+    } = args.input.load(&args.backend.spec()?, FastBudget::Auto)?;
     let cfg = model.config.clone();
     let mut session = Session::open(model, SessionOptions::for_config(&cfg))?;
     session.set_ubatch(args.backend.ubatch);

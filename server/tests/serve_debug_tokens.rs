@@ -7,9 +7,10 @@
 
 mod serve_common;
 
-use aubier_runtime::backend::BackendKind;
+use aubier_runtime::backend::registry::BackendSpec;
 use aubier_runtime::engine::Model;
-use aubier_runtime::store::expert_store::{FastBudget, StoreOptions};
+use aubier_runtime::store::expert_store::StoreOptions;
+use aubier_runtime::store::FastBudget;
 use aubier_server::serve::real::RealEngine;
 use serde_json::{json, Value};
 use serve_common::*;
@@ -74,8 +75,8 @@ async fn debug_tokens_equal_aubier_run_and_the_reference_chain_first_and_after_r
     let n = expected.len();
 
     // The oracle: its greedy chain is held to transformers' exactly.
-    let model =
-        Model::load_with(&bundled_model(), BackendKind::Oracle).expect("load the bundled model");
+    let model = Model::load_with(&bundled_model(), &BackendSpec::named("oracle"))
+        .expect("load the bundled model");
     let kv_max = model.config.n_ctx_train.min(4096);
     let store = StoreOptions {
         budget: FastBudget::Slots(4),

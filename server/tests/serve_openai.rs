@@ -12,8 +12,7 @@ use async_openai::types::chat::{
 };
 use async_openai::types::completions::CreateCompletionRequestArgs;
 use async_openai::Client;
-use aubier_runtime::backend::vulkan::DeviceChoice;
-use aubier_runtime::backend::BackendKind;
+use aubier_runtime::backend::registry::BackendSpec;
 use aubier_runtime::engine::Model;
 use aubier_runtime::store::expert_store::StoreOptions;
 use aubier_server::serve::real::RealEngine;
@@ -138,9 +137,9 @@ async fn async_openai_against_the_fake_engine() {
 
 /// `aubier serve`'s engine on the bundled model bound to `backend` (the default store and prompt
 /// pass size), exercised; the non-stream chat text.
-async fn exercise_real(backend: BackendKind, max_tokens: u32) -> String {
-    let model = Model::load_with(&bundled_model(), backend)
-        .unwrap_or_else(|e| panic!("load the bundled model on {backend}: {e}"));
+async fn exercise_real(backend: BackendSpec, max_tokens: u32) -> String {
+    let model = Model::load_with(&bundled_model(), &backend)
+        .unwrap_or_else(|e| panic!("load the bundled model on {backend:?}: {e}"));
     let kv_max = model.config.n_ctx_train.min(4096);
     let ubatch = aubier_server::run::BackendArgs::default().ubatch;
     let engine =
@@ -153,11 +152,14 @@ async fn exercise_real(backend: BackendKind, max_tokens: u32) -> String {
 
 #[tokio::test]
 async fn async_openai_against_the_real_engine() {
-    exercise_real(BackendKind::default(), 8).await;
+    exercise_real(BackendSpec::default(), 8).await;
 }
 
 #[tokio::test]
 async fn async_openai_against_the_vulkan_backend() {
-    let vulkan = exercise_real(BackendKind::Vulkan(DeviceChoice::default()), 12).await;
-    assert_eq!(vulkan, exercise_real(BackendKind::Oracle, 12).await);
+    let vulkan = exercise_real(BackendSpec::named("vulkan"), 12).await;
+    assert_eq!(
+        vulkan,
+        exercise_real(BackendSpec::named("oracle"), 12).await
+    );
 }

@@ -8,7 +8,7 @@
 
 mod serve_common;
 
-use aubier_runtime::backend::BackendKind;
+use aubier_runtime::backend::registry::BackendSpec;
 use aubier_runtime::engine::Model;
 use aubier_runtime::store::expert_store::StoreOptions;
 use aubier_server::serve::real::RealEngine;
@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use serve_common::*;
 
 async fn server(prompt_cache: bool) -> TestServer {
-    let model = Model::load_with(&bundled_model(), BackendKind::default()).expect("model");
+    let model = Model::load_with(&bundled_model(), &BackendSpec::default()).expect("model");
     let kv_max = model.config.n_ctx_train.min(4096);
     let ubatch = aubier_server::run::BackendArgs::default().ubatch;
     let mut engine =

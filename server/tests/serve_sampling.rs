@@ -14,7 +14,7 @@ use async_openai::types::chat::{
 };
 use async_openai::types::completions::CreateCompletionRequestArgs;
 use async_openai::Client;
-use aubier_runtime::backend::BackendKind;
+use aubier_runtime::backend::registry::BackendSpec;
 use aubier_runtime::engine::Model;
 use aubier_runtime::gguf::GgufFile;
 use aubier_runtime::store::expert_store::StoreOptions;
@@ -498,9 +498,9 @@ async fn async_openai_parses_n_and_logprobs_streamed_and_not() {
 }
 
 /// A real-engine server on `file` bound to `backend`, with that file's tokenizer.
-async fn real_server(file: &std::path::Path, backend: BackendKind) -> TestServer {
-    let model = Model::load_with(file, backend)
-        .unwrap_or_else(|e| panic!("load {} on {backend}: {e}", file.display()));
+async fn real_server(file: &std::path::Path, backend: BackendSpec) -> TestServer {
+    let model = Model::load_with(file, &backend)
+        .unwrap_or_else(|e| panic!("load {} on {backend:?}: {e}", file.display()));
     let kv_max = model.config.n_ctx_train.min(4096);
     let engine = RealEngine::open(model, kv_max, &StoreOptions::default(), 0).expect("session");
     let gguf = GgufFile::open(file).expect("open the GGUF");
@@ -510,7 +510,7 @@ async fn real_server(file: &std::path::Path, backend: BackendKind) -> TestServer
 
 #[tokio::test]
 async fn on_the_real_engine_choices_differ_and_choice_i_is_seeded_seed_plus_i() {
-    let srv = real_server(&bundled_model(), BackendKind::default()).await;
+    let srv = real_server(&bundled_model(), BackendSpec::default()).await;
     let ask = |n: usize, seed: u64| {
         chat(json!({"n": n, "seed": seed, "temperature": 1.0, "max_tokens": 6, "logprobs": true}))
     };
@@ -549,7 +549,7 @@ async fn on_the_real_engine_choices_differ_and_choice_i_is_seeded_seed_plus_i() 
 
 #[tokio::test]
 async fn logprobs_are_the_raw_distribution_whatever_the_sampling() {
-    let srv = real_server(&bundled_model(), BackendKind::default()).await;
+    let srv = real_server(&bundled_model(), BackendSpec::default()).await;
     let prompt = json!([1, 1784, 3992, 1295, 2227]);
     let first = |v: &Value| v["choices"][0]["logprobs"]["top_logprobs"][0].clone();
     let greedy = post_json(
@@ -672,7 +672,7 @@ fn position_error(
 #[tokio::test]
 async fn oracle_logprobs_of_token_id_prompts_match_the_llamacpp_references() {
     let file = model_path("ms4-tiny-f32.gguf");
-    let srv = real_server(&file, BackendKind::Oracle).await;
+    let srv = real_server(&file, BackendSpec::named("oracle")).await;
     let gguf = GgufFile::open(&file).expect("open");
     let text = TextModel::from_gguf(&gguf).expect("tokenizer");
     let r = reference();

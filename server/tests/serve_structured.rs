@@ -13,7 +13,7 @@ use async_openai::types::chat::{
     ChatCompletionMessageToolCalls, CreateChatCompletionRequest, FinishReason,
 };
 use async_openai::Client;
-use aubier_runtime::backend::BackendKind;
+use aubier_runtime::backend::registry::BackendSpec;
 use aubier_runtime::engine::Model;
 use aubier_runtime::store::expert_store::StoreOptions;
 use aubier_server::serve::real::RealEngine;
@@ -23,7 +23,7 @@ use serve_common::*;
 
 /// A server with the real engine on the bundled model (default backend).
 async fn start_real() -> TestServer {
-    let model = Model::load_with(&bundled_model(), BackendKind::default()).expect("bundled model");
+    let model = Model::load_with(&bundled_model(), &BackendSpec::default()).expect("bundled model");
     let kv_max = model.config.n_ctx_train.min(4096);
     let ubatch = aubier_server::run::BackendArgs::default().ubatch;
     let engine =

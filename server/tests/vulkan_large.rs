@@ -12,13 +12,13 @@
 //! |Δlogit| ≤ 1e-4 and the same top-1 at every position, here against the oracle (itself held to
 //! transformers), both f32 from the same dequantized weights with sums in different orders.
 
-use aubier_compiler::{compile, CompileOptions, Target};
-use aubier_runtime::backend::vulkan::device::select;
-use aubier_runtime::backend::vulkan::exec::{f32s, DevicePlan, DeviceRun};
-use aubier_runtime::backend::vulkan::{DeviceChoice, VulkanError};
+use aubier_runtime::backend::registry::BackendSpec;
+use aubier_runtime::backend::vulkan_device::select;
+use aubier_runtime::engine::Model;
+use aubier_runtime::error::EngineError;
 use aubier_runtime::gguf::{GgufFile, TensorInfo};
-use aubier_runtime::model::{read_config, weight_refs};
 use aubier_runtime::sampler::argmax;
+use aubier_runtime::session::{Session, SessionOptions};
 use aubier_tests::{models_dir, read_f32};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -106,35 +106,22 @@ fn a_head_over_the_storage_buffer_range_runs_with_the_oracles_logits() {
     assert_eq!(got_ids, want_ids, "greedy ids");
 }
 
-/// The last-position logits of `model` for `prompt` on a device plan whose buffers hold at most
-/// `max_bytes`.
+/// The last-position logits of `model` for `prompt` on the vulkan backend making no buffer over
+/// `max_bytes` (its `max-buffer-bytes` option).
 fn logits_with_buffer_limit(
     model: &Path,
     max_bytes: u64,
-    prompt: &[i32],
-) -> Result<Vec<f32>, VulkanError> {
-    let gguf = GgufFile::open(model).expect("model");
-    let cfg = read_config(&gguf).expect("config");
-    let refs = weight_refs(&gguf, &cfg).expect("weights");
-    let opts = CompileOptions {
-        target: Target::Gpu,
-        ..CompileOptions::default()
-    };
-    let plan = compile(&cfg, &refs, &opts).expect("compile");
-    let views: Vec<&[u8]> = plan
-        .weights
-        .iter()
-        .map(|w| gguf.tensor_data(gguf.tensor(&w.name).expect("tensor")))
-        .collect();
-    let ctx = DeviceChoice { index: None }.open()?;
-    let dp = DevicePlan::with_buffer_limit(ctx, &plan, &views, max_bytes)?;
-    let t = prompt.len();
-    let mut run = DeviceRun::new(&dp, &plan, cfg.n_layer, t, cfg.kv_cache_width())?;
-    let pos: Vec<i32> = (0..t as i32).collect();
-    let head = plan.output_head.expect("the plan marks its head").value;
-    let inputs: [(&str, &[i32]); 2] = [("tokens", prompt), ("pos", &pos)];
-    let out = run.run(&dp, &plan, &inputs, t, t, Some(head), &[head])?;
-    Ok(f32s(&out[0]))
+    prompt: &[u32],
+) -> Result<Vec<f32>, EngineError> {
+    let spec = BackendSpec::named("vulkan").with("max-buffer-bytes", max_bytes);
+    let model = Model::load_with(model, &spec)?;
+    let mut s = Session::open(
+        model,
+        SessionOptions {
+            kv_max: prompt.len(),
+        },
+    )?;
+    s.step_last(prompt)
 }
 
 #[test]

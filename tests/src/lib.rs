@@ -72,18 +72,19 @@ pub fn model_path(file: &str) -> PathBuf {
 /// The bundled model `models/ms4-tiny256-q2k.gguf` on the default backend (the product path),
 /// loaded once per test binary and shared.
 pub fn bundled_model() -> std::sync::Arc<aubier_runtime::engine::Model> {
-    bundled_model_on(aubier_runtime::backend::BackendKind::default())
+    bundled_model_on(&aubier_runtime::backend::registry::BackendSpec::default())
 }
 
-/// The bundled model bound to `backend`, loaded once per test binary and backend and shared.
+/// The bundled model bound to the backend `backend` names, loaded once per test binary and
+/// backend and shared.
 pub fn bundled_model_on(
-    backend: aubier_runtime::backend::BackendKind,
+    backend: &aubier_runtime::backend::registry::BackendSpec,
 ) -> std::sync::Arc<aubier_runtime::engine::Model> {
     use aubier_runtime::engine::Model;
     use std::sync::{Arc, Mutex, OnceLock};
     type Loaded = Mutex<Vec<(String, Arc<Model>)>>;
     static MODELS: OnceLock<Loaded> = OnceLock::new();
-    let key = backend.to_string();
+    let key = format!("{backend:?}");
     let mut models = MODELS
         .get_or_init(|| Mutex::new(Vec::new()))
         .lock()

@@ -169,6 +169,18 @@ pub struct ExpertTable {
     pub expert_bytes: usize,
 }
 
+/// What [`CpuProgram::compile_steps`] makes of one plan step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lowering {
+    /// Its cranelift kernels, index checks, expert tables and scratch.
+    Code,
+    /// Its index checks and expert tables alone: a backend runs the step with a kernel of its
+    /// own, so no code is generated for it.
+    Checks,
+    /// Nothing: a fused step a backend runs with a kernel of its own that checks its operands.
+    Skip,
+}
+
 /// A lowered plan step.
 #[derive(Clone, Debug)]
 pub struct CompiledStep {
@@ -270,18 +282,18 @@ impl CpuProgram {
     /// [`LowerError::Weight`] for a weight whose type has no kernels or whose `ne` is unusable;
     /// [`LowerError::Isa`] / [`LowerError::Codegen`] from cranelift.
     pub fn compile(plan: &Plan, host: &HostSymbols) -> Result<CpuProgram, LowerError> {
-        CpuProgram::compile_steps(plan, host, |_| true)
+        CpuProgram::compile_steps(plan, host, |_| Lowering::Code)
     }
 
-    /// [`CpuProgram::compile`] lowering only the steps `lower` selects (by step index); every
-    /// other step gets a [`CompiledStep`] without kernels, checks or tables, for a backend that
-    /// runs it with a kernel of its own (a fused step of the CPU backend).
+    /// [`CpuProgram::compile`] lowering each step as `lower` says (by step index): its code, or
+    /// only its index checks and expert tables (a step a backend runs with a kernel of its own:
+    /// no cranelift code is generated for it), or nothing (a fused step of such a kernel).
     ///
-    /// Errors: those of [`CpuProgram::compile`] for the selected steps.
+    /// Errors: those of [`CpuProgram::compile`] for the steps lowered.
     pub fn compile_steps(
         plan: &Plan,
         host: &HostSymbols,
-        lower: impl Fn(usize) -> bool,
+        lower: impl Fn(usize) -> Lowering,
     ) -> Result<CpuProgram, LowerError> {
         let weights = plan
             .weights
@@ -292,18 +304,24 @@ impl CpuProgram {
             plan,
             weights: &weights,
         };
+        let nothing = || lower::StepSpec {
+            kernels: Vec::new(),
+            scratch: Extent::fixed(0),
+            checks: Vec::new(),
+            expert_tables: Vec::new(),
+        };
         let specs = plan
             .steps
             .iter()
             .enumerate()
             .map(|(i, step)| match lower(i) {
-                true => lower::lower_step(&cx, i, step),
-                false => Ok(lower::StepSpec {
-                    kernels: Vec::new(),
-                    scratch: Extent::fixed(0),
-                    checks: Vec::new(),
-                    expert_tables: Vec::new(),
+                Lowering::Code => lower::lower_step(&cx, i, step),
+                Lowering::Checks => lower::lower_step(&cx, i, step).map(|spec| lower::StepSpec {
+                    checks: spec.checks,
+                    expert_tables: spec.expert_tables,
+                    ..nothing()
                 }),
+                Lowering::Skip => Ok(nothing()),
             })
             .collect::<Result<Vec<_>, _>>()?;
 

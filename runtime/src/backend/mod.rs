@@ -1,42 +1,64 @@
-//! Backends: what executes a compiled [`Plan`] (ARCHITECTURE.md § runtime, backends).
+//! Backends: what executes a compiled [`Plan`] (ARCHITECTURE.md § runtime, the backend seam).
 //!
-//! Contract. A backend fixes the compile target of the plans it runs ([`Backend::target`]: which
-//! fusions `Auto` turns on) and *binds* a compiled plan: it chooses a kernel for every step, or
-//! refuses the plan naming the first step it cannot run and why ([`BindError`]) — never a silent
-//! fallback to another backend. The choice is recorded in the [`Binding`] (the kernel and its
-//! variant per step: ISA, planes, layout), which `aubier gen --plan --backend` prints and the
-//! executor runs.
+//! Contract. A [`Backend`] fixes the compile target of the plans it runs ([`Backend::target`]:
+//! which fusions `Auto` turns on) and
+//! 1. *binds* a compiled plan ([`Backend::bind`]): it chooses a kernel for every step, or refuses
+//!    the plan naming the first step it cannot run and why ([`BindError`]) — never a silent
+//!    fallback to another backend. The [`Binding`] records each choice ([`KernelChoice`], which
+//!    `aubier gen --plan --backend` prints) with the facts of that kernel (whether a one-token run
+//!    computes the bits a prefill would), and carries what the backend will run, in its own type;
+//! 2. *loads* the bound plan over the weights of the mapped file ([`Backend::load`]): what it
+//!    needs once per process (compiled code, pipelines, weights on a device) as a
+//!    [`LoadedModel`], and the memory of the fast expert store for the budget, as a
+//!    [`SlotMemory`] (the store apart from layout: [`crate::store`]);
+//! 3. *opens* runs ([`LoadedModel::open`]): one per session, its latent KV cache and buffers;
+//!    [`Run::step`] executes the plan for `T` tokens, reading each resident expert from the slot
+//!    the store gives it and every other one from the host store (the mapped file), and returns
+//!    the plan outputs asked for. Kernel times and counters come back in one backend-neutral
+//!    type ([`RunCounters`]).
 //!
-//! Backends of this build ([`BackendKind`], `--backend`):
-//! - `oracle` ([`oracle`]): the cranelift lowering of the unfused plan, f32 activations; the
-//!   numerics reference.
-//! - `cpu` ([`cpu`]): hand-written SIMD kernels (AVX2 / AVX-512 VNNI / AMX) over activations
-//!   quantized to Q8_K, latent attention fused; the steps without a kernel of their own take the
-//!   cranelift kernel, recorded as such. Its numerics ([`cpu::CpuNumerics`]) are an option of
-//!   the backend.
-//! - `vulkan` ([`vulkan`]): the generated GPU kernels of the GPU target (PHASE, WKB and KQKV
-//!   fused) as GLSL compute shaders on a Vulkan device, the latent cache in device memory.
-//! - `auto`, the default of the library and of the command line (the product path): `vulkan`
-//!   on a hardware GPU when the machine has one, else `cpu` — a software Vulkan device
-//!   (lavapipe) only when named.
-//!
-//! [`vulkan`] is the device layer of a Vulkan backend to come (devices, buffers, pipelines,
-//! GLSL compiled to SPIR-V); it is not a `--backend` yet.
-//!
-//! The backends read weights through the contract here too: [`ExpertSource`] (where the split
-//! expert store keeps its copies) and [`WeightFile`] (the mapped file read without mapping);
-//! [`ExecError`] is how a run fails.
+//! The engine and the session hold these as trait objects; nothing outside a backend's folder
+//! names its types. The backends a process knows are in one public registry ([`registry`]):
+//! the built-in `oracle` ([`oracle`]: the cranelift lowering of the unfused plan, f32, the
+//! numerics reference), `cpu` ([`cpu`]: SIMD kernels over Q8_K activations, the product path on
+//! the host) and `vulkan` (the generated GPU kernels, PHASE / WKB / KQKV fused, on a Vulkan
+//! device); a new backend is its folder plus one registration, from this crate or any other.
+//! `oracle` and `cpu` share the host executor (`host`).
 
 pub mod cpu;
+pub(crate) mod host;
 pub mod oracle;
-pub mod vulkan;
+pub mod registry;
+mod vulkan;
 
-use aubier_compiler::plan::{Plan, ValueId, WeightId};
-use aubier_compiler::{CompileOptions, Target};
+/// The Vulkan device layer (devices, buffers by device address, pipelines, GLSL compiled to
+/// SPIR-V), public for `aubier devices` and for the tests that run one generated kernel on a
+/// device; the `vulkan` backend's execution (its loaded model and runs) stays private to it.
+pub mod vulkan_device {
+    pub use super::vulkan::context::{Buffer, Location, Pipeline, VulkanContext};
+    pub use super::vulkan::device::{list_devices, select, DeviceInfo, Limits};
+    pub use super::vulkan::shader::compile_glsl;
+    pub use super::vulkan::{VulkanError, INSTALL_HINT};
+}
+
+use crate::kv_cache::KvCacheError;
+use crate::store::expert_store::ExpertStore;
+use crate::store::{FastBudget, SlotMemory, StoreError};
+use crate::weights::Weights;
+use aubier_compiler::plan::{Plan, ValueId};
+use aubier_compiler::Target;
+use aubier_kernels_gen::cpu::LowerError;
 use serde::Serialize;
+use std::any::Any;
+use std::sync::Arc;
 
-/// A backend: the compile target of its plans and the binding of a compiled plan to kernels.
+/// A backend: the compile target of its plans, the binding of a compiled plan to kernels, and
+/// the loading of a bound plan.
 pub trait Backend: std::fmt::Debug + Send + Sync {
+    /// The backend and its options as reports print them (`oracle`, `cpu (q8x2)`,
+    /// `vulkan (device 0, subgroup 8)`).
+    fn name(&self) -> String;
+
     /// The compile target of the plans this backend runs.
     fn target(&self) -> Target;
 
@@ -45,130 +67,239 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
     ///
     /// Errors: [`BindError`] naming the first step the backend has no kernel for.
     fn bind(&self, plan: &Plan) -> Result<Binding, BindError>;
+
+    /// Makes the bound plan ready to run: once per process.
+    ///
+    /// Errors: [`BackendError`]: a binding this backend did not make, no device, code or
+    /// pipelines it cannot build, memory it cannot allocate.
+    fn load(&self, input: &LoadInput<'_>) -> Result<Loaded, BackendError>;
 }
 
-/// A backend of this build, as `--backend` names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackendKind {
-    /// The cranelift oracle ([`oracle::OracleBackend`]).
-    Oracle,
-    /// The CPU kernels ([`cpu::CpuBackend`]) with the given numerics.
-    Cpu(cpu::CpuNumerics),
-    /// The GPU kernels on a Vulkan device ([`vulkan::VulkanBackend`]).
-    Vulkan(vulkan::DeviceChoice),
-    /// `Vulkan` on the first hardware GPU when there is one, else `Cpu` with its default
-    /// numerics ([`BackendKind::resolve`]).
-    Auto,
+/// What [`Backend::load`] loads.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadInput<'a> {
+    /// The compiled plan.
+    pub plan: &'a Arc<Plan>,
+    /// The backend's binding of it.
+    pub binding: &'a Binding,
+    /// Its weights in the mapped file.
+    pub weights: &'a Arc<Weights>,
+    /// The fast expert store's size; `Auto` is the backend's default.
+    pub budget: FastBudget,
 }
 
-impl Default for BackendKind {
-    /// The product path: [`BackendKind::Auto`].
-    fn default() -> Self {
-        BackendKind::Auto
-    }
+/// A loaded model: what a backend made of a bound plan, and the memory of its fast store.
+#[derive(Debug)]
+pub struct Loaded {
+    /// Shared by every session.
+    pub model: Arc<dyn LoadedModel>,
+    /// The fast store's slots, allocated for the budget, filled by the sessions' stores.
+    pub slots: Box<dyn SlotMemory>,
 }
 
-impl BackendKind {
-    /// `Auto` made concrete: `Vulkan` on the first hardware Vulkan device when the machine has
-    /// one (a software device such as lavapipe is never chosen), else `Cpu` with its default
-    /// numerics. Every other kind is itself.
-    pub fn resolve(self) -> BackendKind {
-        match self {
-            BackendKind::Auto => match vulkan::device::select(None, false) {
-                Ok(d) => BackendKind::Vulkan(vulkan::DeviceChoice {
-                    index: Some(d.index),
-                }),
-                Err(_) => BackendKind::Cpu(cpu::CpuNumerics::default()),
-            },
-            k => k,
-        }
+/// A bound plan made ready by its backend, shared by every run on it.
+pub trait LoadedModel: std::fmt::Debug + Send + Sync {
+    /// A run with an empty latent KV cache of `kv_max` tokens.
+    ///
+    /// Errors: [`BackendError`] when its memory cannot be allocated.
+    fn open(self: Arc<Self>, kv_max: usize) -> Result<Box<dyn Run>, BackendError>;
+
+    /// The device it runs on, for reports (`None` on the host).
+    fn device(&self) -> Option<String> {
+        None
     }
 
-    /// The backend itself (`Auto` [resolved](BackendKind::resolve) first).
-    pub fn backend(self) -> Box<dyn Backend> {
-        match self.resolve() {
-            BackendKind::Oracle => Box::new(oracle::OracleBackend),
-            BackendKind::Cpu(numerics) => Box::new(cpu::CpuBackend::new(numerics)),
-            BackendKind::Vulkan(device) => Box::new(vulkan::VulkanBackend { device }),
-            BackendKind::Auto => Box::new(cpu::CpuBackend::new(cpu::CpuNumerics::default())),
-        }
-    }
-
-    /// The compile options of a plan for this backend: its target, every fusion `Auto`.
-    pub fn compile_options(self) -> CompileOptions {
-        CompileOptions {
-            target: self.backend().target(),
-            ..CompileOptions::default()
-        }
+    /// The memory it holds besides the fast store's slots, by what it is and how it was
+    /// obtained.
+    fn memory(&self) -> Vec<MemoryUse> {
+        Vec::new()
     }
 }
 
-impl std::fmt::Display for BackendKind {
-    /// `oracle`, `cpu (q8x2)` / `cpu (q8)`, `vulkan` / `vulkan (device N)`, `auto`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BackendKind::Oracle => f.write_str("oracle"),
-            BackendKind::Cpu(n) => write!(f, "cpu ({n})"),
-            BackendKind::Vulkan(vulkan::DeviceChoice { index: None }) => f.write_str("vulkan"),
-            BackendKind::Vulkan(vulkan::DeviceChoice { index: Some(i) }) => {
-                write!(f, "vulkan (device {i})")
-            }
-            BackendKind::Auto => f.write_str("auto"),
-        }
-    }
+/// Memory a loaded model holds ([`LoadedModel::memory`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MemoryUse {
+    /// What it holds (`dense weight copies`, `weights`, `expert tables`, …).
+    pub what: String,
+    /// Bytes.
+    pub bytes: u64,
+    /// How it was obtained.
+    pub obtained: Obtained,
+}
+
+/// How a backend obtained memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Obtained {
+    /// Allocated by the backend (host memory it owns, or device memory).
+    Allocated,
+    /// Host memory imported into a device (the mapped file, read in place by the kernels).
+    Imported,
+}
+
+/// One session's execution state on a [`LoadedModel`]: its latent KV cache and buffers.
+pub trait Run: std::fmt::Debug + Send {
+    /// Runs every step of the plan for `input` (`T` tokens over `S` cached keys), each resident
+    /// expert read from its slot in `experts`, every other one from the host store; returns the
+    /// values of `input.outputs`, in order.
+    ///
+    /// Errors: [`BackendError`]; cache rows of the step may have been written.
+    fn step(
+        &mut self,
+        input: &StepInput<'_>,
+        experts: &Experts<'_>,
+    ) -> Result<Vec<Output>, BackendError>;
+
+    /// Keeps rows `0..rows` of every layer of the latent cache and zeroes the others.
+    ///
+    /// Errors: [`BackendError`] when the device fails.
+    fn truncate(&mut self, rows: usize) -> Result<(), BackendError>;
+
+    /// Row `pos` of latent-cache layer `layer` (`kv_lora_rank + qk_rope_head_dim` f32).
+    ///
+    /// Errors: [`BackendError`] outside the cache, or when it cannot be read back.
+    fn cache_row(&self, layer: usize, pos: usize) -> Result<Vec<f32>, BackendError>;
+
+    /// Starts (`true`: the counters zeroed) or stops timing kernels. Host backends time every
+    /// step always; a device times its launches only while profiling.
+    ///
+    /// Errors: [`BackendError`] when the device cannot time launches.
+    fn profile(&mut self, on: bool) -> Result<(), BackendError>;
+
+    /// Kernel times and counters since the run opened or profiling started.
+    fn counters(&self) -> RunCounters;
+}
+
+/// One step's inputs ([`Run::step`]).
+#[derive(Clone, Copy, Debug)]
+pub struct StepInput<'a> {
+    /// Every plan input by name (`tokens`, `pos`): `T` i32 each; ids below the vocabulary and
+    /// positions below `keys` (the session checks both).
+    pub inputs: &'a [(&'a str, &'a [i32])],
+    /// Tokens in the step (`T`, ≥ 1).
+    pub tokens: usize,
+    /// Cached keys after the step (`S`, `T ≤ S ≤` the run's capacity).
+    pub keys: usize,
+    /// The plan values to return, in order.
+    pub outputs: &'a [ValueId],
+    /// The output head's value, computed and returned for the last token alone
+    /// ([`Plan::output_head`]); `None` computes every row.
+    pub last_only: Option<ValueId>,
+}
+
+/// Where the experts of a step are: the store's membership and the memory of its slots.
+#[derive(Clone, Copy, Debug)]
+pub struct Experts<'a> {
+    /// Which expert holds which slot ([`ExpertStore::slot_of`]).
+    pub store: &'a ExpertStore,
+    /// The slots, the memory this backend allocated at load.
+    pub slots: &'a dyn SlotMemory,
+}
+
+/// A plan output read back after a step: f32 or i32 elements, row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Output {
+    /// An f32 value (the logits).
+    F32(Vec<f32>),
+    /// An i32 value (routed expert ids).
+    I32(Vec<i32>),
+}
+
+/// Time spent in one kernel of one plan step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct KernelTime {
+    /// The plan step.
+    pub step: usize,
+    /// The kernel (the binding's kernel name on the host; the pipeline's on a device).
+    pub kernel: String,
+    /// Seconds in runs of more than one token (prefill).
+    pub prefill_s: f64,
+    /// Seconds in runs of one token (decode).
+    pub decode_s: f64,
+    /// Runs of it.
+    pub launches: u64,
+}
+
+/// A run's counters ([`Run::counters`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RunCounters {
+    /// Time per (step, kernel): host wall time, or device time from timestamps while
+    /// profiling.
+    pub times: Vec<KernelTime>,
+    /// Steps run.
+    pub steps: u64,
+    /// Command buffers recorded for them on a device that replays them (0 on the host).
+    pub recordings: u64,
 }
 
 /// The kernel a backend chose for one step, as printed by `aubier gen --plan --backend`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct KernelChoice {
-    /// The kernel (`cranelift`, `q8_mat_mul`, `latent_attention`, …).
+    /// The kernel (`cranelift`, `q8_mat_mul`, `latent_attention`, `glsl`, …).
     pub kernel: &'static str,
-    /// Its variant on this machine: ISA, Q8_K planes, weight layout (empty when it has none).
+    /// Its variant on this machine: ISA, Q8_K planes, weight layout, subgroup width (empty when
+    /// it has none).
     pub variant: String,
 }
 
-/// How the host executor runs one step.
-#[derive(Clone, Debug)]
-pub(crate) enum HostKernel {
-    /// The step's cranelift kernels.
-    Cranelift,
-    /// A kernel of the CPU backend.
-    Cpu(Box<cpu::CpuKernel>),
-    /// Kernels of a device backend, which the host executor does not run.
-    Device,
-}
-
-/// One bound step: the recorded choice and what runs it.
-#[derive(Clone, Debug)]
+/// One bound step: the recorded choice and the facts of its kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct BoundStep {
     /// The choice, for display.
     pub choice: KernelChoice,
-    pub(crate) kernel: HostKernel,
+    /// Whether the kernel computes a token's results (its latent cache rows, its outputs) with
+    /// the same bits in a run of one token as in a run of several, as the kernel's code
+    /// establishes it: true for code that computes each row the same whatever the run's length
+    /// (cranelift, the GPU kernels, the cpu backend's elementwise kernels); false where a
+    /// one-token run takes other code (the cpu backend's decode kernels, its f32 dot in place
+    /// of sgemm).
+    pub one_token_matches_prefill: bool,
 }
 
-/// A plan bound to a backend: one [`BoundStep`] per plan step, in plan order.
-#[derive(Clone, Debug)]
+/// A plan bound to a backend: one [`BoundStep`] per plan step, in plan order, and what the
+/// backend runs, in its own type.
+#[derive(Clone)]
 pub struct Binding {
-    /// The backend that made it.
-    pub backend: BackendKind,
+    /// The backend that made it ([`Backend::name`]).
+    pub backend: String,
     /// Per plan step, in order.
     pub steps: Vec<BoundStep>,
+    kernels: Arc<dyn Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for Binding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Binding")
+            .field("backend", &self.backend)
+            .field("steps", &self.steps)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Binding {
+    /// A binding by `backend` of `steps`, with `kernels`: what the backend runs, read back by
+    /// its [`Backend::load`] through [`Binding::kernels`].
+    pub fn new(backend: String, steps: Vec<BoundStep>, kernels: impl Any + Send + Sync) -> Binding {
+        Binding {
+            backend,
+            steps,
+            kernels: Arc::new(kernels),
+        }
+    }
+
+    /// What the backend runs, when it is a `K` (the type its `bind` gave).
+    pub fn kernels<K: Any>(&self) -> Option<&K> {
+        self.kernels.downcast_ref()
+    }
+
     /// Whether a run of one token computes the same bits for it (its latent cache rows, its
     /// logits, its routing) as a run of several tokens does, so that rows written by decode
-    /// steps are those a prefill would write. True for the cranelift kernels (`oracle`) and the
-    /// Vulkan kernels, which compute a token's row by the same code whatever the run's length;
-    /// false as soon as a step takes a `cpu` kernel, whose one-token runs take other kernels
-    /// (the decode kernels; the oracle's dot instead of sgemm for the F32 products) and differ
-    /// in the last bits. `tests/prefix_cache.rs` checks all three on the bundled model (Vulkan
-    /// on lavapipe, as CI runs it; a hardware GPU runs the same shaders, untested here). The
-    /// prompt cache (`crate::session`) keeps only rows a cold prefill would write again.
+    /// steps are those a prefill would write: every step's kernel says so
+    /// ([`BoundStep::one_token_matches_prefill`]). `tests/prefix_cache.rs` checks it on the
+    /// bundled model for each backend; the prompt cache (`crate::session`) keeps only rows a
+    /// cold prefill would write again.
     pub fn one_token_runs_match_prefill(&self) -> bool {
-        self.steps
-            .iter()
-            .all(|s| !matches!(s.kernel, HostKernel::Cpu(_)))
+        self.steps.iter().all(|s| s.one_token_matches_prefill)
     }
 }
 
@@ -176,8 +307,8 @@ impl Binding {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("backend `{backend}` cannot run step {step} (`{op}`): {reason}")]
 pub struct BindError {
-    /// The backend (`oracle`, `cpu`).
-    pub backend: &'static str,
+    /// The backend (`oracle`, `cpu`, `vulkan`).
+    pub backend: String,
     /// Index of the step in the plan.
     pub step: usize,
     /// The step's op.
@@ -186,7 +317,41 @@ pub struct BindError {
     pub reason: String,
 }
 
-/// Errors of running a bound plan (the host executor, `crate::executor`). Each names the step,
+/// Errors of loading and running a bound plan.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The host executor failed a step.
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    /// The cranelift lowering refused the plan.
+    #[error(transparent)]
+    Lower(#[from] LowerError),
+    /// The latent cache cannot be allocated.
+    #[error(transparent)]
+    KvCache(#[from] KvCacheError),
+    /// The fast store's memory cannot be allocated or filled.
+    #[error("expert store: {0}")]
+    Store(#[from] StoreError),
+    /// The binding was made by another backend, or for another plan.
+    #[error("backend `{backend}`: {detail}")]
+    Binding {
+        /// The backend loading it.
+        backend: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A device backend failed: no device, a shader its compiler refused, a driver error (its
+    /// own words).
+    #[error("{backend} backend: {message}")]
+    Device {
+        /// The backend.
+        backend: String,
+        /// What it said.
+        message: String,
+    },
+}
+
+/// Errors of running a bound plan on the host (the executor of `oracle` and `cpu`). Each names the step,
 /// value, weight or input at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
@@ -274,12 +439,6 @@ pub enum ExecError {
         /// What went wrong.
         detail: String,
     },
-    /// The step is bound to a device backend's kernels, which the host executor cannot run.
-    #[error("step {step} is bound to device kernels; the host executor cannot run it")]
-    DeviceStep {
-        /// Step index in the plan.
-        step: usize,
-    },
     /// `T` and `S` are inconsistent or their buffers overflow the address space.
     #[error("a step of T = {t} tokens over S = {s} keys: {detail}")]
     Extents {
@@ -290,37 +449,4 @@ pub enum ExecError {
         /// What is wrong.
         detail: &'static str,
     },
-}
-
-/// Where the fast-store copies of experts live (the split expert store, `crate::store`).
-pub trait ExpertSource: std::fmt::Debug {
-    /// The fast-store copy of expert `expert` of the stacked weight `weight`: its
-    /// `row_bytes · ne[1]` bytes, equal to the file's; `None` when the expert is not resident
-    /// (it is then read from the host alias, the weight view).
-    fn fast_copy(&self, weight: WeightId, expert: usize) -> Option<&[u8]>;
-
-    /// Whether the fast copies of `weight` are in the interleaved layout
-    /// ([`crate::backend::cpu::q8::interleave_rows`]): only the fast `moe_ffn` reads them then, and the
-    /// oracle's kernels read those experts from the host alias.
-    fn interleaved(&self, weight: WeightId) -> bool {
-        let _ = weight;
-        false
-    }
-
-    /// A copy of the dense weight `weight`, which the fast `mat_mul` reads instead of the weight
-    /// view, and whether it is interleaved ([`crate::backend::cpu::q8::interleave_rows`] over all its
-    /// rows; else the file's bytes); `None` reads the view.
-    fn dense_copy(&self, weight: WeightId) -> Option<(&[u8], bool)> {
-        let _ = weight;
-        None
-    }
-}
-
-/// The file behind the weight views, read without mapping its pages.
-pub trait WeightFile: std::fmt::Debug {
-    /// Copies bytes `offset .. offset + out.len()` of `view` (a weight view) into `out` without
-    /// making `view`'s pages resident in this process (`pread` through the page cache).
-    ///
-    /// Errors: the range not inside `view`, or the read's I/O error.
-    fn read(&self, view: &[u8], offset: usize, out: &mut [u8]) -> std::io::Result<()>;
 }

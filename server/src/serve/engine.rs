@@ -437,7 +437,6 @@ fn run_choice(
                     promotions = r.promotions,
                     n_res = r.n_res,
                     fast_bytes = r.fast_bytes,
-                    dense_bytes = r.dense_bytes,
                     reset_ms = r.reset_ms,
                     "expert store, request done"
                 );

@@ -11,6 +11,7 @@
 //! is the real one, shared with the real engine.
 
 use super::engine::{Engine, EngineFailure};
+use aubier_runtime::backend::BackendError;
 use aubier_runtime::error::EngineError;
 use aubier_runtime::generate::{generate, GenerateOutput, GenerateParams, GeneratedToken, Stepper};
 use aubier_runtime::text::grammar::Constraint;
@@ -157,9 +158,10 @@ impl Stepper for ScriptedStepper {
             std::thread::sleep(self.script.step_delay);
         }
         if self.script.fail_at_step == Some(n) {
-            return Err(EngineError::Backend {
-                message: format!("fake engine: scripted failure at engine step {n}"),
-            });
+            return Err(EngineError::Backend(BackendError::Device {
+                backend: "fake".into(),
+                message: format!("scripted failure at engine step {n}"),
+            }));
         }
         let next = self
             .script

@@ -261,21 +261,24 @@ fn load_engine(path: &Path, args: &ServeArgs) -> Result<Loaded, ServeError> {
             }
             let backend = args
                 .backend
-                .kind()
+                .spec()
+                .and_then(|spec| Ok(spec.make()?))
                 .map_err(|e| load_err(crate::error_text::error_text(&e)))?;
-            let model = Model::load_with(path, backend).map_err(|e| load_err(e.to_string()))?;
+            let model = Model::load_backend(path, backend, args.store.budget())
+                .map_err(|e| load_err(e.to_string()))?;
             let text = TextModel::from_gguf(&model.file).map_err(|e| load_err(e.to_string()))?;
             let kv_max = args
                 .kv_max
                 .unwrap_or_else(|| model.config.n_ctx_train.min(DEFAULT_KV_MAX));
             let store = args
                 .store
-                .options(backend)
+                .options()
                 .map_err(|e| load_err(crate::error_text::error_text(&e)))?;
+            let name = model.backend_name().to_string();
             let mut engine = real::RealEngine::open(model, kv_max, &store, args.backend.ubatch)
                 .map_err(|e| load_err(e.to_string()))?;
             engine.set_prompt_cache(args.prompt_cache == PromptCache::On);
-            Ok((Arc::new(text), Box::new(engine), Some(backend.to_string())))
+            Ok((Arc::new(text), Box::new(engine), Some(name)))
         }
         EngineKind::Fake => {
             let file = GgufFile::open(path).map_err(|e| load_err(e.to_string()))?;

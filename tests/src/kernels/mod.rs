@@ -277,7 +277,7 @@ pub fn run_oracle(
     cache: &mut [f32],
 ) -> Vec<Vec<u32>> {
     let plan = pb.plan();
-    let host = aubier_runtime::engine::host_symbols();
+    let host = aubier_runtime::gguf::quant::host_symbols();
     let prog = CpuProgram::compile(&plan, &host).expect("oracle lowering");
     let mut bufs = pb.buffers(inputs, t, s);
     for (step, cs) in plan.steps.iter().zip(prog.steps()) {

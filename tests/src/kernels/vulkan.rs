@@ -15,9 +15,9 @@ use super::exec::{kind, Exec, Ops};
 use aubier_kernels_gen::gpu::cpu_exec::Arg;
 use aubier_kernels_gen::gpu::glsl::{push_constant_bytes, render_glsl};
 use aubier_kernels_gen::gpu::ir::{Kernel, Stmt};
-use aubier_runtime::backend::vulkan::context::{Buffer, Location, Pipeline, VulkanContext};
-use aubier_runtime::backend::vulkan::device::select;
-use aubier_runtime::backend::vulkan::shader::compile_glsl;
+use aubier_runtime::backend::vulkan_device::compile_glsl;
+use aubier_runtime::backend::vulkan_device::select;
+use aubier_runtime::backend::vulkan_device::{Buffer, Location, Pipeline, VulkanContext};
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -110,7 +110,7 @@ impl Device {
     }
 
     /// The device's description.
-    pub fn info(&self) -> &aubier_runtime::backend::vulkan::device::DeviceInfo {
+    pub fn info(&self) -> &aubier_runtime::backend::vulkan_device::DeviceInfo {
         self.lanes[0].info()
     }
 

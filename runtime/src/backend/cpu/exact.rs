@@ -1,4 +1,4 @@
-//! The fast path's f32 steps that keep the oracle's bits — attention over the latent cache
+//! The cpu backend's f32 steps that keep the oracle's bits — attention over the latent cache
 //! (`scores_qk`, `weighted_sum`, `softmax`, `scale`, `causal_mask`), `rms_norm`, `silu`,
 //! `attn_temperature` and `rope_yarn` — with the oracle's operations in the oracle's order
 //! (`kernels-gen/src/cpu/lower.rs`, `emit.rs`'s `dot_f32`) in vector lanes instead of its
@@ -324,7 +324,7 @@ const SPLIT_ROWS: usize = 64;
 ///
 /// `causal = Some(pos)`: `pos` `[T]`, the rows token-major (`rows / T` a token), and a
 /// `causal_mask` by `pos` replaces every score of a key `j > pos[t]` (checked by the caller,
-/// `FastStep::Scores`): a row group's keys after its tokens' last position are written `0.0`
+/// `CpuKernel::Scores`): a row group's keys after its tokens' last position are written `0.0`
 /// instead of computed.
 ///
 /// # Panics

@@ -52,6 +52,7 @@ pub(crate) use super::exact::{
     causal_mask, rms_norm, rope, scale, scores, silu, silu_mul, softmax, temperature, weighted_sum,
     ROPE_MAX_PAIRS,
 };
+use crate::backend::host::WeightRows;
 
 /// `$f(args)` inside a function compiled for AVX-512F where the CPU has it
 /// ([`exact::avx512_detected`], as `exact`'s generic `lanes_call!`), so that its inlined element
@@ -116,16 +117,7 @@ const GRID_ROWS: usize = 64;
 const _: () =
     assert!(MOE_ROWS.is_multiple_of(Q8_TILE_ROWS) && GRID_ROWS.is_multiple_of(Q8_TILE_ROWS));
 
-/// Weight rows as the fast path reads them — one expert's slice of a stacked expert tensor, or a
-/// dense weight: their bytes, and whether they are the fast store's interleaved copy
-/// ([`crate::backend::cpu::q8::interleave_rows`]).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct WeightRows<'a> {
-    pub(crate) bytes: &'a [u8],
-    pub(crate) interleaved: bool,
-}
-
-/// A weight the fast path can read: its rows' byte length and multi-row dot kernel, and the Q8_K planes
+/// A weight the cpu backend can read: its rows' byte length and multi-row dot kernel, and the Q8_K planes
 /// of the activations it is dotted with (1: `q8`; 2: `q8x2`, value and residual).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Rows {
@@ -341,7 +333,7 @@ impl Rows {
     }
 }
 
-/// A product of a quantized weight with an f32 input the fast path runs (`mat_mul`,
+/// A product of a quantized weight with an f32 input the cpu backend runs (`mat_mul`,
 /// `head_mat_mul`).
 pub(crate) trait WeightProduct {
     /// Input and output elements per token.
@@ -355,20 +347,20 @@ pub(crate) trait WeightProduct {
         t * self.per_token().1
     }
     /// The product of the raw weight bytes `w` with the input `x` into `y`.
-    fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut FastBuffers);
+    fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut CpuBuffers);
 }
 
-/// A `mat_mul` the fast path runs: `W{n_in, n_out}`.
+/// A `mat_mul` the cpu backend runs: `W{n_in, n_out}`.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct FastMatMul {
+pub(crate) struct QuantMatMul {
     n_in: usize,
     n_out: usize,
     w: Rows,
 }
 
-/// A `head_mat_mul` the fast path runs: `W{n_in, n_out, H}`.
+/// A `head_mat_mul` the cpu backend runs: `W{n_in, n_out, H}`.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct FastHeadMatMul {
+pub(crate) struct QuantHeadMatMul {
     n_in: usize,
     n_out: usize,
     heads: usize,
@@ -379,7 +371,7 @@ pub(crate) struct FastHeadMatMul {
 /// than one token, the weight dequantized to f32 (exactly, as the oracle does) and one f32 GEMM
 /// per head; at one token the type's dot per row (the oracle's bits).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct FastHeadGemm {
+pub(crate) struct F32HeadGemm {
     n_in: usize,
     n_out: usize,
     heads: usize,
@@ -392,15 +384,15 @@ const F32_DECODE_ROWS: usize = 32;
 /// A `mat_mul` of an F32 weight (the router, `ffn_gate_inp`): at more than one token one f32 GEMM,
 /// at one token the oracle's dot per row, rows in parallel.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct FastF32MatMul {
+pub(crate) struct F32MatMul {
     n_in: usize,
     n_out: usize,
 }
 
-/// A `moe_ffn` the fast path runs (operands as the oracle's: h, ids, weights, then gate/up and
+/// A `moe_ffn` the cpu backend runs (operands as the oracle's: h, ids, weights, then gate/up and
 /// down expert tables).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct FastMoe {
+pub(crate) struct QuantMoe {
     d: usize,
     n_ff: usize,
     gate: Rows,
@@ -414,11 +406,11 @@ pub(crate) struct FastMoe {
 /// A step kernel of the `cpu` backend.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum CpuKernel {
-    MatMul(FastMatMul),
-    HeadMatMul(FastHeadMatMul),
-    HeadGemm(FastHeadGemm),
-    F32MatMul(FastF32MatMul),
-    Moe(FastMoe),
+    MatMul(QuantMatMul),
+    HeadMatMul(QuantHeadMatMul),
+    HeadGemm(F32HeadGemm),
+    F32MatMul(F32MatMul),
+    Moe(QuantMoe),
     /// `scores_qk` over latent-cache rows of `w` values.
     Scores {
         w: usize,
@@ -470,9 +462,30 @@ pub(crate) enum CpuKernel {
 }
 
 impl CpuKernel {
-    /// The kernel's name and its variant on this CPU (`isa`: the Q8_K kernels' tier,
-    /// [`super::isa`]), for the binding's record.
-    pub(crate) fn choice(&self, isa: &str) -> (&'static str, String) {
+    /// The kernel's name, for the binding's record and the kernel times.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            CpuKernel::MatMul(_) => "q8_mat_mul",
+            CpuKernel::HeadMatMul(_) => "q8_head_mat_mul",
+            CpuKernel::HeadGemm(_) => "f32_head_gemm",
+            CpuKernel::F32MatMul(_) => "f32_mat_mul",
+            CpuKernel::Moe(_) => "q8_moe_ffn",
+            CpuKernel::Scores { .. } => "scores_qk",
+            CpuKernel::WeightedSum { .. } => "weighted_sum",
+            CpuKernel::Softmax { .. } => "softmax",
+            CpuKernel::Scale { .. } => "scale",
+            CpuKernel::CausalMask => "causal_mask",
+            CpuKernel::RmsNorm { .. } => "rms_norm",
+            CpuKernel::Silu => "silu",
+            CpuKernel::Temperature { .. } => "attn_temperature",
+            CpuKernel::Rope { .. } => "rope_yarn",
+            CpuKernel::Kqkv { .. } => "latent_attention",
+        }
+    }
+
+    /// The kernel's variant on this CPU (`isa`: the Q8_K kernels' tier, [`super::isa`]), for
+    /// the binding's record.
+    pub(crate) fn variant(&self, isa: &str) -> String {
         let width = if exact::avx512_detected() {
             "avx512"
         } else {
@@ -480,42 +493,40 @@ impl CpuKernel {
         };
         let lanes = || format!("f32 lanes ({width}), the oracle's bits");
         match self {
-            CpuKernel::MatMul(m) => ("q8_mat_mul", m.w.describe(isa)),
-            CpuKernel::HeadMatMul(m) => ("q8_head_mat_mul", m.w.describe(isa)),
-            CpuKernel::HeadGemm(m) => (
-                "f32_head_gemm",
-                format!(
-                    "{} dequantized; sgemm per head at prefill, the oracle's dot at one token",
-                    m.ty
-                ),
+            CpuKernel::MatMul(m) => m.w.describe(isa),
+            CpuKernel::HeadMatMul(m) => m.w.describe(isa),
+            CpuKernel::HeadGemm(m) => format!(
+                "{} dequantized; sgemm per head at prefill, the oracle's dot at one token",
+                m.ty
             ),
-            CpuKernel::F32MatMul(_) => (
-                "f32_mat_mul",
-                "sgemm at prefill, the oracle's dot per row at one token".into(),
+            CpuKernel::F32MatMul(_) => {
+                "sgemm at prefill, the oracle's dot per row at one token".into()
+            }
+            CpuKernel::Moe(m) => format!(
+                "gate {}; up {}; down {}",
+                m.gate.describe(isa),
+                m.up.describe(isa),
+                m.down.describe(isa)
             ),
-            CpuKernel::Moe(m) => (
-                "q8_moe_ffn",
-                format!(
-                    "gate {}; up {}; down {}",
-                    m.gate.describe(isa),
-                    m.up.describe(isa),
-                    m.down.describe(isa)
-                ),
-            ),
-            CpuKernel::Scores { .. } => ("scores_qk", lanes()),
-            CpuKernel::WeightedSum { .. } => ("weighted_sum", lanes()),
-            CpuKernel::Softmax { .. } => ("softmax", lanes()),
-            CpuKernel::Scale { .. } => ("scale", lanes()),
-            CpuKernel::CausalMask => ("causal_mask", lanes()),
-            CpuKernel::RmsNorm { .. } => ("rms_norm", lanes()),
-            CpuKernel::Silu => ("silu", lanes()),
-            CpuKernel::Temperature { .. } => ("attn_temperature", lanes()),
-            CpuKernel::Rope { .. } => ("rope_yarn", lanes()),
-            CpuKernel::Kqkv { .. } => (
-                "latent_attention",
-                format!("{}; masked keys skipped", lanes()),
-            ),
+            CpuKernel::Kqkv { .. } => format!("{}; masked keys skipped", lanes()),
+            _ => lanes(),
         }
+    }
+
+    /// Whether a one-token run of the kernel computes the bits a run of several tokens computes
+    /// for that token ([`crate::backend::BoundStep::one_token_matches_prefill`]): the lane
+    /// kernels compute each row by the oracle's operations whatever the run's length; the weight
+    /// products take other code at one token (the decode kernels, the f32 dot in place of
+    /// sgemm), so they do not claim it.
+    pub(crate) fn one_token_matches_prefill(&self) -> bool {
+        !matches!(
+            self,
+            CpuKernel::MatMul(_)
+                | CpuKernel::HeadMatMul(_)
+                | CpuKernel::HeadGemm(_)
+                | CpuKernel::F32MatMul(_)
+                | CpuKernel::Moe(_)
+        )
     }
 }
 
@@ -547,13 +558,13 @@ pub(crate) fn kernel_for(plan: &Plan, i: usize, planes: usize) -> Option<CpuKern
             if w.ggml_type == "F32" {
                 return match w.ne.as_slice() {
                     &[n_in, n_out] if n_in > 0 => {
-                        Some(CpuKernel::F32MatMul(FastF32MatMul { n_in, n_out }))
+                        Some(CpuKernel::F32MatMul(F32MatMul { n_in, n_out }))
                     }
                     _ => None,
                 };
             }
             let rows = Rows::of(w, 2, planes)?;
-            Some(CpuKernel::MatMul(FastMatMul {
+            Some(CpuKernel::MatMul(QuantMatMul {
                 n_in: w.ne[0],
                 n_out: w.ne[1],
                 w: rows,
@@ -562,7 +573,7 @@ pub(crate) fn kernel_for(plan: &Plan, i: usize, planes: usize) -> Option<CpuKern
         (Op::HeadMatMul, _) => {
             let w = weight(step.args.first())?;
             if let Some(rows) = Rows::of(w, 3, planes) {
-                return Some(CpuKernel::HeadMatMul(FastHeadMatMul {
+                return Some(CpuKernel::HeadMatMul(QuantHeadMatMul {
                     n_in: w.ne[0],
                     n_out: w.ne[1],
                     heads: w.ne[2],
@@ -579,7 +590,7 @@ pub(crate) fn kernel_for(plan: &Plan, i: usize, planes: usize) -> Option<CpuKern
             if !crate::gguf::quant::is_supported(ty) {
                 return None;
             }
-            Some(CpuKernel::HeadGemm(FastHeadGemm {
+            Some(CpuKernel::HeadGemm(F32HeadGemm {
                 n_in,
                 n_out,
                 heads,
@@ -597,7 +608,7 @@ pub(crate) fn kernel_for(plan: &Plan, i: usize, planes: usize) -> Option<CpuKern
             if *n_ff == 0 || n_ff % QK != 0 {
                 return None;
             }
-            Some(CpuKernel::Moe(FastMoe {
+            Some(CpuKernel::Moe(QuantMoe {
                 d: g.ne[0],
                 n_ff: *n_ff,
                 gate: Rows::of(g, 3, planes)?,
@@ -680,7 +691,7 @@ pub(crate) fn kernel_for(plan: &Plan, i: usize, planes: usize) -> Option<CpuKern
 
 /// Buffers of the `cpu` backend's kernels, grown to their high-water mark and kept by the executor.
 #[derive(Debug, Default)]
-pub(crate) struct FastBuffers {
+pub(crate) struct CpuBuffers {
     xq: Vec<BlockQ8K>,
     aq: Vec<BlockQ8K>,
     hg: Vec<BlockQ8K>,
@@ -694,7 +705,7 @@ pub(crate) struct FastBuffers {
     pub(crate) att: [Vec<f32>; 2],
 }
 
-impl FastBuffers {
+impl CpuBuffers {
     /// The f32 values of the weight bytes `bytes` ([`f32_view`], copied into these buffers when
     /// misaligned).
     pub(crate) fn f32_weight<'a>(&'a mut self, bytes: &'a [u8]) -> &'a [f32] {
@@ -729,14 +740,14 @@ fn quantize_rows(x: &[f32], n: usize, planes: usize, q: &mut Vec<BlockQ8K>) {
         });
 }
 
-impl WeightProduct for FastMatMul {
+impl WeightProduct for QuantMatMul {
     fn per_token(&self) -> (usize, usize) {
         (self.n_in, self.n_out)
     }
 
     /// `y[t, r] = W[r, :] · q8(x[t, :])`: `w` the raw `n_out` rows, `x` `[T, n_in]`, `y`
     /// `[T, n_out]` (T = `x.len() / n_in`).
-    fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut FastBuffers) {
+    fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut CpuBuffers) {
         let rows = WeightRows {
             bytes: w,
             interleaved: false,
@@ -745,7 +756,7 @@ impl WeightProduct for FastMatMul {
     }
 }
 
-impl FastMatMul {
+impl QuantMatMul {
     /// [`WeightProduct::run`] for rows in the file's layout or interleaved (the fast store's
     /// copy of a dense weight, [`Rows::layout_product`]): the same bits either way.
     pub(crate) fn run_rows(
@@ -753,7 +764,7 @@ impl FastMatMul {
         w: WeightRows<'_>,
         x: &[f32],
         y: &mut [f32],
-        buf: &mut FastBuffers,
+        buf: &mut CpuBuffers,
     ) {
         let (n_in, n_out) = (self.n_in, self.n_out);
         let t = x.len() / n_in;
@@ -841,7 +852,7 @@ fn scatter_tokens(ys: &[f32], r0: usize, t: usize, stride: usize, out: &SharedOu
     let rows = ys.len() / t;
     assert!(
         rows * t == ys.len() && (t - 1) * stride + r0 + rows <= out.1 && rows <= stride,
-        "fast path scatter of {rows} x {t} at {r0} (stride {stride}) outside {}",
+        "cpu backend scatter of {rows} x {t} at {r0} (stride {stride}) outside {}",
         out.1
     );
     let wide = exact::avx512_detected();
@@ -965,14 +976,14 @@ fn residual(b: &BlockQ8K, x: &[f32], r: &mut [f32; QK]) {
     }
 }
 
-impl WeightProduct for FastHeadMatMul {
+impl WeightProduct for QuantHeadMatMul {
     /// `[H, n_in]` in, `[H, n_out]` out.
     fn per_token(&self) -> (usize, usize) {
         (self.heads * self.n_in, self.heads * self.n_out)
     }
 
     /// `y[t, h, o] = W[h][o, :] · q8(x[t, h, :])`: `w` the raw `H · n_out` rows (head-major).
-    fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut FastBuffers) {
+    fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut CpuBuffers) {
         let (n_in, n_out, heads) = (self.n_in, self.n_out, self.heads);
         let t = x.len() / (heads * n_in);
         let nb = self.w.planes * n_in / QK;
@@ -1037,7 +1048,7 @@ fn f32_view<'a>(bytes: &'a [u8], copy: &'a mut Vec<f32>) -> &'a [f32] {
     &copy[..]
 }
 
-impl WeightProduct for FastF32MatMul {
+impl WeightProduct for F32MatMul {
     fn per_token(&self) -> (usize, usize) {
         (self.n_in, self.n_out)
     }
@@ -1047,7 +1058,7 @@ impl WeightProduct for FastF32MatMul {
     /// [`F32_DECODE_ROWS`] rows in parallel): the oracle's value, the same dot in the same order.
     /// At more: `x [T, n_in] × Wᵀ [n_in, n_out]` by `matrixmultiply::sgemm` (the weight read in
     /// place when 4-byte aligned, else copied into `buf.wf`).
-    fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut FastBuffers) {
+    fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut CpuBuffers) {
         let (n_in, n_out) = (self.n_in, self.n_out);
         let t = x.len() / n_in;
         if t == 1 {
@@ -1066,7 +1077,7 @@ impl WeightProduct for FastF32MatMul {
     }
 }
 
-impl WeightProduct for FastHeadGemm {
+impl WeightProduct for F32HeadGemm {
     /// `[H, n_in]` in, `[H, n_out]` out.
     fn per_token(&self) -> (usize, usize) {
         (self.heads * self.n_in, self.heads * self.n_out)
@@ -1077,7 +1088,7 @@ impl WeightProduct for FastHeadGemm {
     /// parallel): the oracle's value, which dequantizes the row and takes the dot in the same
     /// order. At more: `w` dequantized into `buf.wf` (rows in parallel), then per head (in
     /// parallel) `x_h [T, n_in] × W_hᵀ [n_in, n_out]` by `matrixmultiply::sgemm`.
-    fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut FastBuffers) {
+    fn run(&self, w: &[u8], x: &[f32], y: &mut [f32], buf: &mut CpuBuffers) {
         let (n_in, n_out, heads) = (self.n_in, self.n_out, self.heads);
         let t = x.len() / (heads * n_in);
         let rows = heads * n_out;
@@ -1137,7 +1148,7 @@ impl WeightProduct for FastHeadGemm {
     }
 }
 
-impl FastMoe {
+impl QuantMoe {
     /// The model width `d` (elements of an `h` and an output row).
     pub(crate) fn width(&self) -> usize {
         self.d
@@ -1155,7 +1166,7 @@ impl FastMoe {
         wts: &[f32],
         tables: &[Vec<WeightRows<'_>>],
         y: &mut [f32],
-        buf: &mut FastBuffers,
+        buf: &mut CpuBuffers,
     ) {
         let (d, n_ff) = (self.d, self.n_ff);
         let t = h.len() / d;
@@ -1449,14 +1460,14 @@ mod tests {
         for (t, planes) in [(1, 1), (1, 2), (2, 1), (9, 1), (5, 2)] {
             for grid in [None, q8_grid_fn(ty)] {
                 let x = noise(t * heads * n_in, 5);
-                let op = FastHeadMatMul {
+                let op = QuantHeadMatMul {
                     n_in,
                     n_out,
                     heads,
                     w: rows(ty, n_in, grid, planes),
                 };
                 let mut y = vec![f32::NAN; op.output_len(t)];
-                op.run(&w, &x, &mut y, &mut FastBuffers::default());
+                op.run(&w, &x, &mut y, &mut CpuBuffers::default());
                 let mut xq = Vec::new();
                 quantize_rows(&x, n_in, planes, &mut xq);
                 let nb = n_in / QK;
@@ -1569,7 +1580,7 @@ mod tests {
                     .collect();
                 let wts = noise(t * k, 60);
                 let run = |m: &[Vec<Vec<u8>>; 2], interleaved: bool| {
-                    let moe = FastMoe {
+                    let moe = QuantMoe {
                         d,
                         n_ff,
                         gate: rows(q2, d, q8_grid_fn(q2), planes),
@@ -1580,7 +1591,7 @@ mod tests {
                     };
                     let mut y = vec![f32::NAN; t * d];
                     let tables = expert_tables(m, interleaved);
-                    moe.run(&x, &ids, &wts, &tables, &mut y, &mut FastBuffers::default());
+                    moe.run(&x, &ids, &wts, &tables, &mut y, &mut CpuBuffers::default());
                     y
                 };
                 let (a, b) = (run(&own, false), run(&il, true));
@@ -1614,7 +1625,7 @@ mod tests {
             crate::backend::cpu::q8::interleave_rows(ty, &own, &mut il, ty.row_size(d).unwrap())
                 .unwrap();
             for planes in [1, 2] {
-                let m = FastMatMul {
+                let m = QuantMatMul {
                     n_in: d,
                     n_out,
                     w: rows(ty, d, q8_grid_fn(ty), planes),
@@ -1622,12 +1633,12 @@ mod tests {
                 for t in [1, 2, 3, 8, 70] {
                     let x = noise(t * d, 90 + t as u64);
                     let (mut a, mut b) = (vec![f32::NAN; t * n_out], vec![f32::NAN; t * n_out]);
-                    m.run(&own, &x, &mut a, &mut FastBuffers::default());
+                    m.run(&own, &x, &mut a, &mut CpuBuffers::default());
                     let copy = WeightRows {
                         bytes: &il,
                         interleaved: true,
                     };
-                    m.run_rows(copy, &x, &mut b, &mut FastBuffers::default());
+                    m.run_rows(copy, &x, &mut b, &mut CpuBuffers::default());
                     assert!(a.iter().all(|v| v.is_finite()), "{ty} {n_out} t {t}");
                     assert!(
                         a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
@@ -1661,14 +1672,14 @@ mod tests {
                     .collect();
                 let wts = noise(t * k, 40);
                 let run = |tiles: bool| {
-                    let mm = FastMatMul {
+                    let mm = QuantMatMul {
                         n_in: d,
                         n_out,
                         w: rows(q2, d, tiles.then_some(g2), planes),
                     };
                     let mut y = vec![f32::NAN; t * n_out];
-                    mm.run(&w, &x, &mut y, &mut FastBuffers::default());
-                    let moe = FastMoe {
+                    mm.run(&w, &x, &mut y, &mut CpuBuffers::default());
+                    let moe = QuantMoe {
                         d,
                         n_ff,
                         gate: rows(q2, d, tiles.then_some(g2), planes),
@@ -1678,7 +1689,7 @@ mod tests {
                         fused: true,
                     };
                     let mut m = vec![f32::NAN; t * d];
-                    moe.run(&x, &ids, &wts, &tables, &mut m, &mut FastBuffers::default());
+                    moe.run(&x, &ids, &wts, &tables, &mut m, &mut CpuBuffers::default());
                     (y, m)
                 };
                 let (with, without) = (run(true), run(false));
@@ -1716,13 +1727,13 @@ mod tests {
                     if fallback {
                         r.decode = q8_rows_fn_by_row(ty).unwrap();
                     }
-                    let mm = FastMatMul {
+                    let mm = QuantMatMul {
                         n_in: d,
                         n_out,
                         w: r,
                     };
                     let mut y = vec![f32::NAN; n_out];
-                    mm.run(&w, &x, &mut y, &mut FastBuffers::default());
+                    mm.run(&w, &x, &mut y, &mut CpuBuffers::default());
                     y
                 };
                 let (a, b) = (run(false), run(true));
@@ -1743,7 +1754,7 @@ mod tests {
                     }
                     r
                 };
-                let moe = FastMoe {
+                let moe = QuantMoe {
                     d,
                     n_ff,
                     gate: r(q2, d),
@@ -1753,7 +1764,7 @@ mod tests {
                     fused: true,
                 };
                 let mut m = vec![f32::NAN; d];
-                moe.run(&x, &ids, &wts, &tables, &mut m, &mut FastBuffers::default());
+                moe.run(&x, &ids, &wts, &tables, &mut m, &mut CpuBuffers::default());
                 m
             };
             let (a, b) = (run(false), run(true));
@@ -1776,14 +1787,14 @@ mod tests {
         let mut wf = vec![0f32; heads * n_out * n_in];
         crate::gguf::quant::dequantize_row(ty, &w, &mut wf).unwrap();
         let x = noise(t * heads * n_in, 13);
-        let op = FastHeadGemm {
+        let op = F32HeadGemm {
             n_in,
             n_out,
             heads,
             ty,
         };
         let mut y = vec![f32::NAN; op.output_len(t)];
-        op.run(&w, &x, &mut y, &mut FastBuffers::default());
+        op.run(&w, &x, &mut y, &mut CpuBuffers::default());
         for tok in 0..t {
             for h in 0..heads {
                 for o in 0..n_out {
@@ -1808,14 +1819,14 @@ mod tests {
         for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
             let w = matrix(ty, heads * n_out, n_in, 16);
             let x = noise(heads * n_in, 17);
-            let op = FastHeadGemm {
+            let op = F32HeadGemm {
                 n_in,
                 n_out,
                 heads,
                 ty,
             };
             let mut y = vec![f32::NAN; op.output_len(1)];
-            op.run(&w, &x, &mut y, &mut FastBuffers::default());
+            op.run(&w, &x, &mut y, &mut CpuBuffers::default());
             let rb = ty.row_size(n_in).unwrap();
             for h in 0..heads {
                 for o in 0..n_out {
@@ -1839,10 +1850,10 @@ mod tests {
         let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
         let mut shifted = vec![0u8; 1];
         shifted.extend_from_slice(&bytes);
-        let op = FastF32MatMul { n_in, n_out };
+        let op = F32MatMul { n_in, n_out };
         for raw in [&bytes[..], &shifted[1..]] {
             let mut y = vec![f32::NAN; op.output_len(t)];
-            op.run(raw, &x, &mut y, &mut FastBuffers::default());
+            op.run(raw, &x, &mut y, &mut CpuBuffers::default());
             for tok in 0..t {
                 for r in 0..n_out {
                     let terms: Vec<_> = (0..n_in)

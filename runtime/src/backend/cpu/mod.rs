@@ -11,18 +11,19 @@
 
 pub(crate) mod exact;
 pub(crate) mod kernels;
+mod layout;
 pub mod q8;
 
-use super::oracle::cranelift_choice;
+use super::host::{self, HostBinding, HostKernel, StepIo, StepKernel, WeightRows};
+use super::oracle::cranelift_step;
 use super::{
-    Backend, BackendKind, BindError, Binding, BoundStep, ExecError, ExpertSource, HostKernel,
-    KernelChoice,
+    Backend, BackendError, BindError, Binding, BoundStep, ExecError, KernelChoice, LoadInput,
+    Loaded,
 };
-use aubier_compiler::plan::{Operand, Plan, Step};
+use aubier_compiler::plan::Plan;
 use aubier_compiler::Target;
 use aubier_kernels_gen::cpu::StepArgs;
-pub(crate) use kernels::{CpuKernel, FastBuffers, WeightRows};
-use kernels::{WeightProduct, ROPE_MAX_PAIRS};
+use kernels::{CpuBuffers, CpuKernel, WeightProduct, ROPE_MAX_PAIRS};
 
 /// How the `cpu` backend quantizes the activations of its weight products.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -74,110 +75,115 @@ pub fn isa() -> &'static str {
 }
 
 /// The `cpu` backend with its numerics.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct CpuBackend {
     numerics: CpuNumerics,
+    /// Whether it copies weights into its own layout ([`layout`]).
+    copies: bool,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        CpuBackend::new(CpuNumerics::default())
+    }
 }
 
 impl CpuBackend {
-    /// The backend with `numerics`.
+    /// The backend with `numerics`, copying weights into its layout (the product path).
     pub fn new(numerics: CpuNumerics) -> Self {
-        CpuBackend { numerics }
+        CpuBackend {
+            numerics,
+            copies: true,
+        }
+    }
+
+    /// This backend with its copies on (the default) or off: off, its slots hold experts in the
+    /// file's layout and its kernels read every dense weight in place (the same bits, slower
+    /// decode; for tests of the layout).
+    pub fn with_copies(self, copies: bool) -> Self {
+        CpuBackend { copies, ..self }
     }
 }
 
 impl Backend for CpuBackend {
+    fn name(&self) -> String {
+        format!("cpu ({})", self.numerics)
+    }
+
     fn target(&self) -> Target {
         Target::Cpu
     }
 
     fn bind(&self, plan: &Plan) -> Result<Binding, BindError> {
         let isa = isa();
-        let steps = (0..plan.steps.len())
-            .map(|i| {
-                let step = &plan.steps[i];
-                let refuse = |reason: String| BindError {
-                    backend: "cpu",
-                    step: i,
-                    op: step.op.name(),
-                    reason,
-                };
-                match kernels::kernel_for(plan, i, self.numerics.planes()) {
-                    Some(k) => {
-                        let (kernel, variant) = k.choice(isa);
-                        Ok(BoundStep {
-                            choice: KernelChoice { kernel, variant },
-                            kernel: HostKernel::Cpu(Box::new(k)),
-                        })
-                    }
-                    None if step.op.is_fused() => Err(refuse(format!(
+        let mut kernels = Vec::with_capacity(plan.steps.len());
+        let mut steps = Vec::with_capacity(plan.steps.len());
+        for (i, step) in plan.steps.iter().enumerate() {
+            let refuse = |reason: String| BindError {
+                backend: self.name(),
+                step: i,
+                op: step.op.name(),
+                reason,
+            };
+            match kernels::kernel_for(plan, i, self.numerics.planes()) {
+                Some(k) => {
+                    steps.push(BoundStep {
+                        choice: KernelChoice {
+                            kernel: k.name(),
+                            variant: k.variant(isa),
+                        },
+                        one_token_matches_prefill: k.one_token_matches_prefill(),
+                    });
+                    kernels.push(HostKernel::Own(k));
+                }
+                None if step.op.is_fused() => {
+                    return Err(refuse(format!(
                         "the cpu backend has no kernel for a fused `{}` of these operands (it \
                          fuses latent attention only: compile for the cpu target)",
                         step.op.name()
-                    ))),
-                    None if !step.op.has_oracle() => Err(refuse(
-                        "the op has neither a cpu kernel nor an oracle lowering".into(),
-                    )),
-                    None => Ok(BoundStep {
-                        choice: cranelift_choice(plan, i),
-                        kernel: HostKernel::Cranelift,
-                    }),
+                    )))
                 }
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Binding {
-            backend: BackendKind::Cpu(self.numerics),
-            steps,
-        })
+                None if !step.op.has_oracle() => {
+                    return Err(refuse(
+                        "the op has neither a cpu kernel nor an oracle lowering".into(),
+                    ))
+                }
+                None => {
+                    steps.push(cranelift_step(plan, i));
+                    kernels.push(HostKernel::Cranelift);
+                }
+            }
+        }
+        Ok(Binding::new(self.name(), steps, HostBinding { kernels }))
+    }
+
+    fn load(&self, input: &LoadInput<'_>) -> Result<Loaded, BackendError> {
+        let layout = if self.copies {
+            let moe = input
+                .plan
+                .moe_layers()
+                .map_err(|e| crate::store::StoreError::Plan(e.to_string()))?;
+            layout::host_layout(input.plan, &moe)
+        } else {
+            host::HostLayout::default()
+        };
+        host::load::<CpuKernel>(&self.name(), input, layout)
     }
 }
 
-/// What a CPU kernel of one step reads and writes: the step's bound operand and output
-/// addresses (`args`, sized by the executor for `(T, S)`), the plan, the weights and the expert
-/// slices the executor resolved.
-pub(crate) struct StepIo<'a, 'w> {
-    pub plan: &'a Plan,
-    pub index: usize,
-    pub step: &'a Step,
-    pub args: &'a StepArgs,
-    /// Tokens this step runs for (1 for the output head of a last-position-only run).
-    pub t: usize,
-    /// Keys.
-    pub s: usize,
-    pub weights: &'a [&'w [u8]],
-    pub experts: Option<&'a dyn ExpertSource>,
-    /// Per expert table of the step, each expert's rows (fast copy or file slice).
-    pub expert_slices: &'a [Vec<WeightRows<'w>>],
-}
+impl StepKernel for CpuKernel {
+    type Buffers = CpuBuffers;
 
-impl StepIo<'_, '_> {
-    /// Elements of the step's output at these extents.
-    fn out_numel(&self) -> usize {
-        self.plan.values[self.step.out].shape.numel(self.t, self.s)
+    fn run(&self, io: &StepIo<'_, '_>, buf: &mut CpuBuffers) -> Result<(), ExecError> {
+        run(self, io, buf)
     }
 
-    /// Elements of value operand `i`.
-    fn arg_numel(&self, i: usize) -> Result<usize, ExecError> {
-        match self.step.args.get(i) {
-            Some(&Operand::Value(v)) => Ok(self.plan.values[v].shape.numel(self.t, self.s)),
-            _ => Err(ExecError::Value {
-                value: usize::MAX,
-                name: format!("operand {i} of step {}", self.index),
-                detail: "expected a value".into(),
-            }),
-        }
+    fn reads_expert_slices(&self) -> bool {
+        matches!(self, CpuKernel::Moe(_))
     }
 
-    /// The weight of operand `i`.
-    fn weight(&self, i: usize) -> Result<usize, ExecError> {
-        match self.step.args.get(i) {
-            Some(&Operand::Weight(w)) => Ok(w),
-            _ => Err(ExecError::Value {
-                value: usize::MAX,
-                name: format!("operand {i} of step {}", self.index),
-                detail: "expected a weight".into(),
-            }),
-        }
+    fn name(&self) -> &'static str {
+        CpuKernel::name(self)
     }
 }
 
@@ -185,16 +191,12 @@ impl StepIo<'_, '_> {
 ///
 /// Errors: [`ExecError::Value`] when an operand is not what the kernel was bound for;
 /// [`ExecError::Index`] for a `kqkv` position outside the keys.
-pub(crate) fn run(
-    kernel: &CpuKernel,
-    io: &StepIo<'_, '_>,
-    buf: &mut FastBuffers,
-) -> Result<(), ExecError> {
+fn run(kernel: &CpuKernel, io: &StepIo<'_, '_>, buf: &mut CpuBuffers) -> Result<(), ExecError> {
     let (args, t, s) = (io.args, io.t, io.s);
     match *kernel {
         CpuKernel::MatMul(m) => {
             let w = io.weight(0)?;
-            match io.experts.and_then(|e| e.dense_copy(w)) {
+            match io.copies.get(w) {
                 Some((bytes, interleaved)) => {
                     let rows = WeightRows { bytes, interleaved };
                     let (x, y) = product_io(&m, args, t);
@@ -313,7 +315,7 @@ fn latent_attention(
     heads: usize,
     (w, len): (usize, usize),
     scale: f32,
-    buf: &mut FastBuffers,
+    buf: &mut CpuBuffers,
 ) -> Result<(), ExecError> {
     let (args, t, s) = (io.args, io.t, io.s);
     let rows = t * heads;
@@ -387,7 +389,7 @@ const ATT_BYTES: usize = 8 << 20;
 fn weight_product<P: WeightProduct>(
     p: &P,
     io: &StepIo<'_, '_>,
-    buf: &mut FastBuffers,
+    buf: &mut CpuBuffers,
 ) -> Result<(), ExecError> {
     let w = io.weight(0)?;
     let (x, y) = product_io(p, io.args, io.t);

@@ -1,12 +1,14 @@
 //! The Vulkan executor: a compiled plan's GPU kernels run on one device.
 //!
-//! Algorithm. At load ([`DevicePlan::new`]): every step's launches ([`launches`], kernels built
+//! Algorithm. At load ([`DevicePlan::new`]): every step's launches (the binding's, kernels built
 //! for the device's subgroup width) are printed as GLSL, compiled to SPIR-V in process (cached
 //! on disk by source) and made into one pipeline per distinct kernel; every plan weight is
 //! uploaded once into a device buffer of its own (addressed by device address, so no tensor is
 //! bound to `maxStorageBufferRange`); a stacked expert tensor goes into buffers of whole
 //! experts, each within the device's largest buffer (`maxMemoryAllocationSize`,
-//! `maxBufferSize`), and gets a table of its experts' addresses. Per session ([`DeviceRun`]):
+//! `maxBufferSize`), and is read through a table of its experts' addresses ([`ExpertTables`]),
+//! which the host writes before each step (an expert's slot when resident, else its bytes in
+//! the host store) and the step's command buffer copies into device memory first. Per session ([`DeviceRun`]):
 //! one device buffer per plan slot, grown to the largest value placed in it; the latent KV
 //! cache, one buffer per layer; the step scratch; a host-visible buffer of the run's arguments
 //! (the extents `T`, `S` and every launch's workgroup counts). A run of `T` tokens over `S` keys
@@ -31,11 +33,12 @@ use super::context::{
 use super::device::Limits;
 use super::shader::compile_glsl;
 use super::VulkanError;
+use crate::backend::KernelTime;
 use aubier_compiler::plan::{Operand, Plan, Storage, ValueId};
 use aubier_compiler::types::Dim;
 use aubier_kernels_gen::gpu::glsl;
 use aubier_kernels_gen::gpu::ir::{Kernel, ParamKind};
-use aubier_kernels_gen::gpu::launch::{launches, Arg};
+use aubier_kernels_gen::gpu::launch::{Arg, Launch};
 use std::collections::HashMap;
 
 /// Bytes of one host staging copy while uploading weights.
@@ -50,7 +53,7 @@ struct DeviceLaunch {
 }
 
 /// A plan made ready on a device: pipelines, weights, expert tables (shared by every session).
-pub struct DevicePlan {
+pub(crate) struct DevicePlan {
     ctx: VulkanContext,
     /// Per plan step, its launches.
     steps: Vec<Vec<DeviceLaunch>>,
@@ -58,25 +61,42 @@ pub struct DevicePlan {
     pipelines: Vec<(String, Pipeline)>,
     /// Per plan weight, its bytes on the device.
     weights: Vec<DeviceWeight>,
+    /// The address tables of the stacked expert tensors.
+    tables: ExpertTables,
 }
 
 /// A plan weight on the device.
 enum DeviceWeight {
     /// Read whole by its address.
     Dense(Buffer),
-    /// Stacked experts, read through `table` (one `u64` address per expert) into `parts`,
-    /// buffers of whole experts.
-    Experts { parts: Vec<Buffer>, table: Buffer },
+    /// Stacked experts, read through their table ([`ExpertTables`]); `parts` are buffers of
+    /// whole experts, `addresses` each expert's address in them.
+    Experts {
+        parts: Vec<Buffer>,
+        addresses: Vec<u64>,
+    },
 }
 
 impl DeviceWeight {
-    /// Bytes on the device (the expert table not counted).
+    /// Bytes on the device.
     fn size(&self) -> u64 {
         match self {
             DeviceWeight::Dense(b) => b.size(),
             DeviceWeight::Experts { parts, .. } => parts.iter().map(Buffer::size).sum(),
         }
     }
+}
+
+/// The address tables of every stacked expert tensor (`n_expert` `u64` each, back to back): the
+/// host writes them into `host` before a step, the step's command buffer copies them into
+/// `device` before its first launch, and the kernels read `device`.
+struct ExpertTables {
+    /// Host-visible.
+    host: Buffer,
+    /// Device-local.
+    device: Buffer,
+    /// Per plan weight, the byte offset of its table.
+    at: Vec<Option<u64>>,
 }
 
 impl std::fmt::Debug for DevicePlan {
@@ -90,37 +110,35 @@ impl std::fmt::Debug for DevicePlan {
 }
 
 impl DevicePlan {
-    /// Makes `plan` ready on `ctx`: kernels built for the device's subgroup width, compiled,
-    /// made pipelines; `weights` (by `WeightId`, the GGUF bytes) uploaded.
+    /// Makes `plan` ready on `ctx`: the kernels of `launches` (per step, built for the device's
+    /// subgroup width) compiled and made pipelines; `weights` (by `WeightId`, the GGUF bytes)
+    /// uploaded, no buffer over `max_bytes` (the device's own limit, or a lower one): stacked
+    /// experts are split over buffers of whole experts.
     ///
-    /// Errors: [`VulkanError::Invalid`] when a step has no kernel or a kernel cannot be printed
-    /// (naming it); [`VulkanError::Unsupported`] when a kernel's workgroup or shared memory is
-    /// over the device's limits; [`VulkanError::Compile`] from the shader compiler; [`VulkanError::Vk`] from
+    /// Errors: [`VulkanError::Invalid`] when a kernel cannot be printed (naming it) or the
+    /// launches do not fit the plan; [`VulkanError::Unsupported`] when a kernel's workgroup or
+    /// shared memory is over the device's limits, or a dense weight or one expert is over
+    /// `max_bytes`; [`VulkanError::Compile`] from the shader compiler; [`VulkanError::Vk`] from
     /// the driver (e.g. out of device memory for the weights).
-    pub fn new(ctx: VulkanContext, plan: &Plan, weights: &[&[u8]]) -> Result<Self, VulkanError> {
-        let max = ctx.info().limits.max_buffer_bytes();
-        DevicePlan::with_buffer_limit(ctx, plan, weights, max)
-    }
-
-    /// [`DevicePlan::new`] with no buffer over `max_bytes` (the device's own limit, or a lower
-    /// one): stacked experts are split over buffers of whole experts.
-    ///
-    /// Errors: those of [`DevicePlan::new`]; [`VulkanError::Unsupported`] naming a dense weight,
-    /// or one expert, over `max_bytes`.
-    pub fn with_buffer_limit(
+    pub(crate) fn new(
         ctx: VulkanContext,
         plan: &Plan,
+        launches: &[Vec<Launch>],
         weights: &[&[u8]],
         max_bytes: u64,
     ) -> Result<Self, VulkanError> {
-        let warp = ctx.info().subgroup_size;
         let mut sources: HashMap<String, usize> = HashMap::new();
         let mut pipelines = Vec::new();
         let mut steps = Vec::with_capacity(plan.steps.len());
         let header = ["Generated by aubier's vulkan backend at load; not checked in.".into()];
-        for i in 0..plan.steps.len() {
-            let ls = launches(plan, i, warp)
-                .map_err(|e| VulkanError::Invalid(format!("binding the plan: {e}")))?;
+        if launches.len() != plan.steps.len() {
+            return Err(VulkanError::Invalid(format!(
+                "{} bound steps for a plan of {}",
+                launches.len(),
+                plan.steps.len()
+            )));
+        }
+        for ls in launches {
             let mut out = Vec::with_capacity(ls.len());
             for l in ls {
                 fits(&ctx.info().limits, &l.kernel).map_err(|what| VulkanError::Unsupported {
@@ -141,9 +159,9 @@ impl DevicePlan {
                     }
                 };
                 out.push(DeviceLaunch {
-                    kernel: l.kernel,
+                    kernel: l.kernel.clone(),
                     pipeline,
-                    args: l.args,
+                    args: l.args.clone(),
                 });
             }
             steps.push(out);
@@ -155,11 +173,26 @@ impl DevicePlan {
                 plan.weights.len()
             )));
         }
-        let experts = read_as_experts(plan, &steps)?;
+        let experts = read_as_experts(plan)?;
         let weights = upload_weights(&ctx, plan, weights, &experts, max_bytes)?;
+        let n_expert = plan.config.n_expert.max(1) as u64;
+        let mut at = vec![None; weights.len()];
+        let mut table_bytes = 0u64;
+        for (w, dw) in weights.iter().enumerate() {
+            if let DeviceWeight::Experts { .. } = dw {
+                at[w] = Some(table_bytes);
+                table_bytes += 8 * n_expert;
+            }
+        }
+        let table_bytes = table_bytes.max(8);
+        let tables = ExpertTables {
+            host: ctx.buffer(table_bytes, Location::Host)?,
+            device: ctx.buffer(table_bytes, Location::Device)?,
+            at,
+        };
         tracing::info!(
             device = %ctx.info().name,
-            subgroup = warp,
+            subgroup = ctx.info().subgroup_size,
             pipelines = pipelines.len(),
             weight_bytes = weights.iter().map(DeviceWeight::size).sum::<u64>(),
             "plan made ready on the Vulkan device"
@@ -169,26 +202,46 @@ impl DevicePlan {
             steps,
             pipelines,
             weights,
+            tables,
         })
     }
 
     /// The device's context.
-    pub fn context(&self) -> &VulkanContext {
+    pub(crate) fn context(&self) -> &VulkanContext {
         &self.ctx
     }
 
-    /// Bytes of the stacked expert tensors on the device.
-    pub fn expert_bytes(&self) -> u64 {
-        self.weights
-            .iter()
-            .filter(|w| matches!(w, DeviceWeight::Experts { .. }))
-            .map(DeviceWeight::size)
-            .sum()
+    /// The address of expert `expert` of the stacked weight `w` in the host store (its bytes
+    /// uploaded at load); `None` for a weight not read as experts or an expert past them.
+    pub(crate) fn host_expert(&self, w: usize, expert: usize) -> Option<u64> {
+        match self.weights.get(w)? {
+            DeviceWeight::Experts { addresses, .. } => addresses.get(expert).copied(),
+            DeviceWeight::Dense(_) => None,
+        }
     }
 
-    /// The names of the distinct kernels, in first-use order.
-    pub fn kernel_names(&self) -> impl Iterator<Item = &str> {
-        self.pipelines.iter().map(|(n, _)| n.as_str())
+    /// Writes the expert tables for the next step: `table(w)` gives the `n_expert` addresses of
+    /// every weight read as experts.
+    ///
+    /// Errors: [`VulkanError::Invalid`] for a table of the wrong length; those of the upload.
+    pub(crate) fn write_tables(
+        &self,
+        mut table: impl FnMut(usize) -> Vec<u64>,
+    ) -> Result<(), VulkanError> {
+        let mut bytes = vec![0u8; self.tables.host.size() as usize];
+        for (w, at) in self.tables.at.iter().enumerate() {
+            let Some(at) = at else { continue };
+            let entries = table(w);
+            let at = *at as usize;
+            let end = at + 8 * entries.len();
+            let dst = bytes.get_mut(at..end).ok_or_else(|| {
+                VulkanError::Invalid(format!("the table of weight {w} overflows"))
+            })?;
+            for (d, a) in dst.chunks_exact_mut(8).zip(entries) {
+                d.copy_from_slice(&a.to_le_bytes());
+            }
+        }
+        self.ctx.upload(&self.tables.host, 0, &bytes)
     }
 }
 
@@ -212,25 +265,15 @@ fn fits(l: &Limits, k: &Kernel) -> Result<(), String> {
     }
 }
 
-/// Per plan weight, whether some kernel reads it as stacked experts (through an address table).
-fn read_as_experts(plan: &Plan, steps: &[Vec<DeviceLaunch>]) -> Result<Vec<bool>, VulkanError> {
+/// Per plan weight, whether it is a stacked expert tensor ([`Plan::moe_layers`]), read through
+/// an address table.
+fn read_as_experts(plan: &Plan) -> Result<Vec<bool>, VulkanError> {
     let mut experts = vec![false; plan.weights.len()];
-    for (i, ls) in steps.iter().enumerate() {
-        for l in ls {
-            for ((_, kind), arg) in l.kernel.params.iter().zip(&l.args) {
-                let (ParamKind::Experts { .. }, Arg::Operand(o)) = (kind, arg) else {
-                    continue;
-                };
-                match plan.steps[i].args.get(*o) {
-                    Some(Operand::Weight(w)) if *w < experts.len() => experts[*w] = true,
-                    _ => {
-                        return Err(VulkanError::Invalid(format!(
-                            "step {i}: an experts parameter bound to operand {o}, not a weight"
-                        )))
-                    }
-                }
-            }
-        }
+    let moe = plan
+        .moe_layers()
+        .map_err(|e| VulkanError::Invalid(e.to_string()))?;
+    for t in moe.iter().flat_map(|l| &l.tensors) {
+        experts[t.weight] = true;
     }
     Ok(experts)
 }
@@ -294,15 +337,10 @@ fn upload_weights(
             .chunks(stride * per_part)
             .map(upload)
             .collect::<Result<Vec<_>, _>>()?;
-        let table: Vec<u8> = (0..n_expert)
-            .flat_map(|e| {
-                let part = &parts[e / per_part];
-                (part.address() + ((e % per_part) * stride) as u64).to_le_bytes()
-            })
+        let addresses = (0..n_expert)
+            .map(|e| parts[e / per_part].address() + ((e % per_part) * stride) as u64)
             .collect();
-        let t = ctx.buffer(table.len() as u64, Location::Device)?;
-        ctx.upload(&t, 0, &table)?;
-        out.push(DeviceWeight::Experts { parts, table: t });
+        out.push(DeviceWeight::Experts { parts, addresses });
     }
     Ok(out)
 }
@@ -320,7 +358,7 @@ fn elements(dims: &[Dim], t: usize, s: usize) -> Option<usize> {
 
 /// One session's device state: slot buffers, the latent KV cache, scratch, staging, the run's
 /// arguments in host-visible memory and the command buffer of the last run.
-pub struct DeviceRun {
+pub(crate) struct DeviceRun {
     slots: Vec<Option<Buffer>>,
     /// Per layer, `[capacity, width]` f32.
     cache: Vec<Buffer>,
@@ -364,19 +402,6 @@ struct RecordKey {
     generation: u64,
 }
 
-/// GPU time of one kernel ([`DeviceRun::kernel_times`]), from timestamp queries.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct KernelTime {
-    /// The kernel's name (`<kind>_<hash>`).
-    pub name: String,
-    /// Seconds in runs of more than one token.
-    pub prefill_s: f64,
-    /// Seconds in runs of one token.
-    pub decode_s: f64,
-    /// Launches.
-    pub launches: u64,
-}
-
 impl std::fmt::Debug for DeviceRun {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceRun")
@@ -400,7 +425,7 @@ impl DeviceRun {
     ///
     /// Errors: [`VulkanError::Vk`] (out of device memory), [`VulkanError::Invalid`] for a cache
     /// of no bytes or one whose size overflows.
-    pub fn new(
+    pub(crate) fn new(
         dp: &DevicePlan,
         plan: &Plan,
         n_layer: usize,
@@ -442,7 +467,7 @@ impl DeviceRun {
     /// Zeroes the latent cache (a new request).
     ///
     /// Errors: [`VulkanError::Vk`] when the submission fails.
-    pub fn reset(&mut self, dp: &DevicePlan) -> Result<(), VulkanError> {
+    pub(crate) fn reset(&mut self, dp: &DevicePlan) -> Result<(), VulkanError> {
         self.truncate(dp, 0)
     }
 
@@ -450,7 +475,7 @@ impl DeviceRun {
     /// request reusing a prefix of the previous one); `rows ≥ capacity` keeps every row.
     ///
     /// Errors: [`VulkanError::Vk`] when the submission fails.
-    pub fn truncate(&mut self, dp: &DevicePlan, rows: usize) -> Result<(), VulkanError> {
+    pub(crate) fn truncate(&mut self, dp: &DevicePlan, rows: usize) -> Result<(), VulkanError> {
         let offset = (rows.min(self.capacity) * self.width * 4) as u64;
         dp.ctx.run(|r| {
             for c in &self.cache {
@@ -463,7 +488,7 @@ impl DeviceRun {
     /// Starts (`true`, the times zeroed) or stops timing every launch on the GPU.
     ///
     /// Errors: [`VulkanError::Unsupported`] when the device has no timestamps.
-    pub fn set_profile(&mut self, dp: &DevicePlan, on: bool) -> Result<(), VulkanError> {
+    pub(crate) fn set_profile(&mut self, dp: &DevicePlan, on: bool) -> Result<(), VulkanError> {
         self.profile = if on {
             Some(dp.ctx.timestamps(self.n_launches as u32 + 1)?)
         } else {
@@ -471,35 +496,34 @@ impl DeviceRun {
         };
         self.generation += 1;
         self.kernel_times = dp
-            .pipelines
+            .steps
             .iter()
-            .map(|(name, _)| KernelTime {
-                name: name.clone(),
-                ..KernelTime::default()
+            .enumerate()
+            .flat_map(|(step, ls)| {
+                ls.iter().map(move |l| KernelTime {
+                    step,
+                    kernel: dp.pipelines[l.pipeline].0.clone(),
+                    ..KernelTime::default()
+                })
             })
             .collect();
         Ok(())
     }
 
-    /// GPU time per kernel since profiling started, in first-use order.
-    pub fn kernel_times(&self) -> &[KernelTime] {
+    /// GPU time per launch of the plan (step and kernel) since profiling started, in plan order.
+    pub(crate) fn kernel_times(&self) -> &[KernelTime] {
         &self.kernel_times
     }
 
     /// `(runs, recordings)`: runs submitted, and command buffers recorded for them.
-    pub fn submissions(&self) -> (u64, u64) {
+    pub(crate) fn submissions(&self) -> (u64, u64) {
         (self.runs, self.recordings)
-    }
-
-    /// Rows of the latent cache.
-    pub fn capacity(&self) -> usize {
-        self.capacity
     }
 
     /// Row `pos` of cache layer `layer` (`width` f32), read back (for tests and traces).
     ///
     /// Errors: [`VulkanError::Invalid`] outside the cache; those of the download.
-    pub fn cache_row(
+    pub(crate) fn cache_row(
         &self,
         dp: &DevicePlan,
         layer: usize,
@@ -527,7 +551,7 @@ impl DeviceRun {
     /// cache, sizes that overflow, a grid past the device's limits or a value that is not in a
     /// slot; [`VulkanError::Vk`] from the driver.
     #[allow(clippy::too_many_arguments)] // the run's operands, extents and outputs
-    pub fn run(
+    pub(crate) fn run(
         &mut self,
         dp: &DevicePlan,
         plan: &Plan,
@@ -627,12 +651,16 @@ impl DeviceRun {
         dp.ctx.replay(rec)?;
         if let Some(ts) = &self.profile {
             let times = dp.ctx.read_timestamps(ts, self.n_launches as u32 + 1)?;
-            let pipelines = dp.steps.iter().flatten().map(|l| l.pipeline);
-            for ((p, &live), w) in pipelines.zip(&live).zip(times.windows(2)) {
+            for ((kt, &live), w) in self
+                .kernel_times
+                .iter_mut()
+                .zip(&live)
+                .zip(times.windows(2))
+            {
                 if !live {
                     continue;
                 }
-                let (spent, kt) = (w[1] - w[0], &mut self.kernel_times[p]);
+                let spent = w[1] - w[0];
                 if t > 1 {
                     kt.prefill_s += spent;
                 } else {
@@ -669,6 +697,8 @@ impl DeviceRun {
     ) -> Result<Recording, VulkanError> {
         let staging = self.staging.as_ref().expect("made before recording");
         dp.ctx.record(|r| {
+            let tables = &dp.tables;
+            r.copy(&tables.host, 0, &tables.device, 0, tables.host.size())?;
             for &(id, at, len) in input_at {
                 r.copy(
                     staging,
@@ -823,8 +853,11 @@ impl DeviceRun {
                         }
                     }
                     Some(Operand::Weight(w)) => match (kind, dp.weights.get(*w)) {
-                        (ParamKind::Experts { .. }, Some(DeviceWeight::Experts { table, .. })) => {
-                            table.address()
+                        (ParamKind::Experts { .. }, Some(DeviceWeight::Experts { .. })) => {
+                            let at = dp.tables.at[*w].ok_or_else(|| {
+                                bad(format!("`{name}`: weight {w} has no expert table"))
+                            })?;
+                            dp.tables.device.address() + at
                         }
                         (ParamKind::Experts { .. }, Some(DeviceWeight::Dense(_))) => {
                             return Err(bad(format!("`{name}`: weight {w} has no expert table")))
@@ -891,7 +924,7 @@ fn groups(
 }
 
 /// Little-endian f32s of `bytes`.
-pub fn f32s(bytes: &[u8]) -> Vec<f32> {
+pub(crate) fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))

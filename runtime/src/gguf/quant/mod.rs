@@ -39,6 +39,7 @@ pub mod random;
 mod ternary;
 
 use crate::ggml_type::GgmlType;
+use aubier_kernels_gen::cpu::{HostSymbols, QuantKernels};
 use aubier_kernels_gen::quant_grids as grids;
 
 /// Errors of [`dequantize_row`] and [`dot_row`].
@@ -477,6 +478,29 @@ pub fn dot_rows(ty: GgmlType, src: &[u8], x: &[f32], y: &mut [f32]) -> Result<()
 #[inline(always)]
 pub(crate) fn f16_at<const B: usize>(block: &[u8; B], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([block[at], block[at + 1]])).to_f32()
+}
+
+/// The host functions the oracle's generated code calls (`aubier_kernels_gen::cpu`): dot and
+/// dequantize of every ggml type this module implements, except `F32` (generated inline).
+pub fn host_symbols() -> HostSymbols {
+    let mut host = HostSymbols::new();
+    for &ty in GgmlType::ALL {
+        if ty == GgmlType::F32 {
+            continue;
+        }
+        if let (Some(dot), Some(dequant)) = (dot_fn(ty), dequant_fn(ty)) {
+            host.insert(
+                ty.name(),
+                QuantKernels {
+                    block_elems: ty.block_size(),
+                    block_bytes: ty.type_size(),
+                    dot,
+                    dequant,
+                },
+            );
+        }
+    }
+    host
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Integer dot kernels of weight rows against Q8_K-quantized activations (the CPU fast path).
+//! Integer dot kernels of weight rows against Q8_K-quantized activations (the cpu backend).
 //!
 //! Algorithm. An activation row is quantized once to Q8_K ([`quantize_row_q8k`]): 256-element
 //! blocks of one f32 scale `d8`, 256 i8 codes `x8[i] = qs[i]` and the 16 i16 sums
@@ -323,7 +323,7 @@ pub fn q8_grid_cost_rows(rows: usize) -> usize {
 /// `p·nb .. (p + 1)·nb`): decode, many weight rows against one token. The plane dots are added
 /// in plane order (`d_0 + d_1`), each with exactly the bits of the [`Q8DotFn`] of the same type,
 /// so `y[i]` is what the single-row kernel gives row by row and plane by plane. `planes` is 1
-/// or 2 (the fast path's `q8` and `q8x2`). Lengths: `x.len() = planes · nb`, `w.len() = n · nb ·
+/// or 2 (the cpu backend's `q8` and `q8x2`). Lengths: `x.len() = planes · nb`, `w.len() = n · nb ·
 /// block bytes`; a mismatch or another plane count gives NaN in every `y[i]` (`debug_assert` in
 /// debug builds); `y` empty (and `w` empty) is a no-op.
 pub type Q8RowsFn = fn(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]);
@@ -1299,7 +1299,7 @@ mod tests {
         assert!(!ran.is_empty(), "{report}");
     }
 
-    /// Two planes as the fast path makes them: the value, then its rounding residual.
+    /// Two planes as the cpu backend makes them: the value, then its rounding residual.
     fn two_planes(x: &[f32]) -> Vec<BlockQ8K> {
         let hi = quantize(x);
         let mut r = x.to_vec();

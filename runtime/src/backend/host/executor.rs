@@ -1,11 +1,12 @@
-//! The CPU executor: runs a [`Plan`]'s cranelift-compiled steps ([`CpuProgram`]) in order on all
-//! cores (ARCHITECTURE.md § runtime, executors).
+//! The host executor: runs a bound [`Plan`]'s steps in order on all cores, each by its
+//! cranelift kernels ([`CpuProgram`]) or by a kernel of the backend's own ([`StepKernel`])
+//! (ARCHITECTURE.md § runtime, backends).
 //!
-//! Algorithm, per [`Executor::run`] of `T` tokens over `S` keys:
+//! Algorithm, per [`Executor::run_rows`] of `T` tokens over `S` keys:
 //! 1. bind: each buffer slot grows to the largest value placed in it at this `(T, S)` (slots only
 //!    grow, so a session allocates once per high-water mark); the plan inputs (`tokens`, `pos`) are
 //!    copied into their slots; weights are the caller's byte views of the GGUF map, checked against
-//!    the byte length the program expects; latent-cache values point at the cache layers;
+//!    the byte length their type and shape take; latent-cache values point at the cache layers;
 //! 2. for each step in order: validate its index operands ([`aubier_kernels_gen::cpu::IndexCheck`]:
 //!    token ids below the vocabulary, expert ids below the expert count, cache positions below
 //!    `S`) — generated code trusts them — then run its kernels one after the other;
@@ -16,17 +17,19 @@
 //!
 //! i32 values (ids, positions) live in the same 4-byte slot buffers as f32 values, as bit patterns.
 //!
-//! Expert weights (`moe_ffn`'s stacked expert tensors, [`aubier_kernels_gen::cpu::ExpertTable`])
-//! are passed as per-expert address tables, rebuilt before each such step: expert `e` is read from
-//! the fast-store copy [`ExpertSource::fast_copy`] gives, or else from its slice of the weight view
-//! (the host alias). The copy's length is checked; its bytes equal the file's (the store's
-//! contract), so the placement never changes a bit of the result.
+//! Expert weights (the stacked tensors of a `moe_ffn` step, [`MoeLayer`]) are passed as
+//! per-expert address tables, rebuilt before each such step: expert `e` is read from its slot
+//! when the store holds it resident ([`Placement`]), else from its slice of the weight view (the
+//! host store). The copy's length is checked; its bytes equal the file's (the store's contract),
+//! so the placement never changes a bit of the result.
 
-use crate::backend::cpu::{self, CpuKernel, FastBuffers, StepIo, WeightRows};
-use crate::backend::{Binding, ExecError, ExpertSource, HostKernel, WeightFile};
+use super::memory::{DenseCopies, HostSlots};
+use super::{HostKernel, StepIo, StepKernel, WeightRows};
+use crate::backend::ExecError;
 use crate::kv_cache::LatentKvCache;
+use crate::store::expert_store::ExpertStore;
 use aubier_compiler::ops::Op;
-use aubier_compiler::plan::{Operand, Plan, Storage, ValueId};
+use aubier_compiler::plan::{MoeLayer, Operand, Plan, Storage, ValueId};
 use aubier_compiler::types::{DType, Dim};
 use aubier_kernels_gen::cpu::{CpuProgram, Extent, IndexBound, Kernel, StepArgs};
 use rayon::prelude::*;
@@ -35,21 +38,43 @@ use std::time::Instant;
 /// Rows of an `embed` step read from the file per run of its kernels ([`embed_from_file`]).
 const EMBED_RUN: usize = 64;
 
+/// The file behind the weight views, read without mapping its pages.
+pub(crate) trait WeightFile: std::fmt::Debug {
+    /// Copies bytes `offset .. offset + out.len()` of `view` (a weight view) into `out` without
+    /// making `view`'s pages resident in this process (`pread` through the page cache).
+    ///
+    /// Errors: the range not inside `view`, or the read's I/O error.
+    fn read(&self, view: &[u8], offset: usize, out: &mut [u8]) -> std::io::Result<()>;
+}
+
+/// Where the resident experts of a run are: the store's membership and its slots.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Placement<'a> {
+    /// Which expert holds which slot.
+    pub store: &'a ExpertStore,
+    /// The slots.
+    pub slots: &'a HostSlots,
+}
+
 /// What a run executes: the plan, the program compiled from it, the backend's kernel of every
 /// step, and the raw GGUF bytes of every plan weight (`weights[w]` for `plan.weights[w]`).
-#[derive(Clone, Copy, Debug)]
-pub struct Bound<'a> {
+#[derive(Debug)]
+pub(crate) struct Bound<'a, K> {
     /// The plan.
     pub plan: &'a Plan,
-    /// Its cranelift lowering (the steps the binding runs with cranelift kernels, and the
-    /// checks and expert tables of every unfused step).
+    /// Its cranelift lowering (the steps bound to cranelift kernels, and the checks of every
+    /// unfused step).
     pub program: &'a CpuProgram,
-    /// The kernel of each step ([`crate::backend::Backend::bind`]).
-    pub binding: &'a Binding,
+    /// The kernel of each step.
+    pub kernels: &'a [HostKernel<K>],
     /// Weight bytes, by `WeightId`.
     pub weights: &'a [&'a [u8]],
-    /// Fast-store copies of experts; `None` reads every expert from `weights`.
-    pub experts: Option<&'a dyn ExpertSource>,
+    /// The backend's copies of dense weights.
+    pub copies: &'a DenseCopies,
+    /// The plan's MoE layers ([`Plan::moe_layers`]).
+    pub moe: &'a [MoeLayer],
+    /// The resident experts; `None` reads every expert from `weights`.
+    pub experts: Option<Placement<'a>>,
     /// The file `weights` are mapped from. An `embed` step reads its tokens' rows of the
     /// [n_vocab, d] table from it ([`WeightFile::read`]) instead of through the map: each row
     /// read through the map faults in whole pages (and the kernel maps cached neighbours around
@@ -58,39 +83,51 @@ pub struct Bound<'a> {
     pub file: Option<&'a dyn WeightFile>,
 }
 
+impl<K> Clone for Bound<'_, K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Bound<'_, K> {}
+
 /// Per-session execution state: the slot buffers and the scratch of the steps.
 #[derive(Debug)]
-pub struct Executor {
+pub(crate) struct Executor<K: StepKernel> {
     slots: Vec<Vec<f32>>,
     /// Values placed in each slot (to size it).
     slot_values: Vec<Vec<ValueId>>,
     /// `(value, layer, width)` of every latent-cache value.
     cache_values: Vec<(ValueId, usize, usize)>,
     scratch: Vec<f32>,
-    /// Per-expert address tables of the current step, one per [`aubier_kernels_gen::cpu::ExpertTable`].
+    /// Per-expert address tables of the current step, one per stacked expert tensor.
     tables: Vec<Vec<u64>>,
     /// `(T, S)` of the last successful binding.
     extents: (usize, usize),
     /// The value of that binding computed for its last token only.
     last_only: Option<ValueId>,
-    /// Buffers of the `cpu` backend's kernels.
-    cpu_buf: FastBuffers,
+    /// Buffers of the backend's own kernels.
+    buffers: K::Buffers,
     /// The rows an `embed` step read from the file, and their ids in that buffer.
     embed_rows: EmbedRows,
     /// Wall time spent in each step since the last [`Executor::reset_step_times`].
     times: Vec<StepTime>,
+    /// Successful runs since then.
+    runs: u64,
 }
 
 /// Wall time spent in one plan step, split by the kind of run (`T > 1`: prefill, `T = 1`: decode).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct StepTime {
+pub(crate) struct StepTime {
     /// Seconds in runs of more than one token.
     pub prefill_s: f64,
     /// Seconds in runs of one token.
     pub decode_s: f64,
+    /// Runs of the step.
+    pub runs: u64,
 }
 
-impl Executor {
+impl<K: StepKernel> Executor<K> {
     /// Prepares execution of `plan` (compiled as `program`); no buffer is allocated yet.
     ///
     /// Errors: [`ExecError::ProgramMismatch`]; [`ExecError::Value`] for a value in a slot past
@@ -155,9 +192,10 @@ impl Executor {
             tables: Vec::new(),
             extents: (0, 0),
             last_only: None,
-            cpu_buf: FastBuffers::default(),
+            buffers: K::Buffers::default(),
             embed_rows: EmbedRows::default(),
             times: vec![StepTime::default(); plan.steps.len()],
+            runs: 0,
         })
     }
 
@@ -172,7 +210,10 @@ impl Executor {
         self.times.fill(StepTime::default());
     }
 
-    /// Runs every step of `bound.plan` for `T = t` tokens over `S = s` keys.
+    /// Runs every step of `bound.plan` for `T = t` tokens over `S = s` keys; with `last_only`,
+    /// computes only the last token's row of that value (the logits, when a caller samples from
+    /// the last position only): the `mat_mul` producing it runs for `T = 1` on the last row of
+    /// its input, its slot is sized for that row, and [`Executor::f32_value`] returns that row.
     ///
     /// `inputs` gives each plan input by name (`tokens`, `pos`), `t` i32 each; `cache` is the
     /// session's latent cache (rows written at `pos`, rows `0..s` read).
@@ -182,28 +223,11 @@ impl Executor {
     /// [`ExecError::Extents`] unless `1 ≤ t ≤ s`, [`ExecError::Index`] before a step whose index
     /// operands are out of range (steps before it have run; cache rows may have been written),
     /// [`ExecError::ExpertTable`] when an expert operand is not a weight of `n_expert` slices or a
-    /// fast copy has the wrong length.
-    pub fn run(
-        &mut self,
-        bound: Bound<'_>,
-        cache: &mut LatentKvCache,
-        inputs: &[(&str, &[i32])],
-        t: usize,
-        s: usize,
-    ) -> Result<(), ExecError> {
-        self.run_rows(bound, cache, inputs, t, s, None)
-    }
-
-    /// [`Executor::run`], computing only the last token's row of the value `last_only` (the
-    /// logits, when a caller samples from the last position only): the `mat_mul` producing it
-    /// runs for `T = 1` on the last row of its input, its slot is sized for that row, and
-    /// [`Executor::f32_value`] returns that row.
-    ///
-    /// Errors: those of [`Executor::run`]; [`ExecError::Value`] when `last_only` is not made by a
+    /// slot copy has the wrong length; [`ExecError::Value`] when `last_only` is not made by a
     /// `mat_mul` whose input is a `[T, n]` value.
     pub fn run_rows(
         &mut self,
-        bound: Bound<'_>,
+        bound: Bound<'_, K>,
         cache: &mut LatentKvCache,
         inputs: &[(&str, &[i32])],
         t: usize,
@@ -213,17 +237,17 @@ impl Executor {
         let Bound {
             plan,
             program,
-            binding,
+            kernels,
             weights,
             ..
         } = bound;
         if program.steps().len() != plan.steps.len()
-            || binding.steps.len() != plan.steps.len()
+            || kernels.len() != plan.steps.len()
             || self.slots.len() != plan.n_slots
         {
             return Err(ExecError::ProgramMismatch {
                 plan: plan.steps.len(),
-                program: program.steps().len().min(binding.steps.len()),
+                program: program.steps().len().min(kernels.len()),
             });
         }
         if t == 0 || t > s {
@@ -248,8 +272,15 @@ impl Executor {
             } else {
                 time.decode_s += spent;
             }
+            time.runs += 1;
         }
+        self.runs += 1;
         Ok(())
+    }
+
+    /// Successful runs since the executor was made or [`Executor::reset_step_times`].
+    pub fn runs(&self) -> u64 {
+        self.runs
     }
 
     /// Copies each plan input (`t` i32 values, given by name in `inputs`) into its slot.
@@ -330,10 +361,10 @@ impl Executor {
     }
 
     /// Runs step `i` with its bound kernel: binds its operand, output and scratch addresses and
-    /// its expert tables, then runs the cranelift kernels or the CPU backend's kernel.
+    /// its expert tables, then runs the cranelift kernels or the backend's own kernel.
     fn run_step<'w>(
         &mut self,
-        bound: &Bound<'w>,
+        bound: &Bound<'w, K>,
         cache: &mut LatentKvCache,
         i: usize,
         t: usize,
@@ -367,9 +398,10 @@ impl Executor {
             // slot holds `T · n` f32 and `row_in = (T − 1) · n`.
             args.args[1] = unsafe { (args.args[1] as *const f32).add(row_in) } as *const u8;
         }
-        let kernel = &bound.binding.steps[i].kernel;
-        // The CPU `moe_ffn` reads the experts as slices; the cranelift kernels only the tables.
-        let slices = matches!(kernel, HostKernel::Cpu(k) if matches!(**k, CpuKernel::Moe(_)));
+        let kernel = &bound.kernels[i];
+        // A kernel of the backend's may read the experts as rows; the cranelift kernels read
+        // the tables.
+        let slices = matches!(kernel, HostKernel::Own(k) if k.reads_expert_slices());
         let expert_slices = self.expert_tables(bound, i, &mut args, slices)?;
         args.out = self.value_ptr(plan, cache, step.out, s)? as *mut u8;
         args.scratch = if scratch > 0 {
@@ -378,7 +410,7 @@ impl Executor {
             std::ptr::null_mut()
         };
         match (kernel, step.op, bound.file, step.args.first()) {
-            (HostKernel::Cpu(k), ..) => {
+            (HostKernel::Own(k), ..) => {
                 let io = StepIo {
                     plan,
                     index: i,
@@ -387,10 +419,10 @@ impl Executor {
                     t: t_step,
                     s,
                     weights,
-                    experts: bound.experts,
+                    copies: bound.copies,
                     expert_slices: &expert_slices,
                 };
-                cpu::run(k, &io, &mut self.cpu_buf)
+                k.run(&io, &mut self.buffers)
             }
             (HostKernel::Cranelift, Op::Embed, Some(file), Some(&Operand::Weight(w))) => {
                 let table = EmbedTable {
@@ -402,7 +434,6 @@ impl Executor {
                 embed_from_file(&cs.kernels, args, t_step, s, table, file, rows)
                     .map_err(|detail| ExecError::Embed { step: i, detail })
             }
-            (HostKernel::Device, ..) => Err(ExecError::DeviceStep { step: i }),
             (HostKernel::Cranelift, ..) => {
                 for kernel in &cs.kernels {
                     launch(kernel, args, t_step, s)?;
@@ -412,68 +443,68 @@ impl Executor {
         }
     }
 
-    /// Points each expert-table operand of step `i` at a table of per-expert addresses: the
-    /// fast-store copy of a resident expert in the file's layout, else its slice of the weight
-    /// view. With `slices`, also returns each table's experts as rows for the CPU `moe_ffn`
-    /// (which reads interleaved copies too).
+    /// Points each stacked expert operand of step `i` (a `moe_ffn` of [`Bound::moe`]) at a table
+    /// of per-expert addresses: the slot of a resident expert when its copy is in the file's
+    /// layout, else its slice of the weight view. With `slices`, also returns each tensor's
+    /// experts as rows for a kernel of the backend's own (which reads copies in its own layout
+    /// too).
     fn expert_tables<'w>(
         &mut self,
-        bound: &Bound<'w>,
+        bound: &Bound<'w, K>,
         i: usize,
         args: &mut StepArgs,
         slices: bool,
     ) -> Result<Vec<Vec<WeightRows<'w>>>, ExecError> {
-        let (step, cs) = (&bound.plan.steps[i], &bound.program.steps()[i]);
-        if self.tables.len() < cs.expert_tables.len() {
-            self.tables.resize(cs.expert_tables.len(), Vec::new());
+        let Some((li, layer)) = bound.moe.iter().enumerate().find(|(_, l)| l.step == i) else {
+            return Ok(Vec::new());
+        };
+        if self.tables.len() < layer.tensors.len() {
+            self.tables.resize(layer.tensors.len(), Vec::new());
         }
         let mut all = Vec::new();
-        for (table, spec) in self.tables.iter_mut().zip(&cs.expert_tables) {
+        for (tj, (table, spec)) in self.tables.iter_mut().zip(&layer.tensors).enumerate() {
             let bad = |detail: String| ExecError::ExpertTable {
                 step: i,
                 arg: spec.arg,
                 detail,
             };
-            let Some(&Operand::Weight(w)) = step.args.get(spec.arg) else {
-                return Err(bad("the operand is not a weight".into()));
-            };
-            let host = bound.weights[w];
-            if spec.n_expert.checked_mul(spec.expert_bytes) != Some(host.len()) {
+            let host = bound.weights[spec.weight];
+            if layer.n_expert.checked_mul(spec.expert_bytes) != Some(host.len()) {
                 return Err(bad(format!(
                     "{} bytes are not {} experts of {} bytes",
                     host.len(),
-                    spec.n_expert,
+                    layer.n_expert,
                     spec.expert_bytes
                 )));
             }
             table.clear();
             let mut rows = Vec::new();
-            let experts = bound.experts;
-            let interleaved = experts.is_some_and(|x| x.interleaved(w));
             for (e, slice) in host.chunks_exact(spec.expert_bytes.max(1)).enumerate() {
-                let fast = experts.and_then(|x| x.fast_copy(w, e));
-                let il = interleaved && fast.is_some();
-                let src = match fast {
-                    Some(copy) if copy.len() == spec.expert_bytes => copy,
-                    Some(copy) => {
+                let copy = bound.experts.and_then(|p| {
+                    let slot = p.store.slot_of(li, e)?;
+                    p.slots.copy(li, slot, tj)
+                });
+                let (src, own) = match copy {
+                    Some((bytes, own)) if bytes.len() == spec.expert_bytes => (bytes, own),
+                    Some((bytes, _)) => {
                         return Err(bad(format!(
-                            "the fast copy of expert {e} has {} bytes, not {}",
-                            copy.len(),
+                            "the slot copy of expert {e} has {} bytes, not {}",
+                            bytes.len(),
                             spec.expert_bytes
                         )))
                     }
-                    None => slice,
+                    None => (slice, false),
                 };
                 // The cranelift kernels read the file's layout.
-                table.push(if il { slice.as_ptr() } else { src.as_ptr() } as u64);
+                table.push(if own { slice.as_ptr() } else { src.as_ptr() } as u64);
                 if slices {
                     rows.push(WeightRows {
                         bytes: src,
-                        interleaved: il,
+                        interleaved: own,
                     });
                 }
             }
-            table.resize(spec.n_expert, host.as_ptr() as u64);
+            table.resize(layer.n_expert, host.as_ptr() as u64);
             args.args[spec.arg] = table.as_ptr() as *const u8;
             if slices {
                 all.push(rows);
@@ -482,8 +513,8 @@ impl Executor {
         Ok(all)
     }
 
-    /// The f32 elements of slot value `id` after the last [`Self::run`] (row-major, its shape at
-    /// that run's `T`, `S`; at `T = 1` for the `last_only` value of [`Self::run_rows`]).
+    /// The f32 elements of slot value `id` after the last [`Self::run_rows`] (row-major, its shape
+    /// at that run's `T`, `S`; at `T = 1` for its `last_only` value).
     ///
     /// Errors: [`ExecError::Value`] for an unknown value, an i32 value or a latent-cache value.
     pub fn f32_value(&self, plan: &Plan, id: ValueId) -> Result<&[f32], ExecError> {
@@ -503,7 +534,7 @@ impl Executor {
         self.slot_view(plan, id, t, s)
     }
 
-    /// The i32 elements of slot value `id` after the last [`Self::run`].
+    /// The i32 elements of slot value `id` after the last [`Self::run_rows`].
     ///
     /// Errors: as [`Self::f32_value`], for a value that is not i32.
     pub fn i32_value(&self, plan: &Plan, id: ValueId) -> Result<Vec<i32>, ExecError> {
@@ -809,11 +840,14 @@ fn launch(kernel: &Kernel, args: StepArgs, t: usize, s: usize) -> Result<(), Exe
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::CpuNumerics;
-    use crate::backend::BackendKind;
-    use crate::engine::host_symbols;
+    use crate::backend::cpu::kernels::CpuKernel;
+    use crate::backend::cpu::{CpuBackend, CpuNumerics};
+    use crate::backend::host::{HostBinding, NoKernel};
+    use crate::backend::oracle::OracleBackend;
+    use crate::backend::{Backend, Binding};
     use crate::ggml_type::GgmlType;
     use crate::gguf::quant;
+    use crate::gguf::quant::host_symbols;
     use aubier_compiler::config::{ExpertLayout, Mistral4Config, QueryTemperature, YarnParams};
     use aubier_compiler::ops::Op;
     use aubier_compiler::plan::{Step, Value};
@@ -821,7 +855,39 @@ mod tests {
 
     /// `plan` bound to the oracle.
     fn oracle_binding(plan: &Plan) -> Binding {
-        BackendKind::Oracle.backend().bind(plan).expect("bind")
+        OracleBackend.bind(plan).expect("bind")
+    }
+
+    /// The host kernels of `binding` (the oracle's, every step on cranelift, or the cpu
+    /// backend's), as the executor of the cpu backend's kernels runs them.
+    fn kernels(binding: &Binding) -> Vec<HostKernel<CpuKernel>> {
+        if let Some(b) = binding.kernels::<HostBinding<CpuKernel>>() {
+            return b.kernels.clone();
+        }
+        let b = binding
+            .kernels::<HostBinding<NoKernel>>()
+            .expect("a host binding");
+        vec![HostKernel::Cranelift; b.kernels.len()]
+    }
+
+    /// A run of `plan` as `binding` bound it, every expert read from `weights`, no copies.
+    fn test_bound<'a>(
+        plan: &'a Plan,
+        program: &'a CpuProgram,
+        binding: &Binding,
+        weights: &'a [&'a [u8]],
+        file: Option<&'a dyn WeightFile>,
+    ) -> Bound<'a, CpuKernel> {
+        Bound {
+            plan,
+            program,
+            kernels: Box::leak(kernels(binding).into_boxed_slice()),
+            weights,
+            copies: Box::leak(Box::default()),
+            moe: Box::leak(plan.moe_layers().expect("moe layers").into_boxed_slice()),
+            experts: None,
+            file,
+        }
     }
 
     fn config() -> Mistral4Config {
@@ -1109,34 +1175,22 @@ mod tests {
         let pos: Vec<i32> = (p0..p0 + t).map(|p| p as i32).collect();
         pool.install(|| {
             if p0 > 0 {
-                exec.run(
-                    Bound {
-                        plan: &b.plan,
-                        program: &prog,
-                        binding: &binding,
-                        weights: &views,
-                        experts: None,
-                        file: None,
-                    },
+                exec.run_rows(
+                    test_bound(&b.plan, &prog, &binding, &views, None),
                     &mut cache,
                     &[("tokens", &history), ("pos", &hpos)],
                     p0,
                     p0,
+                    None,
                 )?;
             }
-            exec.run(
-                Bound {
-                    plan: &b.plan,
-                    program: &prog,
-                    binding: &binding,
-                    weights: &views,
-                    experts: None,
-                    file: None,
-                },
+            exec.run_rows(
+                test_bound(&b.plan, &prog, &binding, &views, None),
                 &mut cache,
                 &[("tokens", tokens), ("pos", &pos)],
                 t,
                 p0 + t,
+                None,
             )
         })?;
         let mut outs = Vec::new();
@@ -1255,7 +1309,7 @@ mod tests {
 
     /// One run of `b` on `tokens` at positions `p0 ..` (the cache holding the `p0` before).
     fn run_at(
-        exec: &mut Executor,
+        exec: &mut Executor<CpuKernel>,
         b: &Built,
         prog: &CpuProgram,
         binding: &Binding,
@@ -1265,25 +1319,19 @@ mod tests {
     ) -> Result<(), ExecError> {
         let views: Vec<&[u8]> = b.weights.iter().map(Vec::as_slice).collect();
         let pos: Vec<i32> = (p0..p0 + tokens.len()).map(|p| p as i32).collect();
-        let bound = Bound {
-            plan: &b.plan,
-            program: prog,
-            binding,
-            weights: &views,
-            experts: None,
-            file: None,
-        };
+        let bound = test_bound(&b.plan, prog, binding, &views, None);
         let t = tokens.len();
-        exec.run(
+        exec.run_rows(
             bound,
             cache,
             &[("tokens", tokens), ("pos", &pos)],
             t,
             p0 + t,
+            None,
         )
     }
 
-    /// At one token the fast path's F32 `mat_mul` (the router) gives the oracle's bits: the
+    /// At one token the cpu backend's F32 `mat_mul` (the router) gives the oracle's bits: the
     /// router logits of a decoded token under `q8x2` equal the oracle's.
     #[test]
     fn the_fast_router_at_one_token_gives_the_oracles_bits() {
@@ -1298,8 +1346,9 @@ mod tests {
         b.plan.outputs = vec![("router".into(), router)];
         let prog = CpuProgram::compile(&b.plan, &host_symbols()).expect("lowering");
         let mut outs = Vec::new();
-        for kind in [BackendKind::Oracle, BackendKind::Cpu(CpuNumerics::Q8x2)] {
-            let binding = kind.backend().bind(&b.plan).expect("bind");
+        let cpu = CpuBackend::new(CpuNumerics::Q8x2);
+        for backend in [&OracleBackend as &dyn Backend, &cpu] {
+            let binding = backend.bind(&b.plan).expect("bind");
             let mut exec = Executor::new(&b.plan, &prog).expect("exec");
             let mut cache = LatentKvCache::new(1, 16, 8).expect("cache");
             for (p0, tokens) in [(0, &[3, 1, 4, 1, 5][..]), (5, &[9][..])] {
@@ -1318,16 +1367,15 @@ mod tests {
     fn oracle_and_fast_outputs(b: &Built, fast: usize, cache_w: usize) -> Vec<Vec<Vec<u32>>> {
         let prog = CpuProgram::compile(&b.plan, &host_symbols()).expect("lowering");
         let mut outs = Vec::new();
-        for kind in [BackendKind::Oracle, BackendKind::Cpu(CpuNumerics::Q8x2)] {
-            let binding = kind.backend().bind(&b.plan).expect("bind");
+        let cpu = CpuBackend::new(CpuNumerics::Q8x2);
+        for (backend, want) in [(&OracleBackend as &dyn Backend, 0), (&cpu, fast)] {
+            let binding = backend.bind(&b.plan).expect("bind");
             let mut exec = Executor::new(&b.plan, &prog).expect("exec");
-            let want = if kind == BackendKind::Oracle { 0 } else { fast };
-            let taken = binding
-                .steps
+            let taken = kernels(&binding)
                 .iter()
-                .filter(|s| matches!(s.kernel, HostKernel::Cpu(_)))
+                .filter(|k| matches!(k, HostKernel::Own(_)))
                 .count();
-            assert_eq!(taken, want, "{kind}");
+            assert_eq!(taken, want, "{}", backend.name());
             let mut cache = LatentKvCache::new(1, 64, cache_w).expect("cache");
             let mut got = Vec::new();
             for (p0, t) in [(0usize, 20usize), (20, 1)] {
@@ -1343,7 +1391,7 @@ mod tests {
         outs
     }
 
-    /// The fast path's `rms_norm`, `scores_qk`, `scale`, `causal_mask`, `softmax` and
+    /// The cpu backend's `rms_norm`, `scores_qk`, `scale`, `causal_mask`, `softmax` and
     /// `weighted_sum` give the oracle's bits: at
     /// prefill (with and without the causal cut) and at decode over a longer cache, for widths
     /// and lengths that leave tails in every vector loop.
@@ -1437,7 +1485,7 @@ mod tests {
         }
     }
 
-    /// The fast path's `rope_yarn`, `attn_temperature` and `silu` give the oracle's bits over a
+    /// The cpu backend's `rope_yarn`, `attn_temperature` and `silu` give the oracle's bits over a
     /// prompt (positions 0–19, several temperature factors) and a decoded token at position 20.
     #[test]
     fn fast_rope_temperature_and_silu_give_the_oracles_bits() {
@@ -1476,19 +1524,13 @@ mod tests {
         let mut exec = Executor::new(&b.plan, &prog).expect("exec");
         let mut cache = LatentKvCache::new(1, 16, 8).expect("cache");
         let views: Vec<&[u8]> = b.weights.iter().map(Vec::as_slice).collect();
-        exec.run(
-            Bound {
-                plan: &b.plan,
-                program: &prog,
-                binding: &binding,
-                weights: &views,
-                experts: None,
-                file: None,
-            },
+        exec.run_rows(
+            test_bound(&b.plan, &prog, &binding, &views, None),
             &mut cache,
             &[("tokens", &tokens), ("pos", &[0, 1, 2])],
             3,
             3,
+            None,
         )
         .expect("run");
         let h = exec.f32_value(&b.plan, 3).expect("h");
@@ -1532,21 +1574,15 @@ mod tests {
         let mut cache = LatentKvCache::new(1, tokens.len(), 8).expect("cache");
         let views: Vec<&[u8]> = b.weights.iter().map(Vec::as_slice).collect();
         let pos: Vec<i32> = (0..tokens.len() as i32).collect();
-        let bound = Bound {
-            plan: &b.plan,
-            program: &prog,
-            binding: &binding,
-            weights: &views,
-            experts: None,
-            file,
-        };
+        let bound = test_bound(&b.plan, &prog, &binding, &views, file);
         let t = tokens.len();
-        exec.run(
+        exec.run_rows(
             bound,
             &mut cache,
             &[("tokens", tokens), ("pos", &pos)],
             t,
             t,
+            None,
         )?;
         let ids = exec.i32_value(&b.plan, b.plan.outputs[2].1)?;
         let y = exec.f32_value(&b.plan, b.plan.outputs[0].1)?;
@@ -1623,19 +1659,13 @@ mod tests {
         let mut cache = LatentKvCache::new(1, 16, 8).expect("cache");
         let views: Vec<&[u8]> = b.weights.iter().map(Vec::as_slice).collect();
         let e = exec
-            .run(
-                Bound {
-                    plan: &b.plan,
-                    program: &prog,
-                    binding: &binding,
-                    weights: &views,
-                    experts: None,
-                    file: None,
-                },
+            .run_rows(
+                test_bound(&b.plan, &prog, &binding, &views, None),
                 &mut cache,
                 &[("tokens", &[1])],
                 1,
                 1,
+                None,
             )
             .expect_err("pos missing");
         assert!(
@@ -1643,19 +1673,13 @@ mod tests {
             "{e}"
         );
         let e = exec
-            .run(
-                Bound {
-                    plan: &b.plan,
-                    program: &prog,
-                    binding: &binding,
-                    weights: &views,
-                    experts: None,
-                    file: None,
-                },
+            .run_rows(
+                test_bound(&b.plan, &prog, &binding, &views, None),
                 &mut cache,
                 &[("tokens", &[1]), ("pos", &[0])],
                 1,
                 17,
+                None,
             )
             .expect_err("S past the cache");
         assert!(matches!(e, ExecError::Cache(_)), "{e}");
