@@ -8,8 +8,8 @@
 //! `dot_fn(F32)`. The eight lanes are two `f32x4` registers; the tail (< 8 elements) goes through
 //! a 32-byte stack slot holding the lanes.
 
+use super::args::StepArgs;
 use super::host::{dequant_symbol, dot_symbol};
-use super::StepArgs;
 use aubier_compiler::types::Dim;
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{F32, F32X4, I32, I64};

@@ -20,6 +20,7 @@
 //! token's text); what is left goes with the choice's last chunk. A stop string cuts the text, not
 //! the entries: every generated token has one, the stop string's too, as `usage` counts them.
 
+pub use super::api::response::Finish;
 use super::error::ApiError;
 use super::metrics::Metrics;
 use super::text::{Delta, TextMode, TextModel, TextPipeline};
@@ -91,34 +92,6 @@ pub struct JobSpec {
     /// Choices to generate, one after the other (`n`, at least 1); choice `i` samples with the
     /// seed `params.sampling.seed + i`.
     pub choices: usize,
-}
-
-/// Why a generation ended, as the OpenAI API names it (plus `cancelled`, never sent to a client
-/// because there is none left to send it to, so not in the schema).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Finish {
-    /// EOS was produced, or a stop string matched.
-    Stop,
-    /// EOS was produced after the model called a tool.
-    ToolCalls,
-    /// `max_tokens` or the KV capacity was reached.
-    Length,
-    /// The client went away.
-    #[schemars(skip)]
-    Cancelled,
-}
-
-impl Finish {
-    /// The OpenAI `finish_reason` string.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Finish::Stop => "stop",
-            Finish::ToolCalls => "tool_calls",
-            Finish::Length => "length",
-            Finish::Cancelled => "cancelled",
-        }
-    }
 }
 
 /// The log-probability data of one generated token.

@@ -209,3 +209,21 @@ impl IntoResponse for ApiError {
         resp
     }
 }
+
+/// 400 `missing_required_parameter` for `name`.
+pub(super) fn missing_parameter(name: &str) -> ApiError {
+    ApiError::invalid(
+        Some(name),
+        "missing_required_parameter",
+        format!("Missing required parameter: '{name}'."),
+    )
+}
+
+/// 400 `unknown_parameter` for `name`.
+pub(super) fn unknown_parameter(name: &str) -> ApiError {
+    ApiError::invalid(
+        Some(name),
+        "unknown_parameter",
+        format!("Unrecognized request argument supplied: '{name}'."),
+    )
+}

@@ -23,7 +23,7 @@ use super::api::request::{
     ToolCall as WireToolCall,
 };
 use super::api::scalar::{json_uint, token_ids, Count, DefaultValue, StrOr};
-use super::error::ApiError;
+use super::error::{missing_parameter, unknown_parameter, ApiError};
 use super::tools::{structured, Structured};
 use aubier_runtime::sampler::{SampleError, Sampler, SamplingParams};
 use aubier_runtime::text::chat::{
@@ -247,24 +247,6 @@ fn refuse(fields: &[RefusedField<'_>], prefix: &str) -> Result<(), ApiError> {
         }
     }
     Ok(())
-}
-
-/// 400 `missing_required_parameter` for `name`.
-pub(super) fn missing_parameter(name: &str) -> ApiError {
-    ApiError::invalid(
-        Some(name),
-        "missing_required_parameter",
-        format!("Missing required parameter: '{name}'."),
-    )
-}
-
-/// 400 `unknown_parameter` for `name`.
-pub(super) fn unknown_parameter(name: &str) -> ApiError {
-    ApiError::invalid(
-        Some(name),
-        "unknown_parameter",
-        format!("Unrecognized request argument supplied: '{name}'."),
-    )
 }
 
 fn json_kind(v: &Value) -> &'static str {

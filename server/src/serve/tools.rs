@@ -16,8 +16,7 @@ use super::api::request::{
     ToolChoiceMode, NAME_PATTERN,
 };
 use super::api::scalar::StrOr;
-use super::error::ApiError;
-use super::params::{missing_parameter, unknown_parameter};
+use super::error::{missing_parameter, unknown_parameter, ApiError};
 use aubier_runtime::text::grammar::{
     Constraint, ContentFormat, GrammarCompiler, GrammarError, GrammarSpec, SchemaSite,
     ToolChoice as GrammarChoice, ToolSpec, ToolsSpec,

@@ -31,7 +31,7 @@
 //! The cosine of a row must be ≥ `1 − 1e-5` where the bound is not 0 (1e-6 for the element-wise
 //! SiLU and RoPE), 1 where it is.
 
-use super::exec::{Ops, StepIn};
+use super::case::{Ops, StepIn};
 use super::{as_f32, A, U};
 use aubier_compiler::config::ExpertLayout;
 use aubier_compiler::ops::Op;

@@ -9,6 +9,7 @@
 //! [`bounds`] the bound of every step kind with its derivation.
 
 pub mod bounds;
+mod case;
 pub mod exec;
 pub mod fused;
 pub mod steps;

@@ -117,6 +117,7 @@ impl V16 for [f32; 16] {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    use crate::backend::cpu::exact::V16;
     use aubier_kernels_gen::cpu::expf::{
         EXP_C2, EXP_C3, EXP_C4, EXP_HI, EXP_INV_LN2_N, EXP_LN2_N, EXP_LO, EXP_TABLE,
     };
@@ -196,7 +197,7 @@ mod avx512 {
         }
     }
 
-    impl super::V16 for Z {
+    impl V16 for Z {
         #[inline(always)]
         fn zero() -> Self {
             // SAFETY: (every intrinsic here) the CPU has AVX-512F (the type's contract).

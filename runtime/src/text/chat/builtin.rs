@@ -8,8 +8,8 @@
 use serde_json::json;
 
 use super::pyjson::python_json_dumps;
+use super::segment::Segment;
 use super::validate::{AssistantContent, Chunk, Conversation, Turn};
-use super::Segment;
 
 /// The built-in v15 renderer (mistral-common `InstructTokenizerV15`), as segments.
 pub(super) fn render_builtin(conv: &Conversation) -> Vec<Segment> {

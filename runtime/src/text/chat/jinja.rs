@@ -11,9 +11,10 @@ use minijinja::value::Value;
 use minijinja::{Environment, ErrorKind};
 use serde_json::{json, Value as Json};
 
+use super::error::ChatError;
 use super::pyjson::python_json_dumps;
+use super::segment::Segment;
 use super::validate::{AssistantContent, Chunk, Conversation, Turn};
-use super::{ChatError, Segment};
 
 /// Control-token texts, matched longest-first.
 #[derive(Clone, Debug)]

@@ -30,262 +30,36 @@
 //! Files: `validate.rs` does steps 1-2 (the rules, and the normalised conversation both renderers
 //! read); `pyjson.rs` writes JSON as Python's `json.dumps`; `builtin.rs` is the built-in v15
 //! renderer; `jinja.rs` is the template path of steps 3-4 (the template's functions and
-//! `messages`, the control-token table, the lookalike escaping). This file holds the request
-//! types, [`ChatError`] and [`ChatTemplate`], which runs the steps in order.
+//! `messages`, the control-token table, the lookalike escaping); `request.rs` holds the request
+//! types, `error.rs` [`ChatError`] and `segment.rs` the rendered pieces. This file holds
+//! [`ChatTemplate`], which runs the steps in order.
 
 mod builtin;
+mod error;
 mod jinja;
 mod pyjson;
+mod request;
+mod segment;
 mod validate;
 
 use minijinja::value::Value;
 use minijinja::Environment;
-use serde::{Deserialize, Serialize};
-use serde_json::Value as Json;
 
 use crate::gguf::{GgufFile, MetaValue};
-use crate::text::tokenizer::{Tokenizer, TokenizerError};
+use crate::text::tokenizer::Tokenizer;
 use builtin::render_builtin;
+pub use error::ChatError;
 use jinja::{
     collect_strings, raise_exception, strftime_now, template_messages, tojson_filter, ControlTable,
     Escaper, JinjaTemplate,
 };
 pub use pyjson::python_json_dumps;
+pub use request::{
+    ChatMessage, ChatRequest, ContentChunk, FunctionCall, MessageContent, Role, ToolCall,
+    REASONING_EFFORTS,
+};
+use segment::Segment;
 use validate::validate_and_normalize;
-
-/// The accepted `reasoning_effort` values (the v15 `model_settings_builder`); absent means
-/// `"none"`.
-pub const REASONING_EFFORTS: [&str; 2] = ["none", "high"];
-
-/// An OpenAI Chat Completions request, reduced to the fields that shape the prompt.
-///
-/// Other request fields (`model`, `stream`, sampling …) are ignored by this type, so the server
-/// can deserialise the same body into it.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-pub struct ChatRequest {
-    /// The conversation, oldest first.
-    pub messages: Vec<ChatMessage>,
-    /// OpenAI function tools (`[{"type": "function", "function": {...}}]`), or `None`.
-    #[serde(default)]
-    pub tools: Option<Json>,
-    /// `"none"` or `"high"`; `None` means `"none"`. Rendered as `[MODEL_SETTINGS]`.
-    #[serde(default)]
-    pub reasoning_effort: Option<String>,
-    /// Continue the final assistant message instead of closing it (vLLM/HF name; mistral-common's
-    /// `prefix`). The prompt then ends with that message's text.
-    #[serde(default)]
-    pub continue_final_message: bool,
-}
-
-/// The author of a message.
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Instructions; rendered `[SYSTEM_PROMPT]…[/SYSTEM_PROMPT]` where it occurs.
-    System,
-    /// OpenAI's newer name for `system`; treated as `system`.
-    Developer,
-    /// A user turn: `[INST]…[/INST]`.
-    User,
-    /// A model turn: text, past reasoning and tool calls, closed by `</s>`.
-    Assistant,
-    /// A tool result: `[TOOL_RESULTS]…[/TOOL_RESULTS]`.
-    Tool,
-}
-
-impl Role {
-    /// Every role, in declaration order.
-    pub const ALL: [Role; 5] = [
-        Role::System,
-        Role::Developer,
-        Role::User,
-        Role::Assistant,
-        Role::Tool,
-    ];
-
-    /// The role's name in a request (`"user"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::System => "system",
-            Role::Developer => "developer",
-            Role::User => "user",
-            Role::Assistant => "assistant",
-            Role::Tool => "tool",
-        }
-    }
-}
-
-/// One message of [`ChatRequest::messages`].
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-pub struct ChatMessage {
-    /// Who wrote it.
-    pub role: Role,
-    /// A string or a list of content chunks; may be `None` for an assistant tool call.
-    #[serde(default)]
-    pub content: Option<MessageContent>,
-    /// Past reasoning of an assistant turn (vLLM/OpenRouter field; `reasoning` is accepted too),
-    /// rendered as `[THINK]…[/THINK]` before the text.
-    #[serde(default, alias = "reasoning")]
-    pub reasoning_content: Option<String>,
-    /// Tool calls of an assistant turn.
-    #[serde(default)]
-    pub tool_calls: Option<Vec<ToolCall>>,
-    /// The call a `tool` message answers.
-    #[serde(default)]
-    pub tool_call_id: Option<String>,
-    /// Optional author name (ignored by the v15 format).
-    #[serde(default)]
-    pub name: Option<String>,
-}
-
-/// Message content: a plain string or a list of chunks.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(untagged)]
-pub enum MessageContent {
-    /// Plain text.
-    Text(String),
-    /// Typed chunks, concatenated in order.
-    Chunks(Vec<ContentChunk>),
-}
-
-/// One content chunk (`{"type": "text", "text": …}` or `{"type": "thinking", "thinking": …}`).
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum ContentChunk {
-    /// Text.
-    Text {
-        /// The text.
-        text: String,
-    },
-    /// Reasoning of an assistant turn (mistral-common `ThinkChunk`).
-    Thinking {
-        /// The reasoning text.
-        thinking: String,
-        /// Whether `[/THINK]` follows (default true).
-        #[serde(default = "default_true")]
-        closed: bool,
-    },
-    /// Any other chunk type (images, audio …): rejected when rendering, since this engine is
-    /// text-only.
-    #[serde(other)]
-    Unsupported,
-}
-
-fn default_true() -> bool {
-    true
-}
-
-/// An OpenAI tool call of an assistant message.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-pub struct ToolCall {
-    /// The call id that the `tool` message's `tool_call_id` refers to (required).
-    #[serde(default)]
-    pub id: Option<String>,
-    /// `"function"`.
-    #[serde(default, rename = "type")]
-    pub kind: Option<String>,
-    /// The called function.
-    pub function: FunctionCall,
-}
-
-/// The function part of a [`ToolCall`].
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-pub struct FunctionCall {
-    /// Function name, `^[a-zA-Z0-9_-]{1,64}$`.
-    pub name: String,
-    /// The arguments: a JSON string (OpenAI) or a JSON object; absent/empty means `{}`.
-    #[serde(default)]
-    pub arguments: Json,
-}
-
-/// Errors of chat rendering. Each names the message index (0-based) or field at fault.
-#[derive(Debug, thiserror::Error)]
-pub enum ChatError {
-    /// `messages` is empty.
-    #[error("the conversation must have at least one message")]
-    NoMessages,
-    /// `reasoning_effort` is not `none`/`high`.
-    #[error("reasoning_effort must be one of \"none\", \"high\"; got {0:?}")]
-    ReasoningEffort(String),
-    /// The first message is neither user nor system.
-    #[error("the conversation must start with a user or system message, got {0}")]
-    FirstRole(&'static str),
-    /// Two roles that may not follow each other.
-    #[error("messages[{index}]: unexpected role '{role}' after role '{previous}'")]
-    RoleOrder {
-        /// Index of the offending message.
-        index: usize,
-        /// Its role.
-        role: &'static str,
-        /// The role before it.
-        previous: &'static str,
-    },
-    /// The last message cannot be answered.
-    #[error(
-        "the last message must be user or tool (or assistant with continue_final_message), got {0}"
-    )]
-    LastRole(&'static str),
-    /// `continue_final_message` without a final assistant message.
-    #[error("continue_final_message needs a final assistant message, got {0}")]
-    ContinueNotAssistant(&'static str),
-    /// A message lacks the content its role requires.
-    #[error("messages[{index}] ({role}): {reason}")]
-    Content {
-        /// Index of the message.
-        index: usize,
-        /// Its role.
-        role: &'static str,
-        /// What is wrong.
-        reason: &'static str,
-    },
-    /// A tool call or tool result is malformed or unmatched.
-    #[error("messages[{index}]: {reason}")]
-    ToolCalls {
-        /// Index of the message.
-        index: usize,
-        /// What is wrong.
-        reason: String,
-    },
-    /// The `tools` field is malformed.
-    #[error("tools: {0}")]
-    Tools(String),
-    /// The GGUF holds `tokenizer.chat_template` but not as a string, or lacks the token list.
-    #[error("GGUF metadata key `{key}` must be {expected}")]
-    Gguf {
-        /// The metadata key.
-        key: &'static str,
-        /// What it should hold.
-        expected: &'static str,
-    },
-    /// The chat template does not compile.
-    #[error("chat template does not compile: {0}")]
-    Compile(#[source] minijinja::Error),
-    /// Rendering failed, including the template's own `raise_exception`.
-    #[error("chat template rendering failed: {0}")]
-    Render(#[source] minijinja::Error),
-    /// With `continue_final_message`, the rendered prompt did not end with the EOS text.
-    #[error("continue_final_message: the rendered prompt does not end with the EOS text {0:?}")]
-    OpenTurn(String),
-    /// The request uses every supplementary private-use character, so control-token lookalikes
-    /// in it cannot be kept apart from the template's control tokens.
-    #[error("the request uses every supplementary private-use character; cannot isolate control-token lookalikes")]
-    NoSentinel,
-    /// The template wrote a control-token string the tokenizer does not know.
-    #[error("control token {0:?} is not in the tokenizer's vocabulary")]
-    UnknownControl(String),
-    /// Encoding a text piece failed.
-    #[error(transparent)]
-    Tokenizer(#[from] TokenizerError),
-}
-
-/// A rendered prompt piece.
-#[derive(Clone, Debug, PartialEq)]
-enum Segment {
-    /// A control token, by its text (`"[INST]"`).
-    Control(String),
-    /// Plain text, encoded without special-token parsing.
-    Text(String),
-}
 
 enum Renderer {
     Builtin,

@@ -8,9 +8,10 @@ use std::collections::HashSet;
 
 use serde_json::{json, Map, Value as Json};
 
+use super::error::ChatError;
 use super::pyjson::python_json_dumps;
-use super::{
-    ChatError, ChatMessage, ChatRequest, ContentChunk, MessageContent, Role, REASONING_EFFORTS,
+use super::request::{
+    ChatMessage, ChatRequest, ContentChunk, MessageContent, Role, REASONING_EFFORTS,
 };
 
 /// mistral-common's tool-call argument normalisation: empty → `{}`; valid JSON → re-serialised

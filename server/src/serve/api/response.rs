@@ -3,10 +3,37 @@
 //! error body are aubier's own). Their schemas are generated for what serialization writes
 //! (schemars' serialize contract): a field is required when it is always written.
 
-use super::super::engine::Finish;
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::Serialize;
 use serde_json::{Map, Value};
+
+/// Why a generation ended, as the OpenAI API names it (plus `cancelled`, never sent to a client
+/// because there is none left to send it to, so not in the schema).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Finish {
+    /// EOS was produced, or a stop string matched.
+    Stop,
+    /// EOS was produced after the model called a tool.
+    ToolCalls,
+    /// `max_tokens` or the KV capacity was reached.
+    Length,
+    /// The client went away.
+    #[schemars(skip)]
+    Cancelled,
+}
+
+impl Finish {
+    /// The OpenAI `finish_reason` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::ToolCalls => "tool_calls",
+            Finish::Length => "length",
+            Finish::Cancelled => "cancelled",
+        }
+    }
+}
 
 /// Token counts of one response.
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]

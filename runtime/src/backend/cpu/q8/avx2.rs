@@ -19,10 +19,11 @@
 
 #![allow(non_snake_case)] // the kernels keep ggml's type names (q2_K)
 
-use super::{
+use super::block::BlockQ8K;
+use super::shared::{
     dot_blocks, k4_scales_mins, q3_k_raw_scales, value_d, value_dmin, value_iq2, value_legacy,
-    BlockQ8K, Q8DotFn,
 };
+use super::types::Q8DotFn;
 use crate::ggml_type::GgmlType;
 use aubier_kernels_gen::quant_grids::{IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};
 use std::arch::x86_64::*;

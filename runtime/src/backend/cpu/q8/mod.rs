@@ -23,7 +23,7 @@
 //!
 //! (`IQ2`: the dequantized value `d·(0.5 + s)·0.25·grid` is `d·(2s + 1)·grid / 8`.)
 //!
-//! Contract. Every kernel computes these integers and then the same f32 helpers of this module
+//! Contract. Every kernel computes these integers and then the same f32 helpers (`shared.rs`)
 //! (no FMA contraction: Rust never fuses `a·b + c`), so all give the scalar kernel's bits: the
 //! scalar (`scalar.rs`) and AVX2 (`avx2.rs`) single-row kernels; [`q8_dot_many_fn`]'s one
 //! weight row against several activation rows (prefill; `avx512/vnni.rs` unpacks each weight block once
@@ -34,8 +34,11 @@
 //! [`crate::gguf::quant::dot_row`] by the activation rounding (|x − d8·x8| ≤ d8/2) and by f32 rounding
 //! of a different summation order.
 
+mod block;
 mod scalar;
+mod shared;
 mod tiles;
+mod types;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -44,13 +47,14 @@ mod avx512;
 #[cfg(target_arch = "x86_64")]
 use avx512::{grid, lanes, rows, vnni};
 
+pub use block::{BlockQ8K, QK_K};
 pub use tiles::{Q8Tiles, GROUP as Q8_TILE_ROWS};
+pub use types::{Q8DotFn, Q8DotManyFn, Q8GridFn, Q8RowsFn, Q8TokensFn, MAX_PLANES};
+
+use shared::{clamped, each_row, prefetch, prefetch_l2, rows_lengths};
 
 use crate::ggml_type::GgmlType;
 use crate::gguf::quant::QuantError;
-
-/// Elements of one Q8_K block.
-pub const QK_K: usize = 256;
 
 /// Every Q8_K kernel of one ggml type on this CPU, resolved once per process ([`type_kernels`];
 /// the role of ggml's `type_traits_cpu`): the single-row dot, the many-row dot, the decode kernel
@@ -94,31 +98,6 @@ pub fn type_kernels(ty: GgmlType) -> Option<&'static TypeKernels> {
         .get_or_init(|| TYPES.iter().map(|&t| resolve(t)).collect())
         .get(at)?
         .as_ref()
-}
-
-/// One Q8_K activation block: 256 values `x ≈ d · qs[i]`; `bsums[j]` = Σ qs[16j .. 16j+16] (i16).
-///
-/// The layout (292 bytes, f32 `d` first) is llama.cpp's `block_q8_K` (`ggml-common.h`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct BlockQ8K {
-    /// The block scale (`amax / 127`; 0 for an all-zero block, NaN for a non-finite one).
-    pub d: f32,
-    /// The 256 codes, each in −127..=127.
-    pub qs: [i8; QK_K],
-    /// `bsums[j] = Σ qs[16j .. 16j + 16]`.
-    pub bsums: [i16; QK_K / 16],
-}
-
-const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
-
-impl BlockQ8K {
-    /// The block of 256 zeros (`d = 0`).
-    pub const ZERO: BlockQ8K = BlockQ8K {
-        d: 0.0,
-        qs: [0; QK_K],
-        bsums: [0; QK_K / 16],
-    };
 }
 
 /// Quantizes `x` (len = 256 · y.len(), ggml `ne0` order) into `y`, one block per 256 values.
@@ -230,16 +209,6 @@ fn round_half_away(t: f32) -> i32 {
     i + i32::from(frac >= 0.5) - i32::from(frac <= -0.5)
 }
 
-/// Dot of one weight row (raw GGUF bytes of `x.len()` blocks of its type) with a quantized
-/// activation row: `Σ_b value(b)` as the module doc defines it per type.
-///
-/// A "block of its type" is 256 elements: 84 bytes (Q2_K), 110 (Q3_K), 144 (Q4_K), 176 (Q5_K),
-/// 210 (Q6_K), 66 (IQ2_XXS), 74 (IQ2_XS), 8 × 18 (Q4_0), 8 × 34 (Q8_0) — `ggml_row_size(ty, 256)`.
-/// The caller guarantees `row.len() == x.len() · that size`; a kernel checks it once
-/// (`debug_assert` in debug builds) and returns `f32::NAN` when it fails, so no input can read
-/// out of bounds.
-pub type Q8DotFn = fn(row: &[u8], x: &[BlockQ8K]) -> f32;
-
 /// The fastest kernel for `ty` on this CPU, or None when `ty` has no Q8_K kernel. Supported:
 /// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, Q4_0, Q8_0. AVX-512 VNNI for Q3_K where
 /// [`crate::isa`] reports `avx512_vnni`; else AVX2 where it reports `avx2`; else scalar. Every
@@ -251,14 +220,6 @@ pub fn q8_dot_fn(ty: GgmlType) -> Option<Q8DotFn> {
     }
     q8_dot_fn_scalar(ty)
 }
-
-/// `y[j] = dot(row, x[j·nb .. (j+1)·nb])` for `j` in `0..y.len()`, `nb` the blocks of `row`:
-/// one weight row (as [`Q8DotFn`]) against `y.len()` activation rows of `nb` blocks each,
-/// stored back to back in `x`. Each `y[j]` has exactly the bits of the [`Q8DotFn`] of the same
-/// type on `x[j·nb .. (j+1)·nb]`. Lengths: `row.len() = nb · block bytes` and
-/// `x.len() = nb · y.len()`; a mismatch gives NaN in every `y[j]` (`debug_assert` in debug
-/// builds); `y` empty is a no-op.
-pub type Q8DotManyFn = fn(row: &[u8], x: &[BlockQ8K], y: &mut [f32]);
 
 /// The fastest multi-row kernel for `ty` on this CPU (the types of [`q8_dot_fn`]), or None:
 /// for Q2_K, Q3_K, Q4_K, Q5_K and Q6_K, where [`crate::isa`] reports `avx512_vnni`, the VNNI kernel
@@ -272,14 +233,6 @@ pub fn q8_dot_many_fn(ty: GgmlType) -> Option<Q8DotManyFn> {
     let at = TYPES.iter().position(|&t| t == ty)?;
     Some(BY_ROW[at])
 }
-
-/// `y[i·R + j] = dot(row_i, x_j)` for the `n = y.len() / R` weight rows stored back to back in
-/// `w` and the `R = x.rows()` activation rows packed in `x`: many weight rows against many
-/// activation rows in one call (prefill). Each `y[i·R + j]` has exactly the bits of the
-/// [`Q8DotFn`] of the same type on row `i` and activation row `j`. Lengths: `w.len() = n ·
-/// x.blocks() · block bytes`, `y.len() = n · R`; a mismatch gives NaN in every `y` entry
-/// (`debug_assert` in debug builds).
-pub type Q8GridFn = fn(w: &[u8], x: &Q8Tiles, y: &mut [f32]);
 
 /// The grid kernel for `ty` on this CPU (`avx512/grid.rs`), or None: for Q2_K and Q3_K, the AMX backend
 /// when the CPU has AMX-TILE and AMX-INT8 (with the AVX-512 features of [`q8_dot_many_fn`]'s
@@ -317,28 +270,6 @@ pub fn q8_grid_cost_rows(rows: usize) -> usize {
     #[cfg(not(target_arch = "x86_64"))]
     rows
 }
-
-/// `y[i] = Σ_p dot(row_i, x[p·nb .. (p + 1)·nb])` for the `n = y.len()` weight rows stored back
-/// to back in `w` and the `planes` Q8_K planes of one activation row in `x` (plane `p` is blocks
-/// `p·nb .. (p + 1)·nb`): decode, many weight rows against one token. The plane dots are added
-/// in plane order (`d_0 + d_1`), each with exactly the bits of the [`Q8DotFn`] of the same type,
-/// so `y[i]` is what the single-row kernel gives row by row and plane by plane. `planes` is 1
-/// or 2 (the cpu backend's `q8` and `q8x2`). Lengths: `x.len() = planes · nb`, `w.len() = n · nb ·
-/// block bytes`; a mismatch or another plane count gives NaN in every `y[i]` (`debug_assert` in
-/// debug builds); `y` empty (and `w` empty) is a no-op.
-pub type Q8RowsFn = fn(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]);
-
-/// `y[i·m + j] = Σ_p dot(row_i, x_{j,p})` for the `n = y.len() / m` weight rows of `w` in the
-/// interleaved layout ([`interleave_rows`], whole groups) and `m = tokens` activation rows of
-/// `planes` Q8_K planes each (`x` token-major, then plane-major: plane `p` of token `j` is blocks
-/// `(j·planes + p)·nb .. + nb`): prefill of a few tokens, each output the bits of the
-/// [`Q8RowsFn`] on its token. Lengths: `x.len() = m · planes · nb`, `w.len() = n · nb · block
-/// bytes`, `n` a multiple of [`INTERLEAVE_ROWS`]; a mismatch gives NaN in every `y` entry
-/// (`debug_assert` in debug builds); no blocks gives `+0.0`.
-pub type Q8TokensFn = fn(w: &[u8], x: &[BlockQ8K], planes: usize, tokens: usize, y: &mut [f32]);
-
-/// The most planes a [`Q8RowsFn`] takes.
-pub const MAX_PLANES: usize = 2;
 
 /// The fastest decode kernel for `ty` on this CPU (the types of [`q8_dot_fn`]), or None: for
 /// Q2_K, Q3_K and Q6_K, where [`crate::isa`] reports `avx512_vnni`, the AVX-512 kernel of `avx512/rows.rs` (groups of weight rows, each block unpacked
@@ -393,30 +324,6 @@ fn rows_by_row<const T: usize>(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut 
         many(&w[i * rb..(i + 1) * rb], x, parts);
         *o = parts[1..].iter().fold(parts[0], |a, &v| a + v);
     }
-}
-
-/// The length check of a [`Q8RowsFn`] with `bytes` per weight block: `Some((nb, row bytes))`,
-/// or None after filling `y` with NaN (`debug_assert` in debug builds).
-#[inline(always)]
-fn rows_lengths(
-    w: &[u8],
-    x: &[BlockQ8K],
-    planes: usize,
-    y: &mut [f32],
-    bytes: usize,
-) -> Option<(usize, usize)> {
-    let nb = x.len() / planes.max(1);
-    let rb = nb * bytes;
-    let ok =
-        (1..=MAX_PLANES).contains(&planes) && x.len() == planes * nb && w.len() == y.len() * rb;
-    let (wl, n) = (w.len(), x.len());
-    lengths_ok(ok, y, |rows| {
-        format!(
-            "Q8_K rows: weight bytes {wl} / x blocks {n} / planes {planes} / rows {rows} \
-             (block {bytes} bytes)"
-        )
-    })
-    .then_some((nb, rb))
 }
 
 /// The many-token kernel of `ty` for weights in the interleaved layout ([`Q8TokensFn`]), or
@@ -538,44 +445,6 @@ fn permute_groups(
     Ok(())
 }
 
-/// The `R` rows' blocks (`nb` of `B` bytes each) of the group `w` (`rb` bytes per row).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn row_blocks<const B: usize, const R: usize>(w: &[u8], rb: usize, nb: usize) -> [&[[u8; B]]; R] {
-    std::array::from_fn(|r| {
-        let (blocks, _) = w[r * rb..(r + 1) * rb].as_chunks::<B>();
-        &blocks[..nb]
-    })
-}
-
-/// `w[from .. to]`, both ends clamped to `w.len()` (empty past the end).
-#[inline(always)]
-fn clamped(w: &[u8], from: usize, to: usize) -> &[u8] {
-    &w[from.min(w.len())..to.min(w.len())]
-}
-
-/// Asks the CPU to start loading `bytes` into L1 (one hint per 64-byte line): the weight rows
-/// after the next ones, while these are dotted. A hint, never a fault. The loop over `chunks`
-/// stays a loop (one hint per iteration): unrolled into bursts of back-to-back `prefetcht0`,
-/// the same hints slow the streams down.
-#[inline(always)]
-fn prefetch(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    prefetch_hint::<{ std::arch::x86_64::_MM_HINT_T0 }>(bytes);
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
-}
-
-/// [`prefetch`] into L2 (`_MM_HINT_T1`): for rows further ahead than L1 holds next to the rows
-/// being read.
-#[inline(always)]
-fn prefetch_l2(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    prefetch_hint::<{ std::arch::x86_64::_MM_HINT_T1 }>(bytes);
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
-}
-
 /// [`prefetch_l2`] of the memory of `s`: at one token, `scores_qk` asks for a work item's key
 /// rows of the latent cache (cold: the weights read since the layer's previous token evicted
 /// them) before it computes; the stream alone met a new 4 KiB page every three rows of 320 f32.
@@ -584,15 +453,6 @@ pub(crate) fn prefetch_l2_of<T>(s: &[T]) {
     // cache hints only.
     let bytes = unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), size_of_val(s)) };
     prefetch_l2(bytes);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn prefetch_hint<const HINT: i32>(bytes: &[u8]) {
-    for line in bytes.chunks(64) {
-        // SAFETY: `_mm_prefetch` only hints the cache; the address is inside a live slice.
-        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(line.as_ptr().cast()) };
-    }
 }
 
 /// Every type with a Q8_K kernel, in the order of [`BY_ROW`].
@@ -628,127 +488,12 @@ fn by_row<const T: usize>(row: &[u8], x: &[BlockQ8K], y: &mut [f32]) {
         y.fill(f32::NAN);
         return;
     };
-    let Some(nb) = many_blocks(row, x, y, bytes) else {
-        return;
-    };
-    for (j, o) in y.iter_mut().enumerate() {
-        *o = dot(row, &x[j * nb..(j + 1) * nb]);
-    }
-}
-
-/// The length check of a [`Q8DotManyFn`] with `bytes` per weight block: `Some(nb)`, the blocks
-/// per activation row, or None after filling `y` with NaN (`debug_assert` in debug builds).
-#[inline(always)]
-fn many_blocks(row: &[u8], x: &[BlockQ8K], y: &mut [f32], bytes: usize) -> Option<usize> {
-    let nb = row.len() / bytes;
-    let ok = row.len() == nb * bytes && x.len() == nb * y.len();
-    let (r, n) = (row.len(), x.len());
-    lengths_ok(ok, y, |rows| {
-        format!("Q8_K dot: row bytes {r} / x blocks {n} / rows {rows} (block {bytes} bytes)")
-    })
-    .then_some(nb)
-}
-
-/// The end of every kernel's length check: `ok`, or else NaN in every `y` entry, after a
-/// `debug_assert` (debug builds) with the message `what(y.len())`.
-#[inline(always)]
-fn lengths_ok(ok: bool, y: &mut [f32], what: impl FnOnce(usize) -> String) -> bool {
-    debug_assert!(ok, "{}", what(y.len()));
-    if !ok {
-        y.fill(f32::NAN);
-    }
-    ok
+    each_row(dot, bytes, row, x, y);
 }
 
 /// The portable scalar kernel (for tests and non-x86); the types of [`q8_dot_fn`].
 pub fn q8_dot_fn_scalar(ty: GgmlType) -> Option<Q8DotFn> {
     scalar::dot_fn(ty)
-}
-
-/// The row loop shared by every kernel: checks `row.len() == x.len() · B` (NaN otherwise, see
-/// [`Q8DotFn`]) and adds `block(weights, activations)` over the blocks in order.
-#[inline(always)]
-fn dot_blocks<const B: usize>(
-    row: &[u8],
-    x: &[BlockQ8K],
-    mut block: impl FnMut(&[u8; B], &BlockQ8K) -> f32,
-) -> f32 {
-    debug_assert_eq!(row.len(), x.len() * B, "Q8_K dot: row bytes ≠ blocks · {B}");
-    if row.len() != x.len() * B {
-        return f32::NAN;
-    }
-    let (blocks, _) = row.as_chunks::<B>();
-    let mut acc = 0.0f32;
-    for (w, y) in blocks.iter().zip(x) {
-        acc += block(w, y);
-    }
-    acc
-}
-
-/// `d8·(d·f32(S) − dmin·f32(M))` (Q2_K, Q4_K, Q5_K).
-#[inline(always)]
-fn value_dmin(d8: f32, d: f32, dmin: f32, s: i32, m: i32) -> f32 {
-    d8 * (d * s as f32 - dmin * m as f32)
-}
-
-/// `d8·(d·f32(S))` (Q3_K, Q6_K).
-#[inline(always)]
-fn value_d(d8: f32, d: f32, s: i32) -> f32 {
-    d8 * (d * s as f32)
-}
-
-/// `0.125·(d8·(d·f32(S)))` (IQ2_XXS, IQ2_XS).
-#[inline(always)]
-fn value_iq2(d8: f32, d: f32, s: i32) -> f32 {
-    0.125 * (d8 * (d * s as f32))
-}
-
-/// `d8·(((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)))`, `p_k = d_k·f32(S_k)`, for the
-/// eight 32-element blocks of Q4_0/Q8_0 (scales `d`, integer sums `s`).
-#[inline(always)]
-fn value_legacy(d8: f32, d: &[f32; 8], s: &[i32; 8]) -> f32 {
-    let p: [f32; 8] = std::array::from_fn(|k| d[k] * s[k] as f32);
-    d8 * (((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7])))
-}
-
-/// The 16 six-bit Q3_K scales (still offset by 32) from their 12 packed bytes: scale `j` has
-/// its low four bits in byte `j % 8` (nibble `j / 8`) and its high two in byte `8 + j % 4`
-/// (pair `j / 4`); done four scales per u32.
-#[inline(always)]
-fn q3_k_raw_scales(s: &[u8]) -> [u8; 16] {
-    let a = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
-    let (a0, a1, a2) = (a(0), a(1), a(2));
-    let (lo, hi) = (0x0f0f_0f0f_u32, 0x0303_0303_u32);
-    let w = [
-        (a0 & lo) | ((a2 & hi) << 4),
-        (a1 & lo) | (((a2 >> 2) & hi) << 4),
-        ((a0 >> 4) & lo) | (((a2 >> 4) & hi) << 4),
-        ((a1 >> 4) & lo) | (((a2 >> 6) & hi) << 4),
-    ];
-    let mut out = [0u8; 16];
-    for (o, v) in out.chunks_exact_mut(4).zip(w) {
-        o.copy_from_slice(&v.to_le_bytes());
-    }
-    out
-}
-
-/// The eight 6-bit scales and eight 6-bit mins of Q4_K/Q5_K from their 12 packed bytes (ggml
-/// `get_scale_min_k4`): `j < 4` in the low six bits of bytes `j` / `j + 4`, `j ≥ 4` split into a
-/// nibble of byte `j + 4` and the top two bits of byte `j − 4` / `j`.
-#[inline(always)]
-fn k4_scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let a = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
-    let (u0, u1, u2) = (a(0), a(1), a(2));
-    let (m6, m4, m2) = (0x3f3f_3f3f_u32, 0x0f0f_0f0f_u32, 0x0303_0303_u32);
-    let sc_hi = (u2 & m4) | (((u0 >> 6) & m2) << 4);
-    let m_hi = ((u2 >> 4) & m4) | (((u1 >> 6) & m2) << 4);
-    let join = |lo: u32, hi: u32| {
-        let mut o = [0u8; 8];
-        o[..4].copy_from_slice(&lo.to_le_bytes());
-        o[4..].copy_from_slice(&hi.to_le_bytes());
-        o
-    };
-    (join(u0 & m6, sc_hi), join(u1 & m6, m_hi))
 }
 
 #[cfg(test)]

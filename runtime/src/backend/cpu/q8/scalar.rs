@@ -1,14 +1,15 @@
 //! Portable reference kernels: the integer sums of the module doc's table computed element by
 //! element in plain Rust, straight from the layouts of `kquants.rs` / `iquants.rs` /
 //! `legacy.rs` (element `e` of a k-quant block belongs to 16-element sub-block `e / 16`, or
-//! 32-element sub-block `e / 32`), then the shared f32 helpers of `mod.rs`.
+//! 32-element sub-block `e / 32`), then the shared f32 helpers of `shared.rs`.
 
 #![allow(non_snake_case)] // the kernels keep ggml's type names (q2_K)
 
-use super::{
+use super::block::BlockQ8K;
+use super::shared::{
     dot_blocks, k4_scales_mins, q3_k_raw_scales, value_d, value_dmin, value_iq2, value_legacy,
-    BlockQ8K, Q8DotFn,
 };
+use super::types::Q8DotFn;
 use crate::ggml_type::GgmlType;
 use crate::gguf::quant::f16_at;
 use aubier_kernels_gen::quant_grids::{IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};

@@ -10,7 +10,7 @@
 //! offset of the Q3_K kernel's biased weights). Everything is computed once per call site and
 //! read by every weight row.
 
-use super::BlockQ8K;
+use super::block::BlockQ8K;
 
 /// Activation rows per group (the rows of an AMX `C` tile).
 pub const GROUP: usize = 16;

@@ -1,7 +1,7 @@
 //! Decode kernels with the weight rows in the vector lanes (AVX-512): 16 Q2_K or Q3_K weight
 //! rows against the two Q8_K planes of one token (`q8x2`), with the integer sums and f32
 //! expressions of the scalar kernels, so that every row gets the bits of
-//! [`super::q8_dot_fn`] summed over the planes in plane order.
+//! [`super::super::q8_dot_fn`] summed over the planes in plane order.
 //!
 //! Algorithm (steps as written for Q2_K). Lane `r` of every vector belongs to weight row `r` of
 //! a group of 16, so a block's sums come out whole in the lanes, with no horizontal reduction
@@ -88,10 +88,10 @@ pub(crate) unsafe fn two_planes<const B: usize>(
 }
 
 /// `y[i] = Σ_p dot(row_i, x_p)` for the rows of `w` in the interleaved layout
-/// ([`super::interleave_rows`]; Q2_K, `B` = 84, or Q3_K, `B` = 110) and one or two planes: `Q8RowsFn`'s
-/// contract, the rows a whole number of groups of 16 (else NaN in every `y[i]`). The group's
-/// block words are plain loads, one stream in address order; each row gets the bits of
-/// [`two_planes`] (the same block functions).
+/// ([`super::super::interleave_rows`]; Q2_K, `B` = 84, or Q3_K, `B` = 110) and one or two
+/// planes: `Q8RowsFn`'s contract, the rows a whole number of groups of 16 (else NaN in every
+/// `y[i]`). The group's block words are plain loads, one stream in address order; each row gets
+/// the bits of [`two_planes`] (the same block functions).
 ///
 /// # Safety
 /// The CPU has the features of `vnni::detected` (checked by the caller).

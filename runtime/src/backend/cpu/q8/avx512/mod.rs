@@ -11,6 +11,12 @@ pub(super) mod lanes;
 pub(super) mod rows;
 pub(super) mod vnni;
 
-// The Q8_K module's shared items (blocks, lengths checks, prefetch, the AVX2 helpers), as
-// `super::…` for the kernels of this folder.
-use super::*;
+// The Q8_K module's shared items (blocks, kernel signatures, lengths checks, prefetch, the AVX2
+// helpers, the tiles), as `super::…` for the kernels of this folder.
+use super::block::BlockQ8K;
+use super::shared::{
+    clamped, dot_blocks, each_row, k4_scales_mins, lengths_ok, many_blocks, prefetch, prefetch_l2,
+    q3_k_raw_scales, row_blocks, rows_lengths, value_d, value_dmin,
+};
+use super::types::{Q8DotFn, Q8DotManyFn, Q8GridFn, Q8RowsFn, Q8TokensFn, MAX_PLANES};
+use super::{avx2, tiles};

@@ -1,7 +1,7 @@
 //! Decode kernels (AVX-512, 512-bit vectors): many Q2_K, Q3_K or Q6_K weight rows against the
 //! Q8_K planes of one token (`q8`: one plane; `q8x2`: value and residual), with the integer sums
 //! and f32 expressions of the scalar kernels, so that every row gets the bits of
-//! [`super::q8_dot_fn`] summed over the planes in plane order.
+//! [`super::super::q8_dot_fn`] summed over the planes in plane order.
 //!
 //! Algorithm. A group of `R = 8 / P` weight rows (`P` the planes) is walked block by block, so
 //! that each weight block is unpacked once for all planes and the group's sums are reduced

@@ -26,8 +26,8 @@
 //! accumulators) but takes `q3` as the code and the `− 4` through the block sums
 //! (`− 4·Σ_j s_j·bsum_j`, `|4·s| ≤ 128`), and fuses each scale `madd` and add into one
 //! `vpdpwssd`; Q2_K keeps the AVX2 single-row kernel. Fewer than [`MIN_ROWS`] activation rows go
-//! to the single-row kernel of [`super::q8_dot_fn`] row by row (unpacking a block for one or two
-//! rows costs more than it saves). Every path gives the single-row bits.
+//! to the single-row kernel of [`super::super::q8_dot_fn`] row by row (unpacking a block for one
+//! or two rows costs more than it saves). Every path gives the single-row bits.
 
 #![allow(non_snake_case)] // the kernels keep ggml's type names (q2_K)
 
@@ -36,7 +36,7 @@ use super::avx2::{
     q3k_codes, q3k_scales, q6k_codes, scale_halves_i16, scale_pair_i16, scale_pair_u8, sum4, x32,
 };
 use super::{
-    by_row, dot_blocks, k4_scales_mins, many_blocks, value_d, value_dmin, BlockQ8K, Q8DotFn,
+    dot_blocks, each_row, k4_scales_mins, many_blocks, value_d, value_dmin, BlockQ8K, Q8DotFn,
     Q8DotManyFn,
 };
 use crate::ggml_type::GgmlType;
@@ -95,12 +95,12 @@ pub(crate) fn many_fn(ty: GgmlType) -> Option<Q8DotManyFn> {
         return None;
     }
     // The kernel of a type: [`dot_many`] with its block bytes `$b`, unpacking `$prep` and
-    // per-row values `$rows` (for four rows and for one); `$t` is the index of the type in
-    // `super::TYPES`, for the row-by-row path below `MIN_ROWS`.
+    // per-row values `$rows` (for four rows and for one); `$ty` is the type, for the row-by-row
+    // path below `MIN_ROWS`.
     // SAFETY: (for every wrapper below) `kernel` enables exactly the features that
     // `detected()` just found on this CPU.
     macro_rules! wrap {
-        ($t:literal, $b:literal, $prep:path, $rows:ident) => {{
+        ($ty:path, $b:literal, $prep:path, $rows:ident) => {{
             #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
             fn kernel(row: &[u8], x: &[BlockQ8K], y: &mut [f32]) {
                 dot_many::<$b, _>(
@@ -114,7 +114,7 @@ pub(crate) fn many_fn(ty: GgmlType) -> Option<Q8DotManyFn> {
             }
             fn w(row: &[u8], x: &[BlockQ8K], y: &mut [f32]) {
                 if y.len() < MIN_ROWS {
-                    return by_row::<$t>(row, x, y);
+                    return by_row($ty, $b, row, x, y);
                 }
                 // SAFETY: see above — reachable only after the features were detected.
                 unsafe { kernel(row, x, y) }
@@ -123,13 +123,23 @@ pub(crate) fn many_fn(ty: GgmlType) -> Option<Q8DotManyFn> {
         }};
     }
     Some(match ty {
-        GgmlType::Q2_K => wrap!(0, 84, q2_prep, q2_rows),
-        GgmlType::Q3_K => wrap!(1, 110, q3_prep, q3_rows),
-        GgmlType::Q4_K => wrap!(2, 144, k4_prep::<144, 16, false>, k4_rows),
-        GgmlType::Q5_K => wrap!(3, 176, k4_prep::<176, 48, true>, k4_rows),
-        GgmlType::Q6_K => wrap!(4, 210, q6_prep, q6_rows),
+        GgmlType::Q2_K => wrap!(GgmlType::Q2_K, 84, q2_prep, q2_rows),
+        GgmlType::Q3_K => wrap!(GgmlType::Q3_K, 110, q3_prep, q3_rows),
+        GgmlType::Q4_K => wrap!(GgmlType::Q4_K, 144, k4_prep::<144, 16, false>, k4_rows),
+        GgmlType::Q5_K => wrap!(GgmlType::Q5_K, 176, k4_prep::<176, 48, true>, k4_rows),
+        GgmlType::Q6_K => wrap!(GgmlType::Q6_K, 210, q6_prep, q6_rows),
         _ => return None,
     })
+}
+
+/// The path below [`MIN_ROWS`]: the single-row kernel of `ty` (`bytes` per weight block) once
+/// per activation row. Where [`detected`] holds (AVX2 included), that kernel is this module's
+/// [`dot_fn`], else the AVX2 one: the kernel [`super::super::q8_dot_fn`] hands out.
+fn by_row(ty: GgmlType, bytes: usize, row: &[u8], x: &[BlockQ8K], y: &mut [f32]) {
+    match dot_fn(ty).or_else(|| super::avx2::dot_fn(ty)) {
+        Some(dot) => each_row(dot, bytes, row, x, y),
+        None => y.fill(f32::NAN),
+    }
 }
 
 /// Activation rows per group.
