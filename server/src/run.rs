@@ -395,6 +395,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     } = args
         .input
         .load(&args.backend.spec()?, args.store.budget())?;
+    if let Some(choice) = model.loaded().fast_store_choice() {
+        eprintln!("{choice}");
+    }
     let opts = match args.kv_max {
         Some(kv_max) => SessionOptions { kv_max },
         None => SessionOptions::for_config(&model.config),
@@ -468,13 +471,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         );
         eprintln!(
             "experts: served fraction {:.4} ({} of {} routed from the fast store, n_res {}, {} \
-             promotions, reset {:.3} ms)",
+             promotions, reset {:.3} ms); host store read {:.1} MB per token",
             report.served_fraction,
             report.fast_hits,
             report.routed,
             report.n_res,
             report.promotions,
-            report.reset_ms
+            report.reset_ms,
+            report.host_bytes as f64 / 1e6 / (prompt.len() + out.ids.len()).max(1) as f64
         );
     }
     Ok(())

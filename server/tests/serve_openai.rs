@@ -15,6 +15,7 @@ use async_openai::Client;
 use aubier_runtime::backend::registry::BackendSpec;
 use aubier_runtime::engine::Model;
 use aubier_runtime::store::expert_store::StoreOptions;
+use aubier_runtime::store::FastBudget;
 use aubier_server::serve::real::RealEngine;
 use futures::StreamExt;
 use serve_common::*;
@@ -137,8 +138,9 @@ async fn async_openai_against_the_fake_engine() {
 
 /// `aubier serve`'s engine on the bundled model bound to `backend` (the default store and prompt
 /// pass size), exercised; the non-stream chat text.
-async fn exercise_real(backend: BackendSpec, max_tokens: u32) -> String {
-    let model = Model::load_with(&bundled_model(), &backend)
+async fn exercise_real(backend: BackendSpec, budget: FastBudget, max_tokens: u32) -> String {
+    let made = backend.make().expect("the backend");
+    let model = Model::load_backend(&bundled_model(), made, budget)
         .unwrap_or_else(|e| panic!("load the bundled model on {backend:?}: {e}"));
     let kv_max = model.config.n_ctx_train.min(4096);
     let ubatch = aubier_server::run::BackendArgs::default().ubatch;
@@ -152,14 +154,15 @@ async fn exercise_real(backend: BackendSpec, max_tokens: u32) -> String {
 
 #[tokio::test]
 async fn async_openai_against_the_real_engine() {
-    exercise_real(BackendSpec::default(), 8).await;
+    exercise_real(BackendSpec::default(), FastBudget::Auto, 8).await;
 }
 
 #[tokio::test]
 async fn async_openai_against_the_vulkan_backend() {
-    let vulkan = exercise_real(BackendSpec::named("vulkan"), 12).await;
-    assert_eq!(
-        vulkan,
-        exercise_real(BackendSpec::named("oracle"), 12).await
-    );
+    let oracle = exercise_real(BackendSpec::named("oracle"), FastBudget::Auto, 12).await;
+    let vulkan = exercise_real(BackendSpec::named("vulkan"), FastBudget::Auto, 12).await;
+    assert_eq!(vulkan, oracle);
+    // A fast store of a quarter of the experts: they rotate, the text stays the oracle's.
+    let quarter = exercise_real(BackendSpec::named("vulkan"), FastBudget::Slots(4), 12).await;
+    assert_eq!(quarter, oracle);
 }

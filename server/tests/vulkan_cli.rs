@@ -46,13 +46,37 @@ fn run_backend_vulkan_gives_the_oracles_greedy_ids() {
     let o = run(&["--backend", "vulkan"], false);
     let vulkan = generated(&o);
     assert_eq!(vulkan.len(), 16);
-    // The default keeps no fast-store slot on this backend: every routed expert is read from
-    // the host store.
+    // The default budget (the device heap less everything else) holds every expert of the
+    // bundled model: every routed expert is served from device memory, and the run says why.
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
-    assert_eq!(v["store"]["n_res"], 0, "{v}");
-    assert_eq!(v["store"]["fast_hits"], 0, "{v}");
+    assert_eq!(v["store"]["n_res"], 16, "{v}");
     // 5 prompt tokens and 15 decoded ones, 3 MoE layers, top-4.
     assert_eq!(v["store"]["routed"], (5 + 15) * 3 * 4, "{v}");
+    assert_eq!(v["store"]["fast_hits"], v["store"]["routed"], "{v}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("vulkan fast store: 16 of 16 experts per layer in device memory")
+            && err.contains("the device heap's"),
+        "{err}"
+    );
+    // With a quarter of the experts resident they rotate, read from the host store.
+    let o = run(&["--backend", "vulkan", "--n-res", "4"], false);
+    assert_eq!(generated(&o), vulkan);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    let served = v["store"]["served_fraction"]
+        .as_f64()
+        .expect("served fraction");
+    assert!(served > 0.0 && served < 1.0, "{v}");
+    assert!(
+        v["store"]["host_bytes"].as_u64().is_some_and(|b| b > 0),
+        "{v}"
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("vulkan fast store: 4 of 16 experts per layer in device memory")
+            && err.contains("--n-res 4"),
+        "{err}"
+    );
     assert_eq!(vulkan, generated(&run(&["--backend", "oracle"], false)));
 }
 
@@ -109,7 +133,16 @@ fn serve_backend_vulkan_answers_with_the_oracles_greedy_ids() {
     let lock =
         std::env::temp_dir().join(format!("aubier-vulkan-serve-{}.lock", std::process::id()));
     let mut child = Command::new(env!("CARGO_BIN_EXE_aubier"))
-        .args(["serve", "--backend", "vulkan", "--port", "0", "--lock-file"])
+        .args([
+            "serve",
+            "--backend",
+            "vulkan",
+            "--fast-budget",
+            "1M",
+            "--port",
+            "0",
+        ])
+        .arg("--lock-file")
         .arg(&lock)
         .env_remove("AUBIER_MODEL")
         .stdout(Stdio::null())
@@ -140,6 +173,14 @@ fn serve_backend_vulkan_answers_with_the_oracles_greedy_ids() {
     .expect("request");
     let mut response = String::new();
     conn.read_to_string(&mut response).expect("response");
+    let mut conn = TcpStream::connect(&addr).expect("connect");
+    write!(
+        conn,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("metrics request");
+    let mut metrics = String::new();
+    conn.read_to_string(&mut metrics).expect("metrics");
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_file(&lock);
@@ -153,6 +194,19 @@ fn serve_backend_vulkan_answers_with_the_oracles_greedy_ids() {
         .map(|x| x.as_u64().expect("an id"))
         .collect();
     assert_eq!(ids, generated(&run(&["--backend", "oracle"], false)));
+    // A budget of 1 MiB holds four of the sixteen experts of each layer: the request was served
+    // partly from the fast store, partly from the host store.
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} missing in\n{metrics}"))
+    };
+    let served = value("aubier_expert_served_ratio");
+    assert!(served > 0.0 && served < 1.0, "served fraction {served}");
+    assert!(value("aubier_expert_host_bytes_total") > 0.0);
+    assert!(value("aubier_expert_promotions_total") > 0.0);
 }
 
 #[test]

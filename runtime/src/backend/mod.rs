@@ -100,6 +100,12 @@ pub trait LoadedModel: std::fmt::Debug + Send + Sync {
         None
     }
 
+    /// What the backend chose for the fast store's size, and why (printed by `aubier run`);
+    /// `None` when it says nothing.
+    fn fast_store_choice(&self) -> Option<String> {
+        None
+    }
+
     /// The memory it holds besides the fast store's slots, by what it is and how it was
     /// obtained.
     fn memory(&self) -> Vec<MemoryUse> {

@@ -206,6 +206,14 @@ fn builtin() -> Vec<BackendEntry> {
                            first hardware GPU, else a software device)",
                 },
                 BackendOption {
+                    name: "host-store",
+                    value: "auto|import|copy",
+                    help: "how the vulkan backend's host store reaches the device: import (the \
+                           model file's mapping imported as host memory, zero copy), copy (an \
+                           anonymous host copy of the experts, imported), auto (import, else \
+                           copy)",
+                },
+                BackendOption {
                     name: "max-buffer-bytes",
                     value: "BYTES",
                     help: "the largest buffer the vulkan backend makes, below the device's own \
@@ -215,10 +223,10 @@ fn builtin() -> Vec<BackendEntry> {
             ],
             auto: Auto::When(VulkanBackend::hardware_present),
             make: |o| {
-                let backend = VulkanBackend::new(o.parse("device")?);
-                Ok(Arc::new(
-                    backend.with_max_buffer_bytes(o.parse("max-buffer-bytes")?),
-                ))
+                let backend = VulkanBackend::new(o.parse("device")?)
+                    .with_max_buffer_bytes(o.parse("max-buffer-bytes")?)
+                    .with_host_mode(o.parse("host-store")?);
+                Ok(Arc::new(backend))
             },
         },
         BackendEntry {

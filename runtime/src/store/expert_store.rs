@@ -131,6 +131,11 @@ pub struct StoreReport {
     pub promotions: u64,
     /// Experts the policy dropped from the fast store (not counting reset).
     pub evictions: u64,
+    /// Bytes of the experts of the routed slots served from the host store: what the kernels
+    /// read from it (over the bus on a GPU), one expert's bytes per routed slot.
+    pub host_bytes: u64,
+    /// Bytes written into the fast store by promotions (not counting reset).
+    pub promoted_bytes: u64,
     /// Time the reset before this request took (ms; 0 with `--reset none`).
     pub reset_ms: f64,
 }
@@ -208,6 +213,8 @@ impl fmt::Debug for Layer {
 pub struct ExpertStore {
     id: u64,
     layers: Vec<Layer>,
+    /// Per MoE layer, the bytes of one expert.
+    expert_bytes: Vec<u64>,
     n_res: usize,
     n_expert: usize,
     policy: PolicyKind,
@@ -266,6 +273,7 @@ impl ExpertStore {
         let mut store = ExpertStore {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             layers: Vec::with_capacity(moe.len()),
+            expert_bytes: moe.iter().map(|l| l.expert_bytes() as u64).collect(),
             n_res,
             n_expert,
             policy: opts.policy,
@@ -533,6 +541,7 @@ impl ExpertStore {
                 .count() as u64;
             self.report.routed += ids.len() as u64;
             self.report.fast_hits += hits;
+            self.report.host_bytes += (ids.len() as u64 - hits) * self.expert_bytes[li];
             let Some(policy) = self.layers[li].policy.as_mut() else {
                 continue;
             };
@@ -557,6 +566,7 @@ impl ExpertStore {
             let target = policy.resident();
             let (writes, evictions) = self.follow(li, &target, slots)?;
             self.report.promotions += writes as u64;
+            self.report.promoted_bytes += writes as u64 * self.expert_bytes[li];
             self.report.evictions += evictions as u64;
         }
         self.report.served_fraction = if self.report.routed == 0 {

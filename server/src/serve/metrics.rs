@@ -49,6 +49,7 @@ pub struct Metrics {
     expert_routed: IntCounter,
     expert_fast_hits: IntCounter,
     expert_promotions: IntCounter,
+    expert_host_bytes: IntCounter,
     /// Registry mirrors of `queue_depth`, `running`, `open_connections`, `requests_in_flight`.
     mirrors: [IntGauge; 4],
     /// Requests waiting for the single-flight engine.
@@ -150,6 +151,10 @@ impl Metrics {
                 "aubier_expert_promotions_total",
                 "Experts copied into the fast store by the placement policy.",
             ),
+            expert_host_bytes: counter(
+                "aubier_expert_host_bytes_total",
+                "Bytes of the routed experts read from the host store (over the bus on a GPU).",
+            ),
             mirrors: [
                 gauge("aubier_queue_depth", "Requests waiting for the engine."),
                 gauge("aubier_requests_running", "Requests the engine is running."),
@@ -178,6 +183,7 @@ impl Metrics {
             Box::new(m.expert_routed.clone()),
             Box::new(m.expert_fast_hits.clone()),
             Box::new(m.expert_promotions.clone()),
+            Box::new(m.expert_host_bytes.clone()),
         ];
         for c in collectors.into_iter().chain(
             m.mirrors
@@ -250,6 +256,7 @@ impl Metrics {
         self.expert_routed.inc_by(r.routed);
         self.expert_fast_hits.inc_by(r.fast_hits);
         self.expert_promotions.inc_by(r.promotions);
+        self.expert_host_bytes.inc_by(r.host_bytes);
     }
 
     /// Renders every metric in the Prometheus text format.
@@ -295,6 +302,7 @@ mod tests {
             served_fraction: 0.5,
             fast_hits: 1,
             routed: 2,
+            host_bytes: 640,
             ..StoreReport::default()
         });
         let text = m.render();
@@ -315,6 +323,7 @@ mod tests {
             "aubier_expert_routed_total 6\n",
             "aubier_expert_fast_hits_total 4\n",
             "aubier_expert_promotions_total 1\n",
+            "aubier_expert_host_bytes_total 640\n",
         ] {
             assert!(text.contains(line), "{line} missing in\n{text}");
         }

@@ -12,6 +12,7 @@
 use super::device::{DeviceInfo, Instance};
 use super::error::{is_spirv, vk_call, VulkanError};
 use ash::vk;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// The logical device and the instance it was made from, shared by the context and every
@@ -19,8 +20,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 struct Shared {
     /// The logical device.
     device: ash::Device,
+    /// Bytes of memory allocated by this context's buffers, live.
+    allocated: AtomicU64,
+    /// Bytes of host memory imported by this context's buffers, live.
+    imported: AtomicU64,
     /// Dropped after `Drop::drop` destroyed the device.
-    _instance: Instance,
+    instance: Instance,
 }
 
 impl Drop for Shared {
@@ -64,7 +69,8 @@ impl VulkanContext {
     /// Opens device `device_index` (the index of [`super::device::list_devices`]) with one
     /// compute queue, enabling `bufferDeviceAddress` and, where the device has them, 8- and
     /// 16-bit storage-buffer access, `shaderFloat16`, `shaderInt8`, `shaderInt64` and
-    /// `shaderFloat64` (the generated kernels' addresses and `ln`, `sin`, `cos`).
+    /// `shaderFloat64` (the generated kernels' addresses and `ln`, `sin`, `cos`), and
+    /// `VK_EXT_external_memory_host` ([`VulkanContext::import_host`]).
     ///
     /// Errors: those of `list_devices`; [`VulkanError::Selection`] when no device has that
     /// index; [`VulkanError::Unsupported`] without `bufferDeviceAddress` (Vulkan 1.2) or a
@@ -126,9 +132,16 @@ impl VulkanContext {
         let core = vk::PhysicalDeviceFeatures::default()
             .shader_int64(f.shader_int64)
             .shader_float64(f.shader_float64);
+        let extensions = [ash::ext::external_memory_host::NAME.as_ptr()];
+        let extensions = if f.external_memory_host {
+            &extensions[..]
+        } else {
+            &[]
+        };
         let create = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
             .enabled_features(&core)
+            .enabled_extension_names(extensions)
             .push_next(&mut v11)
             .push_next(&mut v12);
         // SAFETY: `pd` belongs to the live instance; the device is Vulkan 1.2 (it has
@@ -153,7 +166,9 @@ impl VulkanContext {
             submitting: Mutex::new(()),
             shared: Arc::new(Shared {
                 device,
-                _instance: instance,
+                allocated: AtomicU64::new(0),
+                imported: AtomicU64::new(0),
+                instance,
             }),
         };
         // From here on, a failure drops `ctx`, which destroys what was made.
@@ -186,6 +201,16 @@ impl VulkanContext {
         &self.info
     }
 
+    /// `(allocated, imported)`: bytes of memory this context's live buffers allocated (device
+    /// and host-visible alike), and bytes of host memory they imported. The backend's own
+    /// allocation records: what its budget is checked against.
+    pub fn memory_records(&self) -> (u64, u64) {
+        (
+            self.shared.allocated.load(Ordering::Relaxed),
+            self.shared.imported.load(Ordering::Relaxed),
+        )
+    }
+
     /// A buffer of `size` bytes in `location`, bound to memory of its own, usable as a storage
     /// buffer, a copy source and destination, and by its device address.
     ///
@@ -195,6 +220,11 @@ impl VulkanContext {
         if size == 0 {
             return Err(VulkanError::Invalid("a buffer of 0 bytes".into()));
         }
+        if location == Location::Imported {
+            return Err(VulkanError::Invalid(
+                "an imported buffer is made by `import_host`, over host memory".into(),
+            ));
+        }
         let d = &self.shared.device;
         let mut buffer = Buffer {
             buffer: vk::Buffer::null(),
@@ -203,6 +233,7 @@ impl VulkanContext {
             size,
             address: 0,
             location,
+            memory_bytes: 0,
             shared: Arc::clone(&self.shared),
         };
         // From here on, a failure drops `buffer`, which frees what was made.
@@ -232,6 +263,10 @@ impl VulkanContext {
         buffer.memory = vk_call("vkAllocateMemory", unsafe {
             d.allocate_memory(&alloc, None)
         })?;
+        buffer.memory_bytes = needs.size;
+        self.shared
+            .allocated
+            .fetch_add(needs.size, Ordering::Relaxed);
         // SAFETY: fresh memory of a type the buffer accepts and of the size it needs, offset 0.
         vk_call("vkBindBufferMemory", unsafe {
             d.bind_buffer_memory(buffer.buffer, buffer.memory, 0)
@@ -255,12 +290,120 @@ impl VulkanContext {
         Ok(buffer)
     }
 
+    /// A buffer over `len` bytes of this process's memory at `host`, imported as device memory
+    /// (`VK_EXT_external_memory_host`, handle type `HOST_ALLOCATION`), addressed like any other
+    /// buffer: kernels read those bytes in place. The memory must stay mapped, unchanged by the
+    /// context, for the buffer's life.
+    ///
+    /// Errors: [`VulkanError::Unsupported`] without the extension; [`VulkanError::Invalid`] when
+    /// `host` or `len` is not a multiple of `minImportedHostPointerAlignment` or `len` is 0;
+    /// [`VulkanError::Vk`] when the driver refuses the pointer (some refuse a file's mapping)
+    /// or the allocation.
+    ///
+    /// # Safety
+    /// `host .. host + len` is mapped readable memory of this process that outlives the buffer
+    /// and that nothing unmaps while the buffer lives.
+    pub unsafe fn import_host(&self, host: *const u8, len: u64) -> Result<Buffer, VulkanError> {
+        let align = self
+            .info
+            .limits
+            .min_imported_host_pointer_alignment
+            .filter(|_| self.info.features.external_memory_host)
+            .ok_or_else(|| VulkanError::Unsupported {
+                device: self.info.index,
+                name: self.info.name.clone(),
+                what: "no VK_EXT_external_memory_host: host memory cannot be imported".into(),
+            })?;
+        if len == 0 || !(host as u64).is_multiple_of(align) || !len.is_multiple_of(align) {
+            return Err(VulkanError::Invalid(format!(
+                "importing {len} bytes at {host:p}: both must be multiples of {align} bytes \
+                 (minImportedHostPointerAlignment)"
+            )));
+        }
+        let d = &self.shared.device;
+        let handle = vk::ExternalMemoryHandleTypeFlags::HOST_ALLOCATION_EXT;
+        let ext = ash::ext::external_memory_host::Device::new(&self.shared.instance.instance, d);
+        let mut props = vk::MemoryHostPointerPropertiesEXT::default();
+        // SAFETY: the device enabled the extension (the alignment is only known with it); the
+        // pointer is this process's memory (the caller's contract); `props` outlives the call.
+        vk_call("vkGetMemoryHostPointerPropertiesEXT", unsafe {
+            (ext.fp().get_memory_host_pointer_properties_ext)(
+                d.handle(),
+                handle,
+                host.cast(),
+                &mut props,
+            )
+            .result()
+        })?;
+        let mut buffer = Buffer {
+            buffer: vk::Buffer::null(),
+            memory: vk::DeviceMemory::null(),
+            mapped: std::ptr::null_mut(),
+            size: len,
+            address: 0,
+            location: Location::Imported,
+            memory_bytes: 0,
+            shared: Arc::clone(&self.shared),
+        };
+        let mut external = vk::ExternalMemoryBufferCreateInfo::default().handle_types(handle);
+        let info = vk::BufferCreateInfo::default()
+            .size(len)
+            .usage(
+                vk::BufferUsageFlags::STORAGE_BUFFER
+                    | vk::BufferUsageFlags::TRANSFER_SRC
+                    | vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS,
+            )
+            .sharing_mode(vk::SharingMode::EXCLUSIVE)
+            .push_next(&mut external);
+        // SAFETY: the device is alive; `info` outlives the call.
+        buffer.buffer = vk_call("vkCreateBuffer", unsafe { d.create_buffer(&info, None) })?;
+        // SAFETY: the buffer was made by this device.
+        let needs = unsafe { d.get_buffer_memory_requirements(buffer.buffer) };
+        let types = self.memory.memory_types_as_slice();
+        let allowed = needs.memory_type_bits & props.memory_type_bits;
+        let type_index = (0..types.len() as u32)
+            .find(|&i| allowed & (1 << i) != 0)
+            .ok_or_else(|| VulkanError::Unsupported {
+                device: self.info.index,
+                name: self.info.name.clone(),
+                what: "no memory type can import this host memory".into(),
+            })?;
+        let mut import = vk::ImportMemoryHostPointerInfoEXT::default()
+            .handle_type(handle)
+            .host_pointer(host as *mut std::ffi::c_void);
+        let mut flags =
+            vk::MemoryAllocateFlagsInfo::default().flags(vk::MemoryAllocateFlags::DEVICE_ADDRESS);
+        let alloc = vk::MemoryAllocateInfo::default()
+            .allocation_size(len.max(needs.size))
+            .memory_type_index(type_index)
+            .push_next(&mut import)
+            .push_next(&mut flags);
+        // SAFETY: the pointer and size are aligned as the extension requires (checked above) and
+        // name memory that outlives the allocation (the caller's contract); `alloc` and its
+        // chain outlive the call.
+        buffer.memory = vk_call("vkAllocateMemory (import)", unsafe {
+            d.allocate_memory(&alloc, None)
+        })?;
+        buffer.memory_bytes = len;
+        self.shared.imported.fetch_add(len, Ordering::Relaxed);
+        // SAFETY: fresh memory of a type the buffer accepts, at least its size, offset 0.
+        vk_call("vkBindBufferMemory", unsafe {
+            d.bind_buffer_memory(buffer.buffer, buffer.memory, 0)
+        })?;
+        let address = vk::BufferDeviceAddressInfo::default().buffer(buffer.buffer);
+        // SAFETY: as in `buffer`: SHADER_DEVICE_ADDRESS usage, memory allocated with the
+        // DEVICE_ADDRESS flag.
+        buffer.address = unsafe { d.get_buffer_device_address(&address) };
+        Ok(buffer)
+    }
+
     /// The first memory type among `allowed` (a bit mask) with the properties `location`
     /// wants: device-local for [`Location::Device`]; host-visible and coherent for
     /// [`Location::Host`], cached if one is.
     fn memory_type(&self, allowed: u32, location: Location) -> Result<u32, VulkanError> {
         use vk::MemoryPropertyFlags as F;
         let wanted: &[F] = match location {
+            Location::Imported => &[],
             Location::Device => &[F::DEVICE_LOCAL],
             Location::Host => &[
                 F::HOST_VISIBLE | F::HOST_COHERENT | F::HOST_CACHED,
@@ -318,6 +461,9 @@ impl VulkanContext {
                 self.upload(&staging, 0, data)?;
                 self.copy(&staging, 0, buffer, offset, data.len() as u64)
             }
+            Location::Imported => Err(VulkanError::Invalid(
+                "an imported buffer is the host's memory: the context does not write it".into(),
+            )),
         }
     }
 
@@ -351,7 +497,7 @@ impl VulkanContext {
                 };
                 Ok(())
             }
-            Location::Device => {
+            Location::Device | Location::Imported => {
                 let staging = self.buffer(out.len() as u64, Location::Host)?;
                 self.copy(buffer, offset, &staging, 0, out.len() as u64)?;
                 self.download(&staging, 0, out)
@@ -1003,6 +1149,10 @@ pub enum Location {
     /// Host-visible, coherent memory, mapped for the buffer's life: the host reads and writes it
     /// directly (kernels read it over the bus on a discrete GPU).
     Host,
+    /// Host memory of the process imported as device memory (`VK_EXT_external_memory_host`):
+    /// kernels read it in place over the bus; the host writes it through its own pointer, the
+    /// context never does ([`VulkanContext::import_host`]).
+    Imported,
 }
 
 /// A buffer of a [`VulkanContext`] with memory of its own, freed on drop.
@@ -1019,6 +1169,8 @@ pub struct Buffer {
     address: u64,
     /// Where its memory lives.
     location: Location,
+    /// Bytes of its memory, counted in [`VulkanContext::memory_records`] while it lives.
+    memory_bytes: u64,
     /// The device, kept alive until the buffer is freed.
     shared: Arc<Shared>,
 }
@@ -1061,6 +1213,11 @@ impl Drop for Buffer {
             d.destroy_buffer(self.buffer, None);
             d.free_memory(self.memory, None);
         }
+        let record = match self.location {
+            Location::Imported => &self.shared.imported,
+            Location::Device | Location::Host => &self.shared.allocated,
+        };
+        record.fetch_sub(self.memory_bytes, Ordering::Relaxed);
     }
 }
 

@@ -32,8 +32,10 @@ use super::context::{
 };
 use super::device::Limits;
 use super::error::VulkanError;
+use super::host_store::{HostMode, HostStore};
 use super::shader::compile_glsl;
 use crate::backend::KernelTime;
+use crate::weights::Weights;
 use aubier_compiler::plan::{Operand, Plan, Storage, ValueId};
 use aubier_compiler::types::Dim;
 use aubier_kernels_gen::gpu::glsl;
@@ -63,26 +65,25 @@ pub(crate) struct DevicePlan {
     weights: Vec<DeviceWeight>,
     /// The address tables of the stacked expert tensors.
     tables: ExpertTables,
+    /// The stacked expert tensors in host memory the device reads.
+    host: HostStore,
 }
 
 /// A plan weight on the device.
 enum DeviceWeight {
-    /// Read whole by its address.
+    /// Read whole by its address, in device memory.
     Dense(Buffer),
-    /// Stacked experts, read through their table ([`ExpertTables`]); `parts` are buffers of
-    /// whole experts, `addresses` each expert's address in them.
-    Experts {
-        parts: Vec<Buffer>,
-        addresses: Vec<u64>,
-    },
+    /// Stacked experts, read through their table ([`ExpertTables`]): each expert from its
+    /// fast-store slot or from the host store ([`HostStore`]).
+    Experts,
 }
 
 impl DeviceWeight {
-    /// Bytes on the device.
+    /// Bytes in device memory.
     fn size(&self) -> u64 {
         match self {
             DeviceWeight::Dense(b) => b.size(),
-            DeviceWeight::Experts { parts, .. } => parts.iter().map(Buffer::size).sum(),
+            DeviceWeight::Experts => 0,
         }
     }
 }
@@ -111,21 +112,22 @@ impl std::fmt::Debug for DevicePlan {
 
 impl DevicePlan {
     /// Makes `plan` ready on `ctx`: the kernels of `launches` (per step, built for the device's
-    /// subgroup width) compiled and made pipelines; `weights` (by `WeightId`, the GGUF bytes)
-    /// uploaded, no buffer over `max_bytes` (the device's own limit, or a lower one): stacked
-    /// experts are split over buffers of whole experts.
+    /// subgroup width) compiled and made pipelines; the dense weights of `weights` uploaded into
+    /// device memory and the stacked experts placed in the host store ([`HostStore`], in
+    /// `host_mode`), no buffer over `max_bytes` (the device's own limit, or a lower one).
     ///
     /// Errors: [`VulkanError::Invalid`] when a kernel cannot be printed (naming it) or the
     /// launches do not fit the plan; [`VulkanError::Unsupported`] when a kernel's workgroup or
     /// shared memory is over the device's limits, or a dense weight or one expert is over
-    /// `max_bytes`; [`VulkanError::Compile`] from the shader compiler; [`VulkanError::Vk`] from
-    /// the driver (e.g. out of device memory for the weights).
+    /// `max_bytes`; [`VulkanError::Compile`] from the shader compiler; those of the host store;
+    /// [`VulkanError::Vk`] from the driver (e.g. out of device memory for the weights).
     pub(crate) fn new(
         ctx: VulkanContext,
         plan: &Plan,
         launches: &[Vec<Launch>],
-        weights: &[&[u8]],
+        weights: &Weights,
         max_bytes: u64,
+        host_mode: HostMode,
     ) -> Result<Self, VulkanError> {
         let mut sources: HashMap<String, usize> = HashMap::new();
         let mut pipelines = Vec::new();
@@ -173,13 +175,20 @@ impl DevicePlan {
                 plan.weights.len()
             )));
         }
-        let experts = read_as_experts(plan)?;
-        let weights = upload_weights(&ctx, plan, weights, &experts, max_bytes)?;
+        let moe = plan
+            .moe_layers()
+            .map_err(|e| VulkanError::Invalid(e.to_string()))?;
+        let mut experts = vec![false; plan.weights.len()];
+        for t in moe.iter().flat_map(|l| &l.tensors) {
+            experts[t.weight] = true;
+        }
+        let host = HostStore::new(&ctx, weights, &moe, max_bytes, host_mode)?;
+        let weights = upload_weights(&ctx, plan, &weights.views(), &experts, max_bytes)?;
         let n_expert = plan.config.n_expert.max(1) as u64;
         let mut at = vec![None; weights.len()];
         let mut table_bytes = 0u64;
         for (w, dw) in weights.iter().enumerate() {
-            if let DeviceWeight::Experts { .. } = dw {
+            if let DeviceWeight::Experts = dw {
                 at[w] = Some(table_bytes);
                 table_bytes += 8 * n_expert;
             }
@@ -203,6 +212,7 @@ impl DevicePlan {
             pipelines,
             weights,
             tables,
+            host,
         })
     }
 
@@ -211,13 +221,43 @@ impl DevicePlan {
         &self.ctx
     }
 
-    /// The address of expert `expert` of the stacked weight `w` in the host store (its bytes
-    /// uploaded at load); `None` for a weight not read as experts or an expert past them.
-    pub(crate) fn host_expert(&self, w: usize, expert: usize) -> Option<u64> {
-        match self.weights.get(w)? {
-            DeviceWeight::Experts { addresses, .. } => addresses.get(expert).copied(),
-            DeviceWeight::Dense(_) => None,
+    /// Bytes of a run's activation buffers at `T = t`, `S = s`: every plan slot at its largest
+    /// value and every named scratch at its largest use (what [`DeviceRun`] allocates for such a
+    /// step before any growth).
+    pub(crate) fn run_bytes(&self, plan: &Plan, t: usize, s: usize) -> u64 {
+        let mut slots = vec![0u64; plan.n_slots];
+        for v in &plan.values {
+            if let Storage::Slot(n) = v.storage {
+                let e = elements(&v.shape.0, t, s).unwrap_or(0) as u64 * 4;
+                if let Some(slot) = slots.get_mut(n) {
+                    *slot = (*slot).max(e);
+                }
+            }
         }
+        let mut scratch: HashMap<&str, u64> = HashMap::new();
+        for a in self.steps.iter().flatten().flat_map(|l| &l.args) {
+            if let Arg::Scratch { name, len } = a {
+                let e = len.eval(t, s).unwrap_or(0) as u64 * 4;
+                let n = scratch.entry(name).or_default();
+                *n = (*n).max(e);
+            }
+        }
+        slots.iter().sum::<u64>() + scratch.values().sum::<u64>()
+    }
+
+    /// The host store.
+    pub(crate) fn host(&self) -> &HostStore {
+        &self.host
+    }
+
+    /// Bytes of the dense weights in device memory.
+    pub(crate) fn dense_bytes(&self) -> u64 {
+        self.weights.iter().map(DeviceWeight::size).sum()
+    }
+
+    /// Bytes of the expert tables (host-visible and device-local).
+    pub(crate) fn table_bytes(&self) -> u64 {
+        self.tables.host.size() + self.tables.device.size()
     }
 
     /// Writes the expert tables for the next step: `table(w)` gives the `n_expert` addresses of
@@ -265,26 +305,11 @@ fn fits(l: &Limits, k: &Kernel) -> Result<(), String> {
     }
 }
 
-/// Per plan weight, whether it is a stacked expert tensor ([`Plan::moe_layers`]), read through
-/// an address table.
-fn read_as_experts(plan: &Plan) -> Result<Vec<bool>, VulkanError> {
-    let mut experts = vec![false; plan.weights.len()];
-    let moe = plan
-        .moe_layers()
-        .map_err(|e| VulkanError::Invalid(e.to_string()))?;
-    for t in moe.iter().flat_map(|l| &l.tensors) {
-        experts[t.weight] = true;
-    }
-    Ok(experts)
-}
-
-/// Uploads every weight: a dense one into one buffer (one byte for an empty tensor, never
-/// read); stacked experts (`n_expert` equal slices) into buffers of whole experts, each of at
-/// most `max_bytes`, with the table of the experts' addresses.
+/// Uploads every dense weight into one buffer of its own (one byte for an empty tensor, never
+/// read); a stacked expert tensor (`experts[w]`) stays in the host store.
 ///
-/// Errors: [`VulkanError::Unsupported`] for a dense weight, or one expert, over `max_bytes`;
-/// [`VulkanError::Invalid`] for stacked experts whose bytes do not split into `n_expert` equal
-/// parts; those of the buffers and uploads.
+/// Errors: [`VulkanError::Unsupported`] for a dense weight over `max_bytes`; those of the
+/// buffers and uploads.
 fn upload_weights(
     ctx: &VulkanContext,
     plan: &Plan,
@@ -292,55 +317,30 @@ fn upload_weights(
     experts: &[bool],
     max_bytes: u64,
 ) -> Result<Vec<DeviceWeight>, VulkanError> {
-    let n_expert = plan.config.n_expert.max(1);
-    let too_big = |name: &str, what: String| {
-        let info = ctx.info();
-        VulkanError::Unsupported {
-            device: info.index,
-            name: info.name.clone(),
-            what: format!(
-                "`{name}`: {what} is over the {max_bytes} bytes one buffer may hold on this device"
-            ),
+    let mut out = Vec::with_capacity(weights.len());
+    for (w, (bytes, &stacked)) in weights.iter().zip(experts).enumerate() {
+        if stacked {
+            out.push(DeviceWeight::Experts);
+            continue;
         }
-    };
-    let upload = |bytes: &[u8]| -> Result<Buffer, VulkanError> {
+        let name = plan.weights.get(w).map_or("?", |pw| pw.name.as_str());
+        if bytes.len() as u64 > max_bytes {
+            let info = ctx.info();
+            return Err(VulkanError::Unsupported {
+                device: info.index,
+                name: info.name.clone(),
+                what: format!(
+                    "`{name}`: {} bytes is over the {max_bytes} bytes one buffer may hold on \
+                     this device",
+                    bytes.len()
+                ),
+            });
+        }
         let buf = ctx.buffer(bytes.len().max(1) as u64, Location::Device)?;
         for (i, chunk) in bytes.chunks(UPLOAD_CHUNK).enumerate() {
             ctx.upload(&buf, (i * UPLOAD_CHUNK) as u64, chunk)?;
         }
-        Ok(buf)
-    };
-    let mut out = Vec::with_capacity(weights.len());
-    for (w, (bytes, &stacked)) in weights.iter().zip(experts).enumerate() {
-        let name = plan.weights.get(w).map_or("?", |pw| pw.name.as_str());
-        if !stacked {
-            if bytes.len() as u64 > max_bytes {
-                return Err(too_big(name, format!("{} bytes", bytes.len())));
-            }
-            out.push(DeviceWeight::Dense(upload(bytes)?));
-            continue;
-        }
-        let stride = bytes.len() / n_expert;
-        if stride == 0 || bytes.len() % n_expert != 0 {
-            return Err(VulkanError::Invalid(format!(
-                "`{name}`: {} bytes are not {n_expert} equal experts",
-                bytes.len()
-            )));
-        }
-        if stride as u64 > max_bytes {
-            return Err(too_big(name, format!("one expert's {stride} bytes")));
-        }
-        let per_part = usize::try_from(max_bytes / stride.max(1) as u64)
-            .unwrap_or(usize::MAX)
-            .clamp(1, n_expert);
-        let parts = bytes
-            .chunks(stride * per_part)
-            .map(upload)
-            .collect::<Result<Vec<_>, _>>()?;
-        let addresses = (0..n_expert)
-            .map(|e| parts[e / per_part].address() + ((e % per_part) * stride) as u64)
-            .collect();
-        out.push(DeviceWeight::Experts { parts, addresses });
+        out.push(DeviceWeight::Dense(buf));
     }
     Ok(out)
 }
@@ -400,6 +400,34 @@ struct RecordKey {
     reads: Vec<(ValueId, usize)>,
     /// [`DeviceRun::generation`] at recording.
     generation: u64,
+}
+
+/// A copy of an expert's bytes into its fast-store slot, recorded into a step's command buffer
+/// just before the first launch of step `step` (the layer's `moe_ffn`, the first to read the
+/// slot), so that no earlier launch waits for it.
+#[derive(Clone, Copy)]
+pub(crate) struct Promotion<'a> {
+    /// The plan step that reads the slot first.
+    pub step: usize,
+    /// The expert's bytes (the host store).
+    pub src: &'a Buffer,
+    /// Their offset in `src`.
+    pub src_offset: u64,
+    /// The slot's buffer.
+    pub dst: &'a Buffer,
+    /// The slot's offset in `dst`.
+    pub dst_offset: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// What a recording moves besides the launches: the inputs' and outputs' copies.
+struct Reading<'a> {
+    t: usize,
+    head: Option<usize>,
+    input_at: &'a [(ValueId, usize, usize)],
+    reads: &'a [Readback],
+    inputs_len: usize,
 }
 
 impl std::fmt::Debug for DeviceRun {
@@ -560,6 +588,7 @@ impl DeviceRun {
         s: usize,
         last_only: Option<ValueId>,
         outputs: &[ValueId],
+        promotions: &[Promotion<'_>],
     ) -> Result<Vec<Vec<u8>>, VulkanError> {
         let bad = |m: String| VulkanError::Invalid(m);
         if t == 0 || t > s || s > self.capacity {
@@ -640,15 +669,30 @@ impl DeviceRun {
             reads: reads.iter().map(|r| (r.value, r.bytes)).collect(),
             generation: self.generation,
         };
-        if self.recorded.as_ref().is_none_or(|(k, _)| *k != key) {
-            self.recorded = None;
-            let rec = self.record(dp, plan, t, head, &input_at, &reads, input_bytes.len())?;
-            self.recorded = Some((key, rec));
+        let reading = Reading {
+            t,
+            head,
+            input_at: &input_at,
+            reads: &reads,
+            inputs_len: input_bytes.len(),
+        };
+        if promotions.is_empty() {
+            if self.recorded.as_ref().is_none_or(|(k, _)| *k != key) {
+                self.recorded = None;
+                let rec = self.record(dp, plan, &reading, &[])?;
+                self.recorded = Some((key, rec));
+                self.recordings += 1;
+            }
+            let (_, rec) = self.recorded.as_ref().expect("recorded above");
+            dp.ctx.replay(rec)?;
+        } else {
+            // A step with promotions records its copies once, and keeps the recording of its
+            // shape without them for the steps after it.
+            let rec = self.record(dp, plan, &reading, promotions)?;
             self.recordings += 1;
+            dp.ctx.replay(&rec)?;
         }
         self.runs += 1;
-        let (_, rec) = self.recorded.as_ref().expect("recorded above");
-        dp.ctx.replay(rec)?;
         if let Some(ts) = &self.profile {
             let times = dp.ctx.read_timestamps(ts, self.n_launches as u32 + 1)?;
             for ((kt, &live), w) in self
@@ -689,12 +733,16 @@ impl DeviceRun {
         &self,
         dp: &DevicePlan,
         plan: &Plan,
-        t: usize,
-        head: Option<usize>,
-        input_at: &[(ValueId, usize, usize)],
-        reads: &[Readback],
-        inputs_len: usize,
+        reading: &Reading<'_>,
+        promotions: &[Promotion<'_>],
     ) -> Result<Recording, VulkanError> {
+        let &Reading {
+            t,
+            head,
+            input_at,
+            reads,
+            inputs_len,
+        } = reading;
         let staging = self.staging.as_ref().expect("made before recording");
         dp.ctx.record(|r| {
             let tables = &dp.tables;
@@ -714,6 +762,9 @@ impl DeviceRun {
             }
             let mut launch = 0;
             for (i, ls) in dp.steps.iter().enumerate() {
+                for p in promotions.iter().filter(|p| p.step == i) {
+                    r.copy(p.src, p.src_offset, p.dst, p.dst_offset, p.bytes)?;
+                }
                 for l in ls {
                     let push = self.push_constants(dp, plan, i, l, t, head == Some(i))?;
                     let counts = EXTENTS_BYTES + INDIRECT_BYTES * launch;
@@ -853,7 +904,7 @@ impl DeviceRun {
                         }
                     }
                     Some(Operand::Weight(w)) => match (kind, dp.weights.get(*w)) {
-                        (ParamKind::Experts { .. }, Some(DeviceWeight::Experts { .. })) => {
+                        (ParamKind::Experts { .. }, Some(DeviceWeight::Experts)) => {
                             let at = dp.tables.at[*w].ok_or_else(|| {
                                 bad(format!("`{name}`: weight {w} has no expert table"))
                             })?;
@@ -863,7 +914,7 @@ impl DeviceRun {
                             return Err(bad(format!("`{name}`: weight {w} has no expert table")))
                         }
                         (_, Some(DeviceWeight::Dense(b))) => b.address(),
-                        (_, Some(DeviceWeight::Experts { .. })) => {
+                        (_, Some(DeviceWeight::Experts)) => {
                             return Err(bad(format!("`{name}`: weight {w} is split by experts")))
                         }
                         (_, None) => return Err(bad(format!("`{name}`: no weight {w}"))),

@@ -26,6 +26,7 @@ pub(crate) mod context;
 pub(crate) mod device;
 mod error;
 pub(crate) mod exec;
+mod host_store;
 mod model;
 pub(crate) mod shader;
 #[cfg(test)]
@@ -39,6 +40,7 @@ use aubier_compiler::Target;
 use aubier_kernels_gen::gpu::emit::WARP;
 use aubier_kernels_gen::gpu::launch::launches;
 pub use error::{VulkanError, INSTALL_HINT};
+pub(crate) use host_store::HostMode;
 use model::VulkanBinding;
 
 /// The `vulkan` backend on a device (`--device N`, else the first hardware GPU, else a software
@@ -55,6 +57,8 @@ pub(crate) struct VulkanBackend {
     missing: Option<String>,
     /// The largest buffer it makes (the device's own limit when `None`).
     max_buffer_bytes: Option<u64>,
+    /// How the host store reaches the device.
+    host_mode: HostMode,
 }
 
 impl VulkanBackend {
@@ -80,6 +84,15 @@ impl VulkanBackend {
             width,
             missing,
             max_buffer_bytes: None,
+            host_mode: HostMode::Auto,
+        }
+    }
+
+    /// This backend with its host store reached as `mode` (`--host-store`; `None`: auto).
+    pub(crate) fn with_host_mode(self, mode: Option<HostMode>) -> VulkanBackend {
+        VulkanBackend {
+            host_mode: mode.unwrap_or(HostMode::Auto),
+            ..self
         }
     }
 
@@ -174,6 +187,6 @@ impl Backend for VulkanBackend {
             });
         }
         let ctx = context::VulkanContext::new(info.index).map_err(err)?;
-        model::load(ctx, input, binding, self.max_buffer_bytes).map_err(err)
+        model::load(ctx, input, binding, self.max_buffer_bytes, self.host_mode).map_err(err)
     }
 }

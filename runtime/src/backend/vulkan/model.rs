@@ -2,26 +2,30 @@
 //! store's slots in device memory ([`VulkanSlots`]).
 //!
 //! Algorithm. Loading makes the bound plan ready on the device ([`DevicePlan`]: the binding's
-//! kernels as pipelines, the weights in device buffers) and allocates `n_res` slots per MoE
-//! layer in device-local buffers of whole slots, each slot one expert's slice of every stacked
-//! tensor of its layer, back to back. Before each step the run writes the expert tables: the
-//! slot of every expert the store holds resident, the host store's copy of every other one; the
-//! step's command buffer copies them to the device before its first launch. Filling a slot
-//! uploads the expert's bytes from the mapped file.
+//! kernels as pipelines, the dense weights in device buffers, the stacked experts in the host
+//! store, read in place) and allocates `n_res` slots per MoE layer in device-local buffers of
+//! whole slots, each slot one expert's slice of every stacked tensor of its layer, back to back;
+//! `n_res` comes from the budget, by default what the device heap has left ([`Room`]). Before
+//! each step the run writes the expert tables: the slot of every expert the store holds
+//! resident, the host store's address of every other one; the step's command buffer copies them
+//! to the device before its first launch. Filling a slot (a promotion) is a copy from the host
+//! store recorded into the next step's command buffer just before the layer's `moe_ffn`, the
+//! first launch that reads the slot.
 
 use super::context::{Buffer, Location, VulkanContext};
 use super::error::VulkanError;
-use super::exec::{f32s, DevicePlan, DeviceRun};
+use super::exec::{f32s, DevicePlan, DeviceRun, Promotion};
+use super::host_store::HostMode;
 use crate::backend::{
-    BackendError, Experts, LoadInput, Loaded, LoadedModel, Output, Run, RunCounters, StepInput,
+    BackendError, Experts, LoadInput, Loaded, LoadedModel, MemoryUse, Obtained, Output, Run,
+    RunCounters, StepInput,
 };
-use crate::store::{SlotMemory, StoreError};
-use crate::weights::Weights;
+use crate::store::{FastBudget, SlotMemory, StoreError};
 use aubier_compiler::plan::{MoeLayer, Plan};
 use aubier_compiler::types::DType;
 use aubier_kernels_gen::gpu::launch::Launch;
 use std::any::Any;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// What the `vulkan` backend's binding gives its load: the launches of every step at `width`.
 #[derive(Clone, Debug)]
@@ -40,8 +44,8 @@ fn device_error(e: VulkanError) -> BackendError {
     }
 }
 
-/// Loads the plan of `input`, bound as `binding`, on the device of `ctx`; no buffer over
-/// `max_buffer_bytes` (the device's largest when `None`).
+/// Loads the plan of `input`, bound as `binding`, on the device of `ctx`, its host store reached
+/// as `host_mode`; no buffer over `max_buffer_bytes` (the device's largest when `None`).
 ///
 /// Errors: those of [`DevicePlan::new`]; [`VulkanError::Invalid`] for the plan's MoE layers or
 /// the budget; those of the slots' buffers.
@@ -50,23 +54,31 @@ pub(super) fn load(
     input: &LoadInput<'_>,
     binding: &VulkanBinding,
     max_buffer_bytes: Option<u64>,
+    host_mode: HostMode,
 ) -> Result<Loaded, VulkanError> {
     let plan = input.plan;
     let max = max_buffer_bytes.unwrap_or(ctx.info().limits.max_buffer_bytes());
-    let views = input.weights.views();
-    let dp = Arc::new(DevicePlan::new(ctx, plan, &binding.launches, &views, max)?);
+    let dp = Arc::new(DevicePlan::new(
+        ctx,
+        plan,
+        &binding.launches,
+        input.weights,
+        max,
+        host_mode,
+    )?);
     let moe = plan
         .moe_layers()
         .map_err(|e| VulkanError::Invalid(e.to_string()))?;
     let n_expert = moe.first().map_or(0, |l| l.n_expert);
     let per_slot: u64 = moe.iter().map(|l| l.expert_bytes() as u64).sum();
-    // Every expert is in device memory already (the host store of this backend): the slots
-    // hold what a budget asks for, none by default.
+    let room = Room::of(&dp, plan);
     let n_res = input
         .budget
-        .slots(per_slot, n_expert, || 0)
+        .slots(per_slot, n_expert, || room.slots(per_slot))
         .map_err(|e| VulkanError::Invalid(e.to_string()))?;
-    let slots = VulkanSlots::new(&dp, Arc::clone(input.weights), &moe, n_res, max)?;
+    let choice = room.say(input.budget, n_res, n_expert, per_slot);
+    tracing::info!("{choice}");
+    let slots = VulkanSlots::new(&dp, &moe, n_res, max)?;
     let mut table_of = vec![None; plan.weights.len()];
     for (li, l) in moe.iter().enumerate() {
         for (tj, t) in l.tensors.iter().enumerate() {
@@ -78,11 +90,88 @@ pub(super) fn load(
         plan: Arc::clone(plan),
         n_expert,
         table_of,
+        choice,
     };
     Ok(Loaded {
         model: Arc::new(model),
         slots: Box::new(slots),
     })
+}
+
+/// The device memory left for the fast store at load ([`FastBudget::Auto`]): the largest
+/// device-local heap, less what the backend has allocated (dense weights, expert tables), less
+/// a session's latent cache and activation buffers at the default context (`min(context, 4096)`
+/// tokens, a 512-token prompt pass), less a margin of 1/16 of the heap for what is not counted
+/// (pipelines, the driver's own).
+#[derive(Clone, Copy, Debug)]
+struct Room {
+    heap: u64,
+    allocated: u64,
+    session: u64,
+    margin: u64,
+}
+
+impl Room {
+    fn of(dp: &DevicePlan, plan: &Plan) -> Room {
+        let heap = dp
+            .context()
+            .info()
+            .heaps
+            .iter()
+            .filter(|h| h.device_local)
+            .map(|h| h.size)
+            .max()
+            .unwrap_or(0);
+        let cfg = &plan.config;
+        let kv = cfg.n_ctx_train.min(4096);
+        let cache = (cfg.n_layer * kv * cfg.kv_cache_width() * 4) as u64;
+        Room {
+            heap,
+            allocated: dp.context().memory_records().0,
+            session: cache + dp.run_bytes(plan, kv.min(512), kv),
+            margin: heap / 16,
+        }
+    }
+
+    /// Bytes left.
+    fn free(&self) -> u64 {
+        self.heap
+            .saturating_sub(self.allocated)
+            .saturating_sub(self.session)
+            .saturating_sub(self.margin)
+    }
+
+    /// Slots per layer that fit when one slot in every layer takes `per_slot` bytes.
+    fn slots(&self, per_slot: u64) -> usize {
+        if per_slot == 0 {
+            return usize::MAX;
+        }
+        usize::try_from(self.free() / per_slot).unwrap_or(usize::MAX)
+    }
+
+    /// What the backend chose and why, one sentence.
+    fn say(&self, budget: FastBudget, n_res: usize, n_expert: usize, per_slot: u64) -> String {
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        let why = match budget {
+            FastBudget::Auto => format!(
+                "the device heap's {:.0} MiB less {:.0} MiB allocated (dense weights, expert \
+                 tables), {:.0} MiB for a session (latent cache, activations) and a {:.0} MiB \
+                 margin leave {:.0} MiB",
+                mib(self.heap),
+                mib(self.allocated),
+                mib(self.session),
+                mib(self.margin),
+                mib(self.free())
+            ),
+            FastBudget::Slots(n) => format!("--n-res {n}"),
+            FastBudget::Bytes(b) => format!("--fast-budget {b}"),
+        };
+        format!(
+            "vulkan fast store: {n_res} of {n_expert} experts per layer in device memory \
+             ({:.0} MiB): {why}",
+            mib(per_slot * n_res as u64)
+        )
+    }
 }
 
 /// A plan loaded on a Vulkan device.
@@ -93,6 +182,8 @@ pub(super) struct VulkanModel {
     n_expert: usize,
     /// Per plan weight, `(MoE layer, tensor)` of a stacked expert tensor.
     table_of: Vec<Option<(usize, usize)>>,
+    /// What the fast store's size is and why.
+    choice: String,
 }
 
 impl LoadedModel for VulkanModel {
@@ -111,6 +202,45 @@ impl LoadedModel for VulkanModel {
 
     fn device(&self) -> Option<String> {
         Some(self.dp.context().info().name.clone())
+    }
+
+    fn fast_store_choice(&self) -> Option<String> {
+        Some(self.choice.clone())
+    }
+
+    fn memory(&self) -> Vec<MemoryUse> {
+        let host = self.dp.host();
+        let (allocated, _) = self.dp.context().memory_records();
+        let mut out = vec![
+            MemoryUse {
+                what: "dense weights".into(),
+                bytes: self.dp.dense_bytes(),
+                obtained: Obtained::Allocated,
+            },
+            MemoryUse {
+                what: "expert tables".into(),
+                bytes: self.dp.table_bytes(),
+                obtained: Obtained::Allocated,
+            },
+            MemoryUse {
+                what: "all device allocations".into(),
+                bytes: allocated,
+                obtained: Obtained::Allocated,
+            },
+            MemoryUse {
+                what: format!("host store ({:?})", host.mode()).to_lowercase(),
+                bytes: host.imported_bytes(),
+                obtained: Obtained::Imported,
+            },
+        ];
+        if host.copied_bytes() > 0 {
+            out.push(MemoryUse {
+                what: "host copy of the experts".into(),
+                bytes: host.copied_bytes(),
+                obtained: Obtained::Allocated,
+            });
+        }
+        out
     }
 }
 
@@ -144,12 +274,14 @@ impl Run for VulkanRun {
                 .map(|e| {
                     let slot = experts.store.slot_of(li, e);
                     slot.and_then(|s| slots.address(li, s, tj))
-                        .or_else(|| m.dp.host_expert(w, e))
+                        .or_else(|| m.dp.host().address(w, e))
                         .unwrap_or(0)
                 })
                 .collect()
         })
         .map_err(device_error)?;
+        let mut pending = slots.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let promotions = slots.promotions(&pending).map_err(device_error)?;
         let out = self
             .run
             .run(
@@ -160,8 +292,10 @@ impl Run for VulkanRun {
                 input.keys,
                 input.last_only,
                 input.outputs,
+                &promotions,
             )
             .map_err(device_error)?;
+        pending.clear();
         Ok(input
             .outputs
             .iter()
@@ -214,16 +348,28 @@ struct SlotLayer {
     /// Slots per part.
     per_part: usize,
     slot_bytes: usize,
+    /// The layer's `moe_ffn` step: the first to read its slots.
+    step: usize,
     /// Per stacked tensor: its weight, bytes of one expert, offset within a slot.
     tensors: Vec<(usize, usize, usize)>,
 }
 
-/// The fast store's slots in device-local memory.
+/// A slot to fill with an expert before the next step reads it.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    layer: usize,
+    slot: usize,
+    expert: usize,
+}
+
+/// The fast store's slots in device-local memory. Filling a slot is a copy from the host store
+/// recorded into the next step's command buffer, just before the layer's `moe_ffn` (or run at
+/// once when the slot is read back).
 pub(super) struct VulkanSlots {
     dp: Arc<DevicePlan>,
-    weights: Arc<Weights>,
     layers: Vec<SlotLayer>,
     slots: usize,
+    pending: Mutex<Vec<Pending>>,
 }
 
 impl std::fmt::Debug for VulkanSlots {
@@ -243,7 +389,6 @@ impl VulkanSlots {
     /// buffers.
     fn new(
         dp: &Arc<DevicePlan>,
-        weights: Arc<Weights>,
         moe: &[MoeLayer],
         slots: usize,
         max_bytes: u64,
@@ -283,14 +428,15 @@ impl VulkanSlots {
                 parts,
                 per_part,
                 slot_bytes,
+                step: l.step,
                 tensors,
             });
         }
         Ok(VulkanSlots {
             dp: Arc::clone(dp),
-            weights,
             layers,
             slots,
+            pending: Mutex::new(Vec::new()),
         })
     }
 
@@ -310,6 +456,52 @@ impl VulkanSlots {
     fn address(&self, layer: usize, slot: usize, tensor: usize) -> Option<u64> {
         let (buf, at, _) = self.place(layer, slot, tensor)?;
         Some(buf.address() + at)
+    }
+
+    /// The copies that fill the `pending` slots, from the host store.
+    ///
+    /// Errors: [`VulkanError::Invalid`] for a slot or an expert the store cannot place.
+    fn promotions(&self, pending: &[Pending]) -> Result<Vec<Promotion<'_>>, VulkanError> {
+        let mut out = Vec::new();
+        for p in pending {
+            let l = &self.layers[p.layer];
+            for (tensor, &(w, _, _)) in l.tensors.iter().enumerate() {
+                let bad = || {
+                    VulkanError::Invalid(format!(
+                        "MoE layer {} slot {} expert {}: no place",
+                        p.layer, p.slot, p.expert
+                    ))
+                };
+                let (dst, dst_offset, bytes) =
+                    self.place(p.layer, p.slot, tensor).ok_or_else(bad)?;
+                let (src, src_offset) = self.dp.host().source(w, p.expert).ok_or_else(bad)?;
+                out.push(Promotion {
+                    step: l.step,
+                    src,
+                    src_offset,
+                    dst,
+                    dst_offset,
+                    bytes: bytes as u64,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs the pending copies now (before a slot is read back).
+    ///
+    /// Errors: those of the submission.
+    fn flush(&self) -> Result<(), VulkanError> {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let promotions = self.promotions(&pending)?;
+        self.dp.context().run(|r| {
+            for p in &promotions {
+                r.copy(p.src, p.src_offset, p.dst, p.dst_offset, p.bytes)?;
+            }
+            Ok(())
+        })?;
+        pending.clear();
+        Ok(())
     }
 }
 
@@ -332,26 +524,27 @@ impl SlotMemory for VulkanSlots {
             slot,
             reason,
         };
-        let n = self.layers.get(layer).map_or(0, |l| l.tensors.len());
-        if n == 0 {
-            return Err(bad("no such MoE layer".into()));
+        let l = self
+            .layers
+            .get(layer)
+            .ok_or_else(|| bad("no such MoE layer".into()))?;
+        if slot >= self.slots {
+            return Err(bad(format!("past the {} slots", self.slots)));
         }
-        for tensor in 0..n {
-            let (w, _, _) = self.layers[layer].tensors[tensor];
-            let (buf, at, bytes) = self
-                .place(layer, slot, tensor)
-                .ok_or_else(|| bad(format!("past the {} slots", self.slots)))?;
-            let src = self
-                .weights
-                .view(w)
-                .and_then(|v| v.get(expert as usize * bytes..))
-                .and_then(|v| v.get(..bytes))
-                .ok_or_else(|| bad(format!("expert {expert} is outside its tensor")))?;
+        for &(w, _, _) in &l.tensors {
             self.dp
-                .context()
-                .upload(buf, at, src)
-                .map_err(|e| bad(e.to_string()))?;
+                .host()
+                .source(w, expert as usize)
+                .ok_or_else(|| bad(format!("expert {expert} is not in the host store")))?;
         }
+        self.pending
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Pending {
+                layer,
+                slot,
+                expert: expert as usize,
+            });
         Ok(())
     }
 
@@ -361,6 +554,7 @@ impl SlotMemory for VulkanSlots {
             slot,
             reason,
         };
+        self.flush().map_err(|e| bad(e.to_string()))?;
         let (buf, at, bytes) = self
             .place(layer, slot, tensor)
             .ok_or_else(|| bad(format!("no tensor {tensor} in this slot")))?;
