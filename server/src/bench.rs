@@ -339,6 +339,9 @@ pub struct BenchReport {
     /// Routed (token, layer, expert) slots of the last rep served from the fast expert store ÷
     /// all routed slots (`Session::store_report`).
     pub served_fraction: f64,
+    /// Bytes of routed experts read from the host store per computed token of the last rep
+    /// (over the bus on a GPU; `Session::store_report`).
+    pub host_bytes_per_token: f64,
     /// The device the backend runs on (`None` on the host).
     pub device: Option<String>,
     /// Time per kernel (host wall time, or GPU time from timestamp queries), most decode time
@@ -532,6 +535,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         backend: model.backend_name().to_string(),
         isa: aubier_runtime::backend::cpu::isa().to_string(),
         served_fraction: session.store_report().served_fraction,
+        host_bytes_per_token: session.store_report().host_bytes as f64
+            / (prompt.len() + args.n_gen - 1) as f64,
     };
     if let Some((name, spec)) = grammar {
         let tokenizer = tokenizer.context("the model file has no tokenizer for the grammar")?;
@@ -748,7 +753,11 @@ fn print_text(r: &BenchReport) -> anyhow::Result<()> {
         mb(b.embedding)
     );
     print_times(r)?;
-    outln!("served fraction {:.4} (last rep)", r.served_fraction);
+    outln!(
+        "served fraction {:.4}, host store {:.1} MB per token (last rep)",
+        r.served_fraction,
+        r.host_bytes_per_token / 1e6
+    );
     if let Some(g) = &r.grammar {
         outln!(
             "grammar {}: compiler {:.1} ms, compile {:.2} ms; {} tokens, {} masks: mask {:.3} ms median, {:.3} ms p99, {:.3} ms max; decode {:.2} ms/token unconstrained, {:.2} constrained (pairs' ratio {:.3}); mask wait {:.3} ms/token not hidden",
