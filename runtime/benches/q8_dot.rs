@@ -281,7 +281,7 @@ fn interleaved_prefill(
 fn decode(c: &mut Criterion, ty: GgmlType, w: &[u8], row: usize, rng: &mut ChaCha8Rng) {
     let x: Vec<f32> = (0..K).map(|_| rng.random_range(-1.0f32..1.0)).collect();
     let nb = K / QK_K;
-    // Plane 2 is the residual of plane 1 (as the fast path's `q8x2`).
+    // Plane 2 is the residual of plane 1 (as the cpu backend's `q8x2`).
     let mut xq = vec![BlockQ8K::ZERO; 2 * nb];
     quantize_row_q8k(&x, &mut xq[..nb]).expect("whole blocks");
     let r: Vec<f32> = x
