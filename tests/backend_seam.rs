@@ -257,11 +257,7 @@ impl Run for SeamRun {
         if t == 0 || t > s || s > self.kv_max {
             return Err(err(format!("T = {t}, S = {s}, capacity {}", self.kv_max)));
         }
-        let slots = experts
-            .slots
-            .as_any()
-            .downcast_ref::<SeamSlots>()
-            .ok_or_else(|| err("slots of another backend"))?;
+        let slots = experts.slots_as::<SeamSlots>(NAME)?;
         for v in &plan.values {
             if let Storage::Slot(n) = v.storage {
                 let need = v.shape.numel(t, s);

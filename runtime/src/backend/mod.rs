@@ -193,6 +193,21 @@ pub struct Experts<'a> {
     pub slots: &'a dyn SlotMemory,
 }
 
+impl<'a> Experts<'a> {
+    /// The slots as the memory type `T` the backend `backend` allocated at load.
+    ///
+    /// Errors: [`BackendError::Binding`] when the slots are another backend's memory.
+    pub fn slots_as<T: Any>(&self, backend: &str) -> Result<&'a T, BackendError> {
+        self.slots
+            .as_any()
+            .downcast_ref::<T>()
+            .ok_or_else(|| BackendError::Binding {
+                backend: backend.to_string(),
+                detail: "the slot memory of another backend".into(),
+            })
+    }
+}
+
 /// A plan output read back after a step: f32 or i32 elements, row-major.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Output {

@@ -199,14 +199,7 @@ impl<K: StepKernel> Run for HostRun<K> {
         experts: &Experts<'_>,
     ) -> Result<Vec<Output>, BackendError> {
         let m = &*self.model;
-        let slots = experts
-            .slots
-            .as_any()
-            .downcast_ref::<HostSlots>()
-            .ok_or_else(|| BackendError::Binding {
-                backend: "host".into(),
-                detail: "the slot memory of another backend".into(),
-            })?;
+        let slots = experts.slots_as::<HostSlots>("host")?;
         let weights = m.weights.views();
         let (exec, cache) = (&mut self.exec, &mut self.cache);
         // On a worker of the rayon pool, so that the run's parallel steps fork from a worker

@@ -258,14 +258,7 @@ impl Run for VulkanRun {
         experts: &Experts<'_>,
     ) -> Result<Vec<Output>, BackendError> {
         let m = &*self.model;
-        let slots = experts
-            .slots
-            .as_any()
-            .downcast_ref::<VulkanSlots>()
-            .ok_or_else(|| BackendError::Binding {
-                backend: "vulkan".into(),
-                detail: "the slot memory of another backend".into(),
-            })?;
+        let slots = experts.slots_as::<VulkanSlots>("vulkan")?;
         m.dp.write_tables(|w| {
             let Some((li, tj)) = m.table_of.get(w).copied().flatten() else {
                 return Vec::new();
