@@ -167,11 +167,6 @@ impl SharedSlots {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Slots per MoE layer.
-    pub fn slots(&self) -> usize {
-        self.lock().memory.slots()
-    }
-
     /// Bytes allocated for them.
     pub fn bytes(&self) -> u64 {
         self.lock().memory.bytes()
@@ -327,11 +322,6 @@ impl ExpertStore {
             "expert store ready"
         );
         Ok(store)
-    }
-
-    /// This store's id among the stores of the process.
-    pub fn id(&self) -> u64 {
-        self.id
     }
 
     /// Makes `slots` hold this store's resident experts: when another store filled them last,

@@ -205,9 +205,10 @@ impl<K: StepKernel> Executor<K> {
         &self.times
     }
 
-    /// Zeroes [`Executor::step_times`].
+    /// Zeroes [`Executor::step_times`] and [`Executor::runs`].
     pub fn reset_step_times(&mut self) {
         self.times.fill(StepTime::default());
+        self.runs = 0;
     }
 
     /// Runs every step of `bound.plan` for `T = t` tokens over `S = s` keys; with `last_only`,
