@@ -5,6 +5,11 @@
 //!
 //! AMX also needs the OS: Linux grants the tile data state on request
 //! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`), asked here once.
+//!
+//! Override. [`limit`] caps what [`isa`] reports at an [`IsaLevel`] (`--cpu-isa`), for the whole
+//! process and before anything has read it, so that every kernel family below the machine's own
+//! can be run and measured on it (an AVX2 host's kernels on an AVX-512 one). A cap only removes
+//! features: a kernel handed out under it still runs only where the CPU has its features.
 
 use std::sync::OnceLock;
 
@@ -38,10 +43,144 @@ impl Isa {
     }
 }
 
-/// The [`Isa`] of this process's CPU, probed on first use.
+/// A kernel family `--cpu-isa` names, each with exactly the features its kernels use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum IsaLevel {
+    /// No SIMD beyond the target's baseline (SSE2 on x86_64): the scalar kernels. (The f32
+    /// GEMM of prefill, `matrixmultiply::sgemm`, picks its own kernels by the CPU at every level.)
+    Scalar,
+    /// AVX2, FMA and F16C.
+    Avx2,
+    /// The AVX2 set and AVX-512 F, BW, VL and VNNI.
+    Avx512Vnni,
+    /// The AVX-512 VNNI set and AMX-TILE, AMX-INT8 with the OS's grant of the tile state.
+    Amx,
+}
+
+impl IsaLevel {
+    /// Every level, lowest first.
+    pub const ALL: [IsaLevel; 4] = [
+        IsaLevel::Scalar,
+        IsaLevel::Avx2,
+        IsaLevel::Avx512Vnni,
+        IsaLevel::Amx,
+    ];
+
+    /// Its name: `scalar`, `avx2`, `avx512-vnni` or `amx` (as [`Isa::tier`]).
+    pub fn name(self) -> &'static str {
+        match self {
+            IsaLevel::Scalar => "scalar",
+            IsaLevel::Avx2 => "avx2",
+            IsaLevel::Avx512Vnni => "avx512-vnni",
+            IsaLevel::Amx => "amx",
+        }
+    }
+
+    /// The features it needs, as a message names them.
+    fn features(self) -> &'static str {
+        match self {
+            IsaLevel::Scalar => "none",
+            IsaLevel::Avx2 => "AVX2, FMA and F16C",
+            IsaLevel::Avx512Vnni => "AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI",
+            IsaLevel::Amx => "AVX-512 VNNI and AMX-TILE/AMX-INT8 granted by the OS",
+        }
+    }
+}
+
+impl std::str::FromStr for IsaLevel {
+    type Err = String;
+
+    /// `scalar`, `avx2`, `avx512-vnni` or `amx`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        IsaLevel::ALL
+            .into_iter()
+            .find(|l| l.name() == s)
+            .ok_or_else(|| format!("unknown ISA `{s}` (expected scalar, avx2, avx512-vnni or amx)"))
+    }
+}
+
+impl std::fmt::Display for IsaLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why [`limit`] refused a level.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IsaError {
+    /// The CPU (or OS) lacks a feature of the level.
+    #[error("--cpu-isa {level}: this CPU lacks it (it needs {needs}; this one offers {offers})")]
+    Missing {
+        /// The level asked for.
+        level: IsaLevel,
+        /// Its features, in words.
+        needs: &'static str,
+        /// The widest tier this CPU has.
+        offers: &'static str,
+    },
+    /// The process had already fixed its ISA otherwise (a kernel had read it, or another cap).
+    #[error("--cpu-isa {level}: this process already runs its kernels at {fixed}; the ISA is one per process")]
+    Fixed {
+        /// The level asked for.
+        level: IsaLevel,
+        /// The tier in force.
+        fixed: &'static str,
+    },
+}
+
+impl Isa {
+    /// This ISA capped at `level`: the features above it removed.
+    ///
+    /// Errors: [`IsaError::Missing`] when this ISA lacks a feature `level` needs.
+    pub fn limited_to(self, level: IsaLevel) -> Result<Isa, IsaError> {
+        let has = match level {
+            IsaLevel::Scalar => true,
+            IsaLevel::Avx2 => self.avx2,
+            IsaLevel::Avx512Vnni => self.avx512_vnni,
+            IsaLevel::Amx => self.amx,
+        };
+        if !has {
+            return Err(IsaError::Missing {
+                level,
+                needs: level.features(),
+                offers: self.tier(),
+            });
+        }
+        let wide = level >= IsaLevel::Avx512Vnni;
+        Ok(Isa {
+            avx2: level >= IsaLevel::Avx2,
+            avx512f: wide,
+            avx512bw: wide,
+            avx512_vnni: wide,
+            amx: level == IsaLevel::Amx,
+        })
+    }
+}
+
+static ISA: OnceLock<Isa> = OnceLock::new();
+
+/// The [`Isa`] this process's kernels use: the CPU's, probed on first use, or as [`limit`]
+/// capped it.
 pub fn isa() -> &'static Isa {
-    static ISA: OnceLock<Isa> = OnceLock::new();
     ISA.get_or_init(probe)
+}
+
+/// Caps [`isa`] at `level` for the rest of the process (`--cpu-isa`).
+///
+/// Errors: [`IsaError::Missing`] when the CPU lacks the level; [`IsaError::Fixed`] when the
+/// process already uses another ISA (read before this call, or capped otherwise). Capping at the
+/// ISA already in force is no error.
+pub fn limit(level: IsaLevel) -> Result<(), IsaError> {
+    let want = probe().limited_to(level)?;
+    let fixed = ISA.get_or_init(|| want);
+    if *fixed == want {
+        Ok(())
+    } else {
+        Err(IsaError::Fixed {
+            level,
+            fixed: fixed.tier(),
+        })
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -111,5 +250,70 @@ mod tests {
         assert!(!i.avx512bw || i.avx512f, "{i:?}");
         assert_eq!(isa(), i, "probed once");
         eprintln!("this CPU: {i:?}, tier {}", i.tier());
+    }
+
+    /// A cap keeps exactly its level's features, is refused above the CPU's, and names both.
+    #[test]
+    fn levels_cap_to_exactly_their_features() {
+        let full = Isa {
+            avx2: true,
+            avx512f: true,
+            avx512bw: true,
+            avx512_vnni: true,
+            amx: true,
+        };
+        for level in IsaLevel::ALL {
+            let capped = full.limited_to(level).unwrap();
+            assert_eq!(capped.tier(), level.name());
+            assert_eq!(level.name().parse::<IsaLevel>().unwrap(), level);
+            for lower in IsaLevel::ALL.into_iter().filter(|&l| l <= level) {
+                assert_eq!(
+                    capped.limited_to(lower).unwrap(),
+                    full.limited_to(lower).unwrap()
+                );
+            }
+        }
+        assert_eq!(full.limited_to(IsaLevel::Scalar).unwrap(), Isa::default());
+        let avx512f_only = Isa {
+            avx2: true,
+            avx512f: true,
+            ..Isa::default()
+        };
+        assert_eq!(
+            avx512f_only.limited_to(IsaLevel::Avx2).unwrap(),
+            Isa {
+                avx2: true,
+                ..Isa::default()
+            },
+            "AVX-512F without VNNI is dropped at avx2"
+        );
+        let e = avx512f_only.limited_to(IsaLevel::Avx512Vnni).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--cpu-isa avx512-vnni: this CPU lacks it (it needs AVX2, FMA, F16C and AVX-512 \
+             F/BW/VL/VNNI; this one offers avx2)"
+        );
+        assert!(Isa::default().limited_to(IsaLevel::Avx2).is_err());
+        assert!("avx512".parse::<IsaLevel>().is_err());
+    }
+
+    /// Capping at the ISA in force is accepted; another cap afterwards is refused.
+    #[test]
+    fn a_cap_is_one_per_process() {
+        let here = *isa();
+        for level in IsaLevel::ALL {
+            match probe().limited_to(level) {
+                Ok(capped) if capped == here => assert_eq!(limit(level), Ok(())),
+                Ok(_) => assert_eq!(
+                    limit(level),
+                    Err(IsaError::Fixed {
+                        level,
+                        fixed: here.tier()
+                    })
+                ),
+                Err(missing) => assert_eq!(limit(level), Err(missing)),
+            }
+        }
+        assert_eq!(isa(), &here);
     }
 }

@@ -1,5 +1,5 @@
 //! `aubier gen [--model FILE] [--target oracle|cpu|gpu] [--fuse-phase|--fuse-wkb|--fuse-kqkv
-//! auto|on|off] [--out DIR] [--check] [--plan [--backend NAME [--device N|--cpu-numerics q8x2|q8]]]
+//! auto|on|off] [--out DIR] [--check] [--plan [--backend NAME [--device N|--cpu-numerics q8x2|q8|--cpu-isa LEVEL]]]
 //! [--dump-after STAGE [--format text|dot]] [--disable PASS]…`: compile the model of a GGUF file
 //! and generate the GPU kernels of its plan.
 //!

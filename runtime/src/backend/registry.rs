@@ -10,6 +10,7 @@ use super::cpu::{CpuBackend, CpuNumerics};
 use super::oracle::OracleBackend;
 use super::vulkan::VulkanBackend;
 use super::Backend;
+use crate::isa::IsaLevel;
 use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
 /// An option a backend parses: `--{name} {value}`.
@@ -233,15 +234,28 @@ fn builtin() -> Vec<BackendEntry> {
             name: "cpu",
             about: "SIMD kernels over Q8_K activations, latent attention fused (`aubier quality` \
                     EQUIVALENT to the oracle under q8x2)",
-            options: &[BackendOption {
-                name: "cpu-numerics",
-                value: "q8x2|q8",
-                help: "numerics of the cpu backend: q8x2 (default: each activation as two Q8_K \
-                       planes, value and residual) or q8 (one plane, as llama.cpp's CPU \
-                       backend: faster, measurably less exact)",
-            }],
+            options: &[
+                BackendOption {
+                    name: "cpu-numerics",
+                    value: "q8x2|q8",
+                    help: "numerics of the cpu backend: q8x2 (default: each activation as two \
+                           Q8_K planes, value and residual) or q8 (one plane, as llama.cpp's CPU \
+                           backend: faster, measurably less exact)",
+                },
+                BackendOption {
+                    name: "cpu-isa",
+                    value: "scalar|avx2|avx512-vnni|amx",
+                    help: "the widest instruction set the CPU kernels use (default: all this CPU \
+                           has): scalar; avx2 (AVX2, FMA, F16C); avx512-vnni (and AVX-512 \
+                           F/BW/VL/VNNI); amx (and AMX-TILE/INT8). Refused where the CPU lacks \
+                           it; one per process. The same bits at every level",
+                },
+            ],
             auto: Auto::Fallback,
             make: |o| {
+                if let Some(level) = o.parse::<IsaLevel>("cpu-isa")? {
+                    crate::isa::limit(level).map_err(|e| e.to_string())?;
+                }
                 let numerics: Option<CpuNumerics> = o.parse("cpu-numerics")?;
                 Ok(Arc::new(CpuBackend::new(numerics.unwrap_or_default())))
             },
