@@ -20,7 +20,8 @@
 //! of the interleaved layout (`interleaved`), in weight bytes per second.
 //! Time is the benchmark thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), not wall time, so
 //! other processes on a shared machine do not inflate it (they still share its caches).
-//! Run: `cargo bench -p aubier-runtime --bench q8_dot`.
+//! Run: `cargo bench -p aubier-runtime --bench q8_dot`; `AUBIER_CPU_ISA=avx2` (any `--cpu-isa`
+//! level) caps the kernels handed out, so that a narrower host's kernels are measured here.
 
 use aubier_runtime::backend::cpu::q8::{
     interleave_rows, q8_dot_fn, q8_dot_many_fn, q8_grid_fn, q8_grid_interleaved_fn,
@@ -30,6 +31,7 @@ use aubier_runtime::backend::cpu::q8::{
 use aubier_runtime::ggml_type::GgmlType;
 use aubier_runtime::gguf::quant::dot_row;
 use aubier_runtime::gguf::quant::random::BlockSampler;
+use aubier_runtime::isa::IsaLevel;
 use criterion::{criterion_group, criterion_main, Bencher, BenchmarkId, Criterion, Throughput};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -94,6 +96,10 @@ fn iter_cpu<R>(b: &mut Bencher, mut f: impl FnMut() -> R) {
 }
 
 fn bench(c: &mut Criterion) {
+    if let Ok(level) = std::env::var("AUBIER_CPU_ISA") {
+        let level: IsaLevel = level.parse().expect("AUBIER_CPU_ISA: a --cpu-isa level");
+        aubier_runtime::isa::limit(level).expect("AUBIER_CPU_ISA");
+    }
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let x: Vec<f32> = (0..K).map(|_| rng.random_range(-1.0f32..1.0)).collect();
     let mut xq = vec![BlockQ8K::ZERO; K / QK_K];

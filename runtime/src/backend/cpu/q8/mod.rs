@@ -26,8 +26,8 @@
 //! Contract. Every kernel computes these integers and then the same f32 helpers (`shared.rs`)
 //! (no FMA contraction: Rust never fuses `a·b + c`), so all give the scalar kernel's bits: the
 //! scalar (`scalar.rs`) and AVX2 (`avx2.rs`) single-row kernels; [`q8_dot_many_fn`]'s one
-//! weight row against several activation rows (prefill; `avx512/vnni.rs` unpacks each weight block once
-//! for all of them: Q2_K to Q6_K); the decode kernels of [`q8_rows_fn`] (`avx512/rows.rs`, `avx512/lanes.rs`:
+//! weight row against several activation rows (prefill; `avx512/vnni.rs` and, on AVX2,
+//! `avx2_many.rs` unpack each weight block once for all of them: Q2_K to Q6_K); the decode kernels of [`q8_rows_fn`] (`avx512/rows.rs`, `avx512/lanes.rs`:
 //! the planes' values added in plane order); and [`q8_grid_fn`]'s many weight rows against many
 //! activation rows packed as [`Q8Tiles`] (`tiles.rs`; Q2_K, Q3_K; sums by AMX's `tdpbusd` in
 //! `avx512/amx.rs` or by VNNI in `avx512/grid.rs`). The result differs from the f32 oracle
@@ -42,6 +42,8 @@ mod types;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_many;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
@@ -222,12 +224,13 @@ pub fn q8_dot_fn(ty: GgmlType) -> Option<Q8DotFn> {
 }
 
 /// The fastest multi-row kernel for `ty` on this CPU (the types of [`q8_dot_fn`]), or None:
-/// for Q2_K, Q3_K, Q4_K, Q5_K and Q6_K, where [`crate::isa`] reports `avx512_vnni`, the VNNI kernel
-/// (each weight block unpacked once for all activation rows; fewer than three rows go row by
-/// row); else [`q8_dot_fn`]'s kernel once per activation row.
+/// for Q2_K, Q3_K, Q4_K, Q5_K and Q6_K, each weight block unpacked once for all activation rows,
+/// the VNNI kernel where [`crate::isa`] reports `avx512_vnni` (fewer than three rows go row by
+/// row), else the AVX2 kernel (`avx2_many.rs`) where it reports `avx2`; else [`q8_dot_fn`]'s
+/// kernel once per activation row.
 pub fn q8_dot_many_fn(ty: GgmlType) -> Option<Q8DotManyFn> {
     #[cfg(target_arch = "x86_64")]
-    if let Some(f) = vnni::many_fn(ty) {
+    if let Some(f) = vnni::many_fn(ty).or_else(|| avx2_many::many_fn(ty)) {
         return Some(f);
     }
     let at = TYPES.iter().position(|&t| t == ty)?;
@@ -794,15 +797,21 @@ mod tests {
         }
     }
 
-    /// The multi-row kernels of `ty` to check: the VNNI one (None, with a note, when this CPU
-    /// lacks AVX-512 VNNI) and the dispatched one.
+    /// The multi-row kernels of `ty` to check: the VNNI and AVX2 ones (each None, with a note,
+    /// when this CPU lacks its features) and the dispatched one.
     #[cfg(target_arch = "x86_64")]
     fn many_kernels(ty: GgmlType) -> Vec<Q8DotManyFn> {
-        let vnni = vnni::many_fn(ty);
+        let (vnni, avx2) = (vnni::many_fn(ty), avx2_many::many_fn(ty));
         if vnni.is_none() && TYPES[..5].contains(&ty) {
             println!("note: no AVX-512 VNNI (F/BW/VL) on this CPU, {ty}: VNNI checks skipped");
         }
-        vnni.into_iter().chain(q8_dot_many_fn(ty)).collect()
+        if avx2.is_none() && TYPES[..5].contains(&ty) {
+            println!("note: no AVX2 (FMA, F16C) on this CPU, {ty}: AVX2 many-row checks skipped");
+        }
+        vnni.into_iter()
+            .chain(avx2)
+            .chain(q8_dot_many_fn(ty))
+            .collect()
     }
 
     #[cfg(not(target_arch = "x86_64"))]
@@ -955,6 +964,7 @@ mod tests {
         let nb = 2;
         let x1 = quantize(&activations(nb, &mut rng));
         let x2 = two_planes(&activations(nb, &mut rng));
+        let x5 = quantize(&activations(5 * nb, &mut rng));
         for &ty in &TYPES {
             let row = weights(ty, nb, &mut rng);
             let group: Vec<u8> = (0..INTERLEAVE_ROWS)
@@ -987,7 +997,14 @@ mod tests {
                         &format!("avx512-vnni many-row {ty}"),
                         present,
                         no_vnni,
-                        &mut || check_many(ty, &row, &x1, 1, "isa report"),
+                        &mut || check_many(ty, &row, &x5, 5, "isa report"),
+                    );
+                    let present = avx2_many::many_fn(ty).is_some();
+                    variant(
+                        &format!("avx2 many-row {ty}"),
+                        present,
+                        no_avx2,
+                        &mut || check_many(ty, &row, &x5, 5, "isa report"),
                     );
                 }
                 if matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K) {

@@ -28,9 +28,10 @@
 //! group of at most [`HALF`] activation rows goes through the VNNI backend at 256 bits (the tile
 //! row's first eight lanes), for no more than half a group's cost.
 
+use super::avx2_many::q2_prep;
 use super::lanes::{q2_unpack, q3_unpack, LaneScales};
 use super::tiles::{CBuf, Q8Tiles, Unpacked, GROUP};
-use super::vnni::{q2_prep, q3_prep};
+use super::vnni::q3_prep;
 use super::Q8GridFn;
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
@@ -149,8 +150,8 @@ impl LaneScales {
     }
 }
 
-impl From<super::vnni::Q2> for Scales {
-    fn from(p: super::vnni::Q2) -> Scales {
+impl From<super::avx2_many::Q2> for Scales {
+    fn from(p: super::avx2_many::Q2) -> Scales {
         let mut mins = [0i32; 8];
         // SAFETY: 32 bytes into an [i32; 8].
         unsafe { _mm256_storeu_si256(mins.as_mut_ptr().cast(), p.mins) };
