@@ -32,7 +32,7 @@
 //!   to the compiler's vectorizer (no reassociation: each element is its own two products).
 //!
 //! Vectors are AVX-512 where the CPU has it, else `[f32; 16]` arrays with the same operations
-//! ([`V16`]): the two give the same bits.
+//! ([`V16`]), compiled for AVX2 where the CPU has that ([`Width`]): all give the same bits.
 
 use aubier_kernels_gen::cpu::expf::expf;
 use rayon::prelude::*;
@@ -278,31 +278,79 @@ mod avx512 {
     }
 }
 
-/// Whether the AVX-512 lanes may be used on this CPU.
-pub(super) fn avx512_detected() -> bool {
-    crate::isa::isa().avx512f
+/// What the lane kernels compile to: AVX-512 vectors ([`avx512::Z`]) where [`crate::isa`]
+/// reports AVX-512F; else `[f32; 16]` arrays inside a function compiled for AVX2 (the compiler
+/// vectorizes them 256 bits wide) where it reports AVX2; else the arrays at the target's
+/// baseline. Every width computes each lane's IEEE operations, so the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Width {
+    Arrays,
+    Avx2,
+    Avx512,
 }
 
-/// `$generic::<lanes>(args)` with the AVX-512 lanes, inside a function compiled for AVX-512F,
-/// when `$wide` (which implies [`avx512_detected`]), else with arrays.
+impl Width {
+    /// The widest width this process's ISA allows.
+    pub(super) fn detected() -> Width {
+        let isa = crate::isa::isa();
+        if isa.avx512f {
+            Width::Avx512
+        } else if isa.avx2 {
+            Width::Avx2
+        } else {
+            Width::Arrays
+        }
+    }
+
+    /// Its name in a kernel's variant: `scalar`, `avx2` or `avx512`.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Width::Arrays => "scalar",
+            Width::Avx2 => "avx2",
+            Width::Avx512 => "avx512",
+        }
+    }
+
+    /// Every width this CPU runs, narrowest first (for tests).
+    #[cfg(test)]
+    fn available() -> Vec<Width> {
+        let isa = crate::isa::isa();
+        let mut widths = vec![Width::Arrays];
+        if isa.avx2 {
+            widths.push(Width::Avx2);
+        }
+        if isa.avx512f {
+            widths.push(Width::Avx512);
+        }
+        widths
+    }
+}
+
+/// `$generic::<lanes>(args)` at `$width` ([`Width`]): with the AVX-512 lanes inside a function
+/// compiled for AVX-512F, with arrays inside one compiled for AVX2, or with arrays.
 macro_rules! lanes_call {
-    ($wide:expr, $generic:ident $(::<$($c:tt),*>)?, ($($a:ident: $t:ty),* $(,)?)) => {{
+    ($width:expr, $generic:ident $(::<$($c:tt),*>)?, ($($a:ident: $t:ty),* $(,)?)) => {{
         #[cfg(target_arch = "x86_64")]
         {
             #[target_feature(enable = "avx512f")]
             fn with_avx512($($a: $t),*) {
                 $generic::<avx512::Z $($(, $c)*)?>($($a),*)
             }
-            if $wide {
-                // SAFETY: `$wide` is true only where the CPU has AVX-512F.
-                unsafe { with_avx512($($a),*) };
-            } else {
-                $generic::<[f32; 16] $($(, $c)*)?>($($a),*);
+            #[target_feature(enable = "avx2,fma,f16c")]
+            fn with_avx2($($a: $t),*) {
+                $generic::<[f32; 16] $($(, $c)*)?>($($a),*)
+            }
+            match $width {
+                // SAFETY: `Width::Avx512` only where the CPU has AVX-512F (`Width::detected`).
+                Width::Avx512 => unsafe { with_avx512($($a),*) },
+                // SAFETY: `Width::Avx2` only where the CPU has AVX2, FMA and F16C.
+                Width::Avx2 => unsafe { with_avx2($($a),*) },
+                Width::Arrays => $generic::<[f32; 16] $($(, $c)*)?>($($a),*),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = $wide;
+            let _ = $width;
             $generic::<[f32; 16] $($(, $c)*)?>($($a),*);
         }
     }};
@@ -331,10 +379,17 @@ const SPLIT_ROWS: usize = 64;
 /// # Panics
 /// If `y.len() != rows · S`.
 pub(crate) fn scores(q: &[f32], k: &[f32], y: &mut [f32], w: usize, causal: Option<&[i32]>) {
-    scores_with(q, k, y, w, causal, avx512_detected());
+    scores_with(q, k, y, w, causal, Width::detected());
 }
 
-fn scores_with(q: &[f32], k: &[f32], y: &mut [f32], w: usize, causal: Option<&[i32]>, wide: bool) {
+fn scores_with(
+    q: &[f32],
+    k: &[f32],
+    y: &mut [f32],
+    w: usize,
+    causal: Option<&[i32]>,
+    width: Width,
+) {
     if w == 0 {
         y.fill(0.0);
         return;
@@ -377,7 +432,7 @@ fn scores_with(q: &[f32], k: &[f32], y: &mut [f32], w: usize, causal: Option<&[i
         let at = (r0, s);
         let out = &out;
         lanes_call!(
-            wide,
+            width,
             scores_group,
             (qg: &[f32], k: &[f32], w: usize, keys: (usize, usize), out: &SharedOut, at: (usize, usize))
         );
@@ -473,10 +528,10 @@ fn dots<V: V16, const N: usize>(qt: &[V], ks: [&[f32]; N], n8: usize) -> [V; N] 
 /// # Panics
 /// If the extents disagree (`p.len() != rows · S` or `len > w`).
 pub(crate) fn weighted_sum(p: &[f32], v: &[f32], y: &mut [f32], w: usize, len: usize) {
-    weighted_sum_with(p, v, y, w, len, avx512_detected());
+    weighted_sum_with(p, v, y, w, len, Width::detected());
 }
 
-fn weighted_sum_with(p: &[f32], v: &[f32], y: &mut [f32], w: usize, len: usize, wide: bool) {
+fn weighted_sum_with(p: &[f32], v: &[f32], y: &mut [f32], w: usize, len: usize, width: Width) {
     if len == 0 || w == 0 {
         return;
     }
@@ -530,7 +585,7 @@ fn weighted_sum_with(p: &[f32], v: &[f32], y: &mut [f32], w: usize, len: usize, 
         if nr == WS_ROWS {
             let at = (r0, len);
             lanes_call!(
-                wide,
+                width,
                 weighted_block::<WS_ROWS>,
                 (pr: &[f32], v: &[f32], w: usize, used: usize, cs: (usize, usize), out: &SharedOut, at: (usize, usize))
             );
@@ -538,7 +593,7 @@ fn weighted_sum_with(p: &[f32], v: &[f32], y: &mut [f32], w: usize, len: usize, 
             for (r, pr) in pr.chunks_exact(s).enumerate() {
                 let at = (r0 + r, len);
                 lanes_call!(
-                    wide,
+                    width,
                     weighted_block::<1>,
                     (pr: &[f32], v: &[f32], w: usize, used: usize, cs: (usize, usize), out: &SharedOut, at: (usize, usize))
                 );
@@ -621,10 +676,10 @@ fn weighted_steps<V: V16, const R: usize, const FULL: bool>(
 /// # Panics
 /// If `x` and `y` differ in length.
 pub(crate) fn softmax(x: &[f32], y: &mut [f32], n: usize) {
-    softmax_with(x, y, n, avx512_detected());
+    softmax_with(x, y, n, Width::detected());
 }
 
-fn softmax_with(x: &[f32], y: &mut [f32], n: usize, wide: bool) {
+fn softmax_with(x: &[f32], y: &mut [f32], n: usize, width: Width) {
     assert!(x.len() == y.len(), "softmax extents");
     if n == 0 {
         return;
@@ -632,7 +687,7 @@ fn softmax_with(x: &[f32], y: &mut [f32], n: usize, wide: bool) {
     y.par_chunks_mut(n)
         .zip(x.par_chunks(n))
         .with_min_len(4)
-        .for_each(|(yr, xr)| lanes_call!(wide, softmax_row, (xr: &[f32], yr: &mut [f32])));
+        .for_each(|(yr, xr)| lanes_call!(width, softmax_row, (xr: &[f32], yr: &mut [f32])));
 }
 
 #[inline(always)]
@@ -681,8 +736,8 @@ fn softmax_row<V: V16>(xr: &[f32], yr: &mut [f32]) {
 /// If `u` differs in length from `g`.
 pub(crate) fn silu_mul(g: &mut [f32], u: &[f32]) {
     assert!(u.len() == g.len(), "silu extents");
-    let (wide, u) = (avx512_detected(), Some(u));
-    lanes_call!(wide, silu_chunk, (g: &mut [f32], u: Option<&[f32]>));
+    let (width, u) = (Width::detected(), Some(u));
+    lanes_call!(width, silu_chunk, (g: &mut [f32], u: Option<&[f32]>));
 }
 
 /// The `silu` step, `y = silu(x)` (the expression of [`silu_mul`]), chunks of elements in
@@ -691,17 +746,17 @@ pub(crate) fn silu_mul(g: &mut [f32], u: &[f32]) {
 /// # Panics
 /// If `x` and `y` differ in length.
 pub(crate) fn silu(x: &[f32], y: &mut [f32]) {
-    silu_with(x, y, avx512_detected());
+    silu_with(x, y, Width::detected());
 }
 
-fn silu_with(x: &[f32], y: &mut [f32], wide: bool) {
+fn silu_with(x: &[f32], y: &mut [f32], width: Width) {
     assert!(x.len() == y.len(), "silu extents");
     y.par_chunks_mut(ELEMENT_CHUNK)
         .zip(x.par_chunks(ELEMENT_CHUNK))
         .for_each(|(yc, xc)| {
             yc.copy_from_slice(xc);
             let u = None;
-            lanes_call!(wide, silu_chunk, (yc: &mut [f32], u: Option<&[f32]>));
+            lanes_call!(width, silu_chunk, (yc: &mut [f32], u: Option<&[f32]>));
         });
 }
 
@@ -959,15 +1014,15 @@ mod tests {
                     }
                 }
             }
-            for wide in [false, avx512_detected()] {
+            for width in Width::available() {
                 let mut y = vec![f32::NAN; rows * s];
-                scores_with(&q, &k, &mut y, w, None, wide);
-                assert!(same(&y, &want_y), "scores {rows}x{s}x{w} wide {wide}");
+                scores_with(&q, &k, &mut y, w, None, width);
+                assert!(same(&y, &want_y), "scores {rows}x{s}x{w} width {width:?}");
                 let mut o = vec![f32::NAN; rows * len];
-                weighted_sum_with(&p, &k, &mut o, w, len, wide);
+                weighted_sum_with(&p, &k, &mut o, w, len, width);
                 assert!(
                     same(&o, &want_o),
-                    "weighted_sum {rows}x{s}x{len} wide {wide}"
+                    "weighted_sum {rows}x{s}x{len} width {width:?}"
                 );
             }
         }
@@ -980,15 +1035,15 @@ mod tests {
     #[test]
     fn causal_cuts_keep_the_full_products_bits() {
         let (t, heads, w, len) = (70, 3, 24, 9);
-        for wide in [false, avx512_detected()] {
+        for width in Width::available() {
             for p0 in [0usize, 5] {
                 let s = p0 + t;
                 let pos: Vec<i32> = (0..t).map(|i| (p0 + i) as i32).collect();
                 let (q, k) = (noise(t * heads * w, 7), noise(s * w, 8));
                 let mut full = vec![f32::NAN; t * heads * s];
                 let mut cut = full.clone();
-                scores_with(&q, &k, &mut full, w, None, wide);
-                scores_with(&q, &k, &mut cut, w, Some(&pos), wide);
+                scores_with(&q, &k, &mut full, w, None, width);
+                scores_with(&q, &k, &mut cut, w, Some(&pos), width);
                 let mut skipped = 0;
                 for (r, (fr, cr)) in full.chunks(s).zip(cut.chunks(s)).enumerate() {
                     let p = pos[r / heads] as usize;
@@ -1016,10 +1071,10 @@ mod tests {
                     o
                 };
                 let mut o = vec![f32::NAN; t * heads * len];
-                weighted_sum_with(&p, &v, &mut o, w, len, wide);
+                weighted_sum_with(&p, &v, &mut o, w, len, width);
                 assert!(same(&o, &dense(&p, &v)));
                 v[(s - 1) * w] = f32::INFINITY;
-                weighted_sum_with(&p, &v, &mut o, w, len, wide);
+                weighted_sum_with(&p, &v, &mut o, w, len, width);
                 let want = dense(&p, &v);
                 assert!(want[0].is_nan() && o[0].is_nan(), "0 · ∞ reaches row 0");
                 assert!(same(&o, &want));
@@ -1036,9 +1091,9 @@ mod tests {
             x[n + 3..2 * n].fill(f32::NEG_INFINITY);
             x[2 * n + 4] = f32::NAN;
             x[3 * n..4 * n].fill(f32::NEG_INFINITY);
-            for wide in [false, avx512_detected()] {
+            for width in Width::available() {
                 let mut y = vec![0.0f32; x.len()];
-                softmax_with(&x, &mut y, n, wide);
+                softmax_with(&x, &mut y, n, width);
                 for (xr, yr) in x.chunks(n).zip(y.chunks(n)) {
                     let mut m = f32::NEG_INFINITY;
                     let mut nan = false;
@@ -1053,7 +1108,7 @@ mod tests {
                         sum += v;
                     }
                     let want: Vec<f32> = e.iter().map(|&ei| ei / sum).collect();
-                    assert!(same(yr, &want), "n {n} wide {wide}");
+                    assert!(same(yr, &want), "n {n} width {width:?}");
                 }
                 assert!(y[n + 3..2 * n].iter().all(|&v| v.to_bits() == 0));
                 assert!(y[2 * n..4 * n].iter().all(|v| v.is_nan()));
@@ -1091,11 +1146,11 @@ mod tests {
             f32::NAN,
         ]);
         let want: Vec<f32> = x.iter().map(|&v| expf(v)).collect();
-        for wide in [false, avx512_detected()] {
+        for width in Width::available() {
             let mut y = vec![0f32; x.len()];
             let (xs, ys) = (&x[..], &mut y[..]);
-            lanes_call!(wide, exp_lanes, (xs: &[f32], ys: &mut [f32]));
-            assert!(same(&y, &want), "wide {wide}");
+            lanes_call!(width, exp_lanes, (xs: &[f32], ys: &mut [f32]));
+            assert!(same(&y, &want), "width {width:?}");
         }
     }
 
@@ -1108,10 +1163,10 @@ mod tests {
             x[n / 2] = f32::NAN;
             let u = noise(n, 17);
             let s: Vec<f32> = x.iter().map(|&v| v / (1.0 + expf(-v))).collect();
-            for wide in [false, avx512_detected()] {
+            for width in Width::available() {
                 let mut y = vec![0f32; n];
-                silu_with(&x, &mut y, wide);
-                assert!(same(&y, &s), "silu n {n} wide {wide}");
+                silu_with(&x, &mut y, width);
+                assert!(same(&y, &s), "silu n {n} width {width:?}");
             }
             let mut g = x.clone();
             silu_mul(&mut g, &u);

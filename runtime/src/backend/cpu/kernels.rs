@@ -54,10 +54,10 @@ pub(crate) use super::exact::{
 };
 use crate::backend::host::WeightRows;
 
-/// `$f(args)` inside a function compiled for AVX-512F where the CPU has it
-/// ([`exact::avx512_detected`], as `exact`'s generic `lanes_call!`), so that its inlined element
-/// loops vectorize sixteen lanes wide; the same IEEE operations either way.
-macro_rules! avx512_call {
+/// `$f(args)` inside a function compiled for the widest vectors of [`exact::Width::detected`]
+/// (AVX-512F, else AVX2), as `exact`'s generic `lanes_call!`, so that its inlined element loops
+/// vectorize that wide; the same IEEE operations either way.
+macro_rules! wide_call {
     ($f:ident($($a:ident: $t:ty),* $(,)?)) => {{
         #[cfg(target_arch = "x86_64")]
         {
@@ -65,11 +65,16 @@ macro_rules! avx512_call {
             fn with_avx512($($a: $t),*) {
                 $f($($a),*)
             }
-            if exact::avx512_detected() {
-                // SAFETY: the CPU has AVX-512F (detected just above).
-                unsafe { with_avx512($($a),*) }
-            } else {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            fn with_avx2($($a: $t),*) {
                 $f($($a),*)
+            }
+            match exact::Width::detected() {
+                // SAFETY: the CPU has AVX-512F (detected).
+                exact::Width::Avx512 => unsafe { with_avx512($($a),*) },
+                // SAFETY: the CPU has AVX2, FMA and F16C (detected).
+                exact::Width::Avx2 => unsafe { with_avx2($($a),*) },
+                exact::Width::Arrays => $f($($a),*),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -486,11 +491,7 @@ impl CpuKernel {
     /// The kernel's variant on this CPU (`isa`: the Q8_K kernels' tier, [`super::isa`]), for
     /// the binding's record.
     pub(crate) fn variant(&self, isa: &str) -> String {
-        let width = if exact::avx512_detected() {
-            "avx512"
-        } else {
-            "scalar"
-        };
+        let width = exact::Width::detected().name();
         let lanes = || format!("f32 lanes ({width}), the oracle's bits");
         match self {
             CpuKernel::MatMul(m) => m.w.describe(isa),
@@ -733,7 +734,7 @@ fn quantize_rows(x: &[f32], n: usize, planes: usize, q: &mut Vec<BlockQ8K>) {
                 let mut r = [0f32; QK];
                 for ((b, xb), lb) in hi.iter().zip(xr.chunks_exact(QK)).zip(lo.chunks_mut(1)) {
                     let r = &mut r;
-                    avx512_call!(residual(b: &BlockQ8K, xb: &[f32], r: &mut [f32; QK]));
+                    wide_call!(residual(b: &BlockQ8K, xb: &[f32], r: &mut [f32; QK]));
                     quantize_row_q8k(r, lb).expect("one block");
                 }
             }
@@ -855,7 +856,7 @@ fn scatter_tokens(ys: &[f32], r0: usize, t: usize, stride: usize, out: &SharedOu
         "cpu backend scatter of {rows} x {t} at {r0} (stride {stride}) outside {}",
         out.1
     );
-    let wide = exact::avx512_detected();
+    let wide = exact::Width::detected() == exact::Width::Avx512;
     let mut tile = [[0f32; SCATTER_BLOCK]; SCATTER_BLOCK];
     for t0 in (0..t).step_by(SCATTER_BLOCK) {
         let tn = SCATTER_BLOCK.min(t - t0);
@@ -952,7 +953,7 @@ unsafe fn transpose16(src: *const f32, ld: usize, dst: *mut f32, stride: usize) 
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn transpose16(_: *const f32, _: usize, _: *mut f32, _: usize) {
-    unreachable!("avx512_detected is false off x86_64")
+    unreachable!("no AVX-512 width off x86_64")
 }
 
 /// `y = Σ_j w_j · part_j` per element, `j` in order from `+0.0` (each product rounded, then
@@ -1286,7 +1287,7 @@ impl QuantMoe {
                     &pos_of[tok * k..(tok + 1) * k],
                     &wts[tok * k..(tok + 1) * k],
                 );
-                avx512_call!(weighted_rows(yr: &mut [f32], part: &[f32], pos: &[usize], w: &[f32]));
+                wide_call!(weighted_rows(yr: &mut [f32], part: &[f32], pos: &[usize], w: &[f32]));
             });
     }
 }

@@ -45,6 +45,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_many;
 #[cfg(target_arch = "x86_64")]
+mod avx2_rows;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 use avx512::{grid, lanes, rows, vnni};
@@ -275,13 +277,14 @@ pub fn q8_grid_cost_rows(rows: usize) -> usize {
 }
 
 /// The fastest decode kernel for `ty` on this CPU (the types of [`q8_dot_fn`]), or None: for
-/// Q2_K, Q3_K and Q6_K, where [`crate::isa`] reports `avx512_vnni`, the AVX-512 kernel of `avx512/rows.rs` (groups of weight rows, each block unpacked
-/// once for both planes, one reduction per group and block); else [`q8_dot_many_fn`]'s kernel
-/// once per weight row (its planes as activation rows), the row after next prefetched while a
-/// row is dotted. Every kernel gives the same bits.
+/// Q2_K, Q3_K and Q6_K, groups of weight rows, each block unpacked once for both planes, one
+/// reduction per group and block — the AVX-512 kernel of `avx512/rows.rs` where [`crate::isa`]
+/// reports `avx512_vnni`, else the AVX2 one of `avx2_rows.rs` where it reports `avx2`; else
+/// [`q8_dot_many_fn`]'s kernel once per weight row (its planes as activation rows), the row after
+/// next prefetched while a row is dotted. Every kernel gives the same bits.
 pub fn q8_rows_fn(ty: GgmlType) -> Option<Q8RowsFn> {
     #[cfg(target_arch = "x86_64")]
-    if let Some(f) = rows::rows_fn(ty) {
+    if let Some(f) = rows::rows_fn(ty).or_else(|| avx2_rows::rows_fn(ty)) {
         return Some(f);
     }
     q8_rows_fn_by_row(ty)
@@ -873,19 +876,28 @@ mod tests {
         }
     }
 
-    /// The decode kernels of `ty` to check: the AVX-512 one (None, with a note, when this CPU
-    /// lacks AVX-512 VNNI) and the dispatched one.
+    /// The decode kernels of `ty` to check: the AVX-512 and AVX2 ones (each None, with a note,
+    /// when this CPU lacks its features) and the dispatched one.
     fn rows_kernels(ty: GgmlType) -> Vec<Q8RowsFn> {
         #[cfg(target_arch = "x86_64")]
-        let own = rows::rows_fn(ty);
+        let (own, avx2) = (rows::rows_fn(ty), avx2_rows::rows_fn(ty));
         #[cfg(not(target_arch = "x86_64"))]
-        let own: Option<Q8RowsFn> = None;
-        if own.is_none() && matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K) {
-            println!(
-                "note: no AVX-512 VNNI (F/BW/VL) on this CPU, {ty}: decode-kernel checks skipped"
-            );
+        let (own, avx2): (Option<Q8RowsFn>, Option<Q8RowsFn>) = (None, None);
+        if matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K) {
+            if own.is_none() {
+                println!(
+                    "note: no AVX-512 VNNI (F/BW/VL) on this CPU, {ty}: its decode-kernel \
+                     checks skipped"
+                );
+            }
+            if avx2.is_none() {
+                println!(
+                    "note: no AVX2 (FMA, F16C) on this CPU, {ty}: its decode-kernel checks skipped"
+                );
+            }
         }
         own.into_iter()
+            .chain(avx2)
             .chain(q8_rows_fn(ty))
             .chain(q8_rows_fn_by_row(ty))
             .collect()
@@ -1015,6 +1027,10 @@ mod tests {
                         no_vnni,
                         &mut || check_rows(ty, &group, &x2, 2, INTERLEAVE_ROWS, "isa report"),
                     );
+                    let present = avx2_rows::rows_fn(ty).is_some();
+                    variant(&format!("avx2 decode {ty}"), present, no_avx2, &mut || {
+                        check_rows(ty, &group, &x2, 2, INTERLEAVE_ROWS, "isa report")
+                    });
                 }
                 if matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K) {
                     let present = q8_interleaved_fn(ty).is_some();

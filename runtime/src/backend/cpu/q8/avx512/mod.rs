@@ -15,8 +15,8 @@ pub(super) mod vnni;
 // helpers, the tiles), as `super::…` for the kernels of this folder.
 use super::block::BlockQ8K;
 use super::shared::{
-    clamped, dot_blocks, each_row, lengths_ok, prefetch, prefetch_l2, q3_k_raw_scales, row_blocks,
+    clamped, dot_blocks, each_row, lengths_ok, prefetch_l2, q3_k_raw_scales, row_blocks,
     rows_lengths, value_d,
 };
 use super::types::{Q8DotFn, Q8DotManyFn, Q8GridFn, Q8RowsFn, Q8TokensFn, MAX_PLANES};
-use super::{avx2, avx2_many, tiles};
+use super::{avx2, avx2_many, avx2_rows, tiles};

@@ -37,8 +37,11 @@
 #![allow(non_snake_case)] // the kernels keep ggml's type names (q2_K)
 
 use super::avx2::{bsums, load16, load32, sum_lanes8};
+use super::avx2_rows::{
+    f16_bits, group_blocks, lanes, load8, rows_kernel, rows_loop, values_d, values_dmin, widen,
+};
 use super::vnni::detected;
-use super::{q3_k_raw_scales, row_blocks, BlockQ8K, Q8RowsFn};
+use super::{q3_k_raw_scales, BlockQ8K, Q8RowsFn};
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
@@ -48,85 +51,26 @@ pub(crate) fn rows_fn(ty: GgmlType) -> Option<Q8RowsFn> {
     if !detected() {
         return None;
     }
-    // SAFETY: (every wrapper) the kernels enable exactly the features `detected()` just found
-    // on this CPU; the wrappers are only handed out after that.
-    fn q2(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
-        // SAFETY: the features this kernel enables were detected before the wrapper was handed out.
-        unsafe { q2_K_rows(w, x, planes, y) }
-    }
-    fn q3(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
-        // SAFETY: the features this kernel enables were detected before the wrapper was handed out.
-        unsafe { q3_K_rows(w, x, planes, y) }
-    }
-    fn q6(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
-        // SAFETY: the features this kernel enables were detected before the wrapper was handed out.
-        unsafe { q6_K_rows(w, x, planes, y) }
-    }
-    match ty {
-        GgmlType::Q2_K => Some(q2),
-        GgmlType::Q3_K => Some(q3),
-        GgmlType::Q6_K => Some(q6),
-        _ => None,
-    }
-}
-
-/// A kernel's work on one group of `R` consecutive rows (`rb` bytes each, `nb` blocks of `B`
-/// bytes) against `P` planes of `nb` blocks: row `r`'s planes added in plane order.
-/// `ahead` is the rows `D` groups later, prefetched as this group is computed: at block `b` its
-/// bytes `b·R·B .. (b + 1)·R·B`, a block's share in address order.
-type Group<const R: usize> = unsafe fn(&[u8], usize, &[BlockQ8K], usize, &[u8]) -> [f32; R];
-
-/// Groups between the one computed and the one prefetched: the next (further ahead, the
-/// prefetched rows no longer fit L1 beside the ones being read).
-const D: usize = 1;
-
-/// The row loop of every kernel: the length check of [`Q8RowsFn`] (NaN in every `y[i]`
-/// otherwise), then groups of `R` rows by `group`, the rest one row at a time by `one`, each
-/// handed the rows [`D`] groups (rows) later to prefetch.
-#[inline(always)]
-fn rows_loop<const B: usize, const R: usize>(
-    w: &[u8],
-    x: &[BlockQ8K],
-    planes: usize,
-    y: &mut [f32],
-    group: Group<R>,
-    one: Group<1>,
-) {
-    let Some((nb, rb)) = super::rows_lengths(w, x, planes, y, B) else {
-        return;
-    };
-    let n = y.len();
-    let full = n - n % R;
-    for g in (0..full).step_by(R) {
-        let ahead = super::clamped(w, (g + D * R) * rb, (g + (D + 1) * R) * rb);
-        // SAFETY: `group` is one of this module's kernels, whose features were detected before
-        // the wrapper that calls this loop was handed out; the rows are in bounds (checked).
-        let v = unsafe { group(&w[g * rb..(g + R) * rb], rb, x, nb, ahead) };
-        y[g..g + R].copy_from_slice(&v);
-    }
-    for i in full..n {
-        let ahead = super::clamped(w, (i + D) * rb, (i + D + 1) * rb);
-        // SAFETY: as above.
-        y[i] = unsafe { one(&w[i * rb..(i + 1) * rb], rb, x, nb, ahead) }[0];
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn q2_K_rows(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
-    let Some((w, y)) = after_lanes::<84>(w, x, planes, y) else {
-        return;
-    };
-    match planes {
-        1 => rows_loop::<84, 8>(w, x, 1, y, q2_group::<8, 1>, q2_group::<1, 1>),
-        _ => rows_loop::<84, 4>(w, x, planes, y, q2_group::<4, 2>, q2_group::<1, 2>),
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn q3_K_rows(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
-    if let Some((w, y)) = after_lanes::<110>(w, x, planes, y) {
-        signed_rows::<110>(w, x, planes, y);
-    }
+    Some(match ty {
+        GgmlType::Q2_K => rows_kernel!(
+            "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+            84,
+            q2_group,
+            after_lanes::<84>
+        ),
+        GgmlType::Q3_K => rows_kernel!(
+            "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+            110,
+            q3_group,
+            after_lanes::<110>
+        ),
+        GgmlType::Q6_K => rows_kernel!(
+            "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+            210,
+            q6_group
+        ),
+        _ => return None,
+    })
 }
 
 /// Whole groups of 16 rows at two planes by `lanes.rs` (Q2_K, `B` = 84, or Q3_K, `B` = 110):
@@ -148,25 +92,28 @@ fn after_lanes<'a, const B: usize>(
     Some((&w[done * rb..], &mut y[done..]))
 }
 
+/// Q3_K, `R` rows × `P` planes.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn q6_K_rows(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
-    signed_rows::<210>(w, x, planes, y)
+fn q3_group<const R: usize, const P: usize>(
+    w: &[u8],
+    rb: usize,
+    x: &[BlockQ8K],
+    nb: usize,
+    ahead: &[u8],
+) -> [f32; R] {
+    signed_group::<110, R, P>(w, rb, x, nb, ahead)
 }
 
+/// Q6_K, `R` rows × `P` planes.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-fn signed_rows<const B: usize>(w: &[u8], x: &[BlockQ8K], planes: usize, y: &mut [f32]) {
-    match planes {
-        1 => rows_loop::<B, 8>(w, x, 1, y, signed_group::<B, 8, 1>, signed_group::<B, 1, 1>),
-        _ => rows_loop::<B, 4>(
-            w,
-            x,
-            planes,
-            y,
-            signed_group::<B, 4, 2>,
-            signed_group::<B, 1, 2>,
-        ),
-    }
+fn q6_group<const R: usize, const P: usize>(
+    w: &[u8],
+    rb: usize,
+    x: &[BlockQ8K],
+    nb: usize,
+    ahead: &[u8],
+) -> [f32; R] {
+    signed_group::<210, R, P>(w, rb, x, nb, ahead)
 }
 
 /// Vector `j` (< 4) of step 1: `qs[32j .. 32j + 32]` then `qs[128 + 32j .. 128 + 32j + 32]`.
@@ -267,74 +214,6 @@ fn fold(v: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
 }
 
-/// `f(r, p)` in lane `r·P + p` (lanes past `R·P` zero): the lane order of step 3.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-fn lanes<const R: usize, const P: usize, T: Copy + Default>(
-    f: impl Fn(usize, usize) -> T,
-) -> [T; 8] {
-    let mut out = [T::default(); 8];
-    for r in 0..R {
-        for p in 0..P {
-            out[r * P + p] = f(r, p);
-        }
-    }
-    out
-}
-
-/// The f16 `bits` of each lane widened to f32 (exact).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-fn widen(bits: [u16; 8]) -> __m256 {
-    // SAFETY: `bits` is 8 u16 = 16 readable bytes; loadu needs no alignment.
-    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(bits.as_ptr().cast()) })
-}
-
-/// The f32 `v` of each lane as a vector.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-fn load8(v: [f32; 8]) -> __m256 {
-    // SAFETY: `v` is 8 f32 = 32 readable bytes; loadu needs no alignment.
-    unsafe { _mm256_loadu_ps(v.as_ptr()) }
-}
-
-/// The f16 at bytes `at .. at + 2` of `b` as raw bits.
-#[inline(always)]
-fn f16_bits(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-/// Row `r`'s result of step 4: its `P` lane accumulators added in plane order.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-fn finish<const R: usize, const P: usize>(acc: __m256) -> [f32; R] {
-    let mut a = [0f32; 8];
-    // SAFETY: `a` is 8 f32 = 32 writable bytes; storeu needs no alignment.
-    unsafe { _mm256_storeu_ps(a.as_mut_ptr(), acc) };
-    std::array::from_fn(|r| {
-        let mut v = a[r * P];
-        for p in 1..P {
-            v += a[r * P + p];
-        }
-        v
-    })
-}
-
-/// Bytes of a prefetched group beyond which it goes to L2 instead of L1: two groups (the one
-/// read and the one prefetched) must fit a 32 KiB L1D for L1 to pay.
-const L1_GROUP_MAX: usize = 12 * 1024;
-
-/// The `b`-th share (`share` bytes) of the next group `ahead` prefetched (module note).
-#[inline(always)]
-fn prefetch_share(ahead: &[u8], b: usize, share: usize) {
-    let part = super::clamped(ahead, b * share, (b + 1) * share);
-    if ahead.len() > L1_GROUP_MAX {
-        super::prefetch_l2(part);
-    } else {
-        super::prefetch(part);
-    }
-}
-
 /// Q2_K, `R` rows × `P` planes (`R·P ≤ 8`).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn q2_group<const R: usize, const P: usize>(
@@ -344,20 +223,14 @@ fn q2_group<const R: usize, const P: usize>(
     nb: usize,
     ahead: &[u8],
 ) -> [f32; R] {
-    let rows = row_blocks::<84, R>(w, rb, nb);
-    let planes: [&[BlockQ8K]; P] = std::array::from_fn(|p| &x[p * nb..(p + 1) * nb]);
     let pick: [__m512i; 4] = std::array::from_fn(|j| table16(&Q2_SCALE_PICK[j]));
     let m4 = _mm_set1_epi8(0x0f);
-    let mut acc = _mm256_setzero_ps();
-    for b in 0..nb {
-        prefetch_share(ahead, b, R * 84);
-        let ys: [&BlockQ8K; P] = planes.map(|p| &p[b]);
+    group_blocks::<84, R, P>(w, rb, x, nb, ahead, |blks, ys| {
         let xv: [[__m512i; 4]; P] = ys.map(|y| std::array::from_fn(|j| x64(y, j)));
         let bs: [__m256i; P] = ys.map(|y| bsums(y));
         let mut s = [_mm256_setzero_si256(); 8];
         let mut m = [_mm256_setzero_si256(); 8];
-        for r in 0..R {
-            let blk = &rows[r][b];
+        for (r, blk) in blks.into_iter().enumerate() {
             let raw = load16(&blk[0..16]);
             let scales = _mm512_broadcast_i32x4(_mm_and_si128(raw, m4));
             let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(raw), m4));
@@ -374,19 +247,11 @@ fn q2_group<const R: usize, const P: usize>(
                 m[r * P + p] = _mm256_madd_epi16(mins, bs[p]);
             }
         }
-        let sv = _mm256_cvtepi32_ps(sum_lanes8(s));
-        let mv = _mm256_cvtepi32_ps(sum_lanes8(m));
         let d8 = load8(lanes::<R, P, f32>(|_, p| ys[p].d));
-        let d = widen(lanes::<R, P, u16>(|r, _| f16_bits(&rows[r][b], 80)));
-        let dmin = widen(lanes::<R, P, u16>(|r, _| f16_bits(&rows[r][b], 82)));
-        // d8·(d·S − dmin·M), as `value_dmin`.
-        let value = _mm256_mul_ps(
-            d8,
-            _mm256_sub_ps(_mm256_mul_ps(d, sv), _mm256_mul_ps(dmin, mv)),
-        );
-        acc = _mm256_add_ps(acc, value);
-    }
-    finish::<R, P>(acc)
+        let d = widen(lanes::<R, P, u16>(|r, _| f16_bits(blks[r], 80)));
+        let dmin = widen(lanes::<R, P, u16>(|r, _| f16_bits(blks[r], 82)));
+        values_dmin(d8, d, dmin, sum_lanes8(s), sum_lanes8(m))
+    })
 }
 
 /// One Q3_K or Q6_K block unpacked for [`signed_group`]: the codes of the four vectors of step
@@ -462,6 +327,7 @@ fn q6_unpack(blk: &[u8]) -> Signed {
 /// `S = Σ_j s_j·Σ_16 c·x8 + Σ_j offset_j·bsum_j` (`maddubs`: |pair| ≤ 2·63·127; `vpdpwssd` by
 /// the lane's scale), then `d8·(d·S)` as `value_d`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
 fn signed_group<const B: usize, const R: usize, const P: usize>(
     w: &[u8],
     rb: usize,
@@ -469,21 +335,16 @@ fn signed_group<const B: usize, const R: usize, const P: usize>(
     nb: usize,
     ahead: &[u8],
 ) -> [f32; R] {
-    let rows = row_blocks::<B, R>(w, rb, nb);
-    let planes: [&[BlockQ8K]; P] = std::array::from_fn(|p| &x[p * nb..(p + 1) * nb]);
     let pick: [__m512i; 4] = std::array::from_fn(|j| table16(&SCALE_PICK16[j]));
-    let mut acc = _mm256_setzero_ps();
-    for b in 0..nb {
-        prefetch_share(ahead, b, R * B);
-        let ys: [&BlockQ8K; P] = planes.map(|p| &p[b]);
+    group_blocks::<B, R, P>(w, rb, x, nb, ahead, |blks, ys| {
         let xv: [[__m512i; 4]; P] = ys.map(|y| std::array::from_fn(|j| x64(y, j)));
         let bs: [__m256i; P] = ys.map(|y| bsums(y));
         let mut s = [_mm256_setzero_si256(); 8];
-        for r in 0..R {
+        for (r, blk) in blks.into_iter().enumerate() {
             let u = if B == 210 {
-                q6_unpack(&rows[r][b])
+                q6_unpack(blk)
             } else {
-                q3_unpack(&rows[r][b])
+                q3_unpack(blk)
             };
             let scales = _mm512_zextsi256_si512(u.scales);
             let mut acc_p: [__m512i; P] =
@@ -499,11 +360,8 @@ fn signed_group<const B: usize, const R: usize, const P: usize>(
                 s[r * P + p] = fold(acc_p[p]);
             }
         }
-        let sv = _mm256_cvtepi32_ps(sum_lanes8(s));
         let d8 = load8(lanes::<R, P, f32>(|_, p| ys[p].d));
-        let d = widen(lanes::<R, P, u16>(|r, _| f16_bits(&rows[r][b], B - 2)));
-        // d8·(d·S), as `value_d`.
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(d8, _mm256_mul_ps(d, sv)));
-    }
-    finish::<R, P>(acc)
+        let d = widen(lanes::<R, P, u16>(|r, _| f16_bits(blks[r], B - 2)));
+        values_d(d8, d, sum_lanes8(s))
+    })
 }
