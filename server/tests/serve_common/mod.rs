@@ -2,6 +2,8 @@
 //! (or real) engine and the bundled model's tokenizer, and talk raw HTTP/1.1 to it.
 #![allow(dead_code)]
 
+pub mod process;
+
 use aubier_runtime::gguf::GgufFile;
 use aubier_server::serve::app::{AppState, HostPolicy, ServerLimits};
 use aubier_server::serve::engine::{Engine, EngineHandle};
