@@ -191,6 +191,16 @@ impl RawResponse {
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body()).expect("JSON body")
     }
+
+    /// Asserts the status, showing `context` and the body otherwise.
+    pub fn assert_status(&self, status: u16, context: &str) {
+        assert_eq!(
+            self.status,
+            status,
+            "{context}: {}",
+            String::from_utf8_lossy(&self.body())
+        );
+    }
 }
 
 /// POSTs the JSON `body` to `path` and returns the response JSON, asserting status 200.
