@@ -4,107 +4,18 @@
 mod serve_common;
 
 use serde_json::Value;
+use serve_common::process::{scratch_dir, Proc};
 use serve_common::{sse_payload, HttpReader, MODEL_ID};
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("aubier-serve-cli-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
-}
-
-/// A running `aubier serve` whose stderr lines arrive on a channel.
-struct Proc {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Proc {
-    fn spawn(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Proc {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_aubier"));
-        cmd.arg("serve")
-            .args(args)
-            .current_dir(cwd)
-            .env_remove("AUBIER_MODEL")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn aubier serve");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Proc { child, lines }
-    }
-
-    /// Waits for the "listening on http://ADDR" line and returns ADDR.
-    fn address(&self) -> std::net::SocketAddr {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = self
-                .lines
-                .recv_timeout(left)
-                .expect("a listening line on stderr");
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let addr = rest.split_whitespace().next().expect("address");
-                return addr.parse().expect("socket address");
-            }
-        }
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
-        // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
-        let rc = unsafe { libc::kill(pid, sig) };
-        assert_eq!(rc, 0, "kill failed");
-    }
-
-    fn wait(&mut self, limit: Duration) -> (Option<i32>, Vec<String>) {
-        let t0 = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                std::thread::sleep(Duration::from_millis(50));
-                let rest: Vec<String> = self.lines.try_iter().collect();
-                return (status.code(), rest);
-            }
-            if t0.elapsed() > limit {
-                let _ = self.child.kill();
-                panic!("aubier serve did not exit within {limit:?}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
 
 #[test]
 fn a_held_lock_file_makes_serve_exit_69_after_the_wait() {
-    let dir = scratch_dir("lock");
+    let dir = scratch_dir("serve-cli", "lock");
     let lock = dir.join("held.lock");
     let holder = std::fs::File::create(&lock).expect("lock file");
     holder.try_lock().expect("take the lock");
     let t0 = Instant::now();
-    let mut p = Proc::spawn(
+    let mut p = Proc::serve(
         &[
             "--engine",
             "fake",
@@ -132,12 +43,12 @@ fn a_held_lock_file_makes_serve_exit_69_after_the_wait() {
 
 #[tokio::test]
 async fn sigterm_drains_the_running_stream_then_releases_the_lock() {
-    let dir = scratch_dir("drain");
+    let dir = scratch_dir("serve-cli", "drain");
     let lock = dir.join("serve.lock");
     let script = dir.join("script.json");
     let text = "draining is polite";
     std::fs::write(&script, format!(r#"{{"text":"{text}","step_ms":40}}"#)).expect("script");
-    let mut p = Proc::spawn(
+    let mut p = Proc::serve(
         &[
             "--engine",
             "fake",
@@ -189,9 +100,9 @@ async fn sigterm_drains_the_running_stream_then_releases_the_lock() {
 
 #[tokio::test]
 async fn with_no_model_flag_the_bundled_model_is_served() {
-    let dir = scratch_dir("bundled");
+    let dir = scratch_dir("serve-cli", "bundled");
     let lock = dir.join("serve.lock");
-    let mut p = Proc::spawn(
+    let mut p = Proc::serve(
         &[
             "--engine",
             "fake",
@@ -214,10 +125,10 @@ async fn with_no_model_flag_the_bundled_model_is_served() {
 
 #[test]
 fn a_missing_model_is_a_clear_error() {
-    let dir = scratch_dir("missing");
+    let dir = scratch_dir("serve-cli", "missing");
     let lock = dir.join("serve.lock");
     let lock_arg = lock.to_str().expect("path");
-    let mut p = Proc::spawn(
+    let mut p = Proc::serve(
         &["--engine", "fake", "--port", "0", "--lock-file", lock_arg],
         &dir,
         &[("AUBIER_MODEL", "/nonexistent/model.gguf")],
@@ -228,7 +139,7 @@ fn a_missing_model_is_a_clear_error() {
         lines.join("\n").contains("/nonexistent/model.gguf"),
         "{lines:?}"
     );
-    let mut p = Proc::spawn(
+    let mut p = Proc::serve(
         &[
             "--engine",
             "fake",

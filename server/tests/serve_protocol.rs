@@ -519,13 +519,17 @@ async fn models_health_and_metrics() {
     assert_eq!(v["object"], "model");
     let v = raw_request(srv.addr, "GET", "/health", b"").await.json();
     assert_eq!(v["status"], "ok");
-    raw_request(
+    let answer = raw_request(
         srv.addr,
         "POST",
         "/v1/chat/completions",
         chat_body("x", "").as_bytes(),
     )
-    .await;
+    .await
+    .json();
+    let prompt = answer["usage"]["prompt_tokens"]
+        .as_u64()
+        .expect("prompt_tokens");
     let m = raw_request(srv.addr, "GET", "/metrics", b"").await;
     assert!(m
         .header("content-type")
@@ -539,6 +543,12 @@ async fn models_health_and_metrics() {
     assert!(text.contains("aubier_completion_tokens_total 3"), "{text}");
     // 3 tokens, then the step whose output is the end of the script (EOS).
     assert!(text.contains("aubier_engine_steps_total 4"), "{text}");
+    // The cache holds the prompt and the 3 tokens stepped after it, of 4096 rows.
+    let usage = format!(
+        "aubier_kv_cache_usage_ratio {}\n",
+        (prompt + 3) as f64 / 4096.0
+    );
+    assert!(text.contains(&usage), "{usage} missing in\n{text}");
     for family in [
         "aubier_queue_depth",
         "aubier_decode_tokens_per_second",

@@ -61,6 +61,10 @@ pub trait Engine: Send + 'static {
     /// Engine steps (prefill or decode forward passes) taken since the engine was created.
     fn steps_taken(&self) -> u64;
 
+    /// Latent KV cache rows the engine holds now (at most [`Engine::kv_max`]): the positions the
+    /// last request filled, which the next request may reuse; 0 before the first.
+    fn kv_used(&self) -> usize;
+
     /// The expert store's counters of the last request; `None` for an engine without a store.
     fn store_report(&self) -> Option<StoreReport> {
         None
@@ -285,10 +289,16 @@ fn engine_thread(
             )));
         }
         // Again after a panic, which skips run_job's update.
-        metrics.set_engine_steps(engine.steps_taken());
+        publish_engine_state(engine.as_ref(), metrics);
         metrics.running.store(0, Ordering::Relaxed);
         drop(job);
     }
+}
+
+/// Publishes the engine's step counter and KV cache usage.
+fn publish_engine_state(engine: &dyn Engine, metrics: &Metrics) {
+    metrics.set_engine_steps(engine.steps_taken());
+    metrics.set_kv_usage(engine.kv_used(), engine.kv_max());
 }
 
 fn run_job(
@@ -378,7 +388,7 @@ fn run_choice(
         }
     });
     // Published before the last event, so a client that reads /metrics after its answer sees it.
-    metrics.set_engine_steps(engine.steps_taken());
+    publish_engine_state(engine, metrics);
     match result {
         Ok(out) => {
             let tail = Chunk {

@@ -118,6 +118,8 @@ struct ScriptedStepper {
     eos_id: u32,
     /// Steps since the last reset: the next scripted id is `script.ids[produced - 1]`.
     produced: usize,
+    /// Tokens stepped since the last reset (the KV rows a real engine would hold).
+    rows: usize,
     steps: Arc<AtomicU64>,
 }
 
@@ -132,6 +134,7 @@ impl FakeEngine {
                 n_vocab,
                 eos_id,
                 produced: 0,
+                rows: 0,
                 steps: Arc::new(AtomicU64::new(0)),
             },
         }
@@ -146,6 +149,7 @@ impl FakeEngine {
 impl Stepper for ScriptedStepper {
     fn reset(&mut self) {
         self.produced = 0;
+        self.rows = 0;
     }
 
     fn kv_max(&self) -> usize {
@@ -170,6 +174,7 @@ impl Stepper for ScriptedStepper {
             .copied()
             .unwrap_or(self.eos_id);
         self.produced += 1;
+        self.rows += tokens.len();
         let mut logits = vec![FLOOR; tokens.len() * self.n_vocab];
         let last = (tokens.len().saturating_sub(1)) * self.n_vocab;
         if let Some(l) = logits.get_mut(last + next as usize) {
@@ -202,5 +207,9 @@ impl Engine for FakeEngine {
 
     fn steps_taken(&self) -> u64 {
         self.stepper.steps.load(Ordering::SeqCst)
+    }
+
+    fn kv_used(&self) -> usize {
+        self.stepper.rows
     }
 }

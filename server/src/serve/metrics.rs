@@ -5,8 +5,8 @@
 //! counts as status 499, nginx's "client closed request"; a stream that failed after its 200 head
 //! counts as 500), request duration and time-to-first-token histograms, prompt / completion token
 //! counters, prefill and decode rate histograms (one observation per request), the engine's step
-//! counter, the queue depth, running and in-flight requests, open connections, the expert store's
-//! counters and last served ratio, and the process metrics (`process_resident_memory_bytes`,
+//! counter, the queue depth, running and in-flight requests, open connections, the latent KV
+//! cache's usage, the expert store's counters and last served ratio, and the process metrics (`process_resident_memory_bytes`,
 //! `process_open_fds`, ... on Linux).
 
 use aubier_runtime::store::expert_store::StoreReport;
@@ -45,6 +45,7 @@ pub struct Metrics {
     prompt_tokens: IntCounter,
     completion_tokens: IntCounter,
     engine_steps: IntCounter,
+    kv_cache_usage: Gauge,
     expert_served_ratio: Gauge,
     expert_routed: IntCounter,
     expert_fast_hits: IntCounter,
@@ -134,6 +135,11 @@ impl Metrics {
                 "aubier_engine_steps_total",
                 "Engine steps (prefill or decode calls) since boot.",
             ),
+            kv_cache_usage: Gauge::new(
+                "aubier_kv_cache_usage_ratio",
+                "Latent KV cache rows held / capacity (0..1), after the last engine run.",
+            )
+            .unwrap_or_else(|e| unreachable!("kv usage: {e}")),
             expert_served_ratio: Gauge::new(
                 "aubier_expert_served_ratio",
                 "Routed expert slots served from the fast store / all routed, last request.",
@@ -179,6 +185,7 @@ impl Metrics {
             Box::new(m.prompt_tokens.clone()),
             Box::new(m.completion_tokens.clone()),
             Box::new(m.engine_steps.clone()),
+            Box::new(m.kv_cache_usage.clone()),
             Box::new(m.expert_served_ratio.clone()),
             Box::new(m.expert_routed.clone()),
             Box::new(m.expert_fast_hits.clone()),
@@ -250,6 +257,12 @@ impl Metrics {
         self.engine_steps.get()
     }
 
+    /// Publishes the latent KV cache's usage: `used` rows held of `capacity`.
+    pub fn set_kv_usage(&self, used: usize, capacity: usize) {
+        self.kv_cache_usage
+            .set(used as f64 / capacity.max(1) as f64);
+    }
+
     /// Records a finished request's expert-store counters.
     pub fn record_store(&self, r: &StoreReport) {
         self.expert_served_ratio.set(r.served_fraction);
@@ -291,6 +304,8 @@ mod tests {
         m.record_generation(1, 1, 0.0, 4000.0);
         m.set_engine_steps(7);
         m.set_engine_steps(9);
+        m.set_kv_usage(200, 256);
+        m.set_kv_usage(64, 256);
         m.record_store(&StoreReport {
             served_fraction: 0.75,
             fast_hits: 3,
@@ -319,6 +334,7 @@ mod tests {
             "aubier_decode_tokens_per_second_bucket{le=\"5\"} 1\n",
             "aubier_decode_tokens_per_second_count 2\n",
             "aubier_engine_steps_total 9\n",
+            "aubier_kv_cache_usage_ratio 0.25\n",
             "aubier_expert_served_ratio 0.5\n",
             "aubier_expert_routed_total 6\n",
             "aubier_expert_fast_hits_total 4\n",

@@ -77,6 +77,10 @@ impl Engine for RealEngine {
         self.session.steps_taken()
     }
 
+    fn kv_used(&self) -> usize {
+        self.session.position()
+    }
+
     fn store_report(&self) -> Option<StoreReport> {
         Some(self.session.store_report())
     }

@@ -2,6 +2,8 @@
 //! (or real) engine and the bundled model's tokenizer, and talk raw HTTP/1.1 to it.
 #![allow(dead_code)]
 
+pub mod process;
+
 use aubier_runtime::gguf::GgufFile;
 use aubier_server::serve::app::{AppState, HostPolicy, ServerLimits};
 use aubier_server::serve::engine::{Engine, EngineHandle};
@@ -188,6 +190,16 @@ impl RawResponse {
 
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body()).expect("JSON body")
+    }
+
+    /// Asserts the status, showing `context` and the body otherwise.
+    pub fn assert_status(&self, status: u16, context: &str) {
+        assert_eq!(
+            self.status,
+            status,
+            "{context}: {}",
+            String::from_utf8_lossy(&self.body())
+        );
     }
 }
 
