@@ -295,7 +295,7 @@ impl Width {
         let isa = crate::isa::isa();
         if isa.avx512f {
             Width::Avx512
-        } else if isa.avx2 {
+        } else if isa.avx2 && std::env::var_os("AUBIER_NO_AVX2_LANES").is_none() {
             Width::Avx2
         } else {
             Width::Arrays

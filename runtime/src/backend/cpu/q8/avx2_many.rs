@@ -141,18 +141,26 @@ pub(super) fn dot_many<const B: usize, P>(
 }
 
 /// The lane sums of `s[r]` and `m[r]` for each of `N` (1 or 4) rows: one tree for four rows.
+/// (Loops, not `array::map`: a closure of intrinsics handed to a function compiled without
+/// these features is not inlined, which cost the AVX2 prefill a third of its speed.)
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) fn reduce<const N: usize>(s: [__m256i; N], m: [__m256i; N]) -> ([i32; N], [i32; N]) {
+    let (mut si, mut mi) = ([0i32; N], [0i32; N]);
     if N == 4 {
-        let v = hsum8(std::array::from_fn(|i| if i < 4 { s[i] } else { m[i - 4] }));
-        (
-            std::array::from_fn(|i| v[i]),
-            std::array::from_fn(|i| v[4 + i]),
-        )
+        let mut v8 = [_mm256_setzero_si256(); 8];
+        v8[..N].copy_from_slice(&s);
+        v8[4..4 + N].copy_from_slice(&m);
+        let v = hsum8(v8);
+        si.copy_from_slice(&v[..N]);
+        mi.copy_from_slice(&v[4..4 + N]);
     } else {
-        (s.map(|v| hsum(v)), m.map(|v| hsum(v)))
+        for r in 0..N {
+            si[r] = hsum(s[r]);
+            mi[r] = hsum(m[r]);
+        }
     }
+    (si, mi)
 }
 
 /// `init + Σ_{k<8} step_k` as eight i32 lanes, `acc ← step(acc, k)` in four independent chains
@@ -188,40 +196,49 @@ fn madd_chains(init: __m256i, p: &Wide, y: &BlockQ8K) -> __m256i {
     })
 }
 
-/// Per activation row `y` of `xs`: `value_dmin(y.d, d, dmin, S, M)` with `S` the lane sum of
-/// `s(y)` and `M` that of `madd(mins, bsums)` (Q2_K, Q4_K, Q5_K).
+/// Per activation row `r`: `value_dmin(xs[r].d, d, dmin, S, M)` with `S` the lane sum of `s[r]`
+/// and `M` that of `madd(mins, bsums)` (Q2_K, Q4_K, Q5_K).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) fn rows_dmin<const N: usize>(
     xs: [&BlockQ8K; N],
-    s: impl Fn(&BlockQ8K) -> __m256i,
+    s: [__m256i; N],
     mins: __m256i,
     d: f32,
     dmin: f32,
 ) -> [f32; N] {
-    let m = xs.map(|y| _mm256_madd_epi16(mins, bsums(y)));
-    let (s, m) = reduce(xs.map(s), m);
-    std::array::from_fn(|r| value_dmin(xs[r].d, d, dmin, s[r], m[r]))
+    let mut m = [_mm256_setzero_si256(); N];
+    for r in 0..N {
+        m[r] = _mm256_madd_epi16(mins, bsums(xs[r]));
+    }
+    let (s, m) = reduce(s, m);
+    let mut out = [0f32; N];
+    for r in 0..N {
+        out[r] = value_dmin(xs[r].d, d, dmin, s[r], m[r]);
+    }
+    out
 }
 
-/// Per activation row `y` of `xs`: `value_d(y.d, d, S)` with `S` the lane sum of `s(y)` (Q3_K,
-/// Q6_K).
+/// Per activation row `r`: `value_d(xs[r].d, d, S)` with `S` the lane sum of `s[r]` (Q3_K, Q6_K).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn rows_d<const N: usize>(
-    xs: [&BlockQ8K; N],
-    s: impl Fn(&BlockQ8K) -> __m256i,
-    d: f32,
-) -> [f32; N] {
-    let (s, _) = reduce(xs.map(s), [_mm256_setzero_si256(); N]);
-    std::array::from_fn(|r| value_d(xs[r].d, d, s[r]))
+pub(super) fn rows_d<const N: usize>(xs: [&BlockQ8K; N], s: [__m256i; N], d: f32) -> [f32; N] {
+    let (s, _) = reduce(s, [_mm256_setzero_si256(); N]);
+    let mut out = [0f32; N];
+    for r in 0..N {
+        out[r] = value_d(xs[r].d, d, s[r]);
+    }
+    out
 }
 
 /// [`rows_dmin`] of an unpacked block whose `sums` are its mins (Q4_K, Q5_K).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn wide_dmin<const N: usize>(p: &Wide, xs: [&BlockQ8K; N]) -> [f32; N] {
-    let s = |y: &BlockQ8K| madd_chains(_mm256_setzero_si256(), p, y);
+    let mut s = [_mm256_setzero_si256(); N];
+    for r in 0..N {
+        s[r] = madd_chains(_mm256_setzero_si256(), p, xs[r]);
+    }
     rows_dmin(xs, s, p.sums, p.d, p.dmin)
 }
 
@@ -229,7 +246,10 @@ fn wide_dmin<const N: usize>(p: &Wide, xs: [&BlockQ8K; N]) -> [f32; N] {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn wide_d<const N: usize>(p: &Wide, xs: [&BlockQ8K; N]) -> [f32; N] {
-    let s = |y: &BlockQ8K| madd_chains(_mm256_madd_epi16(bsums(y), p.sums), p, y);
+    let mut s = [_mm256_setzero_si256(); N];
+    for r in 0..N {
+        s[r] = madd_chains(_mm256_madd_epi16(bsums(xs[r]), p.sums), p, xs[r]);
+    }
     rows_d(xs, s, p.d)
 }
 
@@ -266,12 +286,13 @@ pub(super) fn q2_prep(b: &[u8; 84]) -> Q2 {
 #[inline]
 fn q2_rows<const N: usize>(p: &Q2, xs: [&BlockQ8K; N]) -> [f32; N] {
     let ones = _mm256_set1_epi16(1);
-    let s = |y: &BlockQ8K| {
-        chains8(_mm256_setzero_si256(), |acc, k| {
-            let pairs = _mm256_maddubs_epi16(p.w[k], x32(y, k));
+    let mut s = [_mm256_setzero_si256(); N];
+    for r in 0..N {
+        s[r] = chains8(_mm256_setzero_si256(), |acc, k| {
+            let pairs = _mm256_maddubs_epi16(p.w[k], x32(xs[r], k));
             _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones))
-        })
-    };
+        });
+    }
     rows_dmin(xs, s, p.mins, p.d, p.dmin)
 }
 

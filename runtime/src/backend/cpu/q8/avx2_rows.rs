@@ -161,7 +161,7 @@ pub(super) fn f16_bits(b: &[u8], at: usize) -> u16 {
 /// Row `r`'s result: its `P` lane accumulators added in plane order.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn finish<const R: usize, const P: usize>(acc: __m256) -> [f32; R] {
+pub(super) fn finish<const R: usize, const P: usize>(acc: __m256) -> [f32; R] {
     let mut a = [0f32; 8];
     // SAFETY: `a` is 8 f32 = 32 writable bytes; storeu needs no alignment.
     unsafe { _mm256_storeu_ps(a.as_mut_ptr(), acc) };
@@ -198,7 +198,7 @@ const L1_GROUP_MAX: usize = 12 * 1024;
 
 /// The `b`-th share (`share` bytes) of the next group `ahead` prefetched (module note).
 #[inline(always)]
-fn prefetch_share(ahead: &[u8], b: usize, share: usize) {
+pub(super) fn prefetch_share(ahead: &[u8], b: usize, share: usize) {
     let part = clamped(ahead, b * share, (b + 1) * share);
     if ahead.len() > L1_GROUP_MAX {
         prefetch_l2(part);
@@ -319,8 +319,10 @@ fn signed_group<const B: usize, const R: usize, const P: usize>(
         let mut s = [_mm256_setzero_si256(); 8];
         for (r, blk) in blks.into_iter().enumerate() {
             let (scales, offset) = unpack(blk);
-            let mut acc_p: [__m256i; P] =
-                std::array::from_fn(|p| _mm256_madd_epi16(bsums(ys[p]), offset));
+            let mut acc_p = [_mm256_setzero_si256(); P];
+            for p in 0..P {
+                acc_p[p] = _mm256_madd_epi16(bsums(ys[p]), offset);
+            }
             for (n, half) in scale_halves_i16(scales).into_iter().enumerate() {
                 for (j, c) in codes(blk, n).into_iter().enumerate() {
                     let sc = scale_pair_i16(half, j);

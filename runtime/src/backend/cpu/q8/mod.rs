@@ -284,7 +284,9 @@ pub fn q8_grid_cost_rows(rows: usize) -> usize {
 /// next prefetched while a row is dotted. Every kernel gives the same bits.
 pub fn q8_rows_fn(ty: GgmlType) -> Option<Q8RowsFn> {
     #[cfg(target_arch = "x86_64")]
-    if let Some(f) = rows::rows_fn(ty).or_else(|| avx2_rows::rows_fn(ty)) {
+    if let Some(f) = rows::rows_fn(ty).or_else(|| {
+        avx2_rows::rows_fn(ty).filter(|_| std::env::var_os("AUBIER_NO_AVX2_ROWS").is_none())
+    }) {
         return Some(f);
     }
     q8_rows_fn_by_row(ty)

@@ -134,7 +134,10 @@ fn dp8(init: __m256i, w: &[__m256i; 8], y: &BlockQ8K) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 fn q2_rows<const N: usize>(p: &Q2, xs: [&BlockQ8K; N]) -> [f32; N] {
-    let s = |y: &BlockQ8K| dp8(_mm256_setzero_si256(), &p.w, y);
+    let mut s = [_mm256_setzero_si256(); N];
+    for r in 0..N {
+        s[r] = dp8(_mm256_setzero_si256(), &p.w, xs[r]);
+    }
     rows_dmin(xs, s, p.mins, p.d, p.dmin)
 }
 
@@ -168,10 +171,11 @@ pub(crate) fn q3_prep(b: &[u8; 110]) -> Q3 {
 #[inline]
 fn q3_rows<const N: usize>(p: &Q3, xs: [&BlockQ8K; N]) -> [f32; N] {
     let minus127 = _mm256_set1_epi16(-127);
-    let s = |y: &BlockQ8K| {
-        let correction = _mm256_dpwssd_epi32(_mm256_setzero_si256(), bsums(y), minus127);
-        dp8(correction, &p.w, y)
-    };
+    let mut s = [_mm256_setzero_si256(); N];
+    for r in 0..N {
+        let correction = _mm256_dpwssd_epi32(_mm256_setzero_si256(), bsums(xs[r]), minus127);
+        s[r] = dp8(correction, &p.w, xs[r]);
+    }
     rows_d(xs, s, p.d)
 }
 
@@ -188,16 +192,20 @@ fn dp8w(init: __m256i, p: &Wide, y: &BlockQ8K) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 fn q6_rows<const N: usize>(p: &Wide, xs: [&BlockQ8K; N]) -> [f32; N] {
-    let s = |y: &BlockQ8K| {
-        let offset = _mm256_dpwssd_epi32(_mm256_setzero_si256(), bsums(y), p.sums);
-        dp8w(offset, p, y)
-    };
+    let mut s = [_mm256_setzero_si256(); N];
+    for r in 0..N {
+        let offset = _mm256_dpwssd_epi32(_mm256_setzero_si256(), bsums(xs[r]), p.sums);
+        s[r] = dp8w(offset, p, xs[r]);
+    }
     rows_d(xs, s, p.d)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 fn k4_rows<const N: usize>(p: &Wide, xs: [&BlockQ8K; N]) -> [f32; N] {
-    let s = |y: &BlockQ8K| dp8w(_mm256_setzero_si256(), p, y);
+    let mut s = [_mm256_setzero_si256(); N];
+    for r in 0..N {
+        s[r] = dp8w(_mm256_setzero_si256(), p, xs[r]);
+    }
     rows_dmin(xs, s, p.sums, p.d, p.dmin)
 }
