@@ -64,9 +64,10 @@ const BUNDLED_TEXT: &str = include_str!("../data/alice.txt");
 /// Arguments of `aubier bench`.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// GGUF file to measure.
+    /// GGUF file to measure (default: $AUBIER_MODEL, else the bundled
+    /// models/ms4-tiny256-q2k.gguf of the binary's workspace, else ./models).
     #[arg(long)]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
     /// Text file whose tokens make the prompt (default: the bundled English text,
     /// `server/data/alice.txt`, compiled into the binary).
     #[arg(long)]
@@ -400,13 +401,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         None => BUNDLED_TEXT.to_owned(),
     };
     let spec = args.backend.spec()?;
+    let path = crate::model_file::resolve_model(args.model.as_deref())?;
     let grammar = grammar_spec(args.json_schema.as_deref(), args.tools.as_deref())?;
     let Loaded {
         model,
         prompt,
         tokenizer,
     } = PromptArgs {
-        model: args.model.clone(),
+        model: Some(path.clone()),
         prompt_ids: None,
         prompt: Some(text),
     }
@@ -518,7 +520,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         grammar: None,
         device: model.device(),
         kernels,
-        model: args.model.display().to_string(),
+        model: path.display().to_string(),
         n_prompt: prompt.len(),
         n_gen: args.n_gen,
         reps: args.reps,

@@ -21,7 +21,7 @@
 //! `aubier_compiler::compile`. The target defaults to `gpu`, since `gen` is the generator of GPU
 //! kernels, so `auto` fusions are on; `--target oracle` gives the plan the oracle runs (unfused),
 //! `--target cpu` the cpu backend's (latent attention fused). The
-//! default model is the bundled `models/ms4-tiny256-q2k.gguf` of this workspace. Exit status 0 on
+//! default model is that of every command (`crate::model_file`: the bundled demo). Exit status 0 on
 //! success, 1 with the error on stderr otherwise.
 
 use anyhow::Context;
@@ -39,15 +39,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The model `gen` compiles when `--model` is not given: `models/ms4-tiny256-q2k.gguf` at the
-/// workspace root.
-pub fn default_model() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("models")
-        .join("ms4-tiny256-q2k.gguf")
-}
-
 /// Where `gen` writes kernels when `--out` is not given: `kernels-gen/generated/` at the
 /// workspace root (checked in).
 pub fn default_out() -> PathBuf {
@@ -63,7 +54,8 @@ pub const MANIFEST: &str = "MANIFEST.json";
 /// Arguments of `aubier gen`.
 #[derive(Args, Debug)]
 pub struct GenArgs {
-    /// GGUF model file (default: the workspace's models/ms4-tiny256-q2k.gguf).
+    /// GGUF model file (default: $AUBIER_MODEL, else the bundled models/ms4-tiny256-q2k.gguf
+    /// of the binary's workspace, else ./models).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Kind of backend the plan is for: `auto` fusions are all on for gpu, KQKV only for cpu,
@@ -209,7 +201,7 @@ pub fn run(args: GenArgs) -> anyhow::Result<()> {
 /// compile error (naming the weight or node), a step without a kernel, an I/O error naming the
 /// path, or with `--check` the list of files that differ.
 pub fn generate(args: &GenArgs) -> anyhow::Result<String> {
-    let path = args.model.clone().unwrap_or_else(default_model);
+    let path = crate::model_file::resolve_model(args.model.as_deref())?;
     let (cfg, weights) = bind(&path)?;
     let opts = args.compile_options()?;
     if let Some(stage) = &args.dump_after {

@@ -31,6 +31,7 @@ pub mod devices;
 pub mod error_text;
 pub mod gen;
 pub mod inspect;
+pub mod model_file;
 pub mod quality;
 pub mod replay;
 pub mod run;

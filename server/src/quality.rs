@@ -193,9 +193,10 @@ fn override_value(existing: &MetaValue, v: &OverrideValue) -> anyhow::Result<Met
 /// Arguments of `aubier quality`.
 #[derive(Args, Debug)]
 pub struct QualityArgs {
-    /// GGUF file both configurations load.
+    /// GGUF file both configurations load (default: $AUBIER_MODEL, else the bundled
+    /// models/ms4-tiny256-q2k.gguf of the binary's workspace, else ./models).
     #[arg(long)]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
     /// Flags of configuration A, as one string (e.g. "" for the defaults).
     #[arg(long, allow_hyphen_values = true, default_value = "")]
     pub a: String,
@@ -382,7 +383,8 @@ pub fn run(args: QualityArgs) -> anyhow::Result<()> {
     if !(args.margin >= 0.0 && args.margin.is_finite()) {
         bail!("--margin must be a finite number ≥ 0");
     }
-    let model_a = flags_a.load(&args.model).context("configuration A")?;
+    let path = crate::model_file::resolve_model(args.model.as_deref())?;
+    let model_a = flags_a.load(&path).context("configuration A")?;
     let mut tokens = match (&args.text, &args.ids) {
         (_, Some(path)) => read_ids(path)?,
         (Some(path), None) => {
@@ -417,7 +419,7 @@ pub fn run(args: QualityArgs) -> anyhow::Result<()> {
     tokens.truncate(limit);
     let nll_a = teacher_forced_nll(model_a, flags_a.backend.ubatch, &tokens, args.chunk)
         .context("configuration A")?;
-    let model_b = flags_b.load(&args.model).context("configuration B")?;
+    let model_b = flags_b.load(&path).context("configuration B")?;
     let nll_b = teacher_forced_nll(model_b, flags_b.backend.ubatch, &tokens, args.chunk)
         .context("configuration B")?;
     let d: Vec<f64> = nll_b.iter().zip(&nll_a).map(|(b, a)| b - a).collect();
@@ -432,7 +434,7 @@ pub fn run(args: QualityArgs) -> anyhow::Result<()> {
     let (mean_a, mean_b) = (mean(&nll_a), mean(&nll_b));
     if args.json {
         let v = serde_json::json!({
-            "model": args.model.display().to_string(),
+            "model": path.display().to_string(),
             "tokens": tokens.len(),
             "tokens_in_input": total,
             "positions": stats.n,

@@ -21,9 +21,10 @@ use std::sync::Arc;
 /// The model and prompt of `aubier run` and `aubier trace`.
 #[derive(Args, Debug)]
 pub struct PromptArgs {
-    /// GGUF file to run.
+    /// GGUF file to run (default: $AUBIER_MODEL, else the bundled models/ms4-tiny256-q2k.gguf
+    /// of the binary's workspace, else ./models).
     #[arg(long)]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
     /// Prompt as comma-separated token ids (no BOS is added).
     #[arg(long, conflicts_with = "prompt", value_delimiter = ',')]
     pub prompt_ids: Option<Vec<u32>>,
@@ -43,12 +44,13 @@ pub struct Loaded {
 }
 
 impl PromptArgs {
-    /// Loads the model for the backend `spec` names with a fast store of `budget`, and resolves
-    /// the prompt. Errors: the backend, the file, the binding, the load, the tokenizer, or no
-    /// prompt.
+    /// Loads the model ([`crate::model_file::resolve_model`]) for the backend `spec` names with a
+    /// fast store of `budget`, and resolves the prompt. Errors: no model file, the backend, the
+    /// file, the binding, the load, the tokenizer, or no prompt.
     pub fn load(&self, spec: &BackendSpec, budget: FastBudget) -> anyhow::Result<Loaded> {
-        let model = Model::load_backend(&self.model, spec.make()?, budget)
-            .with_context(|| format!("loading {}", self.model.display()))?;
+        let path = crate::model_file::resolve_model(self.model.as_deref())?;
+        let model = Model::load_backend(&path, spec.make()?, budget)
+            .with_context(|| format!("loading {}", path.display()))?;
         let tokenizer = Tokenizer::from_gguf(&model.file).ok();
         let prompt: Vec<u32> = match (&self.prompt_ids, &self.prompt) {
             (Some(ids), _) => ids.clone(),

@@ -318,3 +318,79 @@ fn a_full_stdout_is_an_error_not_a_panic() {
         "{err}"
     );
 }
+
+/// Every command that takes a model defaults to the same file (`model_file::resolve_model`): the
+/// bundled demo model, or `$AUBIER_MODEL`, which when it names a missing file is refused by name.
+#[test]
+fn every_command_takes_the_same_default_model() {
+    let aubier = |args: &[&str], env_model: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_aubier"));
+        cmd.args(args);
+        match env_model {
+            Some(m) => cmd.env("AUBIER_MODEL", m),
+            None => cmd.env_remove("AUBIER_MODEL"),
+        };
+        cmd.output().expect("runs")
+    };
+    let commands: [&[&str]; 4] = [
+        &[
+            "run",
+            "--prompt-ids",
+            "1,17,4096",
+            "--max-tokens",
+            "2",
+            "--json",
+        ],
+        &[
+            "bench",
+            "--n-prompt",
+            "16",
+            "--n-gen",
+            "2",
+            "--reps",
+            "1",
+            "--json",
+        ],
+        &[
+            "quality",
+            "--a",
+            "--backend cpu",
+            "--b",
+            "--backend oracle",
+            "--ids",
+        ],
+        &["gen", "--plan"],
+    ];
+    let ids = std::env::temp_dir().join(format!("aubier-default-ids-{}.json", std::process::id()));
+    std::fs::write(&ids, "1,17,4096,8000,3,900,77,12,5000,31,64").expect("write ids");
+    let ids = ids.to_str().expect("a UTF-8 path").to_owned();
+    let bundled = models_dir().join("ms4-tiny256-q2k.gguf");
+    for args in commands {
+        let mut args: Vec<&str> = args.to_vec();
+        if args[0] == "quality" {
+            args.push(&ids);
+        }
+        let o = aubier(&args, None);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        if args[0] == "bench" {
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+            let model = v["model"].as_str().expect("the model path");
+            assert_eq!(
+                std::fs::canonicalize(model).expect("the bench's model exists"),
+                std::fs::canonicalize(&bundled).expect("the bundled model exists")
+            );
+        }
+        let o = aubier(&args, Some("/nonexistent/aubier-model.gguf"));
+        assert!(!o.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("$AUBIER_MODEL is /nonexistent/aubier-model.gguf, which does not exist"),
+            "{args:?}: {err}"
+        );
+    }
+    std::fs::remove_file(&ids).ok();
+}

@@ -46,9 +46,6 @@ use std::time::Duration;
 use text::TextModel;
 use tokio::net::TcpListener;
 
-/// File name of the bundled demo model (random weights, real architecture and tokenizer).
-pub const BUNDLED_MODEL: &str = "ms4-tiny256-q2k.gguf";
-
 /// KV capacity used when `--kv-max` is not given: `min(context_length, 4096)` tokens for the
 /// real engine (as `aubier run`), 4096 for the fake one.
 pub const DEFAULT_KV_MAX: usize = 4096;
@@ -74,8 +71,8 @@ pub enum PromptCache {
 /// Arguments of `aubier serve`.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// GGUF file to serve (default: the bundled models/ms4-tiny256-q2k.gguf, looked up via
-    /// $AUBIER_MODEL, the binary's workspace, then ./models).
+    /// GGUF file to serve (default: $AUBIER_MODEL, else the bundled
+    /// models/ms4-tiny256-q2k.gguf of the binary's workspace, else ./models).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Address to bind.
@@ -156,12 +153,9 @@ pub enum ServeError {
     /// The lock file is held or unusable.
     #[error(transparent)]
     Lock(#[from] LockError),
-    /// No model file was given and the bundled one was not found.
-    #[error("no --model given and the bundled model {BUNDLED_MODEL} was not found; looked in: {}", .0.join(", "))]
-    NoModel(Vec<String>),
-    /// `$AUBIER_MODEL` names a missing file.
-    #[error("$AUBIER_MODEL is {0}, which does not exist")]
-    EnvModel(String),
+    /// No model file: none given, `$AUBIER_MODEL` missing or the bundled one not found.
+    #[error(transparent)]
+    Model(#[from] crate::model_file::ModelFileError),
     /// The model file could not be opened or loaded.
     #[error("loading {path}: {message}")]
     Load {
@@ -189,49 +183,6 @@ pub enum ServeError {
 fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServeError {
     let context = context.into();
     move |source| ServeError::Io { context, source }
-}
-
-/// Finds the model to serve: `explicit` if given; else `$AUBIER_MODEL`; else the bundled file in
-/// `models/` of the workspace the binary was built in (found from the executable's path, then from
-/// this crate's build-time location); else `./models/`.
-///
-/// Errors: [`ServeError::EnvModel`] when `$AUBIER_MODEL` names a missing file,
-/// [`ServeError::NoModel`] listing every place looked in.
-pub fn resolve_model(explicit: Option<&Path>) -> Result<PathBuf, ServeError> {
-    if let Some(p) = explicit {
-        return Ok(p.to_owned());
-    }
-    if let Some(env) = std::env::var_os("AUBIER_MODEL") {
-        let p = PathBuf::from(&env);
-        return if p.is_file() {
-            Ok(p)
-        } else {
-            Err(ServeError::EnvModel(p.display().to_string()))
-        };
-    }
-    let mut candidates = Vec::new();
-    if let Ok(exe) = std::env::current_exe() {
-        candidates.extend(
-            exe.ancestors()
-                .skip(1)
-                .map(|d| d.join("models").join(BUNDLED_MODEL)),
-        );
-    }
-    candidates.push(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
-            .join("models")
-            .join(BUNDLED_MODEL),
-    );
-    candidates.push(PathBuf::from("models").join(BUNDLED_MODEL));
-    match candidates.iter().find(|p| p.is_file()) {
-        Some(p) => Ok(p.clone()),
-        None => Err(ServeError::NoModel(
-            std::iter::once("$AUBIER_MODEL (unset)".to_owned())
-                .chain(candidates.iter().map(|p| p.display().to_string()))
-                .collect(),
-        )),
-    }
 }
 
 /// The default model id: the file stem (`ms4-tiny256-q2k`).
@@ -340,7 +291,7 @@ fn serve_blocking(args: ServeArgs) -> Result<(), ServeError> {
         .clone()
         .unwrap_or_else(lock::default_lock_path);
     let lock = LockFile::acquire(&lock_path, Duration::from_millis(args.lock_wait_ms))?;
-    let path = resolve_model(args.model.as_deref())?;
+    let path = crate::model_file::resolve_model(args.model.as_deref())?;
     let model_id = args.model_id.clone().unwrap_or_else(|| model_id_of(&path));
     let (text, engine, backend) = load_engine(&path, &args)?;
     let metrics = Arc::new(Metrics::default());
