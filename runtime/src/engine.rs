@@ -48,6 +48,33 @@ impl std::fmt::Debug for Model {
     }
 }
 
+/// A phase of loading a model, in order ([`Model::load_observed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadPhase {
+    /// Opening the GGUF file and reading its metadata and tensor table.
+    Open,
+    /// Compiling the plan for the backend's target.
+    Compile,
+    /// Binding the plan to the backend's kernels and to the file's tensors.
+    Bind,
+    /// The backend's load: weight copies, device uploads, kernel builds (the long one).
+    Load,
+}
+
+impl LoadPhase {
+    /// What the phase does, for a progress display.
+    pub fn describe(self) -> &'static str {
+        match self {
+            LoadPhase::Open => "reading the GGUF file",
+            LoadPhase::Compile => "compiling the plan",
+            LoadPhase::Bind => "binding the weights",
+            LoadPhase::Load => {
+                "loading on the backend (weight copies, device uploads, kernel builds)"
+            }
+        }
+    }
+}
+
 impl Model {
     /// Loads the GGUF file at `path` for the default backend (`auto`, the product path) and the
     /// backend's default fast-store budget: [`Model::load_with`].
@@ -76,6 +103,20 @@ impl Model {
         backend: Arc<dyn Backend>,
         budget: FastBudget,
     ) -> Result<Arc<Model>, EngineError> {
+        Model::load_observed(path, backend, budget, &mut |_| {})
+    }
+
+    /// [`Model::load_backend`], calling `observe` as each [`LoadPhase`] starts (a progress
+    /// display).
+    ///
+    /// Errors: those of [`Model::load_backend`].
+    pub fn load_observed(
+        path: &Path,
+        backend: Arc<dyn Backend>,
+        budget: FastBudget,
+        observe: &mut dyn FnMut(LoadPhase),
+    ) -> Result<Arc<Model>, EngineError> {
+        observe(LoadPhase::Open);
         let file = Arc::new(GgufFile::open(path)?);
         let config = crate::model::read_config(&file)?;
         let refs = crate::model::weight_refs(&file, &config)?;
@@ -83,8 +124,9 @@ impl Model {
             target: backend.target(),
             ..aubier_compiler::CompileOptions::default()
         };
+        observe(LoadPhase::Compile);
         let plan = aubier_compiler::compile(&config, &refs, &opts)?;
-        Model::from_plan(file, config, plan, backend, budget)
+        Model::from_plan_observed(file, config, plan, backend, budget, observe)
     }
 
     /// Binds an already compiled `plan` to `backend` and to `file`'s tensors, and loads it with a
@@ -102,9 +144,25 @@ impl Model {
         backend: Arc<dyn Backend>,
         budget: FastBudget,
     ) -> Result<Arc<Model>, EngineError> {
+        Model::from_plan_observed(file, config, plan, backend, budget, &mut |_| {})
+    }
+
+    /// [`Model::from_plan`], calling `observe` as each of its [`LoadPhase`]s starts.
+    ///
+    /// Errors: those of [`Model::from_plan`].
+    pub fn from_plan_observed(
+        file: Arc<GgufFile>,
+        config: Mistral4Config,
+        plan: Plan,
+        backend: Arc<dyn Backend>,
+        budget: FastBudget,
+        observe: &mut dyn FnMut(LoadPhase),
+    ) -> Result<Arc<Model>, EngineError> {
+        observe(LoadPhase::Bind);
         let binding = backend.bind(&plan)?;
         let plan = Arc::new(plan);
         let weights = Arc::new(Weights::bind(Arc::clone(&file), &plan)?);
+        observe(LoadPhase::Load);
         let loaded = backend.load(&LoadInput {
             plan: &plan,
             binding: &binding,

@@ -32,6 +32,7 @@ pub mod error_text;
 pub mod gen;
 pub mod inspect;
 pub mod model_file;
+pub mod progress;
 pub mod quality;
 pub mod replay;
 pub mod run;

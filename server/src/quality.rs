@@ -149,13 +149,17 @@ impl ModelFlags {
             ..aubier_compiler::CompileOptions::default()
         };
         let plan = aubier_compiler::compile(&config, &refs, &opts)?;
-        Ok(Model::from_plan(
+        let mut progress = crate::progress::LoadProgress::new(&path.display().to_string());
+        let model = Model::from_plan_observed(
             Arc::new(file),
             config,
             plan,
             backend,
             FastBudget::Auto,
-        )?)
+            &mut |p| progress.phase(p),
+        )?;
+        progress.done();
+        Ok(model)
     }
 }
 

@@ -49,8 +49,10 @@ impl PromptArgs {
     /// file, the binding, the load, the tokenizer, or no prompt.
     pub fn load(&self, spec: &BackendSpec, budget: FastBudget) -> anyhow::Result<Loaded> {
         let path = crate::model_file::resolve_model(self.model.as_deref())?;
-        let model = Model::load_backend(&path, spec.make()?, budget)
+        let mut progress = crate::progress::LoadProgress::new(&path.display().to_string());
+        let model = Model::load_observed(&path, spec.make()?, budget, &mut |p| progress.phase(p))
             .with_context(|| format!("loading {}", path.display()))?;
+        progress.done();
         let tokenizer = Tokenizer::from_gguf(&model.file).ok();
         let prompt: Vec<u32> = match (&self.prompt_ids, &self.prompt) {
             (Some(ids), _) => ids.clone(),

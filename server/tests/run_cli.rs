@@ -394,3 +394,34 @@ fn every_command_takes_the_same_default_model() {
     }
     std::fs::remove_file(&ids).ok();
 }
+
+/// Off a terminal, loading says each phase and how long it took, then the whole load's time, on
+/// stderr (stdout keeps the JSON).
+#[test]
+fn loading_reports_each_phase_off_a_terminal() {
+    let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
+        .args(["run", "--model"])
+        .arg(models_dir().join("ms4-tiny256-q2k.gguf"))
+        .args(["--prompt-ids", "1,17,4096", "--max-tokens", "2", "--json"])
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("stdout is the JSON alone");
+    let err = String::from_utf8_lossy(&o.stderr);
+    let phases = [
+        "reading the GGUF file took ",
+        "compiling the plan took ",
+        "binding the weights took ",
+        "loading on the backend (weight copies, device uploads, kernel builds) took ",
+        "loaded in ",
+    ];
+    let mut at = 0;
+    for phase in phases {
+        let found = err[at..].find(phase);
+        assert!(
+            found.is_some(),
+            "{phase:?} missing, or out of order, in:\n{err}"
+        );
+        at += found.unwrap_or(0) + phase.len();
+    }
+}
