@@ -269,24 +269,40 @@ fn load_engine(path: &Path, args: &ServeArgs) -> Result<Loaded, ServeError> {
     }
 }
 
-/// Resolves on the first SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!("cannot listen for SIGTERM: {e}");
-                std::future::pending::<()>().await;
-            }
+/// Resolves on the first SIGINT or SIGTERM. The handlers are installed by this call, not when
+/// the future is first polled: the accept loop may serve the first connections before it polls
+/// the future, and a signal that came before would take its default action (the process killed,
+/// the request not drained). Call it inside the runtime, before printing the listening line.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let listen = |kind: SignalKind, name: &str| match signal(kind) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!("cannot listen for {name}: {e}");
+            None
         }
     };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
+    let (mut int, mut term) = (
+        listen(SignalKind::interrupt(), "SIGINT"),
+        listen(SignalKind::terminate(), "SIGTERM"),
+    );
+    async move {
+        tokio::select! {
+            () = next(int.as_mut()) => {}
+            () = next(term.as_mut()) => {}
+        }
+        eprintln!("aubier serve: shutting down (draining the running request)");
     }
-    eprintln!("aubier serve: shutting down (draining the running request)");
+}
+
+/// The next delivery of `signal`; never, without one.
+async fn next(signal: Option<&mut tokio::signal::unix::Signal>) {
+    match signal {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending::<()>().await,
+    }
 }
 
 fn serve_blocking(args: ServeArgs) -> Result<(), ServeError> {
@@ -326,6 +342,7 @@ fn serve_blocking(args: ServeArgs) -> Result<(), ServeError> {
             cors_origins: args.cors_origin.clone(),
         };
         let state = Arc::new(AppState::new(limits, text, engine, metrics));
+        let shutdown = shutdown_signal();
         eprintln!(
             "aubier serve: listening on http://{addr} (model id {model_id}, {}, engine {:?}, backend {}, kv_max {kv_max}, lock {})",
             path.display(),
@@ -333,7 +350,7 @@ fn serve_blocking(args: ServeArgs) -> Result<(), ServeError> {
             backend.as_deref().unwrap_or("none"),
             lock.path().display()
         );
-        serve(listener, state, shutdown_signal())
+        serve(listener, state, shutdown)
             .await
             .map_err(io_err("serving"))
     })?;
