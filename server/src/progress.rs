@@ -77,3 +77,70 @@ impl Drop for LoadProgress {
         }
     }
 }
+
+/// Progress of a long write counted in bytes (`aubier synth`): on a terminal an indicatif bar
+/// with the rate and the time left; otherwise a stderr line at each tenth of the total with the
+/// time so far.
+pub struct ByteProgress {
+    what: String,
+    total: u64,
+    done: u64,
+    bar: Option<ProgressBar>,
+    tenths: u64,
+    start: Instant,
+}
+
+impl ByteProgress {
+    /// A display for `total` bytes of `what`.
+    pub fn new(what: &str, total: u64) -> ByteProgress {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let b = ProgressBar::new(total);
+            b.set_style(
+                ProgressStyle::with_template(
+                    "{prefix} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ({eta} left)",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            b.set_prefix(what.to_string());
+            b
+        });
+        ByteProgress {
+            what: what.to_string(),
+            total,
+            done: 0,
+            bar,
+            tenths: 0,
+            start: Instant::now(),
+        }
+    }
+
+    /// `bytes` more are done.
+    pub fn add(&mut self, bytes: u64) {
+        self.done = (self.done + bytes).min(self.total);
+        if let Some(b) = &self.bar {
+            b.set_position(self.done);
+            return;
+        }
+        let tenths = (self.done * 10).checked_div(self.total).unwrap_or(10);
+        if tenths > self.tenths {
+            self.tenths = tenths;
+            eprintln!(
+                "{}: {}0 % ({:.2} of {:.2} GB) after {:.1} s",
+                self.what,
+                tenths,
+                self.done as f64 / 1e9,
+                self.total as f64 / 1e9,
+                self.start.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+impl Drop for ByteProgress {
+    /// The bar is cleared whether the write ended or failed.
+    fn drop(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
+}

@@ -480,9 +480,14 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
             )
         })?;
         let mut out = BufWriter::with_capacity(8 << 20, file);
+        let total = infos.iter().filter_map(StreamedTensor::n_bytes).sum();
+        let mut progress =
+            crate::progress::ByteProgress::new(&format!("writing {}", args.out.display()), total);
         let bytes = writer
             .write_streamed(&mut out, &infos, |i, sink| {
-                write_tensor(&list[i], &samplers[i], args.seed, i as u64, sink)
+                write_tensor(&list[i], &samplers[i], args.seed, i as u64, sink)?;
+                progress.add(infos[i].n_bytes().unwrap_or(0));
+                Ok(())
             })
             .with_context(|| format!("writing {}", partial.display()))?;
         out.flush()

@@ -32,7 +32,14 @@ fn synth(out: &Path, extra: &[&str]) {
     args.push(&vocab);
     args.extend_from_slice(extra);
     let o = aubier(&args);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    // Off a terminal the write says how far it is, a line per tenth, ending at the whole.
+    let tenths: Vec<&str> = err.lines().filter(|l| l.contains(" % (")).collect();
+    assert!(
+        tenths.last().is_some_and(|l| l.contains(": 100 % (")),
+        "{err}"
+    );
 }
 
 /// Runs a prompt through the file and returns the logits of every prompt position.
