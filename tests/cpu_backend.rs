@@ -28,18 +28,11 @@ use aubier_runtime::sampler::argmax;
 use aubier_runtime::session::{Session, SessionOptions};
 use aubier_runtime::store::expert_store::StoreOptions;
 use aubier_runtime::store::FastBudget;
-use aubier_tests::{data_dir, json_ids, models_dir, read_f32, read_i32, read_json};
+use aubier_tests::{data_dir, models_dir, read_f32, read_i32, shared_prompt};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 const N_VOCAB: usize = 8192;
 const POSITIONS: usize = 200;
-
-fn prompt() -> Vec<u32> {
-    json_ids(
-        &read_json(&data_dir().join("models/prompt-shared.json")),
-        "ids",
-    )
-}
 
 const ORACLE: &str = "oracle";
 const Q8: &str = "q8";
@@ -102,7 +95,7 @@ fn errors(kernels: &str) -> (usize, Vec<f64>, usize, Vec<f64>) {
         .filter(|b| b.choice.kernel == "q8_mat_mul")
         .count();
     assert!(q8_products > 0, "{kernels}: no Q8_K product bound");
-    let ours = s.step(&prompt()).expect("prefill");
+    let ours = s.step(&shared_prompt()).expect("prefill");
     assert_eq!(ours.len(), POSITIONS * N_VOCAB);
     let (mut ours_top1, mut llama_top1) = (0, 0);
     let (mut ours_err, mut llama_err) = (Vec::new(), Vec::new());
@@ -166,7 +159,7 @@ fn q8x2_is_at_least_twice_as_close_as_q8() {
 
 /// Prefill of 20 tokens then 8 decode steps on `model`; the logits' bits.
 fn run_bits(model: Arc<Model>, store: &StoreOptions) -> Vec<u32> {
-    let ids = prompt();
+    let ids = shared_prompt();
     let mut s = session_on(model, store);
     let mut out = s.step(&ids[..20]).expect("prefill");
     for &id in &ids[20..28] {
@@ -228,7 +221,7 @@ fn cpu_kernels_do_not_depend_on_threads_or_placement() {
 
 #[test]
 fn step_last_is_the_last_row_of_step() {
-    let ids = prompt();
+    let ids = shared_prompt();
     for kernels in [ORACLE, Q8, Q8X2] {
         let mut s = session(kernels, &StoreOptions::default());
         let all = s.step(&ids[..33]).expect("step");
@@ -246,7 +239,7 @@ fn step_last_is_the_last_row_of_step() {
 
 #[test]
 fn a_step_in_ubatch_chunks_is_the_whole_step() {
-    let ids = prompt();
+    let ids = shared_prompt();
     for kernels in [ORACLE, Q8, Q8X2] {
         let mut whole = session(kernels, &StoreOptions::default());
         let all = whole.step(&ids[..100]).expect("step");

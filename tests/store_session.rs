@@ -11,23 +11,7 @@ use aubier_runtime::placement::hotset::HotSet;
 use aubier_runtime::placement::policy::PolicyKind;
 use aubier_runtime::session::{Session, SessionOptions};
 use aubier_runtime::store::expert_store::{ResetMode, StoreOptions, StoreReport};
-use aubier_runtime::store::FastBudget;
-use aubier_tests::{bundled_model, data_dir, json_ids, read_json};
-
-/// The ids of `prompt-shared.json` (mistral-common's tokenization of a real text).
-fn prompt() -> Vec<u32> {
-    json_ids(
-        &read_json(&data_dir().join("models/prompt-shared.json")),
-        "ids",
-    )
-}
-
-fn slots(n_res: usize) -> StoreOptions {
-    StoreOptions {
-        budget: FastBudget::Slots(n_res),
-        ..StoreOptions::default()
-    }
-}
+use aubier_tests::{bundled_model, shared_prompt, slots};
 
 fn open(store: &StoreOptions) -> Session {
     Session::open_with_store(bundled_model(), SessionOptions { kv_max: 64 }, store)
@@ -53,7 +37,7 @@ fn request(s: &mut Session, ids: &[u32], prefill: usize) -> (Vec<u32>, Vec<Vec<i
 
 #[test]
 fn logits_do_not_depend_on_placement() {
-    let ids = prompt();
+    let ids = shared_prompt();
     let ids = &ids[..28];
     let (want, want_routing, none) = request(&mut open(&slots(0)), ids, 12);
     assert_eq!((none.n_res, none.fast_hits, none.fast_bytes), (0, 0, 0));
@@ -111,7 +95,7 @@ fn logits_do_not_depend_on_placement() {
 
 #[test]
 fn exact_reset_serves_a_request_as_a_fresh_boot_and_none_does_not() {
-    let ids = prompt();
+    let ids = shared_prompt();
     let (first, second) = (&ids[..40], &ids[100..124]);
     let opts = |reset| StoreOptions {
         reset,

@@ -21,7 +21,7 @@ use aubier_runtime::placement::policy::PolicyKind;
 use aubier_runtime::session::{Session, SessionOptions};
 use aubier_runtime::store::expert_store::{ResetMode, StoreOptions, StoreReport};
 use aubier_runtime::store::FastBudget;
-use aubier_tests::{data_dir, json_ids, models_dir, read_json};
+use aubier_tests::{models_dir, shared_prompt, slots};
 use proptest::prelude::*;
 use std::sync::{Arc, OnceLock};
 
@@ -43,25 +43,11 @@ fn model() -> Arc<Model> {
     Arc::clone(MODEL.get_or_init(|| load("import", FastBudget::Slots(16))))
 }
 
-fn prompt() -> Vec<u32> {
-    json_ids(
-        &read_json(&data_dir().join("models/prompt-shared.json")),
-        "ids",
-    )
-}
-
-fn slots(n: usize) -> StoreOptions {
-    StoreOptions {
-        budget: FastBudget::Slots(n),
-        ..StoreOptions::default()
-    }
-}
-
 /// Two requests with the prompt cache on: a 12-token prefill and 8 decode steps, then a prompt
 /// of the first 16 ids (it keeps a cached prefix) and 4 decode steps. The logits' bits and the
 /// second request's store report.
 fn requests(model: Arc<Model>, store: &StoreOptions) -> (Vec<u32>, StoreReport) {
-    let ids = prompt();
+    let ids = shared_prompt();
     let mut s =
         Session::open_with_store(model, SessionOptions { kv_max: 64 }, store).expect("session");
     s.set_prompt_cache(true);
@@ -140,7 +126,7 @@ fn logits_on_the_device_do_not_depend_on_placement() {
 #[test]
 fn resident_slots_hold_the_files_bytes_and_reset_exact_is_a_fresh_boot() {
     let m = model();
-    let ids = prompt();
+    let ids = shared_prompt();
     let rotating = |reset| StoreOptions {
         a1in: 0.0,
         a1out: 1.0,

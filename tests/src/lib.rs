@@ -59,6 +59,22 @@ pub fn json_ids(v: &serde_json::Value, field: &str) -> Vec<u32> {
         .collect()
 }
 
+/// The ids of `models/prompt-shared.json` (mistral-common's tokenization of a real text).
+pub fn shared_prompt() -> Vec<u32> {
+    json_ids(
+        &read_json(&data_dir().join("models/prompt-shared.json")),
+        "ids",
+    )
+}
+
+/// The default store options with a fast store of `n_res` slots per MoE layer.
+pub fn slots(n_res: usize) -> aubier_runtime::store::expert_store::StoreOptions {
+    aubier_runtime::store::expert_store::StoreOptions {
+        budget: aubier_runtime::store::FastBudget::Slots(n_res),
+        ..Default::default()
+    }
+}
+
 /// Path of a fixture model GGUF (the q2k one is the bundled model in `models/`).
 pub fn model_path(file: &str) -> PathBuf {
     let bundled = models_dir().join(file);

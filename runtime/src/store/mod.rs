@@ -176,3 +176,27 @@ pub enum StoreError {
         reason: String,
     },
 }
+
+/// `layers[layer]` of a backend's slot memory with `slots` slots per layer, after checking that
+/// `slot` is one of them: the bounds check of every [`SlotMemory::fill`].
+///
+/// Errors: [`StoreError::Slot`] naming the layer and slot when either is out of range.
+pub fn slot_layer<T>(
+    layers: &[T],
+    slots: usize,
+    layer: usize,
+    slot: usize,
+) -> Result<&T, StoreError> {
+    let bad = |reason: String| StoreError::Slot {
+        layer,
+        slot,
+        reason,
+    };
+    let l = layers
+        .get(layer)
+        .ok_or_else(|| bad("no such MoE layer".into()))?;
+    if slot >= slots {
+        return Err(bad(format!("past the {slots} slots")));
+    }
+    Ok(l)
+}

@@ -171,13 +171,7 @@ impl SlotMemory for HostSlots {
             slot,
             reason,
         };
-        let l = self
-            .layers
-            .get(layer)
-            .ok_or_else(|| bad("no such MoE layer".into()))?;
-        if slot >= self.slots {
-            return Err(bad(format!("past the {} slots", self.slots)));
-        }
+        let l = crate::store::slot_layer(&self.layers, self.slots, layer, slot)?;
         let arena = self
             .arena
             .as_mut()

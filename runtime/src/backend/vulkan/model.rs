@@ -517,13 +517,7 @@ impl SlotMemory for VulkanSlots {
             slot,
             reason,
         };
-        let l = self
-            .layers
-            .get(layer)
-            .ok_or_else(|| bad("no such MoE layer".into()))?;
-        if slot >= self.slots {
-            return Err(bad(format!("past the {} slots", self.slots)));
-        }
+        let l = crate::store::slot_layer(&self.layers, self.slots, layer, slot)?;
         for &(w, _, _) in &l.tensors {
             self.dp
                 .host()

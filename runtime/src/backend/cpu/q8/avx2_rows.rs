@@ -213,7 +213,7 @@ pub(super) fn prefetch_share(ahead: &[u8], b: usize, share: usize) {
 /// `+0.0`; row `r`'s result its planes added in plane order ([`finish`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn group_blocks<const B: usize, const R: usize, const P: usize>(
+fn group_blocks<const B: usize, const R: usize, const P: usize>(
     w: &[u8],
     rb: usize,
     x: &[BlockQ8K],
