@@ -429,7 +429,7 @@ impl Run for SeamRun {
                 })
                 .collect(),
             steps: self.steps,
-            recordings: 0,
+            ..RunCounters::default()
         }
     }
 }

@@ -9,12 +9,14 @@
 //! * every resident expert's slot holds the file's bytes; `--reset exact` serves a second
 //!   request as a fresh boot, `none` does not;
 //! * the host store is the file imported, with no device copy of the experts; the forced host
-//!   copy (`--host-store copy`) gives the same logits and reports its bytes;
+//!   copy (`--host-store copy`) gives the same logits and reports its bytes; the forced staging
+//!   (`--host-store stage`: nothing imported) gives the same logits while rotating, and uploads
+//!   exactly the distinct routed experts of each step and layer when none is resident;
 //! * over random budgets and routings the fast store's device memory never exceeds the budget,
 //!   counted from the backend's own allocation records, while the experts exceed it.
 
 use aubier_runtime::backend::registry::BackendSpec;
-use aubier_runtime::backend::{MemoryUse, Obtained};
+use aubier_runtime::backend::{MemoryUse, Obtained, RunCounters};
 use aubier_runtime::engine::Model;
 use aubier_runtime::placement::hotset::HotSet;
 use aubier_runtime::placement::policy::PolicyKind;
@@ -45,8 +47,17 @@ fn model() -> Arc<Model> {
 
 /// Two requests with the prompt cache on: a 12-token prefill and 8 decode steps, then a prompt
 /// of the first 16 ids (it keeps a cached prefix) and 4 decode steps. The logits' bits and the
-/// second request's store report.
+/// two requests' store reports, summed.
 fn requests(model: Arc<Model>, store: &StoreOptions) -> (Vec<u32>, StoreReport) {
+    let (logits, report, _) = counted_requests(model, store);
+    (logits, report)
+}
+
+/// [`requests`], with the session's run counters.
+fn counted_requests(
+    model: Arc<Model>,
+    store: &StoreOptions,
+) -> (Vec<u32>, StoreReport, RunCounters) {
     let ids = shared_prompt();
     let mut s =
         Session::open_with_store(model, SessionOptions { kv_max: 64 }, store).expect("session");
@@ -67,7 +78,8 @@ fn requests(model: Arc<Model>, store: &StoreOptions) -> (Vec<u32>, StoreReport) 
         served.host_bytes += r.host_bytes;
     }
     served.served_fraction = served.fast_hits as f64 / served.routed.max(1) as f64;
-    (logits.iter().map(|x| x.to_bits()).collect(), served)
+    let bits = logits.iter().map(|x| x.to_bits()).collect();
+    (bits, served, s.counters())
 }
 
 #[test]
@@ -222,6 +234,82 @@ fn the_host_store_is_the_file_imported_and_the_forced_copy_works() {
     let (got, r) = requests(copied, &slots(4));
     assert!(got == want, "the host copy changed the logits");
     assert!(r.promotions > 0 && r.host_bytes > 0, "{r:?}");
+}
+
+#[test]
+fn the_staged_host_store_uploads_each_steps_misses() {
+    let staged = load("stage", FastBudget::Slots(4));
+    assert_eq!(memory(&staged, "host store", Obtained::Imported), 0);
+    let moe = staged.plan.moe_layers().expect("moe layers");
+    let n_expert = moe[0].n_expert;
+    let per_layer: Vec<u64> = moe
+        .iter()
+        .map(|l| {
+            l.tensors
+                .iter()
+                .map(|t| staged.weight_view(t.weight).expect("view").len() as u64)
+                .sum::<u64>()
+                / n_expert as u64
+        })
+        .collect();
+    let largest = per_layer.iter().copied().max().expect("a MoE layer");
+    assert!(
+        memory(&staged, "stage area", Obtained::Allocated) >= (n_expert as u64 - 4) * largest,
+        "{:?}",
+        staged.loaded().memory()
+    );
+    let allocated = memory(&staged, "all device allocations", Obtained::Allocated);
+    let slot_bytes = staged.slots().bytes();
+    assert!(
+        allocated
+            < memory(&staged, "dense weights", Obtained::Allocated)
+                + slot_bytes
+                + memory(&staged, "stage area", Obtained::Allocated)
+                + expert_bytes(&staged) / 4,
+        "{allocated} bytes allocated: a device copy of the experts"
+    );
+
+    // Rotating: the logits of the imported host store, with promotions uploaded from the file.
+    let (want, _) = requests(model(), &slots(4));
+    let (got, r, c) = counted_requests(Arc::clone(&staged), &slots(4));
+    assert!(got == want, "staging changed the logits");
+    assert!(r.promotions > 0 && r.evictions > 0, "{r:?}");
+    assert!(r.served_fraction > 0.0 && r.served_fraction < 1.0, "{r:?}");
+    assert!(c.staged_experts > 0 && c.staged_bytes > 0, "{c:?}");
+
+    // None resident: every step uploads each layer's distinct routed experts, counted from the
+    // routing the session records.
+    let ids = shared_prompt();
+    let mut s = Session::open_with_store(
+        Arc::clone(&staged),
+        SessionOptions { kv_max: 32 },
+        &slots(0),
+    )
+    .expect("session");
+    s.record_routing(true);
+    s.start_request(&ids[..10]);
+    s.step(&ids[..10]).expect("prefill");
+    for &id in &ids[10..14] {
+        s.step(&[id]).expect("decode");
+    }
+    let routing = s.take_routing();
+    assert_eq!(routing.len(), 14);
+    let (mut experts, mut bytes) = (0, 0);
+    for step in std::iter::once(&routing[..10]).chain(routing[10..].chunks(1)) {
+        for (li, &b) in per_layer.iter().enumerate() {
+            let mut distinct: Vec<u32> = step
+                .iter()
+                .flat_map(|t| t.layers[li].iter().copied())
+                .collect();
+            distinct.sort_unstable();
+            distinct.dedup();
+            experts += distinct.len() as u64;
+            bytes += distinct.len() as u64 * b;
+        }
+    }
+    let c = s.counters();
+    assert_eq!((c.staged_experts, c.staged_bytes), (experts, bytes));
+    assert_eq!(s.store_report().fast_hits, 0);
 }
 
 proptest! {

@@ -447,6 +447,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let text = tokenizer.as_ref().map(|t| t.decode(&out.ids));
     let report = session.store_report();
+    let counters = session.counters();
+    let staged = serde_json::json!({
+        "experts": counters.staged_experts,
+        "bytes": counters.staged_bytes,
+    });
     if args.json {
         let v = serde_json::json!({
             "prompt_ids": prompt,
@@ -456,6 +461,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             "prefill_tok_s": out.prefill_tok_s,
             "decode_tok_s": out.decode_tok_s,
             "store": report,
+            "staged": staged,
         });
         outln!("{v}");
     } else {
@@ -484,6 +490,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             report.reset_ms,
             report.host_bytes as f64 / 1e6 / (prompt.len() + out.ids.len()).max(1) as f64
         );
+        if counters.staged_experts > 0 {
+            eprintln!(
+                "staged host store: {} experts uploaded during the steps, {:.1} MB per token",
+                counters.staged_experts,
+                counters.staged_bytes as f64 / 1e6 / (prompt.len() + out.ids.len()).max(1) as f64
+            );
+        }
     }
     Ok(())
 }

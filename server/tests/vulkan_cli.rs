@@ -78,6 +78,30 @@ fn run_backend_vulkan_gives_the_oracles_greedy_ids() {
         "{err}"
     );
     assert_eq!(vulkan, generated(&run(&["--backend", "oracle"], false)));
+    // Nothing imported: the missed experts are uploaded during each step, and the run says so.
+    let o = run(
+        &[
+            "--backend",
+            "vulkan",
+            "--host-store",
+            "stage",
+            "--n-res",
+            "4",
+        ],
+        false,
+    );
+    assert_eq!(generated(&o), vulkan);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    let (experts, bytes) = (&v["staged"]["experts"], &v["staged"]["bytes"]);
+    assert!(
+        experts.as_u64().is_some_and(|n| n > 0) && bytes.as_u64().is_some_and(|b| b > 0),
+        "{v}"
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("the host store is staged") && err.contains("12 missed experts"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -242,6 +242,12 @@ pub struct RunCounters {
     pub steps: u64,
     /// Command buffers recorded for them on a device that replays them (0 on the host).
     pub recordings: u64,
+    /// Routed experts that were neither resident nor readable in place, uploaded to the device
+    /// during the steps (the vulkan backend's staged host store; counted once per step and
+    /// layer), and their bytes.
+    pub staged_experts: u64,
+    /// Bytes of those uploads.
+    pub staged_bytes: u64,
 }
 
 /// The kernel a backend chose for one step, as printed by `aubier gen --plan --backend`.

@@ -208,11 +208,12 @@ fn builtin() -> Vec<BackendEntry> {
                 },
                 BackendOption {
                     name: "host-store",
-                    value: "auto|import|copy",
+                    value: "auto|import|copy|stage",
                     help: "how the vulkan backend's host store reaches the device: import (the \
                            model file's mapping imported as host memory, zero copy), copy (an \
-                           anonymous host copy of the experts, imported), auto (import, else \
-                           copy)",
+                           anonymous host copy of the experts, imported), stage (nothing \
+                           imported: each step uploads the non-resident experts it routes), \
+                           auto (import, else copy, else stage)",
                 },
                 BackendOption {
                     name: "max-buffer-bytes",

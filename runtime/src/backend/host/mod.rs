@@ -280,7 +280,7 @@ impl<K: StepKernel> Run for HostRun<K> {
                 })
                 .collect(),
             steps: self.exec.runs(),
-            recordings: 0,
+            ..RunCounters::default()
         }
     }
 }

@@ -22,6 +22,9 @@ struct Shared {
     device: ash::Device,
     /// Bytes of memory allocated by this context's buffers, live.
     allocated: AtomicU64,
+    /// Per memory heap: its size and the bytes this context's live buffers allocated from it
+    /// (never more than its size: [`VulkanContext::buffer`]).
+    heaps: Vec<(u64, AtomicU64)>,
     /// Bytes of host memory imported by this context's buffers, live.
     imported: AtomicU64,
     /// Dropped after `Drop::drop` destroyed the device.
@@ -167,6 +170,11 @@ impl VulkanContext {
             shared: Arc::new(Shared {
                 device,
                 allocated: AtomicU64::new(0),
+                heaps: memory
+                    .memory_heaps_as_slice()
+                    .iter()
+                    .map(|h| (h.size, AtomicU64::new(0)))
+                    .collect(),
                 imported: AtomicU64::new(0),
                 instance,
             }),
@@ -211,11 +219,26 @@ impl VulkanContext {
         )
     }
 
+    /// Bytes left to this context's allocations on the heap a [`Location::Device`] or
+    /// [`Location::Host`] buffer is made from (0 for [`Location::Imported`] or where no memory
+    /// type fits).
+    pub fn heap_left(&self, location: Location) -> u64 {
+        self.memory_type(!0, location).map_or(0, |t| {
+            let heap = self.memory.memory_types_as_slice()[t as usize].heap_index as usize;
+            let (size, taken) = &self.shared.heaps[heap];
+            size.saturating_sub(taken.load(Ordering::Relaxed))
+        })
+    }
+
     /// A buffer of `size` bytes in `location`, bound to memory of its own, usable as a storage
     /// buffer, a copy source and destination, and by its device address.
     ///
+    /// The context's allocations from one heap together never exceed its size (a driver that
+    /// overcommits, as lavapipe does, would otherwise let them).
+    ///
     /// Errors: [`VulkanError::Invalid`] for 0 bytes; [`VulkanError::Unsupported`] when no memory
-    /// type fits; [`VulkanError::Vk`] (e.g. `ERROR_OUT_OF_DEVICE_MEMORY`).
+    /// type fits; [`VulkanError::OutOfMemory`] when the heap has not the room left;
+    /// [`VulkanError::Vk`] (e.g. `ERROR_OUT_OF_DEVICE_MEMORY`).
     pub fn buffer(&self, size: u64, location: Location) -> Result<Buffer, VulkanError> {
         if size == 0 {
             return Err(VulkanError::Invalid("a buffer of 0 bytes".into()));
@@ -234,6 +257,7 @@ impl VulkanContext {
             address: 0,
             location,
             memory_bytes: 0,
+            heap: None,
             shared: Arc::clone(&self.shared),
         };
         // From here on, a failure drops `buffer`, which frees what was made.
@@ -252,6 +276,18 @@ impl VulkanContext {
         // SAFETY: the buffer was made by this device.
         let needs = unsafe { d.get_buffer_memory_requirements(buffer.buffer) };
         let type_index = self.memory_type(needs.memory_type_bits, location)?;
+        let heap = self.memory.memory_types_as_slice()[type_index as usize].heap_index as usize;
+        let (heap_size, taken) = &self.shared.heaps[heap];
+        let before = taken.fetch_add(needs.size, Ordering::Relaxed);
+        buffer.heap = Some((heap, needs.size));
+        if before + needs.size > *heap_size {
+            return Err(VulkanError::OutOfMemory {
+                heap,
+                size: *heap_size,
+                taken: before,
+                wanted: needs.size,
+            });
+        }
         let mut flags =
             vk::MemoryAllocateFlagsInfo::default().flags(vk::MemoryAllocateFlags::DEVICE_ADDRESS);
         let alloc = vk::MemoryAllocateInfo::default()
@@ -343,6 +379,7 @@ impl VulkanContext {
             address: 0,
             location: Location::Imported,
             memory_bytes: 0,
+            heap: None,
             shared: Arc::clone(&self.shared),
         };
         let mut external = vk::ExternalMemoryBufferCreateInfo::default().handle_types(handle);
@@ -1171,6 +1208,8 @@ pub struct Buffer {
     location: Location,
     /// Bytes of its memory, counted in [`VulkanContext::memory_records`] while it lives.
     memory_bytes: u64,
+    /// The heap it counts against and its bytes there, once counted.
+    heap: Option<(usize, u64)>,
     /// The device, kept alive until the buffer is freed.
     shared: Arc<Shared>,
 }
@@ -1218,6 +1257,11 @@ impl Drop for Buffer {
             Location::Device | Location::Host => &self.shared.allocated,
         };
         record.fetch_sub(self.memory_bytes, Ordering::Relaxed);
+        if let Some((heap, bytes)) = self.heap {
+            self.shared.heaps[heap]
+                .1
+                .fetch_sub(bytes, Ordering::Relaxed);
+        }
     }
 }
 

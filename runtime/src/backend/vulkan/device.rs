@@ -218,6 +218,15 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
+    /// Bytes of its largest device-local heap (`None` without one).
+    pub fn device_heap(&self) -> Option<u64> {
+        self.heaps
+            .iter()
+            .filter(|h| h.device_local)
+            .map(|h| h.size)
+            .max()
+    }
+
     /// Whether it runs on the host's CPU (lavapipe / llvmpipe): usable for tests, never chosen
     /// by [`select`] unless named or allowed.
     pub fn is_software(&self) -> bool {

@@ -42,6 +42,21 @@ pub enum VulkanError {
         /// What is missing.
         what: String,
     },
+    /// An allocation would take the backend's memory on a heap past its size.
+    #[error(
+        "out of device memory: {wanted} bytes more on memory heap {heap}, where the backend has \
+         {taken} of its {size} bytes"
+    )]
+    OutOfMemory {
+        /// The heap's index.
+        heap: usize,
+        /// Its size in bytes.
+        size: u64,
+        /// Bytes the backend's live buffers hold there.
+        taken: u64,
+        /// Bytes asked for.
+        wanted: u64,
+    },
     /// A Vulkan call failed.
     #[error("{call} failed: {result}")]
     Vk {

@@ -18,7 +18,11 @@
 //! extents; indirect dispatches; a barrier between launches; with profiling on, a timestamp
 //! after every launch) and the copies of the requested outputs into the staging buffer. That
 //! command buffer is recorded once per shape (tokens, head, outputs) and buffer set, and
-//! replayed while they stay: every decode step after a request's first replays it. Slot and
+//! replayed while they stay: every decode step after a request's first replays it. Where the
+//! host store cannot be read in place ([`HostMode::Stage`]), a run is split before every
+//! `moe_ffn`: one command buffer per segment, and between two of them the host reads the
+//! layer's routed expert ids back and has the caller upload the missed experts and rewrite
+//! their table entries ([`DeviceRun::run`]'s `stage`). Slot and
 //! scratch buffers grow to at least twice their size when they must, so a window growing a key
 //! at a time makes few of them anew. The output head, when only the last position's logits are
 //! wanted, runs for that row alone (its input's address advanced to the row, extents `[1, S]`).
@@ -42,6 +46,7 @@ use aubier_kernels_gen::gpu::glsl;
 use aubier_kernels_gen::gpu::ir::{Kernel, ParamKind};
 use aubier_kernels_gen::gpu::launch::{Arg, Launch};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Bytes of one host staging copy while uploading weights.
 const UPLOAD_CHUNK: usize = 64 << 20;
@@ -67,6 +72,9 @@ pub(crate) struct DevicePlan {
     tables: ExpertTables,
     /// The stacked expert tensors in host memory the device reads.
     host: HostStore,
+    /// Per MoE layer, its `moe_ffn` step and the value of its routed expert ids (`[T, k]` i32),
+    /// in step order: where a staged run ([`HostMode::Stage`]) stops to upload the misses.
+    moe_ids: Vec<(usize, ValueId)>,
 }
 
 /// A plan weight on the device.
@@ -98,6 +106,8 @@ struct ExpertTables {
     device: Buffer,
     /// Per plan weight, the byte offset of its table.
     at: Vec<Option<u64>>,
+    /// Entries per table.
+    n_expert: usize,
 }
 
 impl std::fmt::Debug for DevicePlan {
@@ -125,7 +135,7 @@ impl DevicePlan {
         ctx: VulkanContext,
         plan: &Plan,
         launches: &[Vec<Launch>],
-        weights: &Weights,
+        weights: &Arc<Weights>,
         max_bytes: u64,
         host_mode: HostMode,
     ) -> Result<Self, VulkanError> {
@@ -182,15 +192,28 @@ impl DevicePlan {
         for t in moe.iter().flat_map(|l| &l.tensors) {
             experts[t.weight] = true;
         }
+        let mut moe_ids = Vec::with_capacity(moe.len());
+        for l in &moe {
+            match plan.steps[l.step].args.get(1) {
+                Some(&Operand::Value(ids)) => moe_ids.push((l.step, ids)),
+                _ => {
+                    return Err(VulkanError::Invalid(format!(
+                        "step {}: a moe_ffn whose second operand is not its expert ids",
+                        l.step
+                    )))
+                }
+            }
+        }
+        moe_ids.sort_unstable();
         let host = HostStore::new(&ctx, weights, &moe, max_bytes, host_mode)?;
         let weights = upload_weights(&ctx, plan, &weights.views(), &experts, max_bytes)?;
-        let n_expert = plan.config.n_expert.max(1) as u64;
+        let n_expert = plan.config.n_expert.max(1);
         let mut at = vec![None; weights.len()];
         let mut table_bytes = 0u64;
         for (w, dw) in weights.iter().enumerate() {
             if let DeviceWeight::Experts = dw {
                 at[w] = Some(table_bytes);
-                table_bytes += 8 * n_expert;
+                table_bytes += 8 * n_expert as u64;
             }
         }
         let table_bytes = table_bytes.max(8);
@@ -198,6 +221,7 @@ impl DevicePlan {
             host: ctx.buffer(table_bytes, Location::Host)?,
             device: ctx.buffer(table_bytes, Location::Device)?,
             at,
+            n_expert,
         };
         tracing::info!(
             device = %ctx.info().name,
@@ -213,6 +237,7 @@ impl DevicePlan {
             weights,
             tables,
             host,
+            moe_ids,
         })
     }
 
@@ -282,6 +307,41 @@ impl DevicePlan {
             }
         }
         self.ctx.upload(&self.tables.host, 0, &bytes)
+    }
+
+    /// Points entry `e` of the table of weight `w` at `address`, for every `(w, e, address)` of
+    /// `entries`, in the device's copy too (a staged run, between two segments).
+    ///
+    /// Errors: [`VulkanError::Invalid`] for a weight without a table or an entry past it; those
+    /// of the upload and the copy's submission.
+    pub(crate) fn set_table_entries(
+        &self,
+        entries: &[(usize, usize, u64)],
+    ) -> Result<(), VulkanError> {
+        let mut at = Vec::with_capacity(entries.len());
+        for &(w, e, address) in entries {
+            let base =
+                self.tables.at.get(w).copied().flatten().ok_or_else(|| {
+                    VulkanError::Invalid(format!("weight {w} has no expert table"))
+                })?;
+            if e >= self.tables.n_expert {
+                return Err(VulkanError::Invalid(format!(
+                    "expert {e} of weight {w}: the table has {}",
+                    self.tables.n_expert
+                )));
+            }
+            let offset = base + 8 * e as u64;
+            self.ctx
+                .upload(&self.tables.host, offset, &address.to_le_bytes())?;
+            at.push(offset);
+        }
+        let t = &self.tables;
+        self.ctx.run(|r| {
+            for &offset in &at {
+                r.copy(&t.host, offset, &t.device, offset, 8)?;
+            }
+            Ok(())
+        })
     }
 }
 
@@ -374,8 +434,8 @@ pub(crate) struct DeviceRun {
     n_launches: usize,
     /// Bumped whenever a buffer a recording names is made anew.
     generation: u64,
-    /// The command buffer of the last run and what it was recorded for.
-    recorded: Option<(RecordKey, Recording)>,
+    /// The command buffers of the last run (one per segment) and what they were recorded for.
+    recorded: Option<(RecordKey, Vec<Recording>)>,
     /// Runs submitted, and command buffers recorded for them.
     runs: u64,
     recordings: u64,
@@ -420,6 +480,10 @@ pub(crate) struct Promotion<'a> {
     /// Bytes.
     pub bytes: u64,
 }
+
+/// A staged run's call before a `moe_ffn` ([`DeviceRun::run`]): `(step, ids)` → the routed
+/// experts made readable and their table entries set.
+pub(crate) type StageFn<'a> = dyn FnMut(usize, &[i32]) -> Result<(), VulkanError> + 'a;
 
 /// What a recording moves besides the launches: the inputs' and outputs' copies.
 struct Reading<'a> {
@@ -573,7 +637,11 @@ impl DeviceRun {
     /// that value's read-back is its one row. The host writes the inputs, the extents and every
     /// launch's workgroup counts, then submits the command buffer of the last run when it was
     /// recorded for the same tokens, head and outputs over the same buffers (a decode step after
-    /// the first), else records it anew.
+    /// the first), else records it anew. With `stage` (the host store of [`HostMode::Stage`])
+    /// the run is one command buffer per segment, split before every `moe_ffn`; before the
+    /// segment that starts at such a step, its expert ids (`T·k` i32, row-major) are read back
+    /// and given to `stage(step, ids)`, which makes every expert they name readable and points
+    /// its table entries at it ([`DevicePlan::set_table_entries`]).
     ///
     /// Errors: [`VulkanError::Invalid`] for a missing input, `t = 0`, `t > s`, `s` past the
     /// cache, sizes that overflow, a grid past the device's limits or a value that is not in a
@@ -589,6 +657,7 @@ impl DeviceRun {
         last_only: Option<ValueId>,
         outputs: &[ValueId],
         promotions: &[Promotion<'_>],
+        mut stage: Option<&mut StageFn<'_>>,
     ) -> Result<Vec<Vec<u8>>, VulkanError> {
         let bad = |m: String| VulkanError::Invalid(m);
         if t == 0 || t > s || s > self.capacity {
@@ -676,21 +745,56 @@ impl DeviceRun {
             reads: &reads,
             inputs_len: input_bytes.len(),
         };
-        if promotions.is_empty() {
+        let mut starts = vec![0];
+        if stage.is_some() {
+            starts.extend(dp.moe_ids.iter().map(|&(step, _)| step));
+        }
+        let segments: Vec<_> = starts
+            .iter()
+            .zip(starts.iter().skip(1).chain([&dp.steps.len()]))
+            .map(|(&a, &b)| a..b)
+            .collect();
+        let fresh;
+        let recs = if promotions.is_empty() {
             if self.recorded.as_ref().is_none_or(|(k, _)| *k != key) {
                 self.recorded = None;
-                let rec = self.record(dp, plan, &reading, &[])?;
-                self.recorded = Some((key, rec));
-                self.recordings += 1;
+                let recs = segments
+                    .iter()
+                    .map(|r| self.record(dp, plan, &reading, &[], r.clone()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                self.recorded = Some((key, recs));
+                self.recordings += segments.len() as u64;
             }
-            let (_, rec) = self.recorded.as_ref().expect("recorded above");
-            dp.ctx.replay(rec)?;
+            &self.recorded.as_ref().expect("recorded above").1
         } else {
             // A step with promotions records its copies once, and keeps the recording of its
             // shape without them for the steps after it.
-            let rec = self.record(dp, plan, &reading, promotions)?;
-            self.recordings += 1;
-            dp.ctx.replay(&rec)?;
+            fresh = segments
+                .iter()
+                .map(|r| self.record(dp, plan, &reading, promotions, r.clone()))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.recordings += segments.len() as u64;
+            &fresh
+        };
+        for (rec, range) in recs.iter().zip(&segments) {
+            if let Some(stage) = stage.as_mut().filter(|_| range.start > 0) {
+                let &(step, ids) = dp
+                    .moe_ids
+                    .iter()
+                    .find(|(step, _)| *step == range.start)
+                    .ok_or_else(|| bad(format!("no moe_ffn at step {}", range.start)))?;
+                let n = elements(&plan.values[ids].shape.0, t, s)
+                    .ok_or_else(|| bad("size overflow".into()))?;
+                let mut bytes = vec![0u8; 4 * n];
+                dp.ctx
+                    .download(self.value_buffer(plan, ids)?, 0, &mut bytes)?;
+                let ids: Vec<i32> = bytes
+                    .chunks_exact(4)
+                    .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                stage(step, &ids)?;
+            }
+            dp.ctx.replay(rec)?;
         }
         self.runs += 1;
         if let Some(ts) = &self.profile {
@@ -725,16 +829,18 @@ impl DeviceRun {
         Ok(out)
     }
 
-    /// Records a run of `t` tokens: the inputs' copies out of the staging buffer, every launch
-    /// of every step in plan order (workgroup counts and extents read from [`DeviceRun::args`]
-    /// when it runs), the outputs' copies into the staging buffer after the inputs' bytes.
-    #[allow(clippy::too_many_arguments)] // the run's shape: tokens, head, copies
+    /// Records the segment `steps` of a run of `t` tokens: when it starts the run, the tables'
+    /// and the inputs' copies; every launch of its steps in plan order (workgroup counts and
+    /// extents read from [`DeviceRun::args`] when it runs) with the promotions before their
+    /// step; when it ends the run, the outputs' copies into the staging buffer after the
+    /// inputs' bytes.
     fn record(
         &self,
         dp: &DevicePlan,
         plan: &Plan,
         reading: &Reading<'_>,
         promotions: &[Promotion<'_>],
+        steps: std::ops::Range<usize>,
     ) -> Result<Recording, VulkanError> {
         let &Reading {
             t,
@@ -744,24 +850,33 @@ impl DeviceRun {
             inputs_len,
         } = reading;
         let staging = self.staging.as_ref().expect("made before recording");
+        let (first, last) = (steps.start == 0, steps.end == dp.steps.len());
         dp.ctx.record(|r| {
-            let tables = &dp.tables;
-            r.copy(&tables.host, 0, &tables.device, 0, tables.host.size())?;
-            for &(id, at, len) in input_at {
-                r.copy(
-                    staging,
-                    at as u64,
-                    self.value_buffer(plan, id)?,
-                    0,
-                    len as u64,
-                )?;
+            if first {
+                let tables = &dp.tables;
+                r.copy(&tables.host, 0, &tables.device, 0, tables.host.size())?;
+                for &(id, at, len) in input_at {
+                    r.copy(
+                        staging,
+                        at as u64,
+                        self.value_buffer(plan, id)?,
+                        0,
+                        len as u64,
+                    )?;
+                }
+                if let Some(ts) = &self.profile {
+                    r.reset_timestamps(ts);
+                    r.timestamp(ts, 0)?;
+                }
             }
-            if let Some(ts) = &self.profile {
-                r.reset_timestamps(ts);
-                r.timestamp(ts, 0)?;
-            }
-            let mut launch = 0;
-            for (i, ls) in dp.steps.iter().enumerate() {
+            let mut launch: usize = dp.steps[..steps.start].iter().map(Vec::len).sum();
+            for (i, ls) in dp
+                .steps
+                .iter()
+                .enumerate()
+                .take(steps.end)
+                .skip(steps.start)
+            {
                 for p in promotions.iter().filter(|p| p.step == i) {
                     r.copy(p.src, p.src_offset, p.dst, p.dst_offset, p.bytes)?;
                 }
@@ -781,7 +896,7 @@ impl DeviceRun {
                 }
             }
             let mut at = inputs_len as u64;
-            for rb in reads {
+            for rb in reads.iter().filter(|_| last) {
                 r.copy(
                     self.value_buffer(plan, rb.value)?,
                     0,

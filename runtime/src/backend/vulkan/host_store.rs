@@ -10,36 +10,45 @@
 //! in it. Drivers differ on importing a *file* mapping ([`HostMode::Import`]); where the import is
 //! refused the store says so once and falls back to an anonymous host allocation holding the
 //! stacked tensors, filled from the file by `pread` (one host copy, its bytes reported) and
-//! imported the same way ([`HostMode::Copy`]). `--host-store import|copy` forces one of them.
+//! imported the same way ([`HostMode::Copy`]). Where that import is refused too (or the device
+//! has no `VK_EXT_external_memory_host`), the store is the file alone ([`HostMode::Stage`]): no
+//! expert is readable in place, and the run uploads each step's missed experts through a host
+//! staging buffer into device memory before the layer's `moe_ffn` reads them
+//! (`backend/vulkan/model.rs`). `--host-store import|copy|stage` forces one of them.
 
 use super::context::{Buffer, VulkanContext};
 use super::error::VulkanError;
 use crate::weights::Weights;
 use aubier_compiler::plan::MoeLayer;
 use memmap2::MmapMut;
+use std::sync::Arc;
 
 /// How the host store reaches the device (`--host-store`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum HostMode {
-    /// The file's mapping imported, else ([`HostMode::Copy`]).
+    /// The file's mapping imported, else [`HostMode::Copy`], else [`HostMode::Stage`].
     Auto,
     /// The file's mapping imported: zero copy.
     Import,
     /// An anonymous host allocation filled from the file, imported: one host copy.
     Copy,
+    /// Nothing imported: each step uploads the experts it routes that are not resident, from
+    /// the file through a host staging buffer (bytes moved per step, no host copy).
+    Stage,
 }
 
 impl std::str::FromStr for HostMode {
     type Err = String;
 
-    /// `auto`, `import` or `copy`.
+    /// `auto`, `import`, `copy` or `stage`.
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "auto" => Ok(HostMode::Auto),
             "import" => Ok(HostMode::Import),
             "copy" => Ok(HostMode::Copy),
+            "stage" => Ok(HostMode::Stage),
             _ => Err(format!(
-                "unknown host store `{s}` (expected auto, import or copy)"
+                "unknown host store `{s}` (expected auto, import, copy or stage)"
             )),
         }
     }
@@ -56,16 +65,20 @@ struct Region<'a> {
 /// Per plan weight, each expert's chunk and byte offset in it (`None`: not a stacked tensor).
 type Places = Vec<Option<Vec<(usize, u64)>>>;
 
-/// The stacked expert tensors, readable by the device.
+/// The stacked expert tensors, readable by the device (in place, or by staging uploads).
 pub(crate) struct HostStore {
-    /// Imported chunks.
+    /// Imported chunks (none in [`HostMode::Stage`]).
     chunks: Vec<Buffer>,
-    /// Where each expert is.
+    /// Where each expert is in `chunks`.
     places: Places,
     /// The anonymous copy of [`HostMode::Copy`], imported by `chunks` (dropped after them).
     copy: Option<MmapMut>,
-    /// The mode it runs in ([`HostMode::Import`] or [`HostMode::Copy`]).
+    /// The mode it runs in ([`HostMode::Import`], [`HostMode::Copy`] or [`HostMode::Stage`]).
     mode: HostMode,
+    /// The file's weights, the source of a staging upload.
+    weights: Arc<Weights>,
+    /// Per plan weight, the bytes of one expert (`None`: not a stacked tensor).
+    expert_bytes: Vec<Option<usize>>,
 }
 
 impl std::fmt::Debug for HostStore {
@@ -82,17 +95,61 @@ impl HostStore {
     /// Places every stacked tensor of `moe` in host memory the device reads, in `mode`, no
     /// chunk over `max_bytes`.
     ///
-    /// Errors: [`VulkanError::Unsupported`] without `VK_EXT_external_memory_host`, or when one
-    /// expert (with the alignment's padding) is over `max_bytes`; the import's error when the
-    /// forced mode's import is refused (with [`HostMode::Auto`], the copy's); those of the
-    /// anonymous allocation and the file's reads.
+    /// Errors, in a forced [`HostMode::Import`] or [`HostMode::Copy`]:
+    /// [`VulkanError::Unsupported`] without `VK_EXT_external_memory_host`, or when one expert
+    /// (with the alignment's padding) is over `max_bytes`; the import's error when it is
+    /// refused; those of the anonymous allocation and the file's reads. [`HostMode::Auto`]
+    /// falls back to [`HostMode::Stage`] instead, saying why once; [`VulkanError::Invalid`] for
+    /// a stacked tensor that is not a weight of `weights`.
     pub(crate) fn new(
         ctx: &VulkanContext,
-        weights: &Weights,
+        weights: &Arc<Weights>,
         moe: &[MoeLayer],
         max_bytes: u64,
         mode: HostMode,
     ) -> Result<HostStore, VulkanError> {
+        let mut expert_bytes = vec![None; weights.len()];
+        for t in moe.iter().flat_map(|l| &l.tensors) {
+            *expert_bytes.get_mut(t.weight).ok_or_else(|| {
+                VulkanError::Invalid(format!("no weight {} for the experts", t.weight))
+            })? = Some(t.expert_bytes);
+        }
+        let staged = HostStore {
+            chunks: Vec::new(),
+            places: vec![None; weights.len()],
+            copy: None,
+            mode: HostMode::Stage,
+            weights: Arc::clone(weights),
+            expert_bytes,
+        };
+        match mode {
+            HostMode::Stage => Ok(staged),
+            HostMode::Import | HostMode::Copy => staged.imported(ctx, moe, max_bytes, mode),
+            HostMode::Auto => match staged.imported(ctx, moe, max_bytes, mode) {
+                Ok(store) => Ok(store),
+                Err(e) => {
+                    tracing::warn!(
+                        "the experts cannot be read from host memory in place ({e}); each step \
+                         uploads the non-resident experts it routes through a staging buffer"
+                    );
+                    HostStore::new(ctx, weights, moe, max_bytes, HostMode::Stage)
+                }
+            },
+        }
+    }
+
+    /// This (staged) store's experts imported: the file's mapping, else (unless `mode` is
+    /// [`HostMode::Import`]) an anonymous host copy of them.
+    ///
+    /// Errors: as [`HostStore::new`] in a forced mode.
+    fn imported(
+        self,
+        ctx: &VulkanContext,
+        moe: &[MoeLayer],
+        max_bytes: u64,
+        mode: HostMode,
+    ) -> Result<HostStore, VulkanError> {
+        let weights = Arc::clone(&self.weights);
         let mut regions = Vec::new();
         for t in moe.iter().flat_map(|l| &l.tensors) {
             let bytes = weights
@@ -120,8 +177,8 @@ impl HostStore {
                     return Ok(HostStore {
                         chunks,
                         places,
-                        copy: None,
                         mode: HostMode::Import,
+                        ..self
                     })
                 }
                 Err(e) if mode == HostMode::Import => return Err(e),
@@ -170,7 +227,14 @@ impl HostStore {
             places,
             copy: Some(copy),
             mode: HostMode::Copy,
+            ..self
         })
+    }
+
+    /// The file's bytes of expert `e` of the stacked weight `w` (a staging upload's source).
+    pub(crate) fn bytes(&self, w: usize, e: usize) -> Option<&[u8]> {
+        let n = (*self.expert_bytes.get(w)?)?;
+        self.weights.view(w)?.get(e * n..(e + 1) * n)
     }
 
     /// The device address of expert `e` of the stacked weight `w`.

@@ -11,6 +11,14 @@
 //! to the device before its first launch. Filling a slot (a promotion) is a copy from the host
 //! store recorded into the next step's command buffer just before the layer's `moe_ffn`, the
 //! first launch that reads the slot.
+//!
+//! Where no expert is readable in place ([`HostMode::Stage`]), the slots come with a stage
+//! area: `n_expert − n_res` slots of the largest layer (the most one layer can miss) in device
+//! memory, and a host-visible staging buffer. The run stops before each `moe_ffn`, reads the
+//! layer's routed ids back, uploads every routed expert the store does not hold (from the file,
+//! through the staging buffer, into the stage area) and points its table entries there; a
+//! promotion is such an upload into its slot, before the step. The experts and bytes staged are
+//! the run's counters.
 
 use super::context::{Buffer, Location, VulkanContext};
 use super::error::VulkanError;
@@ -71,14 +79,24 @@ pub(super) fn load(
         .map_err(|e| VulkanError::Invalid(e.to_string()))?;
     let n_expert = moe.first().map_or(0, |l| l.n_expert);
     let per_slot: u64 = moe.iter().map(|l| l.expert_bytes() as u64).sum();
-    let room = Room::of(&dp, plan);
+    let staged = dp.host().mode() == HostMode::Stage;
+    let stage = staged.then(|| Stage::of(&moe, max));
+    let room = Room::of(&dp, plan, stage);
     let n_res = input
         .budget
-        .slots(per_slot, n_expert, || room.slots(per_slot))
+        .slots(per_slot, n_expert, || room.slots(per_slot, n_expert))
         .map_err(|e| VulkanError::Invalid(e.to_string()))?;
+    if input.budget == FastBudget::Auto {
+        room.check(n_expert)
+            .map_err(|what| VulkanError::Unsupported {
+                device: dp.context().info().index,
+                name: dp.context().info().name.clone(),
+                what,
+            })?;
+    }
     let choice = room.say(input.budget, n_res, n_expert, per_slot);
     tracing::info!("{choice}");
-    let slots = VulkanSlots::new(&dp, &moe, n_res, max)?;
+    let slots = VulkanSlots::new(&dp, &moe, n_res, max, stage)?;
     let mut table_of = vec![None; plan.weights.len()];
     for (li, l) in moe.iter().enumerate() {
         for (tj, t) in l.tensors.iter().enumerate() {
@@ -91,6 +109,7 @@ pub(super) fn load(
         n_expert,
         table_of,
         choice,
+        stage_bytes: stage.map(|st| st.bytes(n_res, n_expert)),
     };
     Ok(Loaded {
         model: Arc::new(model),
@@ -98,30 +117,55 @@ pub(super) fn load(
     })
 }
 
+/// The sizes of a staged host store's buffers ([`HostMode::Stage`]).
+#[derive(Clone, Copy, Debug)]
+struct Stage {
+    /// Bytes of one stage slot: the largest layer's expert.
+    slot_bytes: u64,
+    /// Bytes of the host-visible staging buffer: 64 MiB, at least one expert's largest tensor,
+    /// at most the largest buffer.
+    staging_bytes: u64,
+}
+
+impl Stage {
+    fn of(moe: &[MoeLayer], max_bytes: u64) -> Stage {
+        let slot_bytes = moe.iter().map(MoeLayer::expert_bytes).max().unwrap_or(0) as u64;
+        let tensor = moe
+            .iter()
+            .flat_map(|l| &l.tensors)
+            .map(|t| t.expert_bytes)
+            .max()
+            .unwrap_or(0) as u64;
+        Stage {
+            slot_bytes,
+            staging_bytes: (64u64 << 20).min(max_bytes).max(tensor).max(4),
+        }
+    }
+
+    /// Bytes of the stage area and the staging buffer with `n_res` of `n_expert` resident.
+    fn bytes(&self, n_res: usize, n_expert: usize) -> u64 {
+        self.slot_bytes * n_expert.saturating_sub(n_res) as u64 + self.staging_bytes
+    }
+}
+
 /// The device memory left for the fast store at load ([`FastBudget::Auto`]): the largest
 /// device-local heap, less what the backend has allocated (dense weights, expert tables), less
 /// a session's latent cache and activation buffers at the default context (`min(context, 4096)`
 /// tokens, a 512-token prompt pass), less a margin of 1/16 of the heap for what is not counted
-/// (pipelines, the driver's own).
+/// (pipelines, the driver's own), less — for a staged host store — the stage area and the
+/// staging buffer.
 #[derive(Clone, Copy, Debug)]
 struct Room {
     heap: u64,
     allocated: u64,
     session: u64,
     margin: u64,
+    stage: Option<Stage>,
 }
 
 impl Room {
-    fn of(dp: &DevicePlan, plan: &Plan) -> Room {
-        let heap = dp
-            .context()
-            .info()
-            .heaps
-            .iter()
-            .filter(|h| h.device_local)
-            .map(|h| h.size)
-            .max()
-            .unwrap_or(0);
+    fn of(dp: &DevicePlan, plan: &Plan, stage: Option<Stage>) -> Room {
+        let heap = dp.context().info().device_heap().unwrap_or(0);
         let cfg = &plan.config;
         let kv = cfg.n_ctx_train.min(4096);
         let cache = (cfg.n_layer * kv * cfg.kv_cache_width() * 4) as u64;
@@ -130,6 +174,7 @@ impl Room {
             allocated: dp.context().memory_records().0,
             session: cache + dp.run_bytes(plan, kv.min(512), kv),
             margin: heap / 16,
+            stage,
         }
     }
 
@@ -141,12 +186,38 @@ impl Room {
             .saturating_sub(self.margin)
     }
 
-    /// Slots per layer that fit when one slot in every layer takes `per_slot` bytes.
-    fn slots(&self, per_slot: u64) -> usize {
-        if per_slot == 0 {
-            return usize::MAX;
+    /// Slots per layer (of `n_expert`) that fit when one slot in every layer takes `per_slot`
+    /// bytes; with a staged host store, each slot also spares one of the stage area's.
+    fn slots(&self, per_slot: u64, n_expert: usize) -> usize {
+        let Some(stage) = self.stage else {
+            return match per_slot {
+                0 => usize::MAX,
+                _ => usize::try_from(self.free() / per_slot).unwrap_or(usize::MAX),
+            };
+        };
+        let Some(left) = self.free().checked_sub(stage.bytes(0, n_expert)) else {
+            return 0;
+        };
+        match per_slot.saturating_sub(stage.slot_bytes) {
+            0 => n_expert,
+            net => usize::try_from(left / net).unwrap_or(usize::MAX),
         }
-        usize::try_from(self.free() / per_slot).unwrap_or(usize::MAX)
+    }
+
+    /// `Err` (why) when a staged host store's stage area and staging buffer do not fit even
+    /// with no slot.
+    fn check(&self, n_expert: usize) -> Result<(), String> {
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        match self.stage {
+            Some(stage) if stage.bytes(0, n_expert) > self.free() => Err(format!(
+                "the experts cannot be read from host memory in place, and staging them needs \
+                 {:.0} MiB of device memory for one layer's experts and a staging buffer; \
+                 {:.0} MiB are left",
+                mib(stage.bytes(0, n_expert)),
+                mib(self.free())
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// What the backend chose and why, one sentence.
@@ -166,9 +237,19 @@ impl Room {
             FastBudget::Slots(n) => format!("--n-res {n}"),
             FastBudget::Bytes(b) => format!("--fast-budget {b}"),
         };
+        let staged = self.stage.map_or(String::new(), |stage| {
+            format!(
+                "; the host store is staged (no expert is read in place): the {} missed experts \
+                 a layer can route go through a {:.0} MiB stage area and a {:.0} MiB staging \
+                 buffer",
+                n_expert.saturating_sub(n_res),
+                mib(stage.slot_bytes * n_expert.saturating_sub(n_res) as u64),
+                mib(stage.staging_bytes)
+            )
+        });
         format!(
             "vulkan fast store: {n_res} of {n_expert} experts per layer in device memory \
-             ({:.0} MiB): {why}",
+             ({:.0} MiB): {why}{staged}",
             mib(per_slot * n_res as u64)
         )
     }
@@ -184,11 +265,32 @@ pub(super) struct VulkanModel {
     table_of: Vec<Option<(usize, usize)>>,
     /// What the fast store's size is and why.
     choice: String,
+    /// With a staged host store: bytes of the stage area and the staging buffer.
+    stage_bytes: Option<u64>,
 }
 
 impl LoadedModel for VulkanModel {
+    /// Errors: [`BackendError::Device`] when a session of `kv_max` tokens (its latent cache
+    /// and the activations of a pass of up to 512 tokens) does not fit in what the device heap
+    /// has left, naming both; those of the device's buffers.
     fn open(self: Arc<Self>, kv_max: usize) -> Result<Box<dyn Run>, BackendError> {
         let cfg = &self.plan.config;
+        let need = (cfg.n_layer as u64)
+            .saturating_mul(kv_max as u64)
+            .saturating_mul(cfg.kv_cache_width() as u64 * 4)
+            .saturating_add(self.dp.run_bytes(&self.plan, kv_max.min(512), kv_max));
+        let left = self.dp.context().heap_left(Location::Device);
+        if need > left {
+            let mib = |b: u64| b as f64 / (1 << 20) as f64;
+            return Err(device_error(VulkanError::Invalid(format!(
+                "a session of {kv_max} tokens needs {:.1} MiB of device memory (its latent \
+                 cache, the activations of a 512-token pass) and the device heap has {:.1} MiB \
+                 left after the weights, the fast store and the open sessions: ask for a \
+                 shorter context (--kv-max) or a smaller fast store (--fast-budget, --n-res)",
+                mib(need),
+                mib(left)
+            ))));
+        }
         let run = DeviceRun::new(
             &self.dp,
             &self.plan,
@@ -197,7 +299,11 @@ impl LoadedModel for VulkanModel {
             cfg.kv_cache_width(),
         )
         .map_err(device_error)?;
-        Ok(Box::new(VulkanRun { model: self, run }))
+        Ok(Box::new(VulkanRun {
+            model: self,
+            run,
+            staged: (0, 0),
+        }))
     }
 
     fn device(&self) -> Option<String> {
@@ -240,6 +346,13 @@ impl LoadedModel for VulkanModel {
                 obtained: Obtained::Allocated,
             });
         }
+        if let Some(bytes) = self.stage_bytes {
+            out.push(MemoryUse {
+                what: "stage area and staging buffer".into(),
+                bytes,
+                obtained: Obtained::Allocated,
+            });
+        }
         out
     }
 }
@@ -249,6 +362,8 @@ impl LoadedModel for VulkanModel {
 pub(super) struct VulkanRun {
     model: Arc<VulkanModel>,
     run: DeviceRun,
+    /// Experts and bytes uploaded into the stage area since the run opened.
+    staged: (u64, u64),
 }
 
 impl Run for VulkanRun {
@@ -273,6 +388,47 @@ impl Run for VulkanRun {
                 .collect()
         })
         .map_err(device_error)?;
+        if slots.stage.is_some() {
+            slots.flush().map_err(device_error)?;
+        }
+        let staged = &mut self.staged;
+        let mut stage = |step: usize, ids: &[i32]| {
+            let li = slots
+                .layers
+                .iter()
+                .position(|l| l.step == step)
+                .ok_or_else(|| VulkanError::Invalid(format!("step {step} is no MoE layer's")))?;
+            let mut held = vec![false; slots.slots];
+            for e in 0..m.n_expert {
+                if let Some(slot) = experts.store.slot_of(li, e) {
+                    if let Some(h) = held.get_mut(slot) {
+                        *h = true;
+                    }
+                }
+            }
+            let free: Vec<usize> = (0..slots.slots).filter(|&s| !held[s]).collect();
+            let mut missed = Vec::with_capacity(ids.len());
+            for &e in ids {
+                let e = usize::try_from(e)
+                    .ok()
+                    .filter(|&e| e < m.n_expert)
+                    .ok_or_else(|| {
+                        VulkanError::Invalid(format!(
+                            "MoE layer {li}: routed expert {e} outside the {} experts",
+                            m.n_expert
+                        ))
+                    })?;
+                if experts.store.slot_of(li, e).is_none() {
+                    missed.push(e);
+                }
+            }
+            missed.sort_unstable();
+            missed.dedup();
+            let bytes = slots.stage(li, &missed, &free)?;
+            staged.0 += missed.len() as u64;
+            staged.1 += bytes;
+            Ok(())
+        };
         let mut pending = slots.pending.lock().unwrap_or_else(PoisonError::into_inner);
         let promotions = slots.promotions(&pending).map_err(device_error)?;
         let out = self
@@ -286,6 +442,7 @@ impl Run for VulkanRun {
                 input.last_only,
                 input.outputs,
                 &promotions,
+                slots.stage.is_some().then_some(&mut stage as _),
             )
             .map_err(device_error)?;
         pending.clear();
@@ -331,6 +488,8 @@ impl Run for VulkanRun {
             times: self.run.kernel_times().to_vec(),
             steps,
             recordings,
+            staged_experts: self.staged.0,
+            staged_bytes: self.staged.1,
         }
     }
 }
@@ -363,6 +522,28 @@ pub(super) struct VulkanSlots {
     layers: Vec<SlotLayer>,
     slots: usize,
     pending: Mutex<Vec<Pending>>,
+    /// With a staged host store ([`HostMode::Stage`]).
+    stage: Option<StageArea>,
+}
+
+/// A staged host store's device memory: the stage area, where a step's missed experts are
+/// uploaded, and the host-visible buffer they go through.
+struct StageArea {
+    /// Buffers of whole stage slots (`per_part` each).
+    parts: Vec<Buffer>,
+    per_part: usize,
+    slot_bytes: usize,
+    /// Stage slots: `n_expert − n_res`.
+    slots: usize,
+    /// Host-visible.
+    staging: Buffer,
+}
+
+/// A copy of file bytes into device memory, through the staging buffer.
+struct Upload<'a> {
+    src: &'a [u8],
+    dst: &'a Buffer,
+    dst_offset: u64,
 }
 
 impl std::fmt::Debug for VulkanSlots {
@@ -385,6 +566,7 @@ impl VulkanSlots {
         moe: &[MoeLayer],
         slots: usize,
         max_bytes: u64,
+        stage: Option<Stage>,
     ) -> Result<VulkanSlots, VulkanError> {
         let ctx = dp.context();
         let mut layers = Vec::with_capacity(moe.len());
@@ -407,16 +589,7 @@ impl VulkanSlots {
                     ),
                 });
             }
-            let per_part = usize::try_from(max_bytes / slot_bytes.max(1) as u64)
-                .unwrap_or(usize::MAX)
-                .clamp(1, slots.max(1));
-            let mut parts = Vec::new();
-            let mut left = slots;
-            while left > 0 {
-                let n = left.min(per_part);
-                parts.push(ctx.buffer((n * slot_bytes).max(4) as u64, Location::Device)?);
-                left -= n;
-            }
+            let (parts, per_part) = whole_slots(ctx, slots, slot_bytes, max_bytes)?;
             layers.push(SlotLayer {
                 parts,
                 per_part,
@@ -425,11 +598,28 @@ impl VulkanSlots {
                 tensors,
             });
         }
+        let n_expert = moe.first().map_or(0, |l| l.n_expert);
+        let stage = match stage {
+            Some(st) => {
+                let slot_bytes = st.slot_bytes as usize;
+                let n = n_expert.saturating_sub(slots);
+                let (parts, per_part) = whole_slots(ctx, n, slot_bytes, max_bytes)?;
+                Some(StageArea {
+                    parts,
+                    per_part,
+                    slot_bytes,
+                    slots: n,
+                    staging: ctx.buffer(st.staging_bytes, Location::Host)?,
+                })
+            }
+            None => None,
+        };
         Ok(VulkanSlots {
             dp: Arc::clone(dp),
             layers,
             slots,
             pending: Mutex::new(Vec::new()),
+            stage,
         })
     }
 
@@ -451,51 +641,212 @@ impl VulkanSlots {
         Some(buf.address() + at)
     }
 
-    /// The copies that fill the `pending` slots, from the host store.
+    /// Per tensor of every `pending` fill, what `fill` makes of the layer's `moe_ffn` step, the
+    /// tensor's weight, the expert and the slot's place (buffer, offset, bytes).
     ///
     /// Errors: [`VulkanError::Invalid`] for a slot or an expert the store cannot place.
-    fn promotions(&self, pending: &[Pending]) -> Result<Vec<Promotion<'_>>, VulkanError> {
+    fn fills<'a, T>(
+        &'a self,
+        pending: &[Pending],
+        mut fill: impl FnMut(usize, usize, usize, (&'a Buffer, u64, usize)) -> Option<T>,
+    ) -> Result<Vec<T>, VulkanError> {
         let mut out = Vec::new();
         for p in pending {
             let l = &self.layers[p.layer];
             for (tensor, &(w, _, _)) in l.tensors.iter().enumerate() {
-                let bad = || {
-                    VulkanError::Invalid(format!(
-                        "MoE layer {} slot {} expert {}: no place",
-                        p.layer, p.slot, p.expert
-                    ))
-                };
-                let (dst, dst_offset, bytes) =
-                    self.place(p.layer, p.slot, tensor).ok_or_else(bad)?;
-                let (src, src_offset) = self.dp.host().source(w, p.expert).ok_or_else(bad)?;
-                out.push(Promotion {
-                    step: l.step,
-                    src,
-                    src_offset,
-                    dst,
-                    dst_offset,
-                    bytes: bytes as u64,
-                });
+                let place = self.place(p.layer, p.slot, tensor);
+                out.push(
+                    place
+                        .and_then(|at| fill(l.step, w, p.expert, at))
+                        .ok_or_else(|| {
+                            VulkanError::Invalid(format!(
+                                "MoE layer {} slot {} expert {}: no place",
+                                p.layer, p.slot, p.expert
+                            ))
+                        })?,
+                );
             }
         }
         Ok(out)
     }
 
-    /// Runs the pending copies now (before a slot is read back).
+    /// The copies that fill the `pending` slots, from the host store.
     ///
-    /// Errors: those of the submission.
+    /// Errors: [`VulkanError::Invalid`] for a slot or an expert the store cannot place.
+    fn promotions(&self, pending: &[Pending]) -> Result<Vec<Promotion<'_>>, VulkanError> {
+        self.fills(pending, |step, w, e, (dst, dst_offset, bytes)| {
+            let (src, src_offset) = self.dp.host().source(w, e)?;
+            Some(Promotion {
+                step,
+                src,
+                src_offset,
+                dst,
+                dst_offset,
+                bytes: bytes as u64,
+            })
+        })
+    }
+
+    /// Runs the pending copies now (before a slot is read back, or before a step of a staged
+    /// host store): copies from the host store, or uploads from the file when it is staged.
+    ///
+    /// Errors: [`VulkanError::Invalid`] for a slot or an expert the store cannot place; those
+    /// of the submission.
     fn flush(&self) -> Result<(), VulkanError> {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        let promotions = self.promotions(&pending)?;
-        self.dp.context().run(|r| {
-            for p in &promotions {
-                r.copy(p.src, p.src_offset, p.dst, p.dst_offset, p.bytes)?;
+        match &self.stage {
+            Some(stage) => {
+                let uploads = self.fills(&pending, |_, w, e, (dst, dst_offset, _)| {
+                    Some(Upload {
+                        src: self.dp.host().bytes(w, e)?,
+                        dst,
+                        dst_offset,
+                    })
+                })?;
+                self.upload(stage, &uploads)?;
             }
-            Ok(())
-        })?;
+            None => {
+                let promotions = self.promotions(&pending)?;
+                self.dp.context().run(|r| {
+                    for p in &promotions {
+                        r.copy(p.src, p.src_offset, p.dst, p.dst_offset, p.bytes)?;
+                    }
+                    Ok(())
+                })?;
+            }
+        }
         pending.clear();
         Ok(())
     }
+
+    /// Copies every upload through `stage`'s staging buffer: as many as it holds per
+    /// submission.
+    ///
+    /// Errors: [`VulkanError::Invalid`] for one over the staging buffer; those of the host
+    /// copies and the submissions.
+    fn upload(&self, stage: &StageArea, uploads: &[Upload<'_>]) -> Result<(), VulkanError> {
+        let ctx = self.dp.context();
+        let cap = stage.staging.size();
+        let mut batch: Vec<(u64, &Upload<'_>)> = Vec::new();
+        let mut at = 0u64;
+        let submit = |batch: &mut Vec<(u64, &Upload<'_>)>| {
+            ctx.run(|r| {
+                for &(from, u) in batch.iter() {
+                    r.copy(
+                        &stage.staging,
+                        from,
+                        u.dst,
+                        u.dst_offset,
+                        u.src.len() as u64,
+                    )?;
+                }
+                Ok(())
+            })?;
+            batch.clear();
+            Ok::<_, VulkanError>(())
+        };
+        for u in uploads {
+            let len = u.src.len() as u64;
+            if len > cap {
+                return Err(VulkanError::Invalid(format!(
+                    "an upload of {len} bytes through a staging buffer of {cap}"
+                )));
+            }
+            if at + len > cap {
+                submit(&mut batch)?;
+                at = 0;
+            }
+            ctx.upload(&stage.staging, at, u.src)?;
+            batch.push((at, u));
+            at += len;
+        }
+        if !batch.is_empty() {
+            submit(&mut batch)?;
+        }
+        Ok(())
+    }
+
+    /// Uploads `experts` of MoE layer `layer` (none of them resident) into the stage area, then
+    /// into the layer's slots in `free` (those no resident expert holds: a session's store may
+    /// use fewer slots than were allocated), and points their table entries there; returns the
+    /// bytes uploaded. The stage area's `n_expert − slots` places and the free slots are at
+    /// least the experts a layer can miss.
+    ///
+    /// Errors: [`VulkanError::Invalid`] without a stage area, for more experts than there are
+    /// places or one the host store lacks; those of the uploads and the tables.
+    fn stage(&self, layer: usize, experts: &[usize], free: &[usize]) -> Result<u64, VulkanError> {
+        let bad = |m: String| VulkanError::Invalid(format!("MoE layer {layer}: {m}"));
+        let stage = self
+            .stage
+            .as_ref()
+            .ok_or_else(|| bad("no stage area".into()))?;
+        let l = self
+            .layers
+            .get(layer)
+            .ok_or_else(|| bad("no such layer".into()))?;
+        if experts.len() > stage.slots + free.len() {
+            return Err(bad(format!(
+                "{} experts missed, the stage area and the free slots hold {}",
+                experts.len(),
+                stage.slots + free.len()
+            )));
+        }
+        let mut uploads = Vec::with_capacity(experts.len() * l.tensors.len());
+        let mut entries = Vec::with_capacity(uploads.capacity());
+        for (k, &e) in experts.iter().enumerate() {
+            for (tensor, &(w, _, offset)) in l.tensors.iter().enumerate() {
+                let (dst, dst_offset) = if k < stage.slots {
+                    (
+                        &stage.parts[k / stage.per_part],
+                        (k % stage.per_part * stage.slot_bytes + offset) as u64,
+                    )
+                } else {
+                    let slot = free[k - stage.slots];
+                    let (buf, at, _) = self
+                        .place(layer, slot, tensor)
+                        .ok_or_else(|| bad(format!("no slot {slot}")))?;
+                    (buf, at)
+                };
+                let src = self
+                    .dp
+                    .host()
+                    .bytes(w, e)
+                    .ok_or_else(|| bad(format!("expert {e} is not in the host store")))?;
+                uploads.push(Upload {
+                    src,
+                    dst,
+                    dst_offset,
+                });
+                entries.push((w, e, dst.address() + dst_offset));
+            }
+        }
+        self.upload(stage, &uploads)?;
+        self.dp.set_table_entries(&entries)?;
+        Ok(uploads.iter().map(|u| u.src.len() as u64).sum())
+    }
+}
+
+/// `slots` slots of `slot_bytes` in device buffers of whole slots, none over `max_bytes`;
+/// returns the buffers and the slots per buffer.
+///
+/// Errors: those of the buffers.
+fn whole_slots(
+    ctx: &VulkanContext,
+    slots: usize,
+    slot_bytes: usize,
+    max_bytes: u64,
+) -> Result<(Vec<Buffer>, usize), VulkanError> {
+    let per_part = usize::try_from(max_bytes / slot_bytes.max(1) as u64)
+        .unwrap_or(usize::MAX)
+        .clamp(1, slots.max(1));
+    let mut parts = Vec::new();
+    let mut left = slots;
+    while left > 0 {
+        let n = left.min(per_part);
+        parts.push(ctx.buffer((n * slot_bytes).max(4) as u64, Location::Device)?);
+        left -= n;
+    }
+    Ok((parts, per_part))
 }
 
 impl SlotMemory for VulkanSlots {
@@ -521,7 +872,7 @@ impl SlotMemory for VulkanSlots {
         for &(w, _, _) in &l.tensors {
             self.dp
                 .host()
-                .source(w, expert as usize)
+                .bytes(w, expert as usize)
                 .ok_or_else(|| bad(format!("expert {expert} is not in the host store")))?;
         }
         self.pending

@@ -266,3 +266,22 @@ fn vulkan_without_its_device_binds_for_the_default_width_and_says_so() {
         "{e}"
     );
 }
+
+#[test]
+fn vulkan_allocations_never_exceed_their_heap() {
+    let ctx = context();
+    let left = ctx.heap_left(Location::Device);
+    let heap = ctx.info().device_heap().expect("a device-local heap");
+    assert!(left > 0 && left <= heap, "{left} of {heap}");
+    let half = left / 2 + 4096;
+    let first = ctx.buffer(half, Location::Device).expect("half the heap");
+    assert!(ctx.heap_left(Location::Device) <= left - half);
+    match ctx.buffer(half, Location::Device) {
+        Err(VulkanError::OutOfMemory { wanted, taken, .. }) => {
+            assert!(wanted >= half && taken >= half, "{wanted} {taken}");
+        }
+        other => panic!("a second half of the heap: {:?}", other.map(|b| b.size())),
+    }
+    drop(first);
+    assert_eq!(ctx.heap_left(Location::Device), left);
+}
