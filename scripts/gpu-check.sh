@@ -34,12 +34,19 @@ if [ ! -e "$model" ]; then
     "$aubier" synth --out "$model" --layers 4 --experts 128 --quant Q2_K --seed 0
 fi
 
-# One `aubier bench --json` line: tok/s, served fraction, host store MB per token, roofline.
+# One `aubier bench --json` line: tok/s, served fraction, host store MB per token, roofline; or,
+# when the case does not run (a fast store larger than the device), the error's last line.
 bench() {
     local label=$1
     shift
-    "$aubier" bench --model "$model" --backend vulkan "${device[@]}" --n-prompt "$n_prompt" \
-        --n-gen "$n_gen" --reps "$reps" --json "$@" 2>/dev/null | python3 -c '
+    local out
+    out=$(mktemp -d)
+    if ! "$aubier" bench --model "$model" --backend vulkan "${device[@]}" --n-prompt "$n_prompt" \
+        --n-gen "$n_gen" --reps "$reps" --json "$@" >"$out/json" 2>"$out/err"; then
+        echo "$label: did not run: $(tail -n 1 "$out/err")"
+        return 0
+    fi
+    python3 -c '
 import json, os, sys
 r = json.load(sys.stdin)
 label, peak = sys.argv[1], os.environ.get("PEAK_GBS")
@@ -49,7 +56,7 @@ roof = f", {d * read / 1e9 / float(peak):.3f} of the {peak} GB/s roofline" if pe
 print(f"{label}: prefill {p:.2f} tok/s, decode {d:.2f} tok/s, served {r['"'"'served_fraction'"'"']:.3f}, "
       f"host store {r['"'"'host_bytes_per_token'"'"'] / 1e6:.1f} MB/token, {read / 1e6:.0f} MB read/token{roof} "
       f"({r['"'"'device'"'"']})")
-' "$label"
+' "$label" <"$out/json"
 }
 
 bench "all resident" --n-res 128

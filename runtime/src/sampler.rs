@@ -9,12 +9,22 @@
 //!    penalties (OpenAI) on the generated ids only (`logit -= frequency · count`, then
 //!    `logit -= presence` when `count > 0`);
 //! 2. with `temperature == 0`, the argmax (lowest id on ties, as the reference greedy chains);
-//! 3. otherwise scale by `1/temperature` (f64 from here on);
+//! 3. otherwise each id's weight, its probability relative to the top one:
+//!    `exp((logit − max) / temperature)` in f32 (1 for the top id; below ~1e-45 it is 0 and the
+//!    id is never drawn), summed in f64;
 //! 4. min-p: drop every id whose probability is below `min_p` × the top probability;
 //! 5. top-k: keep the `top_k` largest (0 = all; ties broken by the lower id);
 //! 6. top-p: softmax what is left, keep the smallest prefix (by descending probability) whose
 //!    mass reaches `top_p`, renormalise;
 //! 7. draw with a ChaCha8 stream seeded by `seed`.
+//!
+//! Nothing sorts the vocabulary: min-p is a filter on the weights; top-k selects the k largest
+//! (`select_nth_unstable`, O(n)); top-p is a quickselect by mass (partition around a pivot,
+//! keep the side where the nucleus's mass is reached: O(n) expected, a sort of what is left
+//! after 64 rounds); the draw walks the kept candidates in the order these steps leave them
+//! (by id when nothing truncated). "Largest" is by weight, then lower id, compared as one
+//! integer per candidate: each order is a fixed function of the row, so a seed still fixes the
+//! tokens.
 //!
 //! The same seed, history and logits always give the same token. The drawn id joins the history.
 //! llama.cpp's default chain differs (its penalties look at the last 64 tokens, prompt included,
@@ -150,6 +160,129 @@ pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
     history: History,
+    /// The candidates of the last draw as [`key`]s (kept to reuse its allocation).
+    cand: Vec<u64>,
+    /// The weights of each [`BLOCK`] of `cand`, summed.
+    blocks: Vec<f64>,
+}
+
+/// Candidates per partial sum: the draw walks the sums, then one block.
+const BLOCK: usize = 64;
+
+/// Sums the weights of every [`BLOCK`] of `cand` into `blocks`; returns their total.
+fn block_sums(cand: &[u64], blocks: &mut Vec<f64>) -> f64 {
+    blocks.clear();
+    blocks.extend(
+        cand.chunks(BLOCK)
+            .map(|b| b.iter().map(|&c| key_weight(c)).sum::<f64>()),
+    );
+    blocks.iter().sum()
+}
+
+/// A candidate as one integer that orders as truncation keeps: its weight's bits (a weight is
+/// a finite f32 ≥ 0, whose bits order as the numbers do) above the complement of its id, so
+/// that a larger key is a larger weight, then a lower id.
+fn key(id: u32, weight: f32) -> u64 {
+    (u64::from(weight.to_bits()) << 32) | u64::from(!id)
+}
+
+/// The id of a [`key`].
+fn key_id(k: u64) -> u32 {
+    !(k as u32)
+}
+
+/// The weight of a [`key`].
+fn key_weight(k: u64) -> f64 {
+    f64::from(f32::from_bits((k >> 32) as u32))
+}
+
+/// Partition rounds of [`nucleus_select`] before it sorts what is left.
+const NUCLEUS_ROUNDS: usize = 64;
+
+/// Bits of a [`key`] that bucket it for [`nucleus`]: the weight's sign, exponent and 3 mantissa
+/// bits (buckets an eighth of an octave wide).
+const BUCKET_SHIFT: u32 = 52;
+
+/// Reorders `cand` ([`key`]s) so that its first `k` entries are the top-p nucleus, and returns
+/// `k`: the fewest of the largest keys whose weights sum to at least `need` (all of them when
+/// none do). One pass sums the weights per bucket of [`BUCKET_SHIFT`]; the buckets above the
+/// one where the mass reaches `need` are kept whole, and [`nucleus_select`] finds the rest
+/// within that bucket.
+fn nucleus(cand: &mut [u64], need: f64) -> usize {
+    let mut mass = vec![0.0f64; 1 << (64 - BUCKET_SHIFT)];
+    for &c in cand.iter() {
+        mass[(c >> BUCKET_SHIFT) as usize] += key_weight(c);
+    }
+    let mut above = 0.0;
+    let Some(edge) = (0..mass.len()).rev().find(|&b| {
+        above += mass[b];
+        above >= need
+    }) else {
+        return cand.len();
+    };
+    above -= mass[edge];
+    let edge = edge as u64;
+    let whole = partition(cand, |c| c >> BUCKET_SHIFT > edge);
+    let within = partition(&mut cand[whole..], |c| c >> BUCKET_SHIFT == edge);
+    whole + nucleus_select(&mut cand[whole..whole + within], need - above)
+}
+
+/// Moves the keys for which `first` holds to the front of `cand` (branch-free Lomuto), and
+/// returns how many there are.
+fn partition(cand: &mut [u64], first: impl Fn(u64) -> bool) -> usize {
+    let mut store = 0;
+    for i in 0..cand.len() {
+        let up = first(cand[i]);
+        cand.swap(i, store);
+        store += usize::from(up);
+    }
+    store
+}
+
+/// [`nucleus`] by quickselect: partition around a pivot, keep the side where the mass reaches
+/// `need` (O(n) expected); after [`NUCLEUS_ROUNDS`] rounds, a sort of what is left.
+fn nucleus_select(cand: &mut [u64], need: f64) -> usize {
+    let (mut lo, mut hi) = (0, cand.len());
+    // The mass of `cand[..lo]`, every one of which is in the nucleus.
+    let mut acc = 0.0f64;
+    for _ in 0..NUCLEUS_ROUNDS {
+        if hi - lo <= 32 {
+            break;
+        }
+        // Median of three as the pivot, moved to the end of the range.
+        let mid = lo + (hi - lo) / 2;
+        let mut three = [lo, mid, hi - 1];
+        three.sort_by_key(|&i| cand[i]);
+        cand.swap(three[1], hi - 1);
+        let pivot = cand[hi - 1];
+        let mut store = lo;
+        let mut above = 0.0f64;
+        // Branch-free Lomuto: `cand[store..i]` stay below the pivot.
+        for i in lo..hi - 1 {
+            let c = cand[i];
+            let up = c > pivot;
+            cand.swap(i, store);
+            store += usize::from(up);
+            above += if up { key_weight(c) } else { 0.0 };
+        }
+        cand.swap(store, hi - 1);
+        if acc + above >= need {
+            hi = store;
+        } else if acc + above + key_weight(pivot) >= need {
+            return store + 1;
+        } else {
+            acc += above + key_weight(pivot);
+            lo = store + 1;
+        }
+    }
+    cand[lo..hi].sort_unstable_by(|a, b| b.cmp(a));
+    for (i, &c) in cand[lo..hi].iter().enumerate() {
+        acc += key_weight(c);
+        if acc >= need {
+            return lo + i + 1;
+        }
+    }
+    hi
 }
 
 impl Sampler {
@@ -182,6 +315,8 @@ impl Sampler {
             params,
             rng,
             history: History::default(),
+            cand: Vec::new(),
+            blocks: Vec::new(),
         })
     }
 
@@ -218,75 +353,78 @@ impl Sampler {
 
     /// Steps 2–7 of the module note on an already penalised row.
     fn draw(&mut self, logits: &[f32]) -> Result<u32, SampleError> {
-        if self.params.temperature == 0.0 {
+        let p = &self.params;
+        if p.temperature == 0.0 {
             return argmax(logits).ok_or(SampleError::NoFinite);
         }
-        let inv_t = 1.0 / f64::from(self.params.temperature);
-        let mut cand: Vec<(u32, f64)> = logits
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| !l.is_nan() && **l != f32::NEG_INFINITY)
-            .map(|(i, &l)| (i as u32, f64::from(l) * inv_t))
-            .collect();
-        if cand.is_empty() {
+        let top = argmax(logits).ok_or(SampleError::NoFinite)?;
+        let max = logits[top as usize];
+        if max == f32::NEG_INFINITY {
             return Err(SampleError::NoFinite);
         }
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        let max = cand[0].1;
-        if self.params.min_p > 0.0 {
-            // p_i / p_max = exp(s_i − s_max); the candidates are sorted, so the kept ones are a
-            // prefix (the first always stays).
-            let min_p = f64::from(self.params.min_p);
-            let kept = cand
+        let inv_t = 1.0 / p.temperature;
+        let cand = &mut self.cand;
+        cand.clear();
+        cand.extend(
+            logits
                 .iter()
-                .position(|c| (c.1 - max).exp() < min_p)
-                .unwrap_or(cand.len());
+                .enumerate()
+                .filter(|(_, l)| !l.is_nan())
+                .map(|(i, &l)| key(i as u32, ((l - max) * inv_t).exp())),
+        );
+        if p.min_p > 0.0 {
+            // The weight is p_i / p_max, 1 for the top id, which always stays.
+            let min_p = f64::from(p.min_p);
+            cand.retain(|&c| key_weight(c) >= min_p);
+        }
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.select_nth_unstable_by(p.top_k - 1, |a, b| b.cmp(a));
+            cand.truncate(p.top_k);
+        }
+        let blocks = &mut self.blocks;
+        let mut total = block_sums(cand, blocks);
+        if p.top_p < 1.0 {
+            let kept = nucleus(cand, f64::from(p.top_p) * total);
             cand.truncate(kept);
+            total = block_sums(cand, blocks);
         }
-        if self.params.top_k > 0 {
-            cand.truncate(self.params.top_k);
-        }
-        let mut total = 0.0;
-        for c in cand.iter_mut() {
-            c.1 = (c.1 - max).exp();
-            total += c.1;
-        }
-        let top_p = f64::from(self.params.top_p);
-        let mut kept = 0;
-        let mut mass = 0.0;
-        for c in cand.iter() {
-            kept += 1;
-            mass += c.1 / total;
-            if mass >= top_p {
-                break;
+        let mut u = self.rng.random::<f64>() * total;
+        for (block, &sum) in cand.chunks(BLOCK).zip(blocks.iter()) {
+            if u >= sum {
+                u -= sum;
+                continue;
+            }
+            for &c in block {
+                let w = key_weight(c);
+                if u < w {
+                    return Ok(key_id(c));
+                }
+                u -= w;
             }
         }
-        cand.truncate(kept);
-        let kept_total: f64 = cand.iter().map(|c| c.1).sum();
-        let mut u = self.rng.random::<f64>() * kept_total;
-        for &(id, w) in &cand {
-            if u < w {
-                return Ok(id);
-            }
-            u -= w;
-        }
-        Ok(cand[cand.len() - 1].0)
+        Ok(cand
+            .iter()
+            .rfind(|&&c| key_weight(c) > 0.0)
+            .map_or(top, |&c| key_id(c)))
     }
 }
 
 /// Index of the largest logit, lowest id on ties; NaN never wins. `None` when every entry is NaN.
 pub fn argmax(logits: &[f32]) -> Option<u32> {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &l) in logits.iter().enumerate() {
-        if l.is_nan() {
-            continue;
-        }
-        match best {
-            Some((_, b)) if l <= b => {}
-            _ => best = Some((i, l)),
+    // The maximum by lanes (`f32::max` passes over NaN), then its first position.
+    let mut lanes = [f32::NAN; 16];
+    let mut chunks = logits.chunks_exact(16);
+    for c in &mut chunks {
+        for (m, &l) in lanes.iter_mut().zip(c) {
+            *m = m.max(l);
         }
     }
-    best.map(|(i, _)| i as u32)
+    let max = chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NAN, |m, &l| m.max(l));
+    logits.iter().position(|&l| l == max).map(|i| i as u32)
 }
 
 /// Log-probabilities of one position under the model's raw distribution.
@@ -404,6 +542,107 @@ mod tests {
         let k1 = SamplingParams { top_k: 1, ..p };
         let greedy = argmax(&logits).unwrap();
         assert!(draw(&k1).iter().all(|&t| t == greedy));
+    }
+
+    /// The ids a full sort keeps (min-p, then top-k, then top-p on the sorted rest) and their
+    /// probabilities: the reference the selection-based draw must agree with.
+    fn reference(p: &SamplingParams, logits: &[f32]) -> Vec<(u32, f64)> {
+        let inv_t = 1.0 / f64::from(p.temperature);
+        let mut c: Vec<(u32, f64)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, f64::from(l) * inv_t))
+            .collect();
+        c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let max = c[0].1;
+        c.retain(|x| (x.1 - max).exp() >= f64::from(p.min_p));
+        if p.top_k > 0 {
+            c.truncate(p.top_k);
+        }
+        let w: Vec<f64> = c.iter().map(|x| (x.1 - max).exp()).collect();
+        let total: f64 = w.iter().sum();
+        let (mut kept, mut mass) = (0, 0.0);
+        for x in &w {
+            kept += 1;
+            mass += x / total;
+            if mass >= f64::from(p.top_p) {
+                break;
+            }
+        }
+        let kept_total: f64 = w[..kept].iter().sum();
+        c.iter()
+            .zip(&w)
+            .take(kept)
+            .map(|(x, w)| (x.0, w / kept_total))
+            .collect()
+    }
+
+    #[test]
+    fn truncation_keeps_what_a_full_sort_keeps_and_draws_by_its_probabilities() {
+        // A row of 5000 logits from a fixed LCG, in [0, 4), every tenth one repeated (ties);
+        // at temperature 0.7 top-p 0.9 keeps thousands of ids, so the nucleus selection grows
+        // past its first 256 and 1024 candidates.
+        let mut x = 12345u64;
+        let logits: Vec<f32> = (0..5000)
+            .map(|i| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                if i % 10 == 9 {
+                    1.5
+                } else {
+                    (x >> 40) as f32 / (1u64 << 24) as f32 * 4.0
+                }
+            })
+            .collect();
+        for (top_k, top_p, min_p) in [
+            (0, 1.0, 0.0),
+            (7, 1.0, 0.0),
+            (300, 0.5, 0.0),
+            (0, 0.9, 0.0),
+            (0, 0.999, 0.05),
+            (0, 1.0, 0.3),
+            (40, 0.9, 0.05),
+        ] {
+            let p = SamplingParams {
+                temperature: 0.7,
+                top_k,
+                top_p,
+                min_p,
+                ..SamplingParams::default()
+            };
+            let want = reference(&p, &logits);
+            let prob: HashMap<u32, f64> = want.iter().copied().collect();
+            let n = 4000;
+            let mut counts: HashMap<u32, u32> = HashMap::new();
+            for id in draws(&p, &[], &logits, n) {
+                assert!(
+                    prob.contains_key(&id),
+                    "{p:?}: drew {id}, outside the kept set"
+                );
+                *counts.entry(id).or_insert(0) += 1;
+            }
+            // Every kept id of probability ≥ 2 % is drawn about as often as it should be: within
+            // five standard deviations of the binomial count.
+            for (&id, &q) in prob.iter().filter(|(_, &q)| q >= 0.02) {
+                let got = f64::from(counts.get(&id).copied().unwrap_or(0));
+                let mean = q * n as f64;
+                let sd = (n as f64 * q * (1.0 - q)).sqrt();
+                assert!(
+                    (got - mean).abs() <= 5.0 * sd,
+                    "{p:?}: id {id} drawn {got} times, expected {mean:.0} ± {sd:.0}"
+                );
+            }
+            // As many distinct ids as the kept set gives in `n` draws (a draw from too small a
+            // set falls short).
+            let distinct: f64 = prob.values().map(|q| 1.0 - (1.0 - q).powi(n as i32)).sum();
+            assert!(
+                counts.len() as f64 >= 0.9 * distinct,
+                "{p:?}: {} distinct ids drawn, {distinct:.0} expected of {} kept",
+                counts.len(),
+                want.len()
+            );
+        }
     }
 
     #[test]
