@@ -269,7 +269,8 @@ fn decode(
     } else {
         session.start(prompt)
     };
-    let budget = params.max_tokens.min(kv_max - prompt.len() + 1);
+    // Prompt and completion together fit the context (the server's one limit).
+    let budget = params.max_tokens.min(kv_max - prompt.len());
 
     let mut mask_wait = Duration::ZERO;
     let t0 = Instant::now();

@@ -245,9 +245,8 @@ async fn a_prompt_longer_than_the_context_is_a_400_and_max_tokens_is_clamped() {
     let resp = raw_request(srv.addr, "POST", "/v1/completions", body.as_bytes()).await;
     assert_eq!(resp.status, 400);
     assert_eq!(resp.json()["error"]["param"], "prompt");
-    // A prompt that fits, with max_tokens past the room left: clamped, finish "length". The cache
-    // holds the prompt and every generated token but the last (which is sampled, never stepped),
-    // so the room is kv_max - prompt + 1 tokens.
+    // A prompt that fits, with max_tokens past the room left: clamped, finish "length". Prompt
+    // and completion together are at most the context: usage.total_tokens is kv_max.
     let prompt = text_model()
         .chat_prompt(&chat_request(
             r#"{"messages":[{"role":"user","content":"hi"}]}"#,
@@ -264,7 +263,8 @@ async fn a_prompt_longer_than_the_context_is_a_400_and_max_tokens_is_clamped() {
     .await
     .json();
     assert_eq!(v["choices"][0]["finish_reason"], "length");
-    assert_eq!(v["usage"]["completion_tokens"], kv_max - prompt + 1);
+    assert_eq!(v["usage"]["completion_tokens"], kv_max - prompt);
+    assert_eq!(v["usage"]["total_tokens"], kv_max);
     srv.stop().await;
 }
 

@@ -970,9 +970,9 @@ fn too_long(param: &str, prompt: &str, kv_max: usize) -> ApiError {
     )
 }
 
-/// Refuses a prompt that alone does not fit, and clamps `max_tokens` to the room left: a prompt
-/// of `p` tokens in a cache of `kv_max` cells leaves room for `kv_max - p + 1` generated tokens
-/// (the last one is sampled but never written to the cache).
+/// Refuses a prompt that leaves no room in the context, and clamps `max_tokens` to the room
+/// left: prompt and completion together are at most `kv_max` tokens (one limit, as vLLM's
+/// `max_model_len`; the last generated token would not need a cache cell, but `usage` counts it).
 fn budget(
     app: &AppState,
     prompt: usize,
@@ -986,10 +986,10 @@ fn budget(
             format!("'{param}' produced no tokens."),
         ));
     }
-    if prompt > kv_max {
+    if prompt >= kv_max {
         return Err(too_long(param, &prompt.to_string(), kv_max));
     }
-    let room = kv_max - prompt + 1;
+    let room = kv_max - prompt;
     Ok(max_tokens.map_or(room, |m| m.min(room)))
 }
 
