@@ -186,6 +186,18 @@ async fn stop_strings_spanning_tokens_match_and_never_leak() {
     srv.stop().await;
 }
 
+/// The non-streamed answer to a chat request of one user message "x".
+async fn chat_x(addr: std::net::SocketAddr) -> Value {
+    raw_request(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        chat_body("x", "").as_bytes(),
+    )
+    .await
+    .json()
+}
+
 #[tokio::test]
 async fn reasoning_is_streamed_as_reasoning_content() {
     let text = text_model();
@@ -209,16 +221,67 @@ async fn reasoning_is_streamed_as_reasoning_content() {
     .await;
     let (content, reasoning, _) = chat_stream_text(&payloads);
     assert_eq!((content.as_str(), reasoning.as_str()), ("answer", "plan"));
-    let v = raw_request(
-        srv.addr,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("x", "").as_bytes(),
-    )
-    .await
-    .json();
+    let v = chat_x(srv.addr).await;
     assert_eq!(v["choices"][0]["message"]["content"], "answer");
     assert_eq!(v["choices"][0]["message"]["reasoning_content"], "plan");
+    // [THINK], the 4 bytes of "plan" and [/THINK] are reasoning tokens; "answer" is not.
+    assert_eq!(
+        v["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        6
+    );
+    assert_eq!(v["usage"]["completion_tokens"], 6 + 6);
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn answers_carry_openais_shapes_and_streams_escape_unicode_line_separators() {
+    let srv = start_fake(script(byte_ids("a\u{2028}b\u{2029}c")), 4096, limits()).await;
+    let v = chat_x(srv.addr).await;
+    let message = &v["choices"][0]["message"];
+    assert!(message.get("refusal").is_some_and(Value::is_null), "{v}");
+    assert_eq!(message["content"], "a\u{2028}b\u{2029}c");
+    assert_eq!(
+        v["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        0
+    );
+    let fingerprint = v["system_fingerprint"]
+        .as_str()
+        .expect("a fingerprint")
+        .to_owned();
+    assert!(
+        fingerprint.len() == 19
+            && fingerprint.starts_with("fp_")
+            && fingerprint[3..].bytes().all(|b| b.is_ascii_hexdigit()),
+        "{fingerprint}"
+    );
+    for (path, body) in [
+        ("/v1/chat/completions", chat_body("x", r#","stream":true"#)),
+        (
+            "/v1/completions",
+            format!(r#"{{"model":"{MODEL_ID}","prompt":"x","stream":true}}"#),
+        ),
+    ] {
+        let resp = raw_request(srv.addr, "POST", path, body.as_bytes()).await;
+        let raw = String::from_utf8(resp.body()).expect("UTF-8");
+        assert!(
+            !raw.contains(['\u{2028}', '\u{2029}']),
+            "{path}: a raw line separator in the stream: {raw:?}"
+        );
+        let mut text = String::new();
+        for line in raw.lines().filter_map(|l| l.strip_prefix("data: ")) {
+            if line == "[DONE]" {
+                continue;
+            }
+            let chunk: Value = serde_json::from_str(line).expect("a JSON chunk");
+            assert_eq!(chunk["system_fingerprint"], fingerprint.as_str(), "{chunk}");
+            let choice = &chunk["choices"][0];
+            let piece = choice["delta"]["content"]
+                .as_str()
+                .or(choice["text"].as_str());
+            text.push_str(piece.unwrap_or(""));
+        }
+        assert_eq!(text, "a\u{2028}b\u{2029}c", "{path}");
+    }
     srv.stop().await;
 }
 

@@ -30,9 +30,9 @@
 use super::api::response::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
     ChatLogprobs, Completion, CompletionChoice, CompletionChunk, CompletionChunkChoice,
-    CompletionLogprobs, DebugTokens, Delta, FunctionDelta, Health, HealthStatus, Model, ModelList,
-    PromptTokensDetails, ResponseFunction, ResponseToolCall, ToolCallDelta as WireToolCallDelta,
-    Usage,
+    CompletionLogprobs, CompletionTokensDetails, DebugTokens, Delta, FunctionDelta, Health,
+    HealthStatus, Model, ModelList, PromptTokensDetails, ResponseFunction, ResponseToolCall,
+    ToolCallDelta as WireToolCallDelta, Usage,
 };
 use super::engine::{Chunk, EngineHandle, Event, Finish, JobSpec, Summary, TokenEntry};
 use super::error::ApiError;
@@ -172,6 +172,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Boot time, Unix seconds (the `created` of the model object).
     pub booted: u64,
+    /// Every answer's `system_fingerprint` ([`fingerprint`]).
+    pub fingerprint: String,
     tokenize: Arc<Semaphore>,
     openapi: String,
 }
@@ -191,6 +193,7 @@ impl AppState {
         );
         AppState {
             tokenize: Arc::new(Semaphore::new(limits.tokenizers.max(1))),
+            fingerprint: fingerprint(&limits.model_id, engine.kv_max()),
             limits,
             text,
             engine,
@@ -199,6 +202,16 @@ impl AppState {
             openapi,
         }
     }
+}
+
+/// `system_fingerprint`: `fp_` and the FNV-1a hash (64 bits, hex) of the server's version, the
+/// served model id and its context, so that answers of one configuration share it.
+fn fingerprint(model_id: &str, kv_max: usize) -> String {
+    let config = format!("{} {model_id} {kv_max}", env!("CARGO_PKG_VERSION"));
+    let hash = config.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("fp_{hash:016x}")
 }
 
 /// A completion id no client can guess: the prefix and 128 random bits (from the thread-local
@@ -1131,13 +1144,21 @@ fn usage(done: &[Summary]) -> Usage {
         prompt_tokens_details: PromptTokensDetails {
             cached_tokens: cached,
         },
+        completion_tokens_details: CompletionTokensDetails {
+            reasoning_tokens: done.iter().map(|s| s.reasoning_tokens).sum(),
+        },
     }
 }
 
-/// One SSE event carrying `v` as JSON.
+/// One SSE event carrying `v` as JSON, with U+2028 and U+2029 escaped (valid JSON either way,
+/// but line splitters that follow Unicode, Python's `str.splitlines` among them, cut an event
+/// at them).
 fn sse_data<T: Serialize>(v: &T) -> SseEvent {
     match serde_json::to_string(v) {
-        Ok(json) => SseEvent::default().data(json),
+        Ok(json) => SseEvent::default().data(
+            json.replace('\u{2028}', "\\u2028")
+                .replace('\u{2029}', "\\u2029"),
+        ),
         Err(e) => {
             let error = ApiError::internal(format!("A chunk did not serialize: {e}.")).body();
             SseEvent::default().data(serde_json::to_string(&error).unwrap_or_default())
@@ -1228,6 +1249,7 @@ struct ChunkHead {
     id: String,
     created: u64,
     model: String,
+    fingerprint: String,
     include_usage: bool,
 }
 
@@ -1256,6 +1278,7 @@ impl ChatChunks {
             object: "chat.completion.chunk",
             created: self.head.created,
             model: self.head.model.clone(),
+            system_fingerprint: self.head.fingerprint.clone(),
             choices,
             usage,
         }
@@ -1337,6 +1360,7 @@ impl CompletionChunks {
             object: "text_completion",
             created: self.head.created,
             model: self.head.model.clone(),
+            system_fingerprint: self.head.fingerprint.clone(),
             choices,
             usage,
         }
@@ -1441,6 +1465,7 @@ async fn chat_completions(
                     content: (!a.content.is_empty() || a.tool_calls.is_empty())
                         .then(|| a.content.clone()),
                     reasoning_content: non_empty(&a.reasoning),
+                    refusal: (),
                     tool_calls: response_tool_calls(&a.tool_calls),
                 },
                 logprobs: p
@@ -1455,6 +1480,7 @@ async fn chat_completions(
             object: "chat.completion",
             created,
             model,
+            system_fingerprint: app.fingerprint.clone(),
             choices,
             usage: usage(&done),
         })
@@ -1465,6 +1491,7 @@ async fn chat_completions(
             id,
             created,
             model,
+            fingerprint: app.fingerprint.clone(),
             include_usage: p.include_usage,
         },
         text: app.text.clone(),
@@ -1526,6 +1553,7 @@ async fn completions(State(app): State<Arc<AppState>>, req: Request) -> Result<R
             object: "text_completion",
             created,
             model,
+            system_fingerprint: app.fingerprint.clone(),
             choices,
             usage: usage(&done),
         })
@@ -1536,6 +1564,7 @@ async fn completions(State(app): State<Arc<AppState>>, req: Request) -> Result<R
             id,
             created,
             model,
+            fingerprint: app.fingerprint.clone(),
             include_usage: p.include_usage,
         },
         text: app.text.clone(),

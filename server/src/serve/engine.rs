@@ -140,6 +140,8 @@ pub struct Summary {
     pub prefill_tok_s: f64,
     /// Decode rate, tok/s.
     pub decode_tok_s: f64,
+    /// Generated ids inside the reasoning (`[THINK]` … `[/THINK]`, markers included).
+    pub reasoning_tokens: usize,
 }
 
 /// What the engine thread sends back for a job, in order: for each choice in turn, any number of
@@ -433,6 +435,7 @@ fn run_choice(
                 cached_tokens: out.cached_tokens,
                 prefill_tok_s: out.prefill_tok_s,
                 decode_tok_s: out.decode_tok_s,
+                reasoning_tokens: pipe.reasoning_tokens(),
             }));
             if sent.is_err() || finish == Finish::Cancelled {
                 ControlFlow::Break(())

@@ -259,6 +259,8 @@ pub struct TextPipeline<'t> {
     stops: StopMatcher,
     stopped: bool,
     calls: Option<CallReader>,
+    /// Ids pushed inside the reasoning, markers included.
+    reasoning_tokens: usize,
 }
 
 /// Where the tool-call reader is: before any call, in a call's name, or in its arguments.
@@ -328,6 +330,7 @@ impl<'t> TextPipeline<'t> {
             stops: StopMatcher::new(stops),
             stopped: false,
             calls,
+            reasoning_tokens: 0,
         }
     }
 
@@ -371,8 +374,22 @@ impl<'t> TextPipeline<'t> {
             Some(d) if keep => d.push_keep_special(id),
             Some(d) => d.push(id),
         };
+        let thinking = |p: &Self| {
+            p.reasoning
+                .as_ref()
+                .is_some_and(ReasoningSplitter::in_reasoning)
+        };
+        let before = thinking(self);
         let delta = self.route(&piece, false);
+        if keep || before || thinking(self) {
+            self.reasoning_tokens += 1;
+        }
         (delta, self.stopped)
+    }
+
+    /// Ids pushed inside the reasoning so far (`[THINK]` … `[/THINK]`, markers included).
+    pub fn reasoning_tokens(&self) -> usize {
+        self.reasoning_tokens
     }
 
     /// The tool-call reading of `id` (see the module note); `None` while the output is still

@@ -47,6 +47,17 @@ pub struct Usage {
     pub total_tokens: usize,
     /// Where the prompt tokens came from.
     pub prompt_tokens_details: PromptTokensDetails,
+    /// What the completion tokens were.
+    pub completion_tokens_details: CompletionTokensDetails,
+}
+
+/// `usage.completion_tokens_details`.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionTokensDetails {
+    /// Completion tokens of the reasoning (`[THINK]` … `[/THINK]`, both markers included), summed
+    /// over the choices; they are counted in completion_tokens too.
+    pub reasoning_tokens: usize,
 }
 
 /// `usage.prompt_tokens_details`.
@@ -94,6 +105,8 @@ pub struct AssistantMessage {
     pub content: Option<String>,
     /// The reasoning, with reasoning_effort high.
     pub reasoning_content: Option<String>,
+    /// Always null: the model has no separate refusal channel.
+    pub refusal: (),
     /// The calls, when the model made some.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(min = 1))]
@@ -197,6 +210,10 @@ pub struct ChatCompletion {
     pub created: u64,
     /// The served model id.
     pub model: String,
+    /// `fp_` and 16 hex digits naming the server's version, the served model and its context:
+    /// answers with the same fingerprint come from the same configuration.
+    #[schemars(pattern(r"^fp_[0-9a-f]{16}$"))]
+    pub system_fingerprint: String,
     /// One per choice, in index order.
     #[schemars(length(min = 1, max = 8))]
     pub choices: Vec<ChatChoice>,
@@ -283,6 +300,10 @@ pub struct ChatCompletionChunk {
     pub created: u64,
     /// The served model id.
     pub model: String,
+    /// `fp_` and 16 hex digits naming the server's version, the served model and its context:
+    /// answers with the same fingerprint come from the same configuration.
+    #[schemars(pattern(r"^fp_[0-9a-f]{16}$"))]
+    pub system_fingerprint: String,
     /// One choice, or none in the closing usage chunk.
     #[schemars(length(max = 1))]
     pub choices: Vec<ChatChunkChoice>,
@@ -321,6 +342,10 @@ pub struct Completion {
     pub created: u64,
     /// The served model id.
     pub model: String,
+    /// `fp_` and 16 hex digits naming the server's version, the served model and its context:
+    /// answers with the same fingerprint come from the same configuration.
+    #[schemars(pattern(r"^fp_[0-9a-f]{16}$"))]
+    pub system_fingerprint: String,
     /// One per choice, in index order.
     #[schemars(length(min = 1, max = 8))]
     pub choices: Vec<CompletionChoice>,
@@ -357,6 +382,10 @@ pub struct CompletionChunk {
     pub created: u64,
     /// The served model id.
     pub model: String,
+    /// `fp_` and 16 hex digits naming the server's version, the served model and its context:
+    /// answers with the same fingerprint come from the same configuration.
+    #[schemars(pattern(r"^fp_[0-9a-f]{16}$"))]
+    pub system_fingerprint: String,
     /// One choice, or none in the closing usage chunk.
     #[schemars(length(max = 1))]
     pub choices: Vec<CompletionChunkChoice>,
