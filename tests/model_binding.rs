@@ -20,8 +20,9 @@ fn bind(file: &GgufFile) -> Result<Mistral4Config, ModelError> {
     Ok(cfg)
 }
 
-/// The README's "ms4-tiny" column, or the "ms4-tiny256" one.
-fn assert_readme_dims(cfg: &Mistral4Config, tiny256: bool) {
+/// The README's "ms4-tiny" column, or the "ms4-tiny256" one, with `context_length` `n_ctx`
+/// (256 in `tests/data/models/README.md`; 4096 for the bundled model, `models/README.md`).
+fn assert_readme_dims(cfg: &Mistral4Config, tiny256: bool, n_ctx: usize) {
     let (n_embd, q_lora, n_ff_exp) = if tiny256 {
         (256, 128, 256)
     } else {
@@ -31,7 +32,7 @@ fn assert_readme_dims(cfg: &Mistral4Config, tiny256: bool) {
     assert_eq!(cfg.n_layer, 3);
     assert_eq!(cfg.n_embd, n_embd);
     assert_eq!(cfg.n_vocab, 8192);
-    assert_eq!(cfg.n_ctx_train, 256);
+    assert_eq!(cfg.n_ctx_train, n_ctx);
     assert_eq!(cfg.n_head, 4);
     assert_eq!(cfg.q_lora_rank, q_lora);
     assert_eq!(cfg.kv_lora_rank, 64);
@@ -68,7 +69,7 @@ fn assert_readme_dims(cfg: &Mistral4Config, tiny256: bool) {
 fn f32_fused_binds() {
     let f = open("ms4-tiny-f32.gguf");
     let cfg = read_config(&f).expect("config");
-    assert_readme_dims(&cfg, false);
+    assert_readme_dims(&cfg, false, 256);
     assert_eq!(cfg.expert_layout, ExpertLayout::FusedGateUp);
     let refs = weight_refs(&f, &cfg).expect("weights");
     assert_eq!(refs.len(), 51);
@@ -84,7 +85,7 @@ fn f32_fused_binds() {
 fn f32_split_binds_as_split_gate_up() {
     let f = open("ms4-tiny-f32-split.gguf");
     let cfg = read_config(&f).expect("config");
-    assert_readme_dims(&cfg, false);
+    assert_readme_dims(&cfg, false, 256);
     assert_eq!(cfg.expert_layout, ExpertLayout::SplitGateUp);
     let refs = weight_refs(&f, &cfg).expect("weights");
     assert_eq!(refs.len(), 54);
@@ -95,13 +96,13 @@ fn f32_split_binds_as_split_gate_up() {
 
 #[test]
 fn quantized_files_bind_with_readme_types() {
-    for (file, gate_up, k_b, output) in [
-        ("ms4-tiny256-q2k.gguf", "Q2_K", "Q4_0", "Q6_K"),
-        ("ms4-tiny256-iq2xxs.gguf", "IQ2_XXS", "IQ4_NL", "Q5_K"),
+    for (file, gate_up, k_b, output, n_ctx) in [
+        ("ms4-tiny256-q2k.gguf", "Q2_K", "Q4_0", "Q6_K", 4096),
+        ("ms4-tiny256-iq2xxs.gguf", "IQ2_XXS", "IQ4_NL", "Q5_K", 256),
     ] {
         let f = open(file);
         let cfg = read_config(&f).expect("config");
-        assert_readme_dims(&cfg, true);
+        assert_readme_dims(&cfg, true, n_ctx);
         assert_eq!(cfg.expert_layout, ExpertLayout::FusedGateUp);
         let refs = weight_refs(&f, &cfg).expect("weights");
         assert_eq!(refs.len(), 51);
@@ -170,7 +171,7 @@ fn refused(f: &GgufFile, names: &str) -> ModelError {
 #[test]
 fn unedited_rebuild_binds() {
     let f = edited(|_| {}, keep_tensors);
-    assert_readme_dims(&bind(&f).expect("binds"), false);
+    assert_readme_dims(&bind(&f).expect("binds"), false, 256);
 }
 
 #[test]

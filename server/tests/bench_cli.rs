@@ -99,11 +99,19 @@ fn json_report_on_the_bundled_model() {
 #[test]
 fn bad_sizes_are_errors() {
     let model = models_dir().join("ms4-tiny256-q2k.gguf");
-    for args in [
-        ["--n-prompt", "0"],
-        ["--n-gen", "1000"],
-        ["--n-gen", "0"],
-        ["--n-gen", "1"],
+    for (args, needle) in [
+        (
+            ["--n-prompt", "0"],
+            "--n-prompt and --reps must be at least 1",
+        ),
+        // The default 512 prompt tokens + 3585 > the bundled model's context_length, 4096
+        // (models/README.md).
+        (
+            ["--n-gen", "3585"],
+            "= 4097 exceeds the model's context_length 4096",
+        ),
+        (["--n-gen", "0"], "--n-gen must be at least 2"),
+        (["--n-gen", "1"], "--n-gen must be at least 2"),
     ] {
         let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
             .args(["bench", "--model"])
@@ -111,8 +119,12 @@ fn bad_sizes_are_errors() {
             .args(args)
             .output()
             .expect("runs");
-        assert!(!o.status.success());
-        assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(
+            err.contains(needle) && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
     }
 }
 

@@ -4,8 +4,8 @@
 //!   difference E_A[NLL_B − NLL_A] is KL(A ‖ B) > 0 → WORSE;
 //! - a one-letter text (BOS + one token) has one position, too few for an interval → INSUFFICIENT;
 //! - the product path (the default backend, `cpu` with `q8x2`) against the oracle on real English
-//!   (alice.txt) → EQUIVALENT within ±0.01 nats/token, the verdict its default ships on
-//!   (ARCHITECTURE.md § numerics policy).
+//!   (alice.txt's first 256 tokens) → EQUIVALENT within ±0.01 nats/token, the verdict its default
+//!   ships on (ARCHITECTURE.md § numerics policy).
 
 use aubier_tests::{json_ids, models_dir};
 use std::path::PathBuf;
@@ -38,18 +38,27 @@ fn quality_json(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).expect("one JSON object")
 }
 
+/// `quality` of configurations `a` and `b` (their flags) on alice.txt's first 256 tokens, with
+/// the further arguments `more`.
+fn quality_on_alice(a: &str, b: &str, more: &[&str]) -> serde_json::Value {
+    let text = alice();
+    let mut args = vec!["--text", &text, "--max-tokens", "256", "--a", a, "--b", b];
+    args.extend_from_slice(more);
+    quality_json(&args)
+}
+
 fn tmp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("aubier-quality-{}-{name}", std::process::id()))
 }
 
 #[test]
 fn identical_configurations_are_equivalent_with_zero_difference() {
-    let v = quality_json(&["--text", &alice(), "--a", "", "--b", ""]);
+    let v = quality_on_alice("", "", &[]);
     assert_eq!(v["verdict"], "EQUIVALENT");
     assert_eq!(v["mean_diff"].as_f64(), Some(0.0));
     assert_eq!(v["ci95"], serde_json::json!([0.0, 0.0]));
     assert_eq!(v["ci_method"], "paired t");
-    // The bundled model's context is 256 tokens: the text is cut there.
+    // The text is cut to --max-tokens.
     assert_eq!(v["tokens"], 256);
     assert_eq!(v["positions"], 255);
     assert!(v["tokens_in_input"].as_u64().unwrap() > 256);
@@ -59,16 +68,7 @@ fn identical_configurations_are_equivalent_with_zero_difference() {
 
 #[test]
 fn the_default_backend_is_equivalent_to_the_oracle_on_real_text() {
-    let v = quality_json(&[
-        "--text",
-        &alice(),
-        "--a",
-        "--backend oracle",
-        "--b",
-        "",
-        "--margin",
-        "0.01",
-    ]);
+    let v = quality_on_alice("--backend oracle", "", &["--margin", "0.01"]);
     eprintln!(
         "oracle → default backend on alice.txt: mean NLL {} → {}, diff {} {}, {}",
         v["a"]["mean_nll"], v["b"]["mean_nll"], v["mean_diff"], v["ci95"], v["verdict"]
@@ -165,14 +165,22 @@ fn bad_flags_and_overrides_are_errors() {
     }
     let o = aubier(&["quality", "--model", &m, "--a", ""]);
     assert!(!o.status.success(), "a text is required");
-    let o = aubier(&["quality", "--model", &m, "--text", &a, "--chunk", "0"]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success()
-            && err.contains("--chunk must be at least 1")
-            && !err.contains("panicked"),
-        "{err}"
-    );
+    for (flag, value, needle) in [
+        ("--chunk", "0", "--chunk must be at least 1"),
+        // One token more than the bundled model's context_length (models/README.md).
+        (
+            "--max-tokens",
+            "4097",
+            "exceeds the model's context_length 4096",
+        ),
+    ] {
+        let o = aubier(&["quality", "--model", &m, "--text", &a, flag, value]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains(needle) && !err.contains("panicked"),
+            "{flag} {value}: {err}"
+        );
+    }
 }
 
 /// An id outside the vocabulary is an error naming its position, wherever it falls (here the

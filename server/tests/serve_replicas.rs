@@ -33,8 +33,8 @@ const INSTALL: &str = "sudo apt-get install -y haproxy";
 /// The replicas' names in the configuration, in the order of `AUBIER_REPLICA_1`, `_2`.
 const NAMES: [&str; 2] = ["r1", "r2"];
 
-/// Completion tokens per turn: the bundled model's context is 256 tokens and a conversation
-/// reaches 5 turns.
+/// Completion tokens per turn: few, so that a conversation's 5 turns stay quick on the debug
+/// build.
 const MAX_TOKENS: u32 = 8;
 
 /// HAProxy's default `tune.bufsize`: a `user` field past it is found only with the configured one.

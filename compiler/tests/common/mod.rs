@@ -8,7 +8,9 @@ use aubier_compiler::config::{ExpertLayout, Mistral4Config, QueryTemperature, Ya
 use aubier_compiler::types::WeightRef;
 use std::collections::BTreeMap;
 
-/// ms4-tiny256 (the bundled 2-bit model): README table "The two models" and "Other keys".
+/// ms4-tiny256 (the bundled 2-bit model): README table "The two models" and "Other keys"
+/// (`context_length` 256 as in the fixture; the bundled copy says 4096, `models/README.md`, which
+/// the graph does not read).
 pub fn tiny256_config() -> Mistral4Config {
     Mistral4Config {
         arch: "mistral4".into(),

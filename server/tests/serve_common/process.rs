@@ -14,6 +14,9 @@ pub fn scratch_dir(test: &str, name: &str) -> PathBuf {
     dir
 }
 
+/// What `aubier serve`'s listening line says before its address.
+const LISTENING: &str = "listening on http://";
+
 /// A running child whose stderr lines arrive on a channel.
 pub struct Proc {
     child: Child,
@@ -56,6 +59,12 @@ impl Proc {
 
     /// Waits for the "listening on http://ADDR" line and returns ADDR.
     pub fn address(&self) -> std::net::SocketAddr {
+        Self::listening_address(&self.listening_line())
+    }
+
+    /// Waits (up to 60 s, else panics) for the "listening on http://ADDR ..." line and returns
+    /// it whole.
+    pub fn listening_line(&self) -> String {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -63,11 +72,17 @@ impl Proc {
                 .lines
                 .recv_timeout(left)
                 .expect("a listening line on stderr");
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let addr = rest.split_whitespace().next().expect("address");
-                return addr.parse().expect("socket address");
+            if line.contains(LISTENING) {
+                return line;
             }
         }
+    }
+
+    /// The ADDR of a "listening on http://ADDR ..." line; panics on another line.
+    pub fn listening_address(line: &str) -> std::net::SocketAddr {
+        let rest = line.split(LISTENING).nth(1).expect("a listening line");
+        let addr = rest.split_whitespace().next().expect("address");
+        addr.parse().expect("socket address")
     }
 
     /// The stderr lines received so far.
