@@ -331,6 +331,19 @@ async fn completion_logprobs_have_the_legacy_shape_and_offsets() {
     assert_eq!(text, "aé b");
     assert_eq!(offsets, [0, 1, 1, 2, 3]);
     srv.stop().await;
+    // Two bytes of a 3-byte character cut off by a space: the text has U+FFFD for them, and the
+    // space starts after it.
+    let srv = start_fake(script(raw_byte_ids(b"a\xe5\x86 b")), 4096, limits()).await;
+    let v = post_json(
+        &srv,
+        "/v1/completions",
+        &completion(json!("x"), json!({"logprobs": 0})),
+    )
+    .await;
+    let choice = &v["choices"][0];
+    assert_eq!(choice["text"], "a\u{fffd} b");
+    assert_eq!(choice["logprobs"]["text_offset"], json!([0, 1, 1, 2, 3]));
+    srv.stop().await;
 }
 
 #[tokio::test]

@@ -166,6 +166,36 @@ async fn a_call_cut_off_by_max_tokens_ends_with_length_and_the_arguments_so_far(
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0]["function"]["name"], "get_weather");
     assert_eq!(calls[0]["function"]["arguments"], r#"{"cit"#);
+    // Cut off inside a name, a call is dropped (its name may be partial): the first call's
+    // name ("get_wea"), then the second's ("no"), streamed and not.
+    let first_args = r#"{"city": "Orléans 🌧"}"#.len();
+    for (cut, n_calls) in [(5 + 1 + 7, 0), (5 + 1 + 11 + 1 + first_args + 1 + 2, 1)] {
+        let extra = format!(r#"{TOOLS},"max_tokens":{cut}"#);
+        let v = chat(&srv, &extra).await.json();
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], "length", "{v}");
+        let names: Vec<&str> = choice["message"]["tool_calls"]
+            .as_array()
+            .map(|calls| {
+                calls
+                    .iter()
+                    .filter_map(|c| c["function"]["name"].as_str())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(names, ["get_weather"][..n_calls], "{v}");
+        if n_calls == 0 {
+            assert_eq!(choice["message"]["content"], "Sure.", "{v}");
+        }
+        let streamed = chat(&srv, &format!(r#"{extra},"stream":true"#)).await;
+        let body = String::from_utf8(streamed.body()).expect("UTF-8");
+        assert!(!body.contains(r#""name":"get_wea""#) && !body.contains(r#""name":"no""#));
+        assert_eq!(
+            body.matches(r#""name":"get_weather""#).count(),
+            n_calls,
+            "{body}"
+        );
+    }
     srv.stop().await;
 }
 

@@ -657,6 +657,27 @@ impl StreamDecoder<'_> {
         !self.pending.is_empty()
     }
 
+    /// Characters that pushing `id` next would release ahead of `id`'s own text: 1 when the
+    /// bytes held back turn out invalid (`id` does not continue their character, or ends the
+    /// byte run) and become U+FFFD, else 0. A token's offset in the text is the characters
+    /// released before it plus this.
+    pub fn resolved_before(&self, id: u32) -> usize {
+        if self.pending.is_empty() {
+            return 0;
+        }
+        match self.tok.piece(id) {
+            Piece::Normal(bytes) => {
+                let mut next = self.pending.clone();
+                next.extend(bytes.iter().take(4));
+                match std::str::from_utf8(&next) {
+                    Err(e) if e.valid_up_to() == 0 && e.error_len().is_some() => 1,
+                    _ => 0,
+                }
+            }
+            Piece::Control(_) | Piece::OutOfRange => 1,
+        }
+    }
+
     /// Flushes held-back bytes (an incomplete character becomes one U+FFFD). The decoder can be
     /// reused afterwards.
     pub fn finish(&mut self) -> String {

@@ -363,7 +363,7 @@ fn run_choice(
             pending.push(TokenEntry {
                 id: token.id,
                 logprobs: logprobs.clone(),
-                text_offset: offset,
+                text_offset: offset + offsets.resolved_before(token.id),
             });
             offset += offsets.push(token.id).chars().count();
         }

@@ -19,7 +19,8 @@
 //!    index. Stop strings apply to the content only.
 //!
 //! At the end, everything held back at each stage is flushed through the later stages; a call cut
-//! off inside its name is released with the name as generated.
+//! off inside its name (before its `[ARGS]`) is dropped, since its name may be partial: a client
+//! dispatches on it.
 
 use super::error::ApiError;
 use super::stop::StopMatcher;
@@ -431,9 +432,8 @@ impl<'t> TextPipeline<'t> {
         Some(delta)
     }
 
-    /// Ends the current call piece at a control token or the end: the held-back bytes of the
-    /// arguments, or the end of the name, which releases the call's head (at `[ARGS]`, or at
-    /// the end for a call cut off inside its name).
+    /// Ends the current call piece at a control token: the held-back bytes of the arguments, or
+    /// the end of the name, which releases the call's head.
     fn close_piece(&mut self) -> Option<ToolCallDelta> {
         let tail = self
             .decoder
@@ -481,7 +481,14 @@ impl<'t> TextPipeline<'t> {
         }
         if self.tool_calls() > 0 {
             let mut delta = Delta::default();
-            delta.tool_calls.extend(self.close_piece());
+            match self.calls.as_mut() {
+                Some(calls) if matches!(calls.phase, CallPhase::Name(_)) => {
+                    // Cut off inside its name: nothing of the call was released; drop it.
+                    calls.count -= 1;
+                    calls.phase = CallPhase::Content;
+                }
+                _ => delta.tool_calls.extend(self.close_piece()),
+            }
             return delta;
         }
         self.finish_content()

@@ -40,9 +40,16 @@ pub fn text_model() -> Arc<TextModel> {
 /// One token per UTF-8 byte of `s`: the id of each byte's single-byte token, so that every
 /// multi-byte character spans several tokens.
 pub fn byte_ids(s: &str) -> Vec<u32> {
+    raw_byte_ids(s.as_bytes())
+}
+
+/// One token per byte of `bytes` (UTF-8 or not), as [`byte_ids`].
+pub fn raw_byte_ids(bytes: &[u8]) -> Vec<u32> {
     let text = text_model();
     let tok = text.tokenizer();
-    s.bytes()
+    bytes
+        .iter()
+        .copied()
         .map(|b| {
             (0..tok.n_vocab() as u32)
                 .find(|&id| !tok.is_control(id) && tok.token_bytes(id) == Some(&[b][..]))
