@@ -259,6 +259,24 @@ async fn malformed_tool_parameters_are_400s_naming_the_field() {
             "response_format.extra",
         ),
         (r#","functions":[{"name":"f"}]"#, "functions"),
+        // Schemas no finite value satisfies, and strict arguments that could not be an object:
+        // a 400 before anything is generated, streamed or not.
+        (
+            r##","stream":true,"response_format":{"type":"json_schema","json_schema":{"name":"s","schema":{"$ref":"#"}}}"##,
+            "response_format",
+        ),
+        (
+            r##","response_format":{"type":"json_schema","json_schema":{"name":"s","schema":{"type":"object","properties":{"a":{"$ref":"#"}},"required":["a"]}}}"##,
+            "response_format",
+        ),
+        (
+            r##","stream":true,"tools":[{"type":"function","function":{"name":"f","strict":true,"parameters":{"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"}}}]"##,
+            "tools[0].function.parameters",
+        ),
+        (
+            r#","tools":[{"type":"function","function":{"name":"f","strict":true,"parameters":{"type":"integer"}}}]"#,
+            "tools[0].function.parameters",
+        ),
     ];
     for (extra, param) in cases {
         let resp = chat(&srv, extra).await;

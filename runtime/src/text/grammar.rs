@@ -12,14 +12,22 @@
 //!    ```text
 //!    start: think? body            think: [THINK] TEXT? [/THINK]       (reasoning only)
 //!    body (no tools):       content
-//!    body (Auto):           TEXT? calls?  (Text)   |   content | content? calls   (JSON)
+//!    body (Auto):           TEXT? calls?  (Text)   |   content | calls   (JSON)
 //!    body (Required):       calls         body (Function(f)): [TOOL_CALLS] "f" [ARGS] args_f
 //!    calls: call (call+ with parallel)    call: [TOOL_CALLS] ("f" [ARGS] args_f | "g" [ARGS] args_g …)
 //!    ```
 //!
 //!    `content` is `TEXT?` (any text), `%json` of `{"type": "object"}` (JsonObject) or of the
-//!    schema (JsonSchema); `args_f` is `%json` of the function's `parameters` when `strict`, else
-//!    of `{"type": "object"}`.
+//!    schema (JsonSchema); `args_f` is `%json` of the function's `parameters`, made an object
+//!    schema ([`object_schema`]): always when `strict` (a schema that fails is the client's
+//!    error), and without `strict` whenever it compiles, else of `{"type": "object"}`. With JSON
+//!    content, `auto` is content or calls, never both in one message.
+//!
+//!    A schema must have a finite instance ([`finite_instance`]: a least fixpoint over its
+//!    `$ref`s, so a required property, an item or a reference that refers back to itself with no
+//!    way out is refused), and the grammar's first mask must compute: both are checked when
+//!    the request is compiled, so such a schema is the client's error before anything is
+//!    generated.
 //! 3. [`Constraint`] wraps the matcher: `compute_mask` (the costly part, safe to run on another
 //!    thread while the model steps), `apply` (disallowed logits → −∞), `commit` (advance by the
 //!    sampled id). EOS is allowed exactly when the grammar accepts; once nothing but the end can
@@ -39,6 +47,7 @@ use super::tokenizer::Tokenizer;
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -116,8 +125,9 @@ pub struct ToolSpec {
     pub name: String,
     /// `function.parameters` (a JSON schema of the arguments object).
     pub parameters: Option<Value>,
-    /// `function.strict`: the arguments must be valid against `parameters`; otherwise any JSON
-    /// object.
+    /// `function.strict`: the arguments must be valid against `parameters` (a schema that cannot
+    /// be enforced is an error); otherwise they are held to it where it can be enforced, else
+    /// any JSON object.
     pub strict: bool,
 }
 
@@ -204,6 +214,10 @@ impl GrammarError {
     /// `tool_choice`), or `None` for errors that are not the client's.
     pub fn param(&self) -> Option<String> {
         match self {
+            GrammarError::Schema {
+                site: SchemaSite::Tool(i),
+                ..
+            } => Some(format!("tools[{i}].function.parameters")),
             GrammarError::Schema { site, .. } | GrammarError::Tool { site, .. } => {
                 Some(site.to_string())
             }
@@ -298,16 +312,31 @@ impl GrammarCompiler {
     /// `[TOOL_CALLS]` or `[ARGS]` and the spec needs it.
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Constraint, GrammarError> {
         let lark = self.lark(spec)?;
+        let matcher = self
+            .matcher(&lark)
+            .map_err(|message| self.locate(spec, message))?;
+        let mut c = Constraint {
+            matcher,
+            mask: None,
+            n_vocab: self.n_vocab,
+            eos: self.eos,
+            ended: false,
+            mask_times: Vec::new(),
+        };
+        match c.compute_mask() {
+            Err(GrammarError::Matcher(message)) => Err(self.locate(spec, message)),
+            Err(e) => Err(e),
+            Ok(()) => Ok(c),
+        }
+    }
+
+    /// llguidance's message when the grammar of the one JSON schema `schema` (with its options)
+    /// does not compile or its first mask fails; `None` when it works.
+    fn schema_fails(&self, schema: &str) -> Option<String> {
+        let lark = format!("start: %json {schema}\n");
         match self.matcher(&lark) {
-            Ok(matcher) => Ok(Constraint {
-                matcher,
-                mask: None,
-                n_vocab: self.n_vocab,
-                eos: self.eos,
-                ended: false,
-                mask_times: Vec::new(),
-            }),
-            Err(message) => Err(self.locate(spec, message)),
+            Err(message) => Some(message),
+            Ok(mut m) => m.compute_mask_or_eos().err().map(|e| e.to_string()),
         }
     }
 
@@ -338,16 +367,19 @@ impl GrammarCompiler {
         if let ContentFormat::JsonSchema(s) = &spec.content {
             schemas.push((SchemaSite::ResponseFormat, s));
         }
-        if let Some(tools) = &spec.tools {
-            for (i, t) in tools.tools.iter().enumerate() {
-                if let (true, Some(p)) = (t.strict, &t.parameters) {
-                    schemas.push((SchemaSite::Tool(i), p));
-                }
-            }
-        }
+        let objects: Vec<(usize, Value)> = spec
+            .tools
+            .iter()
+            .flat_map(|tools| {
+                tools.tools.iter().enumerate().filter_map(|(i, t)| {
+                    let p = t.parameters.as_ref().filter(|_| t.strict)?;
+                    Some((i, object_schema(p).ok()?))
+                })
+            })
+            .collect();
+        schemas.extend(objects.iter().map(|(i, p)| (SchemaSite::Tool(*i), p)));
         for (site, schema) in schemas {
-            let lark = format!("start: %json {}\n", strict_schema(schema));
-            if let Err(message) = self.matcher(&lark) {
+            if let Some(message) = self.schema_fails(&strict_schema(schema)) {
                 return GrammarError::Schema { site, message };
             }
         }
@@ -374,7 +406,10 @@ impl GrammarCompiler {
         let content = match &spec.content {
             ContentFormat::Text => "TEXT?".to_owned(),
             ContentFormat::JsonObject => format!("%json {}", with_options(any_object())),
-            ContentFormat::JsonSchema(s) => format!("%json {}", strict_schema(s)),
+            ContentFormat::JsonSchema(s) => {
+                finite(s, SchemaSite::ResponseFormat)?;
+                format!("%json {}", strict_schema(s))
+            }
         };
         let is_text = spec.content == ContentFormat::Text;
         let _ = writeln!(g, "content: {content}");
@@ -399,8 +434,19 @@ impl GrammarCompiler {
                 });
             }
             let args = match (&t.parameters, t.strict) {
-                (Some(p), true) => strict_schema(p),
-                _ => with_options(any_object()),
+                (Some(p), true) => {
+                    let object = object_schema(p)
+                        .map_err(|message| GrammarError::Schema { site, message })?;
+                    finite(&object, SchemaSite::Tool(i))?;
+                    strict_schema(&object)
+                }
+                (Some(p), false) => object_schema(p)
+                    .ok()
+                    .filter(finite_instance)
+                    .map(|object| strict_schema(&object))
+                    .filter(|args| self.schema_fails(args).is_none())
+                    .unwrap_or_else(|| with_options(any_object())),
+                (None, _) => with_options(any_object()),
             };
             let name = serde_json::to_string(&t.name).unwrap_or_default();
             let _ = writeln!(g, "fn_{i}: {name} {args_id} args_{i}");
@@ -432,16 +478,165 @@ impl GrammarCompiler {
         });
         g.push_str(match (&tools.choice, is_text) {
             (ToolChoice::Auto, true) => "body: content calls?\n",
-            (ToolChoice::Auto, false) => "body: content | content? calls\n",
+            (ToolChoice::Auto, false) => "body: content | calls\n",
             _ => "body: calls\n",
         });
         Ok(g)
     }
 }
 
-/// The schema of any JSON object (`json_object`, non-strict tool arguments).
+/// The schema of any JSON object (`json_object`, tool arguments without a schema to hold).
 fn any_object() -> Value {
     json!({"type": "object"})
+}
+
+/// A tool's `parameters` as the schema of an object (OpenAI's contract: arguments are a JSON
+/// object): `"type": "object"` added where no type is given (beside an `anyOf`, it keeps the
+/// object branches), `["object", …]` narrowed to it, `true` made `{"type": "object"}`.
+///
+/// Errors: why `parameters` cannot describe an object (another type, `false`, not a schema).
+fn object_schema(parameters: &Value) -> Result<Value, String> {
+    let mut m = match parameters {
+        Value::Object(m) => m.clone(),
+        Value::Bool(true) => serde_json::Map::new(),
+        other => {
+            return Err(format!(
+                "parameters must be the schema of an object, not {other}"
+            ))
+        }
+    };
+    match m.get("type") {
+        None => {}
+        Some(Value::String(t)) if t == "object" => {}
+        Some(Value::Array(ts)) if ts.iter().any(|t| t == "object") => {}
+        Some(t) => {
+            return Err(format!(
+                "parameters must be the schema of an object (the arguments are a JSON object), \
+                 not of type {t}"
+            ))
+        }
+    }
+    m.insert("type".to_owned(), json!("object"));
+    Ok(Value::Object(m))
+}
+
+/// `Err` naming `site` when `schema` has no finite instance ([`finite_instance`]).
+fn finite(schema: &Value, site: SchemaSite) -> Result<(), GrammarError> {
+    if finite_instance(schema) {
+        Ok(())
+    } else {
+        Err(GrammarError::Schema {
+            site,
+            message: "no finite JSON value satisfies it: a required property, an item or a \
+                      $ref refers back to itself with no way out"
+                .to_owned(),
+        })
+    }
+}
+
+/// Rounds of [`finite_instance`]'s fixpoint before it gives a reference the benefit of the doubt.
+const FIXPOINT_ROUNDS: usize = 64;
+
+/// Whether some finite JSON value satisfies `schema`, as far as recursion decides it: the least
+/// fixpoint of "has a finite instance" over the schema's local `$ref` targets (each assumed
+/// not to until shown to), where an object needs its `required` properties, an array its
+/// `minItems` first items, `allOf` every branch, `anyOf` / `oneOf` one, and any other type, a
+/// `const` or an `enum` needs nothing. Keywords that bound values otherwise (lengths, ranges,
+/// patterns) are left to the grammar engine; a `$ref` it cannot resolve here counts as
+/// satisfiable, and so does every one still open after [`FIXPOINT_ROUNDS`] rounds.
+fn finite_instance(schema: &Value) -> bool {
+    let mut refs = BTreeSet::new();
+    collect_refs(schema, &mut refs);
+    let mut known: HashMap<String, bool> = refs.iter().map(|r| (r.clone(), false)).collect();
+    for _ in 0..FIXPOINT_ROUNDS {
+        let mut changed = false;
+        for r in &refs {
+            if !known[r] && local_target(schema, r).is_none_or(|t| has_instance(t, &known)) {
+                known.insert(r.clone(), true);
+                changed = true;
+            }
+        }
+        if !changed {
+            return has_instance(schema, &known);
+        }
+    }
+    known.values_mut().for_each(|k| *k = true);
+    has_instance(schema, &known)
+}
+
+/// Every `$ref` string inside `v`.
+fn collect_refs(v: &Value, out: &mut BTreeSet<String>) {
+    match v {
+        Value::Object(m) => {
+            if let Some(Value::String(r)) = m.get("$ref") {
+                out.insert(r.clone());
+            }
+            m.values().for_each(|x| collect_refs(x, out));
+        }
+        Value::Array(a) => a.iter().for_each(|x| collect_refs(x, out)),
+        _ => {}
+    }
+}
+
+/// The subschema a local `$ref` (`#` and a JSON pointer) names in `root`.
+fn local_target<'a>(root: &'a Value, r: &str) -> Option<&'a Value> {
+    root.pointer(r.strip_prefix('#')?)
+}
+
+/// One round of [`finite_instance`] on `schema`, `known` telling which references have one.
+fn has_instance(schema: &Value, known: &HashMap<String, bool>) -> bool {
+    let m = match schema {
+        Value::Bool(b) => return *b,
+        Value::Object(m) => m,
+        _ => return true,
+    };
+    let all = |key: &str| {
+        m.get(key)
+            .and_then(Value::as_array)
+            .is_none_or(|xs| xs.iter().all(|x| has_instance(x, known)))
+    };
+    let any = |key: &str| {
+        m.get(key)
+            .and_then(Value::as_array)
+            .is_none_or(|xs| xs.iter().any(|x| has_instance(x, known)))
+    };
+    let reference = match m.get("$ref") {
+        Some(Value::String(r)) => known.get(r).copied().unwrap_or(true),
+        _ => true,
+    };
+    if !(reference && all("allOf") && any("anyOf") && any("oneOf")) {
+        return false;
+    }
+    if m.contains_key("const") || m.contains_key("enum") {
+        return true;
+    }
+    let types: Vec<&str> = match m.get("type") {
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => return true,
+    };
+    types.iter().any(|&t| match t {
+        "object" => m
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .all(|name| {
+                let property = m.get("properties").and_then(|p| p.get(name));
+                let schema = property.or_else(|| m.get("additionalProperties"));
+                schema.is_none_or(|s| has_instance(s, known))
+            }),
+        "array" => {
+            let min = m.get("minItems").and_then(Value::as_u64).unwrap_or(0) as usize;
+            let prefix = m.get("prefixItems").and_then(Value::as_array);
+            (0..min).all(|k| {
+                let item = prefix.and_then(|p| p.get(k)).or_else(|| m.get("items"));
+                item.is_none_or(|s| has_instance(s, known))
+            })
+        }
+        _ => true,
+    })
 }
 
 /// `schema` with llguidance's output options set at its top (replacing any the client sent).
@@ -884,7 +1079,7 @@ mod tests {
     fn required_produces_valid_calls() {
         for parallel in [false, true] {
             let spec = weather_tools(ToolChoice::Required, parallel);
-            let mut names = std::collections::BTreeSet::new();
+            let mut names = BTreeSet::new();
             for seed in 0..16 {
                 let mut c = compile(&spec).unwrap();
                 let out = run(&mut c, seed, 1.0, 300);
@@ -931,7 +1126,7 @@ mod tests {
     #[test]
     fn auto_allows_text_then_calls_and_parallel_allows_several() {
         let first = call_ids("get_weather", r#"{"city": "Oslo", "unit": "celsius"}"#);
-        let second = call_ids("log_event", r#"{"level": "high", "extra": [1, {}]}"#);
+        let second = call_ids("log_event", r#"{"level": 3}"#);
         let mut both = text("Let me check.");
         both.extend(&first);
         both.extend(&second);
@@ -980,11 +1175,18 @@ mod tests {
             Ok(())
         );
         assert_eq!(n_allowed(&mut c), 1);
-        // Not strict: any object, whatever the schema says.
+        // Not strict: held to the schema all the same where it compiles (its required integer, no
+        // other key).
         let spec = with_loose_tool(weather_tools(ToolChoice::Required, false));
         let mut c = compile(&spec).unwrap();
+        assert!(feed(&mut c, &call_ids("log_event", r#"{"any": [1]}"#)).is_err());
+        let mut c = compile(&spec).unwrap();
+        assert!(feed(&mut c, &call_ids("log_event", r#"{"level": "high"}"#)).is_err());
+        let mut c = compile(&spec).unwrap();
+        assert!(feed(&mut c, &call_ids("log_event", "{}")).is_err());
+        let mut c = compile(&spec).unwrap();
         assert_eq!(
-            feed(&mut c, &call_ids("log_event", r#"{"any": [1]}"#)),
+            feed(&mut c, &call_ids("log_event", r#"{"level": 2}"#)),
             Ok(())
         );
         let mut c = compile(&spec).unwrap();
@@ -994,6 +1196,107 @@ mod tests {
         let mut ids = vec![special("[TOOL_CALLS]")];
         ids.extend(text("get_time[ARGS]{}"));
         assert!(feed(&mut c, &ids).is_err());
+    }
+
+    /// The spec of one tool `f` with `parameters`, `strict`, that must be called.
+    fn one_tool(parameters: Value, strict: bool) -> GrammarSpec {
+        GrammarSpec {
+            reasoning: false,
+            content: ContentFormat::Text,
+            tools: Some(ToolsSpec {
+                tools: vec![ToolSpec {
+                    name: "f".to_owned(),
+                    parameters: Some(parameters),
+                    strict,
+                }],
+                choice: ToolChoice::Required,
+                parallel: false,
+            }),
+        }
+    }
+
+    #[test]
+    fn schemas_without_a_finite_instance_are_the_clients_error_before_generation() {
+        let unsatisfiable = [
+            json!({"$ref": "#"}),
+            json!({"anyOf": [{"$ref": "#"}]}),
+            json!({"allOf": [{"$ref": "#"}]}),
+            json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                   "$ref": "#/$defs/a"}),
+            json!({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}),
+            json!({"type": "object", "properties": {"a": {"type": "array", "items": {"$ref": "#"},
+                   "minItems": 1}}, "required": ["a"]}),
+        ];
+        for schema in &unsatisfiable {
+            let e = compile(&content(ContentFormat::JsonSchema(schema.clone()))).unwrap_err();
+            assert_eq!(
+                e.param().as_deref(),
+                Some("response_format"),
+                "{schema}: {e}"
+            );
+            let e = compile(&one_tool(schema.clone(), true)).unwrap_err();
+            assert_eq!(
+                e.param().as_deref(),
+                Some("tools[0].function.parameters"),
+                "{schema}: {e}"
+            );
+            // Not strict: any object instead.
+            let mut c = compile(&one_tool(schema.clone(), false)).unwrap();
+            assert_eq!(
+                feed(&mut c, &call_ids("f", r#"{"b": 1}"#)),
+                Ok(()),
+                "{schema}"
+            );
+        }
+        // Recursion with a way out is fine: a nullable self, an optional self, an empty list.
+        for (schema, instance) in [
+            (
+                json!({"anyOf": [{"type": "null"}, {"type": "object",
+                       "properties": {"next": {"$ref": "#"}}, "required": ["next"]}]}),
+                r#"{"next": {"next": null}}"#,
+            ),
+            (
+                json!({"type": "object", "properties": {"next": {"$ref": "#"}}}),
+                r#"{"next": {}}"#,
+            ),
+            (
+                json!({"type": "object", "properties": {"children": {"type": "array",
+                       "items": {"$ref": "#"}}}, "required": ["children"]}),
+                r#"{"children": [{"children": []}]}"#,
+            ),
+        ] {
+            let mut c = compile(&content(ContentFormat::JsonSchema(schema.clone()))).unwrap();
+            assert_eq!(feed(&mut c, &text(instance)), Ok(()), "{schema}");
+            assert!(c.is_accepting(), "{schema}");
+        }
+    }
+
+    #[test]
+    fn strict_tool_arguments_are_always_an_object() {
+        for parameters in [
+            json!({}),
+            json!(true),
+            json!({"anyOf": [{"type": "object"}, {"type": "integer"}]}),
+        ] {
+            for args in ["null", r#""s""#, "1", "[]"] {
+                let mut c = compile(&one_tool(parameters.clone(), true)).unwrap();
+                assert!(
+                    feed(&mut c, &call_ids("f", args)).is_err(),
+                    "{parameters}: {args}"
+                );
+            }
+            let mut c = compile(&one_tool(parameters.clone(), true)).unwrap();
+            assert_eq!(feed(&mut c, &call_ids("f", "{}")), Ok(()), "{parameters}");
+        }
+        for parameters in [json!({"type": "integer"}), json!(false), json!([1])] {
+            let e = compile(&one_tool(parameters.clone(), true)).unwrap_err();
+            assert_eq!(
+                e.param().as_deref(),
+                Some("tools[0].function.parameters"),
+                "{parameters}: {e}"
+            );
+            assert!(e.to_string().contains("object"), "{e}");
+        }
     }
 
     #[test]
@@ -1052,10 +1355,12 @@ mod tests {
         let call = call_ids("get_time", "{}");
         let mut c = compile(&spec).unwrap();
         assert_eq!(feed(&mut c, &call), Ok(()));
+        // Content or calls, never both in one message.
         let mut c = compile(&spec).unwrap();
-        let mut ids = text(r#"{"x": null}"#);
+        let json = text(r#"{"x": null}"#);
+        let mut ids = json.clone();
         ids.extend(&call);
-        assert_eq!(feed(&mut c, &ids), Ok(()));
+        assert_eq!(feed(&mut c, &ids), Err(json.len()));
         let mut c = compile(&spec).unwrap();
         assert_eq!(feed(&mut c, &text("plain")), Err(0));
     }
@@ -1115,10 +1420,18 @@ mod tests {
         tools[1].parameters = Some(json!({"type": "object", "properties": {"x": unsupported}}));
         tools[1].strict = true;
         let e = compile(&spec).unwrap_err();
-        assert_eq!(e.param().as_deref(), Some("tools[1]"), "{e}");
-        // Not strict: the schema is not used, any object is.
+        assert_eq!(
+            e.param().as_deref(),
+            Some("tools[1].function.parameters"),
+            "{e}"
+        );
+        // Not strict: a schema the engine cannot enforce falls back to any object.
         spec.tools.as_mut().unwrap().tools[1].strict = false;
-        assert!(compile(&spec).is_ok());
+        let mut c = compile(&spec).unwrap();
+        assert_eq!(
+            feed(&mut c, &call_ids("get_time", r#"{"x": [1, 2]}"#)),
+            Ok(())
+        );
 
         let bad_ref = json!({"$ref": "#/$defs/missing"});
         let e = compile(&content(ContentFormat::JsonSchema(bad_ref))).unwrap_err();
