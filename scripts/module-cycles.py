@@ -37,8 +37,10 @@ def modules(src):
 
 def strip_tests(text):
     """The text without `#[cfg(test)] mod tests { ... }` blocks, comments and strings."""
+    text = re.sub(r'\br(#+)".*?"\1', '""', text, flags=re.S)
     text = re.sub(r"//[^\n]*", "", text)
-    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text, flags=re.S)
+    text = re.sub(r"'(?:\\.|[^'\\])'", "' '", text)
     out, i = [], 0
     for m in re.finditer(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{", text):
         if m.start() < i:
