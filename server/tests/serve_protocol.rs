@@ -178,6 +178,30 @@ async fn stop_strings_spanning_tokens_match_and_never_leak() {
         .await
         .json();
     assert_eq!(v["choices"][0]["text"], "abc ST ");
+    // Stop strings cut free text only: JSON held to response_format runs whole, as tool-call
+    // arguments do.
+    srv.stop().await;
+    let srv = start_fake(script(byte_ids(r#"{"a": 1, "b": 2}"#)), 4096, limits()).await;
+    let body = chat_body(
+        "x",
+        r#","stop":[","],"response_format":{"type":"json_object"}"#,
+    );
+    let v = raw_request(srv.addr, "POST", "/v1/chat/completions", body.as_bytes())
+        .await
+        .json();
+    assert_eq!(
+        v["choices"][0]["message"]["content"], r#"{"a": 1, "b": 2}"#,
+        "{v}"
+    );
+    let v = raw_request(
+        srv.addr,
+        "POST",
+        "/v1/chat/completions",
+        chat_body("x", r#","stop":[","]"#).as_bytes(),
+    )
+    .await
+    .json();
+    assert_eq!(v["choices"][0]["message"]["content"], r#"{"a": 1"#, "{v}");
     // A fifth stop is refused by name.
     let body = chat_body("x", r#","stop":["a","b","c","d","e"]"#);
     let resp = raw_request(srv.addr, "POST", "/v1/chat/completions", body.as_bytes()).await;

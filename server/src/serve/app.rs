@@ -42,6 +42,7 @@ use super::text::{TextMode, TextModel, ToolCall, ToolCallDelta};
 use super::tools;
 use aubier_runtime::generate::GenerateParams;
 use aubier_runtime::sampler::SamplingParams;
+use aubier_runtime::text::grammar::ContentFormat;
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{DefaultBodyLimit, Extension, FromRequest, MatchedPath, Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
@@ -1424,6 +1425,13 @@ async fn chat_completions(
     })
     .await?;
     let max_tokens = budget(&app, prompt.len(), p.max_tokens, "messages")?;
+    // Stop strings cut free text only: JSON held to `response_format` is never cut, as tool-call
+    // arguments are not (a cut value would not parse).
+    let json_content = p
+        .structured
+        .grammar
+        .as_ref()
+        .is_some_and(|g| g.content != ContentFormat::Text);
     // One fresh matcher per choice, compiled off the async threads.
     let constraints = match p.structured.grammar.take() {
         None => Vec::new(),
@@ -1443,7 +1451,11 @@ async fn chat_completions(
         prompt,
         params: generate_params(&app, &p.sampling, max_tokens, p.logprobs),
         mode: TextMode::Chat {
-            stops: p.stop.clone(),
+            stops: if json_content {
+                Vec::new()
+            } else {
+                p.stop.clone()
+            },
             tool_calls: p.structured.tool_calls,
         },
         constraints,
