@@ -36,6 +36,7 @@
 //!    token; decode ms/token with and without the constraint (medians over the pairs) and the
 //!    median of the pairs' ratios.
 
+use crate::receipt::{read_peer, Measured, ReceiptFile};
 use crate::run::{BackendArgs, Loaded, PromptArgs, StoreArgs};
 use anyhow::{bail, Context};
 use aubier_compiler::ops::Op;
@@ -85,6 +86,14 @@ pub struct BenchArgs {
     /// Print one JSON object instead of text (and no progress bar).
     #[arg(long)]
     pub json: bool,
+    /// Also write a receipt of the measurement to this file (`--json`'s object as its figures,
+    /// with the command, commit, host and time; `src/receipt.rs`), for docs/bench/.
+    #[arg(long)]
+    pub receipt: Option<PathBuf>,
+    /// The peer engine's figures for the receipt: the JSON object `docs/llamacpp_bench.py`
+    /// printed for the same model and shape.
+    #[arg(long, requires = "receipt")]
+    pub peer: Option<PathBuf>,
     /// Also measure constrained decoding to JSON valid against this JSON schema file (method
     /// step 6).
     #[arg(long, conflicts_with = "tools")]
@@ -402,6 +411,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     let spec = args.backend.spec()?;
     let path = crate::model_file::resolve_model(args.model.as_deref())?;
+    let peer = args.peer.as_deref().map(read_peer).transpose()?;
+    let receipt = args
+        .receipt
+        .as_deref()
+        .map(ReceiptFile::create)
+        .transpose()?;
     let grammar = grammar_spec(args.json_schema.as_deref(), args.tools.as_deref())?;
     let Loaded {
         model,
@@ -555,6 +570,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         outln!("{}", serde_json::to_string(&report)?);
     } else {
         print_text(&report)?;
+    }
+    if let Some(file) = receipt {
+        file.write(&Measured {
+            kind: "bench",
+            backend: Some(report.backend.clone()),
+            device: report.device.clone(),
+            model: Some(report.model.clone()),
+            peer,
+            figures: serde_json::to_value(&report)?,
+        })?;
     }
     Ok(())
 }

@@ -34,6 +34,7 @@ pub mod inspect;
 pub mod model_file;
 pub mod progress;
 pub mod quality;
+pub mod receipt;
 pub mod replay;
 pub mod run;
 pub mod serve;

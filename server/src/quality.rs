@@ -20,6 +20,7 @@
 //!    `[−margin, +margin]` → EQUIVALENT; the interval below 0 → BETTER (B assigns the text a
 //!    higher likelihood); above 0 → WORSE; otherwise INSUFFICIENT.
 
+use crate::receipt::{Measured, ReceiptFile};
 use anyhow::{bail, Context};
 use aubier_runtime::engine::Model;
 use aubier_runtime::gguf::{GgufFile, MetaValue};
@@ -226,6 +227,10 @@ pub struct QualityArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Also write a receipt of the comparison to this file (`--json`'s object as its figures,
+    /// with the command, commit, host and time; `src/receipt.rs`), for docs/bench/.
+    #[arg(long)]
+    pub receipt: Option<PathBuf>,
 }
 
 /// The verdict of a comparison (module doc, step 4).
@@ -388,6 +393,11 @@ pub fn run(args: QualityArgs) -> anyhow::Result<()> {
         bail!("--margin must be a finite number ≥ 0");
     }
     let path = crate::model_file::resolve_model(args.model.as_deref())?;
+    let receipt = args
+        .receipt
+        .as_deref()
+        .map(ReceiptFile::create)
+        .transpose()?;
     let model_a = flags_a.load(&path).context("configuration A")?;
     let mut tokens = match (&args.text, &args.ids) {
         (_, Some(path)) => read_ids(path)?,
@@ -436,8 +446,7 @@ pub fn run(args: QualityArgs) -> anyhow::Result<()> {
         }
     };
     let (mean_a, mean_b) = (mean(&nll_a), mean(&nll_b));
-    if args.json {
-        let v = serde_json::json!({
+    let v = serde_json::json!({
             "model": path.display().to_string(),
             "tokens": tokens.len(),
             "tokens_in_input": total,
@@ -450,7 +459,8 @@ pub fn run(args: QualityArgs) -> anyhow::Result<()> {
             "ci_method": "paired t",
             "margin": args.margin,
             "verdict": stats.verdict,
-        });
+    });
+    if args.json {
         outln!("{v}");
     } else {
         outln!(
@@ -469,6 +479,16 @@ pub fn run(args: QualityArgs) -> anyhow::Result<()> {
             None => outln!("NLL_B − NLL_A: fewer than 2 positions, no interval"),
         }
         outln!("verdict: {}", stats.verdict.name());
+    }
+    if let Some(file) = receipt {
+        file.write(&Measured {
+            kind: "quality",
+            backend: None,
+            device: None,
+            model: Some(path.display().to_string()),
+            peer: None,
+            figures: v,
+        })?;
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! printing each policy's served fraction — the offline half of the expert store
 //! (`aubier_runtime::placement`). With `--sweep` it repeats the replay for several slot counts.
 
+use crate::receipt::{Measured, ReceiptFile};
 use anyhow::{bail, Context};
 use aubier_runtime::placement::hotset::HotSet;
 use aubier_runtime::placement::policy::{PolicyKind, TwoQParams};
@@ -40,6 +41,10 @@ pub struct ReplayArgs {
     /// Print JSON: `{"slots": N, "policies": {"2q": f, …}}`, or a list of those with --sweep.
     #[arg(long)]
     pub json: bool,
+    /// Also write a receipt of the replay to this file (`--json`'s value as its figures, with
+    /// the command, commit, host and time; `src/receipt.rs`), for docs/bench/.
+    #[arg(long)]
+    pub receipt: Option<PathBuf>,
     /// 2Q: `A1in` (first-seen ids, Kin) as a fraction of the slots.
     #[arg(long, default_value_t = TwoQParams::PAPER_A1IN)]
     pub a1in: f64,
@@ -82,6 +87,11 @@ fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
             .write_to(std::io::BufWriter::new(file))
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    let receipt = args
+        .receipt
+        .as_deref()
+        .map(ReceiptFile::create)
+        .transpose()?;
     let resident_set = match &args.resident_set {
         Some(path) => {
             Some(HotSet::read(path).with_context(|| format!("reading {}", path.display()))?)
@@ -119,25 +129,46 @@ fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
         rows.push((slots, served));
     }
 
-    let mut out = std::io::stdout().lock();
+    let objects: Vec<Value> = rows
+        .iter()
+        .map(|(slots, served)| {
+            let policies: Map<String, Value> = served
+                .iter()
+                .map(|(k, f)| (k.name().to_string(), json!(f)))
+                .collect();
+            json!({"slots": slots, "policies": policies})
+        })
+        .collect();
+    let value = match (args.sweep.is_some(), objects.as_slice()) {
+        (false, [one]) => one.clone(),
+        _ => Value::Array(objects),
+    };
     if args.json {
-        let objects: Vec<Value> = rows
-            .iter()
-            .map(|(slots, served)| {
-                let policies: Map<String, Value> = served
-                    .iter()
-                    .map(|(k, f)| (k.name().to_string(), json!(f)))
-                    .collect();
-                json!({"slots": slots, "policies": policies})
-            })
-            .collect();
-        let value = match (args.sweep.is_some(), objects.as_slice()) {
-            (false, [one]) => one.clone(),
-            _ => Value::Array(objects),
-        };
-        writeln!(out, "{value}")?;
-        return Ok(());
+        writeln!(std::io::stdout().lock(), "{value}")?;
+    } else {
+        print_table(args, &trace, &source, &rows)?;
     }
+    if let Some(file) = receipt {
+        file.write(&Measured {
+            kind: "replay",
+            backend: None,
+            device: None,
+            model: Some(source),
+            peer: None,
+            figures: value,
+        })?;
+    }
+    Ok(())
+}
+
+/// The text report: the trace, then one row per slot count with each policy's served fraction.
+fn print_table(
+    args: &ReplayArgs,
+    trace: &Trace,
+    source: &str,
+    rows: &[(usize, Vec<(PolicyKind, f64)>)],
+) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
     writeln!(
         out,
         "trace: {source}\n{} tokens, {} layers, {} experts, top-{}; served fraction = routed slots \
@@ -153,7 +184,7 @@ fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
         write!(out, " {:>7}", kind.name())?;
     }
     writeln!(out)?;
-    for (slots, served) in &rows {
+    for (slots, served) in rows {
         write!(out, "{slots:>6}")?;
         for (_, f) in served {
             write!(out, " {f:>7.4}")?;
