@@ -24,7 +24,7 @@
 
 use crate::sampler::{token_logprobs, SampleError, Sampler, SamplingParams, TokenLogprobs};
 use crate::session::Session;
-use crate::text::grammar::{Constraint, GrammarError};
+use crate::text::grammar::{Constraint, GrammarError, GRAMMAR_STACK};
 use std::ops::ControlFlow;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -181,14 +181,22 @@ pub fn generate(
     std::thread::scope(|s| {
         let (to_worker, jobs) = mpsc::channel::<&mut Constraint>();
         let (to_loop, done) = mpsc::channel();
-        s.spawn(move || {
-            for c in jobs {
-                let result = c.compute_mask();
-                if to_loop.send((c, result)).is_err() {
-                    break;
+        let worker = std::thread::Builder::new()
+            .name("aubier-mask".to_owned())
+            .stack_size(GRAMMAR_STACK)
+            .spawn_scoped(s, move || {
+                for c in jobs {
+                    let result = c.compute_mask();
+                    if to_loop.send((c, result)).is_err() {
+                        break;
+                    }
                 }
-            }
-        });
+            });
+        if let Err(e) = worker {
+            return Err(GenerateError::Constraint(GrammarError::Matcher(format!(
+                "starting the mask thread: {e}"
+            ))));
+        }
         let mut mask = Mask {
             held: Some(c),
             link: Some((to_worker, done)),

@@ -389,3 +389,46 @@ async fn logprobs_are_the_raw_distribution_before_the_grammar_mask() {
     assert!(token.trim_start().starts_with('{'), "{token:?}");
     srv.stop().await;
 }
+
+#[tokio::test]
+async fn schemas_past_the_grammar_engines_limits_are_400s_and_deep_ones_run() {
+    let srv = start_real().await;
+    // 600 optional properties: the parser's rows outgrow llguidance's limit once the object
+    // opens, after generation began — the request's fault, a 400, not a 500.
+    let properties: serde_json::Map<String, Value> = (0..600)
+        .map(|i| (format!("p{i}"), json!({"type": "integer"})))
+        .collect();
+    let wide = json!({"type": "object", "properties": properties});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "w", "schema": wide}});
+    let resp = post(&srv, &body(json!({"response_format": format, "seed": 1}))).await;
+    assert_eq!(
+        resp.status,
+        400,
+        "{}",
+        String::from_utf8_lossy(&resp.body())
+    );
+    assert_eq!(resp.json()["error"]["code"], "grammar_limit");
+    // 400 `$defs` deep: compiled and decoded on threads with the stack for it (it overflowed
+    // the 2 MiB of a runtime thread and killed the server).
+    let mut defs = serde_json::Map::new();
+    for i in 0..400 {
+        let next = format!("#/$defs/a{}", i + 1);
+        defs.insert(
+            format!("a{i}"),
+            json!({"type": "object", "properties": {"x": {"$ref": next}}}),
+        );
+    }
+    defs.insert("a400".to_owned(), json!({"type": "integer"}));
+    let deep = json!({"$ref": "#/$defs/a0", "$defs": defs});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "d", "schema": deep}});
+    let resp = post(&srv, &body(json!({"response_format": format}))).await;
+    assert_eq!(
+        resp.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&resp.body())
+    );
+    let health = raw_request(srv.addr, "GET", "/health", b"").await;
+    assert_eq!(health.status, 200);
+    srv.stop().await;
+}

@@ -253,6 +253,12 @@ impl std::fmt::Debug for Constraint {
     }
 }
 
+/// Bytes of stack for a thread that runs llguidance ([`GrammarCompiler::compile`], and the
+/// callers' mask and decode threads): it recurses once per level of a schema's `$ref` chains,
+/// a few KiB each, and a request may nest thousands; address space, touched only as deep as a
+/// grammar goes.
+pub const GRAMMAR_STACK: usize = 256 << 20;
+
 /// JSON output options given to llguidance (`x-guidance`) in every `%json` schema.
 fn json_options() -> Value {
     json!({
@@ -290,6 +296,8 @@ impl GrammarCompiler {
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Matcher(e.to_string()))?;
         factory.quiet();
+        // Errors name the rule that failed, not the parser's state (they reach clients).
+        factory.limits_mut().verbose_errors = false;
         Ok(GrammarCompiler {
             factory: Arc::new(factory),
             ids: ControlIds {
@@ -311,6 +319,23 @@ impl GrammarCompiler {
     /// [`GrammarError::MissingControlToken`] when the vocabulary lacks `[THINK]`, `[/THINK]`,
     /// `[TOOL_CALLS]` or `[ARGS]` and the spec needs it.
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Constraint, GrammarError> {
+        std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name("aubier-grammar".to_owned())
+                .stack_size(GRAMMAR_STACK)
+                .spawn_scoped(s, || self.compile_here(spec))
+                .map_err(|e| GrammarError::Matcher(format!("starting the compiler thread: {e}")))?
+                .join()
+                .unwrap_or_else(|_| {
+                    Err(GrammarError::Matcher(
+                        "the grammar compiler panicked".to_owned(),
+                    ))
+                })
+        })
+    }
+
+    /// [`GrammarCompiler::compile`] on the calling thread.
+    fn compile_here(&self, spec: &GrammarSpec) -> Result<Constraint, GrammarError> {
         let lark = self.lark(spec)?;
         let matcher = self
             .matcher(&lark)
@@ -546,34 +571,51 @@ const FIXPOINT_ROUNDS: usize = 64;
 /// satisfiable, and so does every one still open after [`FIXPOINT_ROUNDS`] rounds.
 fn finite_instance(schema: &Value) -> bool {
     let mut refs = BTreeSet::new();
-    collect_refs(schema, &mut refs);
+    let mut named = HashMap::new();
+    collect_refs(schema, &mut refs, &mut named);
     let mut known: HashMap<String, bool> = refs.iter().map(|r| (r.clone(), false)).collect();
     for _ in 0..FIXPOINT_ROUNDS {
         let mut changed = false;
         for r in &refs {
-            if !known[r] && local_target(schema, r).is_none_or(|t| has_instance(t, &known)) {
+            let target = named
+                .get(r.as_str())
+                .copied()
+                .or_else(|| local_target(schema, r));
+            if !known[r] && target.is_none_or(|t| has_instance(t, &known)) {
                 known.insert(r.clone(), true);
                 changed = true;
             }
         }
         if !changed {
-            return has_instance(schema, &known);
+            // Every reference must have an instance: the grammar engine expands a reference it
+            // could skip (an optional property), and one that loops never ends.
+            return known.values().all(|&k| k) && has_instance(schema, &known);
         }
     }
-    known.values_mut().for_each(|k| *k = true);
-    has_instance(schema, &known)
+    true
 }
 
-/// Every `$ref` string inside `v`.
-fn collect_refs(v: &Value, out: &mut BTreeSet<String>) {
+/// Every `$ref` string inside `v`, and the subschemas named by `$id` and `$anchor` (as
+/// `#anchor`), which references may name instead of a pointer.
+fn collect_refs<'a>(
+    v: &'a Value,
+    out: &mut BTreeSet<String>,
+    named: &mut HashMap<String, &'a Value>,
+) {
     match v {
         Value::Object(m) => {
             if let Some(Value::String(r)) = m.get("$ref") {
                 out.insert(r.clone());
             }
-            m.values().for_each(|x| collect_refs(x, out));
+            if let Some(Value::String(id)) = m.get("$id") {
+                named.insert(id.clone(), v);
+            }
+            if let Some(Value::String(a)) = m.get("$anchor") {
+                named.insert(format!("#{a}"), v);
+            }
+            m.values().for_each(|x| collect_refs(x, out, named));
         }
-        Value::Array(a) => a.iter().for_each(|x| collect_refs(x, out)),
+        Value::Array(a) => a.iter().for_each(|x| collect_refs(x, out, named)),
         _ => {}
     }
 }
@@ -616,17 +658,41 @@ fn has_instance(schema: &Value, known: &HashMap<String, bool>) -> bool {
         _ => return true,
     };
     types.iter().any(|&t| match t {
-        "object" => m
-            .get("required")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .all(|name| {
+        "object" => {
+            let required = m
+                .get("required")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str);
+            let mut needed = 0;
+            let named = required.clone().all(|name| {
+                needed += 1;
                 let property = m.get("properties").and_then(|p| p.get(name));
                 let schema = property.or_else(|| m.get("additionalProperties"));
+                let patterns = m.get("patternProperties").and_then(Value::as_object);
                 schema.is_none_or(|s| has_instance(s, known))
-            }),
+                    && patterns.is_none_or(|p| p.values().all(|s| has_instance(s, known)))
+            });
+            // Properties past the required ones (`minProperties`) need one schema that has an
+            // instance: a listed property, a pattern's or the additional ones'.
+            let min = m.get("minProperties").and_then(Value::as_u64).unwrap_or(0);
+            let more = min <= needed
+                || m.get("properties")
+                    .and_then(Value::as_object)
+                    .into_iter()
+                    .flat_map(|p| p.values())
+                    .chain(
+                        m.get("patternProperties")
+                            .and_then(Value::as_object)
+                            .into_iter()
+                            .flat_map(|p| p.values()),
+                    )
+                    .chain(m.get("additionalProperties"))
+                    .any(|s| has_instance(s, known))
+                || !m.contains_key("additionalProperties");
+            named && more
+        }
         "array" => {
             let min = m.get("minItems").and_then(Value::as_u64).unwrap_or(0) as usize;
             let prefix = m.get("prefixItems").and_then(Value::as_array);
@@ -1226,6 +1292,15 @@ mod tests {
             json!({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}),
             json!({"type": "object", "properties": {"a": {"type": "array", "items": {"$ref": "#"},
                    "minItems": 1}}, "required": ["a"]}),
+            // A reference loop under an optional property: the engine would still expand it.
+            json!({"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}}),
+            // References by anchor and by id.
+            json!({"$anchor": "me", "type": "object", "properties": {"a": {"$ref": "#me"}},
+                   "required": ["a"]}),
+            json!({"$id": "http://x/s", "type": "object", "properties": {"a": {"$ref": "http://x/s"}},
+                   "required": ["a"]}),
+            // More properties than listed, each of them the schema itself.
+            json!({"type": "object", "additionalProperties": {"$ref": "#"}, "minProperties": 1}),
         ];
         for schema in &unsatisfiable {
             let e = compile(&content(ContentFormat::JsonSchema(schema.clone()))).unwrap_err();
@@ -1269,6 +1344,29 @@ mod tests {
             assert_eq!(feed(&mut c, &text(instance)), Ok(()), "{schema}");
             assert!(c.is_accepting(), "{schema}");
         }
+    }
+
+    #[test]
+    fn a_schema_thousands_of_references_deep_compiles_on_any_thread() {
+        // A chain of 2000 `$defs`, each an object whose property refers to the next: llguidance
+        // recurses once per level, past a default 2 MiB thread stack.
+        let mut defs = serde_json::Map::new();
+        for i in 0..2000 {
+            defs.insert(
+                format!("a{i}"),
+                json!({"type": "object", "properties": {"x": {"$ref": format!("#/$defs/a{}", i + 1)}}}),
+            );
+        }
+        defs.insert("a2000".to_owned(), json!({"type": "integer"}));
+        let schema = json!({"$ref": "#/$defs/a0", "$defs": defs});
+        let mut c = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || compile(&content(ContentFormat::JsonSchema(schema))))
+            .expect("a thread")
+            .join()
+            .expect("no overflow")
+            .expect("compiles");
+        assert_eq!(feed(&mut c, &text(r#"{"x": {"x": {}}}"#)), Ok(()));
     }
 
     #[test]

@@ -29,7 +29,7 @@ use aubier_runtime::generate::{
 };
 use aubier_runtime::sampler::TokenLogprobs;
 use aubier_runtime::store::expert_store::StoreReport;
-use aubier_runtime::text::grammar::Constraint;
+use aubier_runtime::text::grammar::{Constraint, GrammarError, GRAMMAR_STACK};
 use std::ops::ControlFlow;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
@@ -195,6 +195,8 @@ impl EngineHandle {
         let m = metrics.clone();
         let thread = std::thread::Builder::new()
             .name("aubier-engine".to_owned())
+            // The decode loop advances llguidance's matcher, which recurses over the grammar.
+            .stack_size(GRAMMAR_STACK)
             .spawn(move || engine_thread(engine, &text, &m, rx))?;
         Ok(EngineHandle {
             jobs: Mutex::new(Some(tx)),
@@ -445,9 +447,22 @@ fn run_choice(
         }
         Err(e) => {
             tracing::warn!("generation failed: {e}");
-            let _ = events.send(Event::Failed(ApiError::internal(format!(
-                "Generation failed: {e}"
-            ))));
+            // The grammar comes from the request (its schemas): where the grammar engine gives
+            // up mid-output (a schema past its limits), the request is at fault.
+            let error = match &e {
+                EngineFailure::Generate(GenerateError::Constraint(
+                    g @ (GrammarError::Matcher(_) | GrammarError::TokenRejected { .. }),
+                )) => ApiError::invalid(
+                    None,
+                    "grammar_limit",
+                    format!(
+                        "The output grammar of response_format / tools failed during generation \
+                         ({g}); simplify the schema."
+                    ),
+                ),
+                EngineFailure::Generate(_) => ApiError::internal(format!("Generation failed: {e}")),
+            };
+            let _ = events.send(Event::Failed(error));
             ControlFlow::Break(())
         }
     }
