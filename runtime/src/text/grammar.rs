@@ -20,7 +20,8 @@
 //!    `content` is `TEXT?` (any text), `%json` of `{"type": "object"}` (JsonObject) or of the
 //!    schema (JsonSchema); `args_f` is `%json` of the function's `parameters`, made an object
 //!    schema ([`object_schema`]): always when `strict` (a schema that fails is the client's
-//!    error), and without `strict` whenever it compiles, else of `{"type": "object"}`. With JSON
+//!    error), and without `strict` whenever it compiles, else of `{"type": "object"}`; omitted
+//!    `parameters` are an empty list (`{}`) when `strict`, any object otherwise. With JSON
 //!    content, `auto` is content or calls, never both in one message.
 //!
 //!    A schema must have a finite instance ([`finite_instance`]: a least fixpoint over its
@@ -471,7 +472,9 @@ impl GrammarCompiler {
                     .map(|object| strict_schema(&object))
                     .filter(|args| self.schema_fails(args).is_none())
                     .unwrap_or_else(|| with_options(any_object())),
-                (None, _) => with_options(any_object()),
+                // OpenAI: omitted parameters are an empty parameter list.
+                (None, true) => strict_schema(&json!({"type": "object", "properties": {}})),
+                (None, false) => with_options(any_object()),
             };
             let name = serde_json::to_string(&t.name).unwrap_or_default();
             let _ = writeln!(g, "fn_{i}: {name} {args_id} args_{i}");
@@ -732,7 +735,9 @@ fn close_objects(schema: &mut Value) {
         Some(Value::Array(ts)) => ts.iter().any(|t| t == "object"),
         _ => m.contains_key("properties"),
     };
-    if is_object && !m.contains_key("additionalProperties") {
+    // A `const` or an `enum` fixes the value already: closing it could only forbid it.
+    let fixed = m.contains_key("const") || m.contains_key("enum");
+    if is_object && !fixed && !m.contains_key("additionalProperties") {
         m.insert("additionalProperties".to_owned(), Value::Bool(false));
     }
     for key in [
@@ -1386,6 +1391,16 @@ mod tests {
             let mut c = compile(&one_tool(parameters.clone(), true)).unwrap();
             assert_eq!(feed(&mut c, &call_ids("f", "{}")), Ok(()), "{parameters}");
         }
+        // Omitted parameters are an empty list: `{}` only.
+        let mut spec = one_tool(json!({}), true);
+        spec.tools.as_mut().unwrap().tools[0].parameters = None;
+        let mut c = compile(&spec).unwrap();
+        assert!(feed(&mut c, &call_ids("f", r#"{"a": 1}"#)).is_err());
+        let mut c = compile(&spec).unwrap();
+        assert_eq!(feed(&mut c, &call_ids("f", "{}")), Ok(()));
+        // A const object stays satisfiable: closing objects leaves a fixed value alone.
+        let mut c = compile(&one_tool(json!({"const": {"a": 1}}), true)).unwrap();
+        assert_eq!(feed(&mut c, &call_ids("f", r#"{"a": 1}"#)), Ok(()));
         for parameters in [json!({"type": "integer"}), json!(false), json!([1])] {
             let e = compile(&one_tool(parameters.clone(), true)).unwrap_err();
             assert_eq!(

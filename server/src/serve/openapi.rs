@@ -232,13 +232,14 @@ fn document() -> (Value, Vec<String>) {
 }
 
 /// The document for a server of `model_id` with a vocabulary of `n_vocab` ids and a KV cache of
-/// `kv_max` tokens, as JSON text.
+/// `kv_max` tokens, as JSON text: a prompt of token ids leaves room for one generated token (the
+/// context holds prompt and completion together), so it has at most `kv_max − 1` ids.
 pub fn spec(model_id: &str, n_vocab: usize, kv_max: usize) -> String {
     let (mut doc, _) = document();
     let schemas = &mut doc["components"]["schemas"];
     schemas["ModelId"]["enum"] = json!([model_id]);
     schemas["TokenId"]["maximum"] = json!(n_vocab.saturating_sub(1));
-    schemas["TokenIds"]["maxItems"] = json!(kv_max);
+    schemas["TokenIds"]["maxItems"] = json!(kv_max.saturating_sub(1));
     doc.to_string()
 }
 
@@ -253,7 +254,7 @@ mod tests {
         let s = &v["components"]["schemas"];
         assert_eq!(s["ModelId"]["enum"], json!(["m-1"]));
         assert_eq!(s["TokenId"]["maximum"], 99);
-        assert_eq!(s["TokenIds"]["maxItems"], 40);
+        assert_eq!(s["TokenIds"]["maxItems"], 39);
     }
 
     /// Every `$ref` in `v`.
