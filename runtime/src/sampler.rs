@@ -255,16 +255,8 @@ fn nucleus_select(cand: &mut [u64], need: f64) -> usize {
         three.sort_by_key(|&i| cand[i]);
         cand.swap(three[1], hi - 1);
         let pivot = cand[hi - 1];
-        let mut store = lo;
-        let mut above = 0.0f64;
-        // Branch-free Lomuto: `cand[store..i]` stay below the pivot.
-        for i in lo..hi - 1 {
-            let c = cand[i];
-            let up = c > pivot;
-            cand.swap(i, store);
-            store += usize::from(up);
-            above += if up { key_weight(c) } else { 0.0 };
-        }
+        let store = lo + partition(&mut cand[lo..hi - 1], |c| c > pivot);
+        let above: f64 = cand[lo..store].iter().map(|&c| key_weight(c)).sum();
         cand.swap(store, hi - 1);
         if acc + above >= need {
             hi = store;

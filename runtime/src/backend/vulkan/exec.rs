@@ -788,11 +788,7 @@ impl DeviceRun {
                 let mut bytes = vec![0u8; 4 * n];
                 dp.ctx
                     .download(self.value_buffer(plan, ids)?, 0, &mut bytes)?;
-                let ids: Vec<i32> = bytes
-                    .chunks_exact(4)
-                    .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect();
-                stage(step, &ids)?;
+                stage(step, &i32s(&bytes))?;
             }
             dp.ctx.replay(rec)?;
         }
@@ -1094,6 +1090,14 @@ pub(crate) fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Little-endian i32s of `bytes`.
+pub(crate) fn i32s(bytes: &[u8]) -> Vec<i32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
 }
 

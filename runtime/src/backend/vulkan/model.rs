@@ -22,7 +22,7 @@
 
 use super::context::{Buffer, Location, VulkanContext};
 use super::error::VulkanError;
-use super::exec::{f32s, DevicePlan, DeviceRun, Promotion};
+use super::exec::{f32s, i32s, DevicePlan, DeviceRun, Promotion};
 use super::host_store::HostMode;
 use crate::backend::{
     BackendError, Experts, LoadInput, Loaded, LoadedModel, MemoryUse, Obtained, Output, Run,
@@ -148,6 +148,16 @@ impl Stage {
     }
 }
 
+/// Device bytes of a session of `kv` tokens: its latent cache and the activation buffers of a
+/// pass of up to 512 tokens over it.
+fn session_bytes(dp: &DevicePlan, plan: &Plan, kv: usize) -> u64 {
+    let cfg = &plan.config;
+    (cfg.n_layer as u64)
+        .saturating_mul(kv as u64)
+        .saturating_mul(cfg.kv_cache_width() as u64 * 4)
+        .saturating_add(dp.run_bytes(plan, kv.min(512), kv))
+}
+
 /// The device memory left for the fast store at load ([`FastBudget::Auto`]): the largest
 /// device-local heap, less what the backend has allocated (dense weights, expert tables), less
 /// a session's latent cache and activation buffers at the default context (`min(context, 4096)`
@@ -166,13 +176,10 @@ struct Room {
 impl Room {
     fn of(dp: &DevicePlan, plan: &Plan, stage: Option<Stage>) -> Room {
         let heap = dp.context().info().device_heap().unwrap_or(0);
-        let cfg = &plan.config;
-        let kv = cfg.n_ctx_train.min(4096);
-        let cache = (cfg.n_layer * kv * cfg.kv_cache_width() * 4) as u64;
         Room {
             heap,
             allocated: dp.context().memory_records().0,
-            session: cache + dp.run_bytes(plan, kv.min(512), kv),
+            session: session_bytes(dp, plan, plan.config.n_ctx_train.min(4096)),
             margin: heap / 16,
             stage,
         }
@@ -275,10 +282,7 @@ impl LoadedModel for VulkanModel {
     /// has left, naming both; those of the device's buffers.
     fn open(self: Arc<Self>, kv_max: usize) -> Result<Box<dyn Run>, BackendError> {
         let cfg = &self.plan.config;
-        let need = (cfg.n_layer as u64)
-            .saturating_mul(kv_max as u64)
-            .saturating_mul(cfg.kv_cache_width() as u64 * 4)
-            .saturating_add(self.dp.run_bytes(&self.plan, kv_max.min(512), kv_max));
+        let need = session_bytes(&self.dp, &self.plan, kv_max);
         let left = self.dp.context().heap_left(Location::Device);
         if need > left {
             let mib = |b: u64| b as f64 / (1 << 20) as f64;
@@ -452,12 +456,7 @@ impl Run for VulkanRun {
             .zip(out)
             .map(
                 |(&id, bytes)| match m.plan.values.get(id).map(|v| v.dtype) {
-                    Some(DType::I32) => Output::I32(
-                        bytes
-                            .chunks_exact(4)
-                            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                            .collect(),
-                    ),
+                    Some(DType::I32) => Output::I32(i32s(&bytes)),
                     _ => Output::F32(f32s(&bytes)),
                 },
             )
@@ -494,12 +493,58 @@ impl Run for VulkanRun {
     }
 }
 
-/// The slots of one MoE layer: buffers of whole slots.
-struct SlotLayer {
+/// Slots of `slot_bytes` in device buffers of whole slots (`per_part` each).
+struct WholeSlots {
     parts: Vec<Buffer>,
-    /// Slots per part.
     per_part: usize,
     slot_bytes: usize,
+    slots: usize,
+}
+
+impl WholeSlots {
+    /// `slots` slots of `slot_bytes`, no buffer over `max_bytes`.
+    ///
+    /// Errors: those of the buffers.
+    fn new(
+        ctx: &VulkanContext,
+        slots: usize,
+        slot_bytes: usize,
+        max_bytes: u64,
+    ) -> Result<WholeSlots, VulkanError> {
+        let per_part = usize::try_from(max_bytes / slot_bytes.max(1) as u64)
+            .unwrap_or(usize::MAX)
+            .clamp(1, slots.max(1));
+        let mut parts = Vec::new();
+        let mut left = slots;
+        while left > 0 {
+            let n = left.min(per_part);
+            parts.push(ctx.buffer((n * slot_bytes).max(4) as u64, Location::Device)?);
+            left -= n;
+        }
+        Ok(WholeSlots {
+            parts,
+            per_part,
+            slot_bytes,
+            slots,
+        })
+    }
+
+    /// The buffer and byte offset of byte `offset` of slot `slot` (`None` past the slots).
+    fn at(&self, slot: usize, offset: usize) -> Option<(&Buffer, u64)> {
+        if slot >= self.slots {
+            return None;
+        }
+        let part = self.parts.get(slot / self.per_part)?;
+        Some((
+            part,
+            ((slot % self.per_part) * self.slot_bytes + offset) as u64,
+        ))
+    }
+}
+
+/// The slots of one MoE layer.
+struct SlotLayer {
+    memory: WholeSlots,
     /// The layer's `moe_ffn` step: the first to read its slots.
     step: usize,
     /// Per stacked tensor: its weight, bytes of one expert, offset within a slot.
@@ -529,12 +574,8 @@ pub(super) struct VulkanSlots {
 /// A staged host store's device memory: the stage area, where a step's missed experts are
 /// uploaded, and the host-visible buffer they go through.
 struct StageArea {
-    /// Buffers of whole stage slots (`per_part` each).
-    parts: Vec<Buffer>,
-    per_part: usize,
-    slot_bytes: usize,
-    /// Stage slots: `n_expert − n_res`.
-    slots: usize,
+    /// `n_expert − n_res` slots of the largest layer's expert.
+    area: WholeSlots,
     /// Host-visible.
     staging: Buffer,
 }
@@ -589,29 +630,23 @@ impl VulkanSlots {
                     ),
                 });
             }
-            let (parts, per_part) = whole_slots(ctx, slots, slot_bytes, max_bytes)?;
             layers.push(SlotLayer {
-                parts,
-                per_part,
-                slot_bytes,
+                memory: WholeSlots::new(ctx, slots, slot_bytes, max_bytes)?,
                 step: l.step,
                 tensors,
             });
         }
         let n_expert = moe.first().map_or(0, |l| l.n_expert);
         let stage = match stage {
-            Some(st) => {
-                let slot_bytes = st.slot_bytes as usize;
-                let n = n_expert.saturating_sub(slots);
-                let (parts, per_part) = whole_slots(ctx, n, slot_bytes, max_bytes)?;
-                Some(StageArea {
-                    parts,
-                    per_part,
-                    slot_bytes,
-                    slots: n,
-                    staging: ctx.buffer(st.staging_bytes, Location::Host)?,
-                })
-            }
+            Some(st) => Some(StageArea {
+                area: WholeSlots::new(
+                    ctx,
+                    n_expert.saturating_sub(slots),
+                    st.slot_bytes as usize,
+                    max_bytes,
+                )?,
+                staging: ctx.buffer(st.staging_bytes, Location::Host)?,
+            }),
             None => None,
         };
         Ok(VulkanSlots {
@@ -627,12 +662,8 @@ impl VulkanSlots {
     fn place(&self, layer: usize, slot: usize, tensor: usize) -> Option<(&Buffer, u64, usize)> {
         let l = self.layers.get(layer)?;
         let &(_, bytes, offset) = l.tensors.get(tensor)?;
-        if slot >= self.slots {
-            return None;
-        }
-        let part = l.parts.get(slot / l.per_part)?;
-        let at = (slot % l.per_part) * l.slot_bytes + offset;
-        Some((part, at as u64, bytes))
+        let (part, at) = l.memory.at(slot, offset)?;
+        Some((part, at, bytes))
     }
 
     /// The device address of tensor `tensor` of slot `slot` of MoE layer `layer`.
@@ -784,29 +815,23 @@ impl VulkanSlots {
             .layers
             .get(layer)
             .ok_or_else(|| bad("no such layer".into()))?;
-        if experts.len() > stage.slots + free.len() {
+        let staged = stage.area.slots;
+        if experts.len() > staged + free.len() {
             return Err(bad(format!(
                 "{} experts missed, the stage area and the free slots hold {}",
                 experts.len(),
-                stage.slots + free.len()
+                staged + free.len()
             )));
         }
         let mut uploads = Vec::with_capacity(experts.len() * l.tensors.len());
         let mut entries = Vec::with_capacity(uploads.capacity());
         for (k, &e) in experts.iter().enumerate() {
-            for (tensor, &(w, _, offset)) in l.tensors.iter().enumerate() {
-                let (dst, dst_offset) = if k < stage.slots {
-                    (
-                        &stage.parts[k / stage.per_part],
-                        (k % stage.per_part * stage.slot_bytes + offset) as u64,
-                    )
-                } else {
-                    let slot = free[k - stage.slots];
-                    let (buf, at, _) = self
-                        .place(layer, slot, tensor)
-                        .ok_or_else(|| bad(format!("no slot {slot}")))?;
-                    (buf, at)
-                };
+            for &(w, _, offset) in &l.tensors {
+                let (dst, dst_offset) = match k.checked_sub(staged) {
+                    None => stage.area.at(k, offset),
+                    Some(i) => l.memory.at(free[i], offset),
+                }
+                .ok_or_else(|| bad(format!("no place for expert {e}")))?;
                 let src = self
                     .dp
                     .host()
@@ -826,29 +851,6 @@ impl VulkanSlots {
     }
 }
 
-/// `slots` slots of `slot_bytes` in device buffers of whole slots, none over `max_bytes`;
-/// returns the buffers and the slots per buffer.
-///
-/// Errors: those of the buffers.
-fn whole_slots(
-    ctx: &VulkanContext,
-    slots: usize,
-    slot_bytes: usize,
-    max_bytes: u64,
-) -> Result<(Vec<Buffer>, usize), VulkanError> {
-    let per_part = usize::try_from(max_bytes / slot_bytes.max(1) as u64)
-        .unwrap_or(usize::MAX)
-        .clamp(1, slots.max(1));
-    let mut parts = Vec::new();
-    let mut left = slots;
-    while left > 0 {
-        let n = left.min(per_part);
-        parts.push(ctx.buffer((n * slot_bytes).max(4) as u64, Location::Device)?);
-        left -= n;
-    }
-    Ok((parts, per_part))
-}
-
 impl SlotMemory for VulkanSlots {
     fn slots(&self) -> usize {
         self.slots
@@ -857,7 +859,7 @@ impl SlotMemory for VulkanSlots {
     fn bytes(&self) -> u64 {
         self.layers
             .iter()
-            .flat_map(|l| &l.parts)
+            .flat_map(|l| &l.memory.parts)
             .map(Buffer::size)
             .sum()
     }
