@@ -252,6 +252,28 @@ impl Mask<'_> {
     }
 }
 
+/// The tokens a request may generate after a prompt of `prompt` tokens: `max_tokens` (`None`:
+/// as many as fit) clamped to the room the context leaves, since prompt and completion together
+/// are at most `kv_max` tokens (one limit, as vLLM's `max_model_len`; the last generated token
+/// would not need a cache cell, but `usage` counts it). The one place this rule lives: the
+/// decode loop and the server's routes both call it.
+///
+/// Errors: [`GenerateError::EmptyPrompt`] for `prompt == 0`, [`GenerateError::PromptTooLong`]
+/// for `prompt > kv_max`.
+pub fn completion_room(
+    prompt: usize,
+    max_tokens: Option<usize>,
+    kv_max: usize,
+) -> Result<usize, GenerateError> {
+    if prompt == 0 {
+        return Err(GenerateError::EmptyPrompt);
+    }
+    let room = kv_max
+        .checked_sub(prompt)
+        .ok_or(GenerateError::PromptTooLong { prompt, kv_max })?;
+    Ok(max_tokens.map_or(room, |m| m.min(room)))
+}
+
 /// The decode loop of [`generate`], with the constraint (if any) in `mask`.
 fn decode(
     session: &mut dyn Stepper,
@@ -260,16 +282,7 @@ fn decode(
     mask: &mut Mask<'_>,
     on_token: &mut dyn FnMut(&GeneratedToken) -> ControlFlow<()>,
 ) -> Result<GenerateOutput, GenerateError> {
-    if prompt.is_empty() {
-        return Err(GenerateError::EmptyPrompt);
-    }
-    let kv_max = session.kv_max();
-    if prompt.len() > kv_max {
-        return Err(GenerateError::PromptTooLong {
-            prompt: prompt.len(),
-            kv_max,
-        });
-    }
+    let budget = completion_room(prompt.len(), Some(params.max_tokens), session.kv_max())?;
     let mut sampler = Sampler::new(params.sampling.clone())?.with_prompt(prompt);
     let cached = if params.keep_prompt_logits {
         session.reset();
@@ -277,8 +290,6 @@ fn decode(
     } else {
         session.start(prompt)
     };
-    // Prompt and completion together fit the context (the server's one limit).
-    let budget = params.max_tokens.min(kv_max - prompt.len());
 
     let mut mask_wait = Duration::ZERO;
     let t0 = Instant::now();
@@ -351,5 +362,29 @@ fn rate(n: usize, secs: f64) -> f64 {
         n as f64 / secs
     } else {
         0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_room_is_what_the_context_leaves_after_the_prompt() {
+        assert_eq!(completion_room(10, None, 16).unwrap(), 6);
+        assert_eq!(completion_room(10, Some(4), 16).unwrap(), 4);
+        assert_eq!(completion_room(10, Some(40), 16).unwrap(), 6);
+        assert_eq!(completion_room(16, Some(1), 16).unwrap(), 0);
+        assert!(matches!(
+            completion_room(17, None, 16),
+            Err(GenerateError::PromptTooLong {
+                prompt: 17,
+                kv_max: 16
+            })
+        ));
+        assert!(matches!(
+            completion_room(0, None, 16),
+            Err(GenerateError::EmptyPrompt)
+        ));
     }
 }

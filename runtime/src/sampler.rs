@@ -79,6 +79,33 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
+    /// Checks every parameter against the sampler's rule (the one check: the server and `aubier
+    /// run` call it, and [`Sampler::new`] too).
+    ///
+    /// Errors: the first parameter out of range, as a [`SampleError`] whose
+    /// [`SampleError::field`] names it.
+    pub fn validate(&self) -> Result<(), SampleError> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(SampleError::Temperature(self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(SampleError::TopP(self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(SampleError::MinP(self.min_p));
+        }
+        if !self.presence_penalty.is_finite() {
+            return Err(SampleError::PresencePenalty(self.presence_penalty));
+        }
+        if !self.frequency_penalty.is_finite() {
+            return Err(SampleError::FrequencyPenalty(self.frequency_penalty));
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return Err(SampleError::RepetitionPenalty(self.repetition_penalty));
+        }
+        Ok(())
+    }
+
     /// Whether any penalty is on (then the sampler keeps the history).
     fn penalised(&self) -> bool {
         self.repetition_penalty != 1.0
@@ -114,6 +141,22 @@ pub enum SampleError {
     /// Every logit is NaN or −∞, so no token can be drawn.
     #[error("no finite logit to sample from")]
     NoFinite,
+}
+
+impl SampleError {
+    /// The [`SamplingParams`] field at fault (its OpenAI name); `None` for an error of the
+    /// logits row.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            SampleError::Temperature(_) => Some("temperature"),
+            SampleError::TopP(_) => Some("top_p"),
+            SampleError::MinP(_) => Some("min_p"),
+            SampleError::PresencePenalty(_) => Some("presence_penalty"),
+            SampleError::FrequencyPenalty(_) => Some("frequency_penalty"),
+            SampleError::RepetitionPenalty(_) => Some("repetition_penalty"),
+            SampleError::Empty | SampleError::NoFinite => None,
+        }
+    }
 }
 
 /// The ids the penalties look at (kept only while a penalty is on).
@@ -284,24 +327,7 @@ impl Sampler {
     /// [`SampleError::PresencePenalty`], [`SampleError::FrequencyPenalty`],
     /// [`SampleError::RepetitionPenalty`].
     pub fn new(params: SamplingParams) -> Result<Sampler, SampleError> {
-        if !params.temperature.is_finite() || params.temperature < 0.0 {
-            return Err(SampleError::Temperature(params.temperature));
-        }
-        if !(params.top_p > 0.0 && params.top_p <= 1.0) {
-            return Err(SampleError::TopP(params.top_p));
-        }
-        if !(0.0..=1.0).contains(&params.min_p) {
-            return Err(SampleError::MinP(params.min_p));
-        }
-        if !params.presence_penalty.is_finite() {
-            return Err(SampleError::PresencePenalty(params.presence_penalty));
-        }
-        if !params.frequency_penalty.is_finite() {
-            return Err(SampleError::FrequencyPenalty(params.frequency_penalty));
-        }
-        if !(params.repetition_penalty.is_finite() && params.repetition_penalty > 0.0) {
-            return Err(SampleError::RepetitionPenalty(params.repetition_penalty));
-        }
+        params.validate()?;
         let rng = ChaCha8Rng::seed_from_u64(params.seed);
         Ok(Sampler {
             params,
@@ -430,31 +456,40 @@ pub struct TokenLogprobs {
     pub top: Vec<(u32, f64)>,
 }
 
+/// A logit as the log-probability functions read it: NaN counts as −∞.
+fn finite_or_minus_inf(l: f32) -> f64 {
+    if l.is_nan() {
+        f64::NEG_INFINITY
+    } else {
+        f64::from(l)
+    }
+}
+
+/// `log Σ exp(logits)` of a row (`[n_vocab]` f32; NaN counts as −∞), in f64 around the row's
+/// maximum; +∞ for a row with no finite logit (so every log-probability is −∞). `logit −
+/// logsumexp(row)` is the token's log-probability; `aubier quality`'s NLL is its negation.
+pub fn logsumexp(logits: &[f32]) -> f64 {
+    let max = logits
+        .iter()
+        .map(|&l| finite_or_minus_inf(l))
+        .fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        return f64::INFINITY;
+    }
+    max + logits
+        .iter()
+        .map(|&l| (finite_or_minus_inf(l) - max).exp())
+        .sum::<f64>()
+        .ln()
+}
+
 /// The raw log-probability of `id` in `logits` (`[n_vocab]` f32, finite or −∞; NaN counts as
 /// −∞) and the `top` most likely ids (all of them when `top ≥ n_vocab`): `logit − logsumexp(row)`
 /// in f64, before penalties, temperature or any truncation. A row with no finite logit gives −∞
 /// everywhere; an `id` outside the row gives −∞.
 pub fn token_logprobs(logits: &[f32], id: u32, top: usize) -> TokenLogprobs {
-    let key = |l: f32| {
-        if l.is_nan() {
-            f64::NEG_INFINITY
-        } else {
-            f64::from(l)
-        }
-    };
-    let max = logits
-        .iter()
-        .map(|&l| key(l))
-        .fold(f64::NEG_INFINITY, f64::max);
-    let lse = if max == f64::NEG_INFINITY {
-        f64::INFINITY
-    } else {
-        max + logits
-            .iter()
-            .map(|&l| (key(l) - max).exp())
-            .sum::<f64>()
-            .ln()
-    };
+    let key = finite_or_minus_inf;
+    let lse = logsumexp(logits);
     let logprob = |i: u32| {
         logits
             .get(i as usize)
@@ -826,10 +861,26 @@ mod tests {
                 SampleError::RepetitionPenalty(0.0),
             ),
         ] {
+            let name = format!("{:?}", e).to_ascii_lowercase();
+            let field = e.field().unwrap().replace('_', "");
+            assert!(name.starts_with(&field), "{e:?} names {field}");
+            assert_eq!(p.validate().unwrap_err(), e);
             assert_eq!(Sampler::new(p).unwrap_err(), e);
         }
+        assert_eq!(d().validate(), Ok(()));
+        assert_eq!(SampleError::Empty.field(), None);
         let mut s = Sampler::new(d()).unwrap();
         assert_eq!(s.sample(&[]).unwrap_err(), SampleError::Empty);
+    }
+
+    #[test]
+    fn logsumexp_treats_nan_as_minus_infinity() {
+        let e = std::f64::consts::E;
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert!(close(logsumexp(&[1.0, 0.0, f32::NAN]), (e + 1.0).ln()));
+        assert!(close(logsumexp(&[1000.0, 1000.0]), 1000.0 + 2f64.ln()));
+        assert_eq!(logsumexp(&[f32::NEG_INFINITY, f32::NAN]), f64::INFINITY);
+        assert_eq!(logsumexp(&[]), f64::INFINITY);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! 2. For each configuration (its flags parsed like command-line flags, [`ModelFlags`]): load the
 //!    model, open one session, and prefill the tokens in chunks of `--chunk` tokens with
 //!    `Session::step`, which returns the logits of every position; position `i` scores token
-//!    `i + 1`: `NLL_i = logsumexp(logits_i) − logits_i[t_{i+1}]` (in f64), for `i = 0 .. T−2`.
+//!    `i + 1`: `NLL_i = logsumexp(logits_i) − logits_i[t_{i+1}]` (in f64, the runtime's `sampler::logsumexp`; a NaN logit is an error), for `i = 0 .. T−2`.
 //! 3. Paired differences `d_i = NLL_B,i − NLL_A,i`; their mean `d̄`, sample standard deviation `s`
 //!    and the 95% confidence interval of the mean by the **paired t** method:
 //!    `d̄ ± t_{0.975, n−1} · s / √n` (Student's t quantile from `statrs`). Positions of one text
@@ -25,6 +25,7 @@ use anyhow::{bail, Context};
 use aubier_runtime::engine::Model;
 use aubier_runtime::gguf::{GgufFile, MetaValue};
 use aubier_runtime::model::{read_config, weight_refs};
+use aubier_runtime::sampler::logsumexp;
 use aubier_runtime::session::{Session, SessionOptions};
 use aubier_runtime::store::FastBudget;
 use aubier_runtime::text::tokenizer::Tokenizer;
@@ -357,15 +358,8 @@ pub fn teacher_forced_nll(
             let Some(&next) = tokens.get(i + 1) else {
                 break;
             };
-            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-            let lse = f64::from(max)
-                + row
-                    .iter()
-                    .map(|&x| f64::from(x - max).exp())
-                    .sum::<f64>()
-                    .ln();
-            let v = lse - f64::from(row[next as usize]);
-            if !v.is_finite() {
+            let v = logsumexp(row) - f64::from(row[next as usize]);
+            if !v.is_finite() || row.iter().any(|x| x.is_nan()) {
                 bail!("position {i}: the logits give no finite NLL (NaN or infinite logits)");
             }
             nll.push(v);

@@ -6,7 +6,7 @@
 
 mod serve_common;
 
-use aubier_server::serve::app::HostPolicy;
+use aubier_server::serve::state::HostPolicy;
 use serde_json::Value;
 use serve_common::*;
 use std::collections::BTreeSet;

@@ -8,30 +8,39 @@
 //!
 //! Modules: [`api`] (the wire types of every request and response body, with their JSON
 //! Schema), [`params`] (request validation, refused parameters), [`error`] (OpenAI-shaped errors),
-//! [`app`] (connections, guards, routes, SSE, admission), [`engine`] (the single-flight engine
-//! thread), [`text`] and [`stop`] (detokenizing, reasoning split, stop strings), [`logprobs`]
-//! (their OpenAI shapes), [`fake`] and [`real`] (the two engines), [`lock`], [`metrics`],
-//! [`openapi`] (`GET /openapi.json`, generated from [`api`]), [`tools`] (`tools`, `tool_choice`, `response_format` → the
-//! grammar).
+//! [`app`] (the router), [`state`] (what the routes share), `connection` (sockets, timeouts, drain), `guard`
+//! (Host / Origin / Content-Type guards, admission, request metrics), `generation` (the one
+//! generation route, generic over the request kinds `chat` and `completions`: prompt, budget,
+//! grammar, engine job, JSON answer or SSE), `routes` (health, metrics, models, OpenAPI,
+//! `/debug/tokens`), [`engine`] (the single-flight engine thread), [`text`] and [`stop`]
+//! (detokenizing, reasoning split, stop strings), [`logprobs`] (their OpenAI shapes), [`fake`]
+//! and [`real`] (the two engines), [`lock`], [`metrics`], [`openapi`] (`GET /openapi.json`,
+//! generated from [`api`]), [`tools`] (`tools`, `tool_choice`, `response_format` → the grammar).
 #![warn(missing_docs)]
 
 pub mod api;
 pub mod app;
+mod chat;
+mod completions;
+mod connection;
 pub mod engine;
 pub mod error;
 pub mod fake;
+mod generation;
+mod guard;
 pub mod lock;
 pub mod logprobs;
 pub mod metrics;
 pub mod openapi;
 pub mod params;
 pub mod real;
+mod routes;
+pub mod state;
 pub mod stop;
 pub mod text;
 pub mod tools;
 
 pub use app::serve;
-use app::{AppState, HostPolicy, ServerLimits};
 use aubier_runtime::engine::Model;
 use aubier_runtime::gguf::GgufFile;
 use clap::{Args, ValueEnum};
@@ -39,6 +48,7 @@ use engine::{Engine, EngineHandle};
 use fake::{FakeEngine, FakeScript, FakeScriptFile};
 use lock::{LockError, LockFile, EXIT_LOCKED};
 use metrics::Metrics;
+use state::{AppState, HostPolicy, ServerLimits};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -25,7 +25,7 @@ use super::api::request::{
 use super::api::scalar::{json_uint, token_ids, Count, DefaultValue, StrOr};
 use super::error::{missing_parameter, unknown_parameter, ApiError};
 use super::tools::{structured, Structured};
-use aubier_runtime::sampler::{SampleError, Sampler, SamplingParams};
+use aubier_runtime::sampler::SamplingParams;
 use aubier_runtime::text::chat::{
     ChatMessage, ChatRequest, ContentChunk, FunctionCall, MessageContent, ToolCall,
 };
@@ -44,43 +44,18 @@ pub const MAX_TOP_LOGPROBS: u64 = 20;
 /// Most `logprobs` of a legacy completion request (the OpenAI limit).
 pub const MAX_COMPLETION_LOGPROBS: u64 = 5;
 
-/// Sampling settings of one request (OpenAI names; `top_k`, `min_p` and `repetition_penalty` are
-/// the vLLM extensions). The semantics and their order: `aubier_runtime::sampler`.
+/// What every generation request carries beside its prompt (chat and legacy completions; the
+/// Responses API maps its own names onto it).
 #[derive(Clone, Debug, PartialEq)]
-pub struct Sampling {
-    /// Softmax temperature in [0, 2]; 0 is greedy. Default 1 (OpenAI), 0 on `/debug/tokens`.
-    pub temperature: f32,
-    /// Nucleus mass in (0, 1]; default 1 (off).
-    pub top_p: f32,
-    /// Keep the k most likely tokens; 0 (default) is off.
-    pub top_k: usize,
-    /// Drop tokens below `min_p` × the top probability, in [0, 1]; 0 (default) is off.
-    pub min_p: f32,
-    /// OpenAI's presence penalty, in [-2, 2]; default 0.
-    pub presence_penalty: f32,
-    /// OpenAI's frequency penalty, in [-2, 2]; default 0.
-    pub frequency_penalty: f32,
-    /// The repetition penalty (> 0; default 1, off).
-    pub repetition_penalty: f32,
-    /// Seed of the sampler; `None` = a fresh random seed per request (OpenAI semantics).
-    pub seed: Option<u64>,
-}
-
-/// A validated `POST /v1/chat/completions` body.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ChatParams {
+pub struct Generation {
     /// The `model` field.
     pub model: String,
-    /// `messages`, `tools`, `reasoning_effort` and `continue_final_message`: what the chat
-    /// template renders.
-    pub chat: ChatRequest,
-    /// `tools`, `tool_choice`, `parallel_tool_calls` and `response_format`: the grammar to
-    /// enforce and whether tool calls are read.
-    pub structured: Structured,
-    /// `max_completion_tokens` (or its older name `max_tokens`); `None` = up to the KV capacity.
+    /// Most tokens to generate; `None` = up to the context's end. The route clamps it to the
+    /// room the prompt leaves (`aubier_runtime::generate::completion_room`).
     pub max_tokens: Option<usize>,
-    /// Sampling settings.
-    pub sampling: Sampling,
+    /// The sampler's parameters, checked by [`SamplingParams::validate`]; the seed is the
+    /// request's `seed`, else a fresh random one (OpenAI semantics).
+    pub sampling: SamplingParams,
     /// Stop strings (≤ [`MAX_STOPS`], each non-empty).
     pub stop: Vec<String>,
     /// `stream`: answer with server-sent events.
@@ -89,9 +64,24 @@ pub struct ChatParams {
     pub include_usage: bool,
     /// `n`: choices to generate, in [1, [`MAX_CHOICES`]].
     pub n: usize,
-    /// `Some(k)` with `logprobs: true`: each token's log-probability and the `k` most likely
-    /// (`top_logprobs`, ≤ [`MAX_TOP_LOGPROBS`]).
+    /// `Some(k)`: each token's log-probability and the `k` most likely (chat `logprobs: true` +
+    /// `top_logprobs` ≤ [`MAX_TOP_LOGPROBS`]; completions `logprobs` ≤
+    /// [`MAX_COMPLETION_LOGPROBS`]).
     pub logprobs: Option<usize>,
+}
+
+/// A validated `POST /v1/chat/completions` body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatParams {
+    /// `messages`, `tools`, `reasoning_effort` and `continue_final_message`: what the chat
+    /// template renders.
+    pub chat: ChatRequest,
+    /// `tools`, `tool_choice`, `parallel_tool_calls` and `response_format`: the grammar to
+    /// enforce and whether tool calls are read.
+    pub structured: Structured,
+    /// Model, `max_completion_tokens` (or its older name `max_tokens`), sampling, stops, `n`,
+    /// `stream`, `logprobs`.
+    pub generation: Generation,
 }
 
 /// The `prompt` of a legacy completion.
@@ -106,25 +96,11 @@ pub enum Prompt {
 /// A validated `POST /v1/completions` body.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CompletionParams {
-    /// The `model` field.
-    pub model: String,
     /// The prompt: one string or one array of token ids.
     pub prompt: Prompt,
-    /// `max_tokens`; default 16 (the OpenAI default of this endpoint).
-    pub max_tokens: usize,
-    /// Sampling settings.
-    pub sampling: Sampling,
-    /// Stop strings (≤ [`MAX_STOPS`], each non-empty).
-    pub stop: Vec<String>,
-    /// `stream`: answer with server-sent events.
-    pub stream: bool,
-    /// `stream_options.include_usage`.
-    pub include_usage: bool,
-    /// `n`: choices to generate, in [1, [`MAX_CHOICES`]].
-    pub n: usize,
-    /// `logprobs` (≤ [`MAX_COMPLETION_LOGPROBS`]): each token's log-probability and the `k` most
-    /// likely.
-    pub logprobs: Option<usize>,
+    /// Model, `max_tokens` (default 16, the OpenAI default of this endpoint), sampling, stops,
+    /// `n`, `stream`, `logprobs`.
+    pub generation: Generation,
 }
 
 /// A validated `POST /debug/tokens` body: token ids in, token ids out, no tokenizer involved.
@@ -136,8 +112,9 @@ pub struct DebugTokensParams {
     pub ids: Vec<u32>,
     /// Tokens to generate (required).
     pub max_tokens: usize,
-    /// Sampling settings; greedy unless `temperature` is given (as `aubier run`).
-    pub sampling: Sampling,
+    /// Sampling settings; greedy unless `temperature` is given and seed 0 unless `seed` is (as
+    /// `aubier run`).
+    pub sampling: SamplingParams,
     /// Keep generating past EOS (as `aubier run --ignore-eos`).
     pub ignore_eos: bool,
 }
@@ -288,92 +265,87 @@ fn bounded(
     }
 }
 
-/// The sampling settings with the given temperature default.
+/// `sent` as an f32 in `(0, hi]`, or `default` when absent.
 ///
-/// Errors: 400 for a value outside the documented range, and for one the engine's f32 makes
-/// invalid (`top_p` 1e-46 is 0 in f32): the narrowed values are checked with the sampler's own
-/// rule ([`Sampler::new`]), so a request that passes here never fails in the sampler.
-fn sampling(f: SamplingFields, default_temperature: f32) -> Result<Sampling, ApiError> {
-    let temperature = bounded(
-        "temperature",
-        f.temperature,
-        default_temperature,
-        (0.0, 2.0),
-    )?;
-    let top_p = match f.top_p {
-        None => 1.0,
-        Some(p) if p > 0.0 && p <= 1.0 => p as f32,
-        Some(p) => {
-            return Err(ApiError::bad_value(
-                "top_p",
-                format!("'top_p' must be in (0, 1], got {p}."),
+/// Errors: 400 naming `name` outside the range.
+fn above_zero(name: &str, sent: Option<f64>, default: f32, hi: f64) -> Result<f32, ApiError> {
+    match sent {
+        None => Ok(default),
+        Some(x) if x > 0.0 && x <= hi => Ok(x as f32),
+        Some(x) => {
+            let hi = if hi >= 1e6 {
+                format!("{hi:e}")
+            } else {
+                hi.to_string()
+            };
+            Err(ApiError::bad_value(
+                name,
+                format!("'{name}' must be in (0, {hi}], got {x}."),
             ))
         }
-    };
+    }
+}
+
+/// The sampler's parameters of a request, with the given defaults of `temperature` and `seed`.
+///
+/// Errors: 400 naming the field for a value outside its documented (OpenAI / vLLM) range, and
+/// for one the engine's f32 makes invalid (`top_p` 1e-46 is 0 in f32): the narrowed values are
+/// checked with the sampler's own rule ([`SamplingParams::validate`]), so a request that passes
+/// here never fails in the sampler.
+pub fn sampling(
+    f: SamplingFields,
+    default_temperature: f32,
+    default_seed: u64,
+) -> Result<SamplingParams, ApiError> {
     let top_k = match f.top_k {
         None => 0,
         Some(k) => usize::try_from(k.0)
             .map_err(|_| ApiError::bad_value("top_k", format!("'top_k' {} is too large.", k.0)))?,
     };
-    let min_p = bounded("min_p", f.min_p, 0.0, (0.0, 1.0))?;
-    let presence_penalty = bounded("presence_penalty", f.presence_penalty, 0.0, (-2.0, 2.0))?;
-    let frequency_penalty = bounded("frequency_penalty", f.frequency_penalty, 0.0, (-2.0, 2.0))?;
-    let repetition_penalty = match f.repetition_penalty {
-        None => 1.0,
-        Some(p) if p > 0.0 && p <= f64::from(f32::MAX) => p as f32,
-        Some(p) => {
-            return Err(ApiError::bad_value(
-                "repetition_penalty",
-                format!(
-                    "'repetition_penalty' must be > 0 and at most {:e} (the largest 32-bit float), got {p}.",
-                    f32::MAX
-                ),
-            ))
-        }
-    };
-    let seed = f.seed.map(|s| s.0);
-    let engine_params = SamplingParams {
-        temperature,
-        top_p,
+    let params = SamplingParams {
+        temperature: bounded(
+            "temperature",
+            f.temperature,
+            default_temperature,
+            (0.0, 2.0),
+        )?,
+        top_p: above_zero("top_p", f.top_p, 1.0, 1.0)?,
         top_k,
-        min_p,
-        presence_penalty,
-        frequency_penalty,
-        repetition_penalty,
-        seed: seed.unwrap_or(0),
+        min_p: bounded("min_p", f.min_p, 0.0, (0.0, 1.0))?,
+        presence_penalty: bounded("presence_penalty", f.presence_penalty, 0.0, (-2.0, 2.0))?,
+        frequency_penalty: bounded("frequency_penalty", f.frequency_penalty, 0.0, (-2.0, 2.0))?,
+        repetition_penalty: above_zero(
+            "repetition_penalty",
+            f.repetition_penalty,
+            1.0,
+            f64::from(f32::MAX),
+        )?,
+        seed: f.seed.map_or(default_seed, |s| s.0),
     };
-    if let Err(e) = Sampler::new(engine_params) {
-        let (name, sent) = match e {
-            SampleError::Temperature(_) => ("temperature", f.temperature),
-            SampleError::TopP(_) => ("top_p", f.top_p),
-            SampleError::MinP(_) => ("min_p", f.min_p),
-            SampleError::PresencePenalty(_) => ("presence_penalty", f.presence_penalty),
-            SampleError::FrequencyPenalty(_) => ("frequency_penalty", f.frequency_penalty),
-            SampleError::RepetitionPenalty(_) => ("repetition_penalty", f.repetition_penalty),
-            SampleError::Empty | SampleError::NoFinite => {
-                return Err(ApiError::internal(format!(
-                    "The sampler refused its parameters: {e}."
-                )))
-            }
+    params.validate().map_err(|e| {
+        let name = e.field().unwrap_or("sampling");
+        let sent = match name {
+            "temperature" => f.temperature,
+            "top_p" => f.top_p,
+            "min_p" => f.min_p,
+            "presence_penalty" => f.presence_penalty,
+            "frequency_penalty" => f.frequency_penalty,
+            _ => f.repetition_penalty,
         };
-        return Err(ApiError::bad_value(
+        ApiError::bad_value(
             name,
             format!(
                 "'{name}' {} is out of range once narrowed to the engine's 32-bit float ({e}).",
                 sent.map_or_else(|| "(default)".to_owned(), |x| x.to_string())
             ),
-        ));
-    }
-    Ok(Sampling {
-        temperature,
-        top_p,
-        top_k,
-        min_p,
-        presence_penalty,
-        frequency_penalty,
-        repetition_penalty,
-        seed,
-    })
+        )
+    })?;
+    Ok(params)
+}
+
+/// A fresh seed for a request that did not send one (OpenAI sampling is unseeded by default).
+pub fn random_seed() -> u64 {
+    rand::random()
 }
 
 /// `n`: a count in [1, [`MAX_CHOICES`]], default 1.
@@ -539,11 +511,18 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatParams, ApiError> {
         }
         (a, b) => a.or(b),
     };
-    let sampling = sampling(r.sampling_fields(), 1.0)?;
+    let sampling = sampling(r.sampling_fields(), 1.0, random_seed())?;
     let (stream, include_usage) = stream(r.stream, r.stream_options)?;
-    let n = choices(r.n)?;
-    let logprobs = chat_logprobs(r.logprobs, r.top_logprobs.map(|k| k.0))?;
-    let stop = stop(r.stop)?;
+    let generation = Generation {
+        model: r.model.0,
+        max_tokens,
+        sampling,
+        stream,
+        include_usage,
+        n: choices(r.n)?,
+        logprobs: chat_logprobs(r.logprobs, r.top_logprobs.map(|k| k.0))?,
+        stop: stop(r.stop)?,
+    };
     let tools =
         match &r.tools {
             Some(tools) => Some(serde_json::to_value(tools).map_err(|e| {
@@ -570,16 +549,9 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatParams, ApiError> {
         continue_final_message: r.continue_final_message.unwrap_or(false),
     };
     Ok(ChatParams {
-        model: r.model.0,
         chat,
         structured,
-        max_tokens,
-        sampling,
-        stop,
-        stream,
-        include_usage,
-        n,
-        logprobs,
+        generation,
     })
 }
 
@@ -618,22 +590,20 @@ pub fn parse_completion(bytes: &[u8]) -> Result<CompletionParams, ApiError> {
     let r: CompletionRequest = read(bytes)?;
     refuse(&r.refused(), "")?;
     let prompt = prompt(r.prompt.0.clone())?;
-    let max_tokens = count("max_tokens", r.max_tokens)?.unwrap_or(16);
-    let sampling = sampling(r.sampling_fields(), 1.0)?;
+    let sampling = sampling(r.sampling_fields(), 1.0, random_seed())?;
     let (stream, include_usage) = stream(r.stream, r.stream_options)?;
-    let n = choices(r.n)?;
-    let logprobs = completion_logprobs(r.logprobs.map(|k| k.0))?;
-    let stop = stop(r.stop)?;
     Ok(CompletionParams {
-        model: r.model.0,
         prompt,
-        max_tokens,
-        sampling,
-        stop,
-        stream,
-        include_usage,
-        n,
-        logprobs,
+        generation: Generation {
+            model: r.model.0,
+            max_tokens: Some(count("max_tokens", r.max_tokens)?.unwrap_or(16)),
+            sampling,
+            stream,
+            include_usage,
+            n: choices(r.n)?,
+            logprobs: completion_logprobs(r.logprobs.map(|k| k.0))?,
+            stop: stop(r.stop)?,
+        },
     })
 }
 
@@ -651,8 +621,7 @@ pub fn parse_debug_tokens(bytes: &[u8]) -> Result<DebugTokensParams, ApiError> {
             format!("'max_tokens' {} is too large.", r.max_tokens.0),
         )
     })?;
-    let mut sampling = sampling(r.sampling_fields(), 0.0)?;
-    sampling.seed = Some(sampling.seed.unwrap_or(0));
+    let sampling = sampling(r.sampling_fields(), 0.0, 0)?;
     Ok(DebugTokensParams {
         model: r.model.map(|m| m.0),
         ids: r.ids.0,
@@ -675,12 +644,12 @@ mod tests {
     #[test]
     fn defaults_follow_openai() {
         let p = chat("").unwrap();
-        assert_eq!(p.sampling.temperature, 1.0);
-        assert_eq!(p.sampling.top_p, 1.0);
-        assert_eq!(p.max_tokens, None);
-        assert!(!p.stream);
+        assert_eq!(p.generation.sampling.temperature, 1.0);
+        assert_eq!(p.generation.sampling.top_p, 1.0);
+        assert_eq!(p.generation.max_tokens, None);
+        assert!(!p.generation.stream);
         let c = parse_completion(br#"{"model":"m","prompt":"x"}"#).unwrap();
-        assert_eq!(c.max_tokens, 16);
+        assert_eq!(c.generation.max_tokens, Some(16));
     }
 
     #[test]
@@ -785,9 +754,12 @@ mod tests {
             r#","stop":["a","b","c","d"],"stream":true,"stream_options":{"include_usage":true}"#,
         )
         .unwrap();
-        assert_eq!(p.stop.len(), 4);
-        assert!(p.stream && p.include_usage);
-        assert_eq!(chat(r#","stop":"x""#).unwrap().stop, vec!["x".to_owned()]);
+        assert_eq!(p.generation.stop.len(), 4);
+        assert!(p.generation.stream && p.generation.include_usage);
+        assert_eq!(
+            chat(r#","stop":"x""#).unwrap().generation.stop,
+            vec!["x".to_owned()]
+        );
     }
 
     #[test]
@@ -812,9 +784,9 @@ mod tests {
         }
         // Just above 2^-150 rounds up to the smallest f32, which the sampler accepts.
         let p = chat(r#","top_p":7.006492321624087e-46"#).unwrap();
-        assert!(p.sampling.top_p > 0.0);
+        assert!(p.generation.sampling.top_p > 0.0);
         let p = chat(r#","temperature":1e-46"#).unwrap();
-        assert_eq!(p.sampling.temperature, 0.0);
+        assert_eq!(p.generation.sampling.temperature, 0.0);
         let e = chat(r#","temperature":2.0000000000000004"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("temperature"));
         let e = parse_debug_tokens(br#"{"ids":[1],"max_tokens":1,"top_p":1e-300}"#).unwrap_err();
@@ -825,8 +797,12 @@ mod tests {
     fn integers_may_be_written_as_integral_floats() {
         let p = chat(r#","max_tokens":2.0,"seed":3.0,"top_k":4e0"#).unwrap();
         assert_eq!(
-            (p.max_tokens, p.sampling.seed, p.sampling.top_k),
-            (Some(2), Some(3), 4)
+            (
+                p.generation.max_tokens,
+                p.generation.sampling.seed,
+                p.generation.sampling.top_k
+            ),
+            (Some(2), 3, 4)
         );
         for extra in [
             r#","seed":0.5"#,
@@ -876,7 +852,7 @@ mod tests {
             r#","min_p":0.05,"presence_penalty":-2,"frequency_penalty":2,"repetition_penalty":1.3"#,
         )
         .unwrap();
-        let s = &p.sampling;
+        let s = &p.generation.sampling;
         assert_eq!(
             (
                 s.min_p,
@@ -886,7 +862,7 @@ mod tests {
             ),
             (0.05, -2.0, 2.0, 1.3)
         );
-        let d = chat("").unwrap().sampling;
+        let d = chat("").unwrap().generation.sampling;
         assert_eq!(
             (
                 d.min_p,
@@ -928,10 +904,13 @@ mod tests {
     #[test]
     fn n_and_logprobs_are_parsed_and_bounded() {
         let p = chat(r#","n":8,"logprobs":true,"top_logprobs":20"#).unwrap();
-        assert_eq!((p.n, p.logprobs), (8, Some(20)));
-        assert_eq!(chat(r#","logprobs":true"#).unwrap().logprobs, Some(0));
+        assert_eq!((p.generation.n, p.generation.logprobs), (8, Some(20)));
+        assert_eq!(
+            chat(r#","logprobs":true"#).unwrap().generation.logprobs,
+            Some(0)
+        );
         let p = chat(r#","logprobs":false,"top_logprobs":0"#).unwrap();
-        assert_eq!((p.n, p.logprobs), (1, None));
+        assert_eq!((p.generation.n, p.generation.logprobs), (1, None));
         for (extra, param) in [
             (r#","logprobs":true,"top_logprobs":21"#, "top_logprobs"),
             (r#","top_logprobs":3"#, "top_logprobs"),
@@ -947,9 +926,9 @@ mod tests {
             parse_completion(format!(r#"{{"model":"m","prompt":"x"{extra}}}"#).as_bytes())
         };
         let p = c(r#","n":3,"logprobs":5"#).unwrap();
-        assert_eq!((p.n, p.logprobs), (3, Some(5)));
-        assert_eq!(c(r#","logprobs":0"#).unwrap().logprobs, Some(0));
-        assert_eq!(c("").unwrap().logprobs, None);
+        assert_eq!((p.generation.n, p.generation.logprobs), (3, Some(5)));
+        assert_eq!(c(r#","logprobs":0"#).unwrap().generation.logprobs, Some(0));
+        assert_eq!(c("").unwrap().generation.logprobs, None);
         for (extra, param) in [
             (r#","logprobs":6"#, "logprobs"),
             (r#","logprobs":true"#, "logprobs"),
@@ -1030,7 +1009,7 @@ mod tests {
         let p = parse_debug_tokens(br#"{"ids":[1,2,3],"max_tokens":4}"#).unwrap();
         assert_eq!(p.ids, vec![1, 2, 3]);
         assert_eq!(p.sampling.temperature, 0.0);
-        assert_eq!(p.sampling.seed, Some(0));
+        assert_eq!(p.sampling.seed, 0);
         let e = parse_debug_tokens(br#"{"ids":[1,-2],"max_tokens":4}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("ids"));
         let e = parse_debug_tokens(br#"{"ids":[1]}"#).unwrap_err();

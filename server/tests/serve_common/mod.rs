@@ -5,10 +5,10 @@
 pub mod process;
 
 use aubier_runtime::gguf::GgufFile;
-use aubier_server::serve::app::{AppState, HostPolicy, ServerLimits};
 use aubier_server::serve::engine::{Engine, EngineHandle};
 use aubier_server::serve::fake::{FakeEngine, FakeScript};
 use aubier_server::serve::metrics::Metrics;
+use aubier_server::serve::state::{AppState, HostPolicy, ServerLimits};
 use aubier_server::serve::text::TextModel;
 use serde_json::Value;
 use std::net::SocketAddr;

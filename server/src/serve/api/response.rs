@@ -497,3 +497,53 @@ pub struct ErrorBody {
     /// The error.
     pub error: ErrorObject,
 }
+
+/// What the objects of one answer share (every chunk of a stream too): its id, time, model and
+/// fingerprint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectHead {
+    /// The answer's id.
+    pub id: String,
+    /// Unix time of the answer, in seconds.
+    pub created: u64,
+    /// The served model id.
+    pub model: String,
+    /// The server's `system_fingerprint`.
+    pub fingerprint: String,
+}
+
+/// `new(head, choices, usage)` for a response object of choices: one place that fills the head
+/// fields of the four (which differ in their schema's id pattern and `object` constant).
+macro_rules! choices_object {
+    ($name:ident, $object:literal, $choice:ty, $usage:ty) => {
+        impl $name {
+            #[doc = concat!("A `", $object, "` object of `choices` with `usage`.")]
+            pub fn new(head: &ObjectHead, choices: Vec<$choice>, usage: $usage) -> $name {
+                $name {
+                    id: head.id.clone(),
+                    object: $object,
+                    created: head.created,
+                    model: head.model.clone(),
+                    system_fingerprint: head.fingerprint.clone(),
+                    choices,
+                    usage,
+                }
+            }
+        }
+    };
+}
+
+choices_object!(ChatCompletion, "chat.completion", ChatChoice, Usage);
+choices_object!(
+    ChatCompletionChunk,
+    "chat.completion.chunk",
+    ChatChunkChoice,
+    Option<Option<Usage>>
+);
+choices_object!(Completion, "text_completion", CompletionChoice, Usage);
+choices_object!(
+    CompletionChunk,
+    "text_completion",
+    CompletionChunkChoice,
+    Option<Option<Usage>>
+);

@@ -1,0 +1,134 @@
+//! The routes that are not [`super::generation`]'s: `/health`, `/metrics`, `/openapi.json`,
+//! `/v1/models`, `/debug/tokens` (token ids in and out, no tokenizer), and the body reading and
+//! model check every route shares.
+
+use super::api::response::{DebugTokens, Health, HealthStatus, Model, ModelList};
+use super::connection::ConnState;
+use super::engine::JobSpec;
+use super::error::ApiError;
+use super::generation::{budget, check_vocab, collect, generate_params};
+use super::guard::refusal;
+use super::params;
+use super::state::AppState;
+use super::text::TextMode;
+use axum::extract::{Extension, Path, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub(super) async fn health(
+    State(app): State<Arc<AppState>>,
+    Extension(conn): Extension<Arc<ConnState>>,
+) -> Response {
+    let model = &app.limits.model_id;
+    match refusal(&app, &conn) {
+        None => Json(Health {
+            status: HealthStatus::Ok,
+            model: model.clone(),
+            reason: None,
+        })
+        .into_response(),
+        Some(reason) => {
+            let mut resp = (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(Health {
+                    status: HealthStatus::Busy,
+                    model: model.clone(),
+                    reason: Some(reason),
+                }),
+            )
+                .into_response();
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(1));
+            resp
+        }
+    }
+}
+
+pub(super) async fn metrics(State(app): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        app.metrics.render(),
+    )
+        .into_response()
+}
+
+pub(super) async fn openapi(State(app): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        app.openapi.clone(),
+    )
+        .into_response()
+}
+
+fn model_object(app: &AppState) -> Model {
+    Model {
+        id: app.limits.model_id.clone(),
+        object: "model",
+        created: app.booted,
+        owned_by: "aubier".to_owned(),
+    }
+}
+
+pub(super) async fn list_models(State(app): State<Arc<AppState>>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![model_object(&app)],
+    })
+}
+
+pub(super) async fn get_model(
+    State(app): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Model>, ApiError> {
+    app.check_model(&id)?;
+    Ok(Json(model_object(&app)))
+}
+
+/// `POST /debug/tokens`: token ids in, token ids and timings out (no tokenizer, no template).
+pub(super) async fn debug_tokens(
+    State(app): State<Arc<AppState>>,
+    req: Request,
+) -> Result<Json<DebugTokens>, ApiError> {
+    let received = Instant::now();
+    let bytes = app.read_body(req).await?;
+    let p = params::parse_debug_tokens(&bytes)?;
+    if let Some(m) = &p.model {
+        app.check_model(m)?;
+    }
+    check_vocab(&app, "ids", &p.ids)?;
+    let max_tokens = budget(&app, p.ids.len(), Some(p.max_tokens), "ids")?;
+    let mut params = generate_params(&app, p.sampling, max_tokens, None);
+    params.ignore_eos = p.ignore_eos;
+    let prompt_tokens = p.ids.len();
+    let spec = JobSpec {
+        prompt: p.ids,
+        params,
+        mode: TextMode::Ids,
+        constraints: Vec::new(),
+        received,
+        choices: 1,
+    };
+    let rx = app.engine.submit(spec, app.limits.queue_wait).await?;
+    let s = collect(rx, 1)
+        .await?
+        .pop()
+        .map(|a| a.summary)
+        .ok_or_else(|| ApiError::internal("The engine returned no answer."))?;
+    Ok(Json(DebugTokens {
+        ids: s.ids,
+        finish_reason: s.finish,
+        prompt_tokens,
+        cached_tokens: s.cached_tokens,
+        prefill_tok_s: s.prefill_tok_s,
+        decode_tok_s: s.decode_tok_s,
+    }))
+}
