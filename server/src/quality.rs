@@ -150,16 +150,16 @@ impl ModelFlags {
             ..aubier_compiler::CompileOptions::default()
         };
         let plan = aubier_compiler::compile(&config, &refs, &opts)?;
-        let mut progress = crate::progress::LoadProgress::new(&path.display().to_string());
+        let mut progress = crate::progress::Steps::load(path);
         let model = Model::from_plan_observed(
             Arc::new(file),
             config,
             plan,
             backend,
             FastBudget::Auto,
-            &mut |p| progress.phase(p),
+            &mut progress,
         )?;
-        progress.done();
+        progress.done("loaded");
         Ok(model)
     }
 }
