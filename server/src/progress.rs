@@ -1,7 +1,7 @@
 //! What a command is doing while it works long: the display of the steps the runtime reports
 //! ([`Progress`]: a model's load, with the backend's weight copies, uploads and shader builds; a
-//! session's opening, with the fast store's fill: [`Steps`]) and of `aubier synth`'s write
-//! ([`ByteProgress`]).
+//! session's opening, with the fast store's fill) and of `aubier replay`'s runs ([`Steps`]), and
+//! of `aubier synth`'s write ([`ByteProgress`]).
 //! On a terminal an indicatif spinner naming the step, a bar for a counted one; otherwise one
 //! stderr line per step as it ends, with its count and the time it took.
 
@@ -41,12 +41,14 @@ fn amount(count: Count) -> Option<String> {
 pub struct Steps {
     what: String,
     bar: Option<ProgressBar>,
+    /// One bar over all steps (each step then names the part in progress), else a bar per step.
+    whole: bool,
     current: Option<(String, Count, Instant)>,
     start: Instant,
 }
 
 impl Steps {
-    /// A display of `what`, each counted step with a bar of its own.
+    /// A display of `what`, each counted step with a bar of its own (until [`Steps::whole`]).
     pub fn new(what: &str) -> Steps {
         let bar = std::io::stderr().is_terminal().then(|| {
             let b = ProgressBar::new_spinner();
@@ -58,6 +60,7 @@ impl Steps {
         Steps {
             what: what.to_string(),
             bar,
+            whole: false,
             current: None,
             start: Instant::now(),
         }
@@ -66,6 +69,18 @@ impl Steps {
     /// The display of loading the model file at `path`.
     pub fn load(path: &Path) -> Steps {
         Steps::new(&format!("loading {}", path.display()))
+    }
+
+    /// From here on one bar over the rest of the work, `whole`: each step then names the part
+    /// in progress, its own count for its line alone, and [`Progress::advance`] moves the
+    /// whole bar.
+    pub fn whole(&mut self, whole: Count) {
+        self.whole = true;
+        if let Some(b) = &self.bar {
+            b.set_style(style(whole));
+            b.set_length(total(whole));
+            b.reset();
+        }
     }
 
     /// Ends the last step and says the whole work was `done` (`loaded`) and in how long.
@@ -121,9 +136,11 @@ impl Progress for Steps {
     fn step(&mut self, what: &str, count: Count) {
         self.end_step();
         if let Some(b) = &self.bar {
-            b.set_style(style(count));
-            b.set_length(total(count));
-            b.reset();
+            if !self.whole {
+                b.set_style(style(count));
+                b.set_length(total(count));
+                b.reset();
+            }
             b.set_message(what.to_string());
         }
         self.current = Some((what.to_string(), count, Instant::now()));
