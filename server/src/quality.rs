@@ -20,12 +20,15 @@
 //!    `[−margin, +margin]` → EQUIVALENT; the interval below 0 → BETTER (B assigns the text a
 //!    higher likelihood); above 0 → WORSE; otherwise INSUFFICIENT.
 
+use crate::progress::Steps;
 use crate::receipt::{Measured, ReceiptFile};
 use anyhow::{bail, Context};
 use aubier_runtime::engine::Model;
 use aubier_runtime::gguf::{GgufFile, MetaValue};
 use aubier_runtime::model::{read_config, weight_refs};
-use aubier_runtime::session::{Session, SessionOptions};
+use aubier_runtime::progress::{Count, Progress};
+use aubier_runtime::session::SessionOptions;
+use aubier_runtime::store::expert_store::StoreOptions;
 use aubier_runtime::store::FastBudget;
 use aubier_runtime::text::tokenizer::Tokenizer;
 use clap::{Args, Parser};
@@ -320,7 +323,9 @@ pub fn paired_verdict(d: &[f64], margin: f64) -> PairedStats {
 }
 
 /// Teacher-forced NLL of `tokens[i + 1]` at every position `i` (nats), prefilled in chunks, the
-/// model's backend, prompt passes of at most `ubatch` tokens ([`Session::set_ubatch`]).
+/// model's backend, prompt passes of at most `ubatch` tokens
+/// ([`aubier_runtime::session::Session::set_ubatch`]); the prefill's progress in tokens on
+/// stderr ([`Steps`]).
 ///
 /// Errors: a `chunk` of 0, an id outside the vocabulary (checked before anything runs, with its
 /// position), a position whose logits give no finite NLL (NaN or infinite logits), the session
@@ -342,16 +347,23 @@ pub fn teacher_forced_nll(
     {
         bail!("token {i} of the input is id {id}, outside the vocabulary of {n_vocab}");
     }
-    let mut session = Session::open(
+    let mut session = crate::progress::open_session(
         model,
         SessionOptions {
             kv_max: tokens.len().max(1),
         },
+        &StoreOptions::default(),
     )?;
     session.set_ubatch(ubatch);
+    let mut progress = Steps::new("scoring");
+    progress.step(
+        "teacher-forced prefill",
+        Count::Items(tokens.len() as u64, "tokens"),
+    );
     let mut nll = Vec::with_capacity(tokens.len().saturating_sub(1));
     for (c, part) in tokens.chunks(chunk).enumerate() {
         let logits = session.step(part)?;
+        progress.advance(part.len() as u64);
         for (j, row) in logits.chunks_exact(n_vocab).enumerate() {
             let i = c * chunk + j;
             let Some(&next) = tokens.get(i + 1) else {
@@ -371,6 +383,7 @@ pub fn teacher_forced_nll(
             nll.push(v);
         }
     }
+    progress.done("scored");
     Ok(nll)
 }
 
