@@ -23,6 +23,7 @@ use aubier_runtime::backend::{
 };
 use aubier_runtime::engine::Model;
 use aubier_runtime::gguf::quant::host_symbols;
+use aubier_runtime::progress::Progress;
 use aubier_runtime::session::{Session, SessionOptions};
 use aubier_runtime::store::{SlotMemory, StoreError};
 use aubier_runtime::weights::Weights;
@@ -84,7 +85,7 @@ impl Backend for SeamBackend {
         Ok(Binding::new(NAME.into(), steps, SeamBinding))
     }
 
-    fn load(&self, input: &LoadInput<'_>) -> Result<Loaded, BackendError> {
+    fn load(&self, input: &LoadInput<'_>, _: &mut dyn Progress) -> Result<Loaded, BackendError> {
         input
             .binding
             .kernels::<SeamBinding>()

@@ -15,6 +15,7 @@ use crate::backend::registry::BackendSpec;
 use crate::backend::{Backend, Binding, LoadInput, LoadedModel};
 use crate::error::EngineError;
 use crate::gguf::GgufFile;
+use crate::progress::{Count, Progress, Quiet};
 use crate::store::expert_store::SharedSlots;
 use crate::store::FastBudget;
 use crate::weights::Weights;
@@ -48,33 +49,6 @@ impl std::fmt::Debug for Model {
     }
 }
 
-/// A phase of loading a model, in order ([`Model::load_observed`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LoadPhase {
-    /// Opening the GGUF file and reading its metadata and tensor table.
-    Open,
-    /// Compiling the plan for the backend's target.
-    Compile,
-    /// Binding the plan to the backend's kernels and to the file's tensors.
-    Bind,
-    /// The backend's load: weight copies, device uploads, kernel builds (the long one).
-    Load,
-}
-
-impl LoadPhase {
-    /// What the phase does, for a progress display.
-    pub fn describe(self) -> &'static str {
-        match self {
-            LoadPhase::Open => "reading the GGUF file",
-            LoadPhase::Compile => "compiling the plan",
-            LoadPhase::Bind => "binding the weights",
-            LoadPhase::Load => {
-                "loading on the backend (weight copies, device uploads, kernel builds)"
-            }
-        }
-    }
-}
-
 impl Model {
     /// Loads the GGUF file at `path` for the default backend (`auto`, the product path) and the
     /// backend's default fast-store budget: [`Model::load_with`].
@@ -103,20 +77,21 @@ impl Model {
         backend: Arc<dyn Backend>,
         budget: FastBudget,
     ) -> Result<Arc<Model>, EngineError> {
-        Model::load_observed(path, backend, budget, &mut |_| {})
+        Model::load_observed(path, backend, budget, &mut Quiet)
     }
 
-    /// [`Model::load_backend`], calling `observe` as each [`LoadPhase`] starts (a progress
-    /// display).
+    /// [`Model::load_backend`], reporting each step to `progress` as it starts: reading the
+    /// file, compiling the plan, binding it, starting the backend, then the backend's own steps
+    /// ([`Backend::load`]: weight copies and uploads counted in bytes, shader builds in shaders).
     ///
     /// Errors: those of [`Model::load_backend`].
     pub fn load_observed(
         path: &Path,
         backend: Arc<dyn Backend>,
         budget: FastBudget,
-        observe: &mut dyn FnMut(LoadPhase),
+        progress: &mut dyn Progress,
     ) -> Result<Arc<Model>, EngineError> {
-        observe(LoadPhase::Open);
+        progress.step("reading the GGUF file", Count::Time);
         let file = Arc::new(GgufFile::open(path)?);
         let config = crate::model::read_config(&file)?;
         let refs = crate::model::weight_refs(&file, &config)?;
@@ -124,9 +99,9 @@ impl Model {
             target: backend.target(),
             ..aubier_compiler::CompileOptions::default()
         };
-        observe(LoadPhase::Compile);
+        progress.step("compiling the plan", Count::Time);
         let plan = aubier_compiler::compile(&config, &refs, &opts)?;
-        Model::from_plan_observed(file, config, plan, backend, budget, observe)
+        Model::from_plan_observed(file, config, plan, backend, budget, progress)
     }
 
     /// Binds an already compiled `plan` to `backend` and to `file`'s tensors, and loads it with a
@@ -144,10 +119,11 @@ impl Model {
         backend: Arc<dyn Backend>,
         budget: FastBudget,
     ) -> Result<Arc<Model>, EngineError> {
-        Model::from_plan_observed(file, config, plan, backend, budget, &mut |_| {})
+        Model::from_plan_observed(file, config, plan, backend, budget, &mut Quiet)
     }
 
-    /// [`Model::from_plan`], calling `observe` as each of its [`LoadPhase`]s starts.
+    /// [`Model::from_plan`], reporting each of its steps to `progress` as it starts (binding,
+    /// starting the backend, the backend's own: [`Model::load_observed`]).
     ///
     /// Errors: those of [`Model::from_plan`].
     pub fn from_plan_observed(
@@ -156,19 +132,22 @@ impl Model {
         plan: Plan,
         backend: Arc<dyn Backend>,
         budget: FastBudget,
-        observe: &mut dyn FnMut(LoadPhase),
+        progress: &mut dyn Progress,
     ) -> Result<Arc<Model>, EngineError> {
-        observe(LoadPhase::Bind);
+        progress.step("binding the weights", Count::Time);
         let binding = backend.bind(&plan)?;
         let plan = Arc::new(plan);
         let weights = Arc::new(Weights::bind(Arc::clone(&file), &plan)?);
-        observe(LoadPhase::Load);
-        let loaded = backend.load(&LoadInput {
-            plan: &plan,
-            binding: &binding,
-            weights: &weights,
-            budget,
-        })?;
+        progress.step("starting the backend", Count::Time);
+        let loaded = backend.load(
+            &LoadInput {
+                plan: &plan,
+                binding: &binding,
+                weights: &weights,
+                budget,
+            },
+            progress,
+        )?;
         tracing::info!(
             steps = plan.steps.len(),
             weights = weights.len(),

@@ -41,6 +41,7 @@
 use crate::backend::{ExecError, Experts, Output, Run, RunCounters, StepInput};
 use crate::engine::Model;
 use crate::error::EngineError;
+use crate::progress::{Count, Progress, Quiet};
 use crate::store::expert_store::{ExpertStore, StoreOptions, StoreReport};
 use aubier_compiler::config::Mistral4Config;
 use aubier_compiler::plan::ValueId;
@@ -130,6 +131,20 @@ impl Session {
         opts: SessionOptions,
         store: &StoreOptions,
     ) -> Result<Session, EngineError> {
+        Session::open_observed(model, opts, store, &mut Quiet)
+    }
+
+    /// [`Session::open_with_store`], reporting its long steps to `progress`: the run's memory
+    /// (the latent cache), then the writes of the store's seed experts into the fast store's
+    /// slots, counted in bytes.
+    ///
+    /// Errors: those of [`Session::open_with_store`].
+    pub fn open_observed(
+        model: Arc<Model>,
+        opts: SessionOptions,
+        store: &StoreOptions,
+        progress: &mut dyn Progress,
+    ) -> Result<Session, EngineError> {
         let cfg = &model.config;
         let kv_max = opts.kv_max;
         let bad = |reason: String| EngineError::BadKvMax { kv_max, reason };
@@ -158,8 +173,10 @@ impl Session {
         let router_outputs = (0..cfg.n_layer)
             .map(|l| output(&format!("router_ids.{l}")))
             .collect::<Result<Vec<_>, _>>()?;
+        progress.step("allocating the latent cache", Count::Time);
         let run = Arc::clone(model.loaded()).open(kv_max)?;
-        let store = ExpertStore::new(&model.plan, store, &mut model.slots().lock())?;
+        let store =
+            ExpertStore::new_observed(&model.plan, store, &mut model.slots().lock(), progress)?;
         Ok(Session {
             store,
             prompt_cache: false,

@@ -445,7 +445,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         );
     }
     let store = args.store.options()?;
-    let mut session = Session::open_with_store(model.clone(), SessionOptions { kv_max }, &store)?;
+    let mut session =
+        crate::progress::open_session(model.clone(), SessionOptions { kv_max }, &store)?;
     session.set_ubatch(args.backend.ubatch);
     let params = GenerateParams {
         max_tokens: args.n_gen,

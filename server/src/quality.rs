@@ -20,13 +20,16 @@
 //!    `[−margin, +margin]` → EQUIVALENT; the interval below 0 → BETTER (B assigns the text a
 //!    higher likelihood); above 0 → WORSE; otherwise INSUFFICIENT.
 
+use crate::progress::Steps;
 use crate::receipt::{Measured, ReceiptFile};
 use anyhow::{bail, Context};
 use aubier_runtime::engine::Model;
 use aubier_runtime::gguf::{GgufFile, MetaValue};
 use aubier_runtime::model::{read_config, weight_refs};
+use aubier_runtime::progress::{Count, Progress};
 use aubier_runtime::sampler::logsumexp;
-use aubier_runtime::session::{Session, SessionOptions};
+use aubier_runtime::session::SessionOptions;
+use aubier_runtime::store::expert_store::StoreOptions;
 use aubier_runtime::store::FastBudget;
 use aubier_runtime::text::tokenizer::Tokenizer;
 use clap::{Args, Parser};
@@ -151,16 +154,16 @@ impl ModelFlags {
             ..aubier_compiler::CompileOptions::default()
         };
         let plan = aubier_compiler::compile(&config, &refs, &opts)?;
-        let mut progress = crate::progress::LoadProgress::new(&path.display().to_string());
+        let mut progress = crate::progress::Steps::load(path);
         let model = Model::from_plan_observed(
             Arc::new(file),
             config,
             plan,
             backend,
             FastBudget::Auto,
-            &mut |p| progress.phase(p),
+            &mut progress,
         )?;
-        progress.done();
+        progress.done("loaded");
         Ok(model)
     }
 }
@@ -321,7 +324,9 @@ pub fn paired_verdict(d: &[f64], margin: f64) -> PairedStats {
 }
 
 /// Teacher-forced NLL of `tokens[i + 1]` at every position `i` (nats), prefilled in chunks, the
-/// model's backend, prompt passes of at most `ubatch` tokens ([`Session::set_ubatch`]).
+/// model's backend, prompt passes of at most `ubatch` tokens
+/// ([`aubier_runtime::session::Session::set_ubatch`]); the prefill's progress in tokens on
+/// stderr ([`Steps`]).
 ///
 /// Errors: a `chunk` of 0, an id outside the vocabulary (checked before anything runs, with its
 /// position), a position whose logits give no finite NLL (NaN or infinite logits), the session
@@ -343,16 +348,23 @@ pub fn teacher_forced_nll(
     {
         bail!("token {i} of the input is id {id}, outside the vocabulary of {n_vocab}");
     }
-    let mut session = Session::open(
+    let mut session = crate::progress::open_session(
         model,
         SessionOptions {
             kv_max: tokens.len().max(1),
         },
+        &StoreOptions::default(),
     )?;
     session.set_ubatch(ubatch);
+    let mut progress = Steps::new("scoring");
+    progress.step(
+        "teacher-forced prefill",
+        Count::Items(tokens.len() as u64, "tokens"),
+    );
     let mut nll = Vec::with_capacity(tokens.len().saturating_sub(1));
     for (c, part) in tokens.chunks(chunk).enumerate() {
         let logits = session.step(part)?;
+        progress.advance(part.len() as u64);
         for (j, row) in logits.chunks_exact(n_vocab).enumerate() {
             let i = c * chunk + j;
             let Some(&next) = tokens.get(i + 1) else {
@@ -365,6 +377,7 @@ pub fn teacher_forced_nll(
             nll.push(v);
         }
     }
+    progress.done("scored");
     Ok(nll)
 }
 

@@ -2,6 +2,7 @@
 //! printing each policy's served fraction — the offline half of the expert store
 //! (`aubier_runtime::placement`). With `--sweep` it repeats the replay for several slot counts.
 
+use crate::progress::Steps;
 use crate::receipt::{Measured, ReceiptFile};
 use anyhow::{bail, Context};
 use aubier_runtime::placement::hotset::HotSet;
@@ -9,6 +10,7 @@ use aubier_runtime::placement::policy::{PolicyKind, TwoQParams};
 use aubier_runtime::placement::replay::{replay, ReplayOptions};
 use aubier_runtime::placement::synthetic::{synthetic_trace, SyntheticSpec};
 use aubier_runtime::placement::trace::Trace;
+use aubier_runtime::progress::{Count, Progress};
 use clap::Args;
 use serde_json::{json, Map, Value};
 use std::io::Write;
@@ -72,6 +74,12 @@ pub fn run(args: ReplayArgs) -> ExitCode {
 }
 
 fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
+    let mut progress = Steps::new("aubier replay");
+    let reading = match args.trace {
+        Some(_) => "reading the trace",
+        None => "generating the trace",
+    };
+    progress.step(reading, Count::Time);
     let (trace, source) = match (&args.trace, &args.synthetic) {
         (Some(path), _) => (
             Trace::read(path).with_context(|| format!("reading {}", path.display()))?,
@@ -113,6 +121,9 @@ fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
         bail!("--policies is empty");
     }
 
+    let tokens = trace.tokens() as u64;
+    let runs = (slot_counts.len() * args.policies.len()) as u64;
+    progress.whole(Count::Items(tokens * runs, "tokens"));
     let mut rows = Vec::with_capacity(slot_counts.len());
     for &slots in &slot_counts {
         let opts = ReplayOptions {
@@ -124,10 +135,16 @@ fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
         };
         let mut served = Vec::with_capacity(args.policies.len());
         for &kind in &args.policies {
+            progress.step(
+                &format!("{kind} at {slots} slots"),
+                Count::Items(tokens, "tokens"),
+            );
             served.push((kind, replay(&trace, kind, &opts)?.fraction()));
+            progress.advance(tokens);
         }
         rows.push((slots, served));
     }
+    progress.done("replayed");
 
     let objects: Vec<Value> = rows
         .iter()

@@ -8,7 +8,7 @@ use aubier_runtime::generate::{generate, FinishReason, GenerateParams};
 use aubier_runtime::placement::hotset::HotSet;
 use aubier_runtime::placement::policy::PolicyKind;
 use aubier_runtime::sampler::SamplingParams;
-use aubier_runtime::session::{Session, SessionOptions};
+use aubier_runtime::session::SessionOptions;
 use aubier_runtime::store::expert_store::{ResetMode, StoreOptions};
 use aubier_runtime::store::FastBudget;
 use aubier_runtime::text::tokenizer::Tokenizer;
@@ -49,10 +49,10 @@ impl PromptArgs {
     /// file, the binding, the load, the tokenizer, or no prompt.
     pub fn load(&self, spec: &BackendSpec, budget: FastBudget) -> anyhow::Result<Loaded> {
         let path = crate::model_file::resolve_model(self.model.as_deref())?;
-        let mut progress = crate::progress::LoadProgress::new(&path.display().to_string());
-        let model = Model::load_observed(&path, spec.make()?, budget, &mut |p| progress.phase(p))
+        let mut progress = crate::progress::Steps::load(&path);
+        let model = Model::load_observed(&path, spec.make()?, budget, &mut progress)
             .with_context(|| format!("loading {}", path.display()))?;
-        progress.done();
+        progress.done("loaded");
         let tokenizer = Tokenizer::from_gguf(&model.file).ok();
         let prompt: Vec<u32> = match (&self.prompt_ids, &self.prompt) {
             (Some(ids), _) => ids.clone(),
@@ -407,7 +407,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         None => SessionOptions::for_config(&model.config),
     };
     let store = args.store.options()?;
-    let mut session = Session::open_with_store(model.clone(), opts, &store)?;
+    let mut session = crate::progress::open_session(model.clone(), opts, &store)?;
     session.set_ubatch(args.backend.ubatch);
     let params = GenerateParams {
         max_tokens: args.max_tokens,

@@ -7,7 +7,8 @@ use anyhow::Context;
 use aubier_runtime::generate::{generate, GenerateParams};
 use aubier_runtime::placement::trace::{TraceRecord, TraceWriter};
 use aubier_runtime::sampler::SamplingParams;
-use aubier_runtime::session::{Session, SessionOptions};
+use aubier_runtime::session::SessionOptions;
+use aubier_runtime::store::expert_store::StoreOptions;
 use aubier_runtime::store::FastBudget;
 use clap::Args;
 use std::ops::ControlFlow;
@@ -42,7 +43,11 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         prompt,
     } = args.input.load(&args.backend.spec()?, FastBudget::Auto)?;
     let cfg = model.config.clone();
-    let mut session = Session::open(model, SessionOptions::for_config(&cfg))?;
+    let mut session = crate::progress::open_session(
+        model,
+        SessionOptions::for_config(&cfg),
+        &StoreOptions::default(),
+    )?;
     session.set_ubatch(args.backend.ubatch);
     session.record_routing(true);
     let params = GenerateParams {

@@ -7,7 +7,7 @@
 //!   (alice.txt's first 256 tokens) → EQUIVALENT within ±0.01 nats/token, the verdict its default
 //!   ships on (ARCHITECTURE.md § numerics policy).
 
-use aubier_tests::{json_ids, models_dir};
+use aubier_tests::{json_ids, models_dir, step_lines};
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -202,4 +202,46 @@ fn an_id_outside_the_vocabulary_is_an_error_at_any_chunk() {
         );
     }
     std::fs::remove_file(&ids).ok();
+}
+
+/// Off a terminal, each configuration's load and its scoring say each step on stderr with its
+/// time, the scoring with the tokens it prefilled. Stdout keeps the JSON.
+#[test]
+fn quality_reports_loading_and_scoring_off_a_terminal() {
+    let (m, text) = (model(), alice());
+    let o = aubier(&[
+        "quality",
+        "--model",
+        &m,
+        "--json",
+        "--text",
+        &text,
+        "--max-tokens",
+        "64",
+        "--a",
+        "",
+        "--b",
+        "",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("stdout is the JSON alone");
+    let err = String::from_utf8_lossy(&o.stderr);
+    let scoring: Vec<(String, Option<String>)> = step_lines(&err, "scoring")
+        .into_iter()
+        .map(|s| (s.what, s.amount))
+        .collect();
+    let one = (
+        "teacher-forced prefill".to_string(),
+        Some("64 tokens".to_string()),
+    );
+    assert_eq!(scoring, [one.clone(), one], "{err}");
+    let loads = step_lines(&err, &format!("loading {m}"));
+    assert!(
+        loads
+            .iter()
+            .filter(|s| s.what == "binding the weights")
+            .count()
+            == 2,
+        "{err}"
+    );
 }

@@ -1,6 +1,7 @@
 //! `aubier replay` end to end: the built binary on small traces whose served fractions are worked
 //! out by hand below, plus its error paths.
 
+use aubier_tests::step_lines;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -229,4 +230,46 @@ fn bad_input_fails_with_a_message_naming_it() {
 
     let err = stderr_of_failure(&["--synthetic", "experts=4,hot=9", "--slots", "1"]);
     assert!(err.contains("hot = 9 must be in 1..experts (4)"), "{err}");
+}
+
+/// Off a terminal, a replay says each step on stderr as it ends, with its time: making the
+/// trace, then every policy at every slot count with the tokens it replayed; then the whole
+/// replay's time. Stdout keeps the JSON.
+#[test]
+fn replay_reports_each_run_off_a_terminal() {
+    let out = aubier(&[
+        "--synthetic",
+        "experts=16,top_k=2,layers=2,tokens=300,seed=7",
+        "--sweep",
+        "2,4",
+        "--policies",
+        "lru,2q",
+        "--json",
+    ]);
+    json_stdout(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let steps = step_lines(&err, "aubier replay");
+    let names: Vec<(&str, Option<&str>)> = steps
+        .iter()
+        .map(|s| (s.what.as_str(), s.amount.as_deref()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("generating the trace", None),
+            ("lru at 2 slots", Some("300 tokens")),
+            ("2q at 2 slots", Some("300 tokens")),
+            ("lru at 4 slots", Some("300 tokens")),
+            ("2q at 4 slots", Some("300 tokens")),
+        ],
+        "{err}"
+    );
+    assert!(steps.iter().all(|s| s.secs >= 0.0), "{err}");
+    assert!(
+        err.lines().any(|l| l
+            .strip_prefix("aubier replay: replayed in ")
+            .and_then(|t| t.strip_suffix(" s")?.parse::<f64>().ok())
+            .is_some()),
+        "{err}"
+    );
 }

@@ -1,7 +1,7 @@
 //! `aubier run` end to end: the built binary on the bundled model, checked against the external
 //! transformers reference on gguf-py-dequantized weights (tests/data/models/README.md).
 
-use aubier_tests::{data_dir, json_ids, models_dir, read_f32, read_json};
+use aubier_tests::{data_dir, json_ids, models_dir, read_f32, read_json, step_lines};
 use std::process::Command;
 
 fn csv(ids: &[u32]) -> String {
@@ -395,33 +395,74 @@ fn every_command_takes_the_same_default_model() {
     std::fs::remove_file(&ids).ok();
 }
 
-/// Off a terminal, loading says each phase and how long it took, then the whole load's time, on
-/// stderr (stdout keeps the JSON).
+/// Off a terminal, loading says each step and how long it took, the backend's own steps (code,
+/// the fast store, the dense weights' copy and mapping, counted in bytes) among them, then the
+/// whole load's time, and the session's opening its steps (the fast store's fill counted in
+/// bytes), on stderr (stdout keeps the JSON).
 #[test]
-fn loading_reports_each_phase_off_a_terminal() {
+fn loading_reports_each_step_off_a_terminal() {
+    let model = models_dir().join("ms4-tiny256-q2k.gguf");
     let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
-        .args(["run", "--model"])
-        .arg(models_dir().join("ms4-tiny256-q2k.gguf"))
+        .args(["run", "--backend", "cpu", "--model"])
+        .arg(&model)
         .args(["--prompt-ids", "1,17,4096", "--max-tokens", "2", "--json"])
         .output()
         .expect("runs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("stdout is the JSON alone");
     let err = String::from_utf8_lossy(&o.stderr);
-    let phases = [
-        "reading the GGUF file took ",
-        "compiling the plan took ",
-        "binding the weights took ",
-        "loading on the backend (weight copies, device uploads, kernel builds) took ",
-        "loaded in ",
-    ];
-    let mut at = 0;
-    for phase in phases {
-        let found = err[at..].find(phase);
-        assert!(
-            found.is_some(),
-            "{phase:?} missing, or out of order, in:\n{err}"
-        );
-        at += found.unwrap_or(0) + phase.len();
+    let prefix = format!("loading {}", model.display());
+    let steps = step_lines(&err, &prefix);
+    let names: Vec<&str> = steps.iter().map(|s| s.what.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "reading the GGUF file",
+            "compiling the plan",
+            "binding the weights",
+            "starting the backend",
+            "generating host code",
+            "allocating the fast store",
+            "copying dense weights",
+            "mapping dense weights",
+        ],
+        "{err}"
+    );
+    for s in &steps {
+        let counted = s.what.ends_with("dense weights");
+        assert_eq!(s.amount.is_some(), counted, "{s:?}");
+        assert!(s.secs >= 0.0, "{s:?}");
     }
+    assert!(
+        steps[6..]
+            .iter()
+            .all(|s| s.amount.as_deref() != Some("0 B")),
+        "{err}"
+    );
+    // Then the session opens: its latent cache, the fast store filled with every expert.
+    let opening = step_lines(&err, "opening a session");
+    let names: Vec<(&str, bool)> = opening
+        .iter()
+        .map(|s| (s.what.as_str(), s.amount.is_some()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("allocating the latent cache", false),
+            ("filling the fast store", true),
+        ],
+        "{err}"
+    );
+    assert!(err.contains("opening a session: opened in "), "{err}");
+    let loaded = err.lines().find_map(|l| {
+        l.strip_prefix(&format!("{prefix}: loaded in "))?
+            .strip_suffix(" s")?
+            .parse::<f64>()
+            .ok()
+    });
+    let within: f64 = steps.iter().map(|s| s.secs).sum();
+    assert!(
+        loaded.is_some_and(|t| t + 0.05 >= within),
+        "the whole load's time, at least its steps' ({within} s), in:\n{err}"
+    );
 }

@@ -7,7 +7,7 @@
 //! (the loader pointed at none) `--backend vulkan` fails saying what to install while the default
 //! backend (`auto`, which falls back to `cpu`) still runs.
 
-use aubier_tests::models_dir;
+use aubier_tests::{models_dir, step_lines};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Output, Stdio};
@@ -59,6 +59,27 @@ fn run_backend_vulkan_gives_the_oracles_greedy_ids() {
             && err.contains("the device heap's"),
         "{err}"
     );
+    // Off a terminal the load says its shader builds (how many) and the weights' upload (how
+    // many bytes), each with its time.
+    let loading = format!(
+        "loading {}",
+        models_dir().join("ms4-tiny256-q2k.gguf").display()
+    );
+    let steps = step_lines(&err, &loading);
+    let amount = |what: &str| {
+        let s = steps.iter().find(|s| s.what == what);
+        s.and_then(|s| s.amount.clone())
+            .unwrap_or_else(|| panic!("no {what:?} step in:\n{err}"))
+    };
+    let shaders = amount("compiling shaders");
+    assert!(
+        shaders
+            .strip_suffix(" shaders")
+            .and_then(|n| n.parse::<u32>().ok())
+            .is_some_and(|n| n > 0),
+        "{shaders}"
+    );
+    assert_ne!(amount("uploading dense weights"), "0 B");
     // With a quarter of the experts resident they rotate, read from the host store.
     let o = run(&["--backend", "vulkan", "--n-res", "4"], false);
     assert_eq!(generated(&o), vulkan);

@@ -59,6 +59,36 @@ pub fn json_ids(v: &serde_json::Value, field: &str) -> Vec<u32> {
         .collect()
 }
 
+/// One step's line of a command's progress off a terminal (`PREFIX: WHAT (AMOUNT) took T s`).
+#[derive(Debug)]
+pub struct StepLine {
+    /// What the step did.
+    pub what: String,
+    /// How much it counted (`1.2 MiB`, `40 shaders`), if it counted.
+    pub amount: Option<String>,
+    /// The seconds it took.
+    pub secs: f64,
+}
+
+/// The step lines under `prefix` in `stderr`, in order, each checked to end with its time.
+pub fn step_lines(stderr: &str, prefix: &str) -> Vec<StepLine> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix)?.strip_prefix(": "))
+        .filter_map(|l| l.strip_suffix(" s")?.rsplit_once(" took "))
+        .map(|(step, secs)| {
+            let secs: f64 = secs
+                .parse()
+                .unwrap_or_else(|e| panic!("{step}: time {secs:?}: {e}"));
+            let (what, amount) = match step.strip_suffix(')').and_then(|s| s.rsplit_once(" (")) {
+                Some((what, amount)) => (what.to_string(), Some(amount.to_string())),
+                None => (step.to_string(), None),
+            };
+            StepLine { what, amount, secs }
+        })
+        .collect()
+}
+
 /// The ids of `models/prompt-shared.json` (mistral-common's tokenization of a real text).
 pub fn shared_prompt() -> Vec<u32> {
     json_ids(

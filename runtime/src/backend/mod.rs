@@ -33,6 +33,7 @@ mod vulkan;
 pub mod vulkan_device;
 
 use crate::kv_cache::KvCacheError;
+use crate::progress::Progress;
 use crate::store::expert_store::ExpertStore;
 use crate::store::{FastBudget, SlotMemory, StoreError};
 use crate::weights::Weights;
@@ -59,11 +60,17 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
     /// Errors: [`BindError`] naming the first step the backend has no kernel for.
     fn bind(&self, plan: &Plan) -> Result<Binding, BindError>;
 
-    /// Makes the bound plan ready to run: once per process.
+    /// Makes the bound plan ready to run: once per process. Each long step (code generation,
+    /// shader builds, weight copies and uploads) is reported to `progress` as it starts, with
+    /// its count as it goes.
     ///
     /// Errors: [`BackendError`]: a binding this backend did not make, no device, code or
     /// pipelines it cannot build, memory it cannot allocate.
-    fn load(&self, input: &LoadInput<'_>) -> Result<Loaded, BackendError>;
+    fn load(
+        &self,
+        input: &LoadInput<'_>,
+        progress: &mut dyn Progress,
+    ) -> Result<Loaded, BackendError>;
 }
 
 /// What [`Backend::load`] loads.

@@ -12,6 +12,7 @@ use super::host::{self, HostBinding, HostKernel, HostLayout, NoKernel};
 use super::{
     Backend, BackendError, BindError, Binding, BoundStep, KernelChoice, LoadInput, Loaded,
 };
+use crate::progress::Progress;
 use aubier_compiler::plan::{Operand, Plan};
 use aubier_compiler::Target;
 
@@ -53,8 +54,12 @@ impl Backend for OracleBackend {
         Ok(Binding::new(self.name(), steps, kernels))
     }
 
-    fn load(&self, input: &LoadInput<'_>) -> Result<Loaded, BackendError> {
-        host::load::<NoKernel>(&self.name(), input, HostLayout::default())
+    fn load(
+        &self,
+        input: &LoadInput<'_>,
+        progress: &mut dyn Progress,
+    ) -> Result<Loaded, BackendError> {
+        host::load::<NoKernel>(&self.name(), input, HostLayout::default(), progress)
     }
 }
 

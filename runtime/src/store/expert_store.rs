@@ -30,6 +30,7 @@ use crate::placement::hotset::HotSet;
 use crate::placement::policy::{
     Access, Lfu, Lru, Policy, PolicyError, PolicyKind, Snapshot, StaticSet, TwoQ, TwoQParams,
 };
+use crate::progress::{Count, Progress, Quiet};
 use aubier_compiler::plan::Plan;
 use std::fmt;
 use std::str::FromStr;
@@ -249,6 +250,19 @@ impl ExpertStore {
         opts: &StoreOptions,
         slots: &mut HeldSlots,
     ) -> Result<ExpertStore, StoreError> {
+        ExpertStore::new_observed(plan, opts, slots, &mut Quiet)
+    }
+
+    /// [`ExpertStore::new`], the seed experts' writes into their slots a step of `progress`,
+    /// counted in bytes.
+    ///
+    /// Errors: those of [`ExpertStore::new`].
+    pub fn new_observed(
+        plan: &Plan,
+        opts: &StoreOptions,
+        slots: &mut HeldSlots,
+        progress: &mut dyn Progress,
+    ) -> Result<ExpertStore, StoreError> {
         if opts.policy == PolicyKind::Min {
             return Err(StoreError::OfflinePolicy);
         }
@@ -306,10 +320,15 @@ impl ExpertStore {
             });
         }
         slots.filled_by = Some(store.id);
+        let seeded = (store.layers.iter().zip(&store.expert_bytes))
+            .map(|(l, &bytes)| l.boot_members.len() as u64 * bytes)
+            .sum();
+        progress.step("filling the fast store", Count::Bytes(seeded));
         for li in 0..store.layers.len() {
             let seed = store.layers[li].boot_members.clone();
             for e in seed {
                 store.admit(li, e, slots)?;
+                progress.advance(store.expert_bytes[li]);
             }
         }
         tracing::info!(

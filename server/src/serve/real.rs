@@ -40,7 +40,7 @@ impl RealEngine {
         store: &StoreOptions,
         ubatch: usize,
     ) -> Result<RealEngine, EngineError> {
-        let mut session = Session::open_with_store(model, SessionOptions { kv_max }, store)?;
+        let mut session = crate::progress::open_session(model, SessionOptions { kv_max }, store)?;
         session.set_ubatch(ubatch);
         session.set_prompt_cache(true);
         Ok(RealEngine { session })

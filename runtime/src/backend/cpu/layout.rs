@@ -135,7 +135,8 @@ mod tests {
             "the head copied in the file's layout"
         );
         let weights = Weights::bind(std::sync::Arc::clone(&file), &plan).expect("bind");
-        let copies = DenseCopies::new(&weights, &layout.dense).expect("copies");
+        let copies =
+            DenseCopies::new(&weights, &layout.dense, &mut crate::progress::Quiet).expect("copies");
         let (bytes, own) = copies.get(head).expect("the head is copied");
         assert!(!own);
         assert_eq!(bytes, weights.view(head).expect("view"));

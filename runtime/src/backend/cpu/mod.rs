@@ -20,6 +20,7 @@ use super::{
     Backend, BackendError, BindError, Binding, BoundStep, ExecError, KernelChoice, LoadInput,
     Loaded,
 };
+use crate::progress::Progress;
 use aubier_compiler::plan::Plan;
 use aubier_compiler::Target;
 use aubier_kernels_gen::cpu::StepArgs;
@@ -157,7 +158,11 @@ impl Backend for CpuBackend {
         Ok(Binding::new(self.name(), steps, HostBinding { kernels }))
     }
 
-    fn load(&self, input: &LoadInput<'_>) -> Result<Loaded, BackendError> {
+    fn load(
+        &self,
+        input: &LoadInput<'_>,
+        progress: &mut dyn Progress,
+    ) -> Result<Loaded, BackendError> {
         let layout = if self.copies {
             let moe = input
                 .plan
@@ -167,7 +172,7 @@ impl Backend for CpuBackend {
         } else {
             host::HostLayout::default()
         };
-        host::load::<CpuKernel>(&self.name(), input, layout)
+        host::load::<CpuKernel>(&self.name(), input, layout, progress)
     }
 }
 

@@ -8,6 +8,7 @@
 //! file's pages of a copied slice are released after the copy, so copies replace the file's
 //! pages in the resident set instead of doubling them.
 
+use crate::progress::{Count, Progress};
 use crate::store::{SlotMemory, StoreError};
 use crate::weights::Weights;
 use aubier_compiler::plan::{MoeLayer, WeightId};
@@ -245,12 +246,14 @@ impl DenseCopies {
     /// Each is copied in turn, a chunk at a time for the file's layout, and each copied chunk's
     /// mapped pages released ([`Weights::release_pages`]), so the copies replace the file's
     /// pages in the resident set instead of doubling them, even for a moment. A weight whose
-    /// layout refuses it is left to the file.
+    /// layout refuses it is left to the file. The copy is a step of `progress`, counted in
+    /// bytes.
     ///
     /// Errors: [`StoreError::Alloc`].
     pub(crate) fn new(
         weights: &Weights,
         chosen: &[(WeightId, Option<Arc<dyn CopyLayout>>)],
+        progress: &mut dyn Progress,
     ) -> Result<DenseCopies, StoreError> {
         let mut at: Vec<Option<DenseAt>> = vec![None; weights.len()];
         let mut total = 0usize;
@@ -269,6 +272,8 @@ impl DenseCopies {
             return Ok(DenseCopies { arena: None, at });
         }
         let mut map = anon_arena(total)?;
+        let sizes = at.iter().flatten().map(|c| c.len as u64).sum();
+        progress.step("copying dense weights", Count::Bytes(sizes));
         for (w, layout) in chosen {
             let (Some(src), Some(copy)) = (weights.view(*w), at[*w]) else {
                 continue;
@@ -276,7 +281,9 @@ impl DenseCopies {
             let dst = &mut map[copy.start..copy.start + copy.len];
             match layout {
                 Some(layout) => {
-                    if layout.write(src, dst).is_err() {
+                    let written = layout.write(src, dst);
+                    progress.advance(src.len() as u64);
+                    if written.is_err() {
                         at[*w] = None;
                         continue;
                     }
@@ -286,6 +293,7 @@ impl DenseCopies {
                     for (d, c) in dst.chunks_mut(COPY_CHUNK).zip(src.chunks(COPY_CHUNK)) {
                         d.copy_from_slice(c);
                         weights.release_pages(c);
+                        progress.advance(c.len() as u64);
                     }
                     // The pages that straddle two chunks, whole in neither.
                     weights.release_pages(src);

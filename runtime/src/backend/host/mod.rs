@@ -21,6 +21,7 @@ use super::{
 };
 use crate::gguf::quant::host_symbols;
 use crate::kv_cache::LatentKvCache;
+use crate::progress::{Count, Progress};
 use crate::store::{available_memory, slots_within};
 use crate::weights::Weights;
 use aubier_compiler::ops::Op;
@@ -37,7 +38,8 @@ use std::sync::Arc;
 /// generates the cranelift code of the steps bound to it, allocates the fast store's slots for
 /// `input.budget` (`Auto`: every expert when they fit in half the available memory, else as
 /// many slots as fit there) and the copies `layout` names, and maps the pages of the weights
-/// every token reads in full.
+/// every token reads in full; each of these a step of `progress`, the copies and the mapping
+/// counted in bytes.
 ///
 /// Errors: [`BackendError::Binding`] for a binding of another kind or length;
 /// [`BackendError::Lower`]; [`BackendError::Store`] for the plan's MoE steps, the budget or an
@@ -46,6 +48,7 @@ pub(crate) fn load<K: StepKernel>(
     backend: &str,
     input: &LoadInput<'_>,
     layout: HostLayout,
+    progress: &mut dyn Progress,
 ) -> Result<Loaded, BackendError> {
     let plan = input.plan;
     let bad = |detail: String| BackendError::Binding {
@@ -63,6 +66,7 @@ pub(crate) fn load<K: StepKernel>(
             plan.steps.len()
         )));
     }
+    progress.step("generating host code", Count::Time);
     let program = program(plan, &binding.kernels)?;
     let moe = plan
         .moe_layers()
@@ -74,9 +78,10 @@ pub(crate) fn load<K: StepKernel>(
             slots_within(avail / 2, per_slot, n_expert)
         })
     })?;
+    progress.step("allocating the fast store", Count::Time);
     let slots = HostSlots::new(Arc::clone(input.weights), &moe, n_res, &layout.experts)?;
-    let copies = DenseCopies::new(input.weights, &layout.dense)?;
-    map_dense_weights(plan, input.weights, &moe, &copies);
+    let copies = DenseCopies::new(input.weights, &layout.dense, progress)?;
+    map_dense_weights(plan, input.weights, &moe, &copies, progress);
     tracing::info!(
         steps = plan.steps.len(),
         cranelift_steps = program
@@ -123,8 +128,14 @@ fn program<K>(plan: &Plan, kernels: &[HostKernel<K>]) -> Result<CpuProgram, Lowe
 /// first request does not fault them in page by page ([`Weights::populate_pages`]); they stay
 /// mapped from the first request on either way, so this moves no peak. The embedding tables are
 /// only read ahead into the page cache ([`Weights::prefetch_pages`]), so that a token's row is
-/// not a wait on the disk.
-fn map_dense_weights(plan: &Plan, weights: &Weights, moe: &[MoeLayer], copies: &DenseCopies) {
+/// not a wait on the disk. The mapping is a step of `progress`, counted in bytes.
+fn map_dense_weights(
+    plan: &Plan,
+    weights: &Weights,
+    moe: &[MoeLayer],
+    copies: &DenseCopies,
+    progress: &mut dyn Progress,
+) {
     let embeds: Vec<usize> = plan
         .steps
         .iter()
@@ -135,11 +146,19 @@ fn map_dense_weights(plan: &Plan, weights: &Weights, moe: &[MoeLayer], copies: &
         })
         .collect();
     let expert = |w: usize| moe.iter().flat_map(|l| &l.tensors).any(|t| t.weight == w);
-    let bytes: usize = (0..plan.weights.len())
+    let views: Vec<&[u8]> = (0..plan.weights.len())
         .filter(|&w| !expert(w) && !copies.holds(w) && !embeds.contains(&w))
         .filter_map(|w| weights.view(w))
-        .map(|view| weights.populate_pages(view))
-        .sum();
+        .collect();
+    progress.step(
+        "mapping dense weights",
+        Count::Bytes(views.iter().map(|v| v.len() as u64).sum()),
+    );
+    let mut bytes = 0;
+    for view in views {
+        bytes += weights.populate_pages(view);
+        progress.advance(view.len() as u64);
+    }
     let ahead: usize = embeds
         .iter()
         .filter_map(|&w| weights.view(w))

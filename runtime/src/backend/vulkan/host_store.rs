@@ -18,6 +18,7 @@
 
 use super::context::{Buffer, VulkanContext};
 use super::error::VulkanError;
+use crate::progress::{Count, Progress};
 use crate::weights::Weights;
 use aubier_compiler::plan::MoeLayer;
 use memmap2::MmapMut;
@@ -107,6 +108,7 @@ impl HostStore {
         moe: &[MoeLayer],
         max_bytes: u64,
         mode: HostMode,
+        progress: &mut dyn Progress,
     ) -> Result<HostStore, VulkanError> {
         let mut expert_bytes = vec![None; weights.len()];
         for t in moe.iter().flat_map(|l| &l.tensors) {
@@ -124,22 +126,25 @@ impl HostStore {
         };
         match mode {
             HostMode::Stage => Ok(staged),
-            HostMode::Import | HostMode::Copy => staged.imported(ctx, moe, max_bytes, mode),
-            HostMode::Auto => match staged.imported(ctx, moe, max_bytes, mode) {
+            HostMode::Import | HostMode::Copy => {
+                staged.imported(ctx, moe, max_bytes, mode, progress)
+            }
+            HostMode::Auto => match staged.imported(ctx, moe, max_bytes, mode, progress) {
                 Ok(store) => Ok(store),
                 Err(e) => {
                     tracing::warn!(
                         "the experts cannot be read from host memory in place ({e}); each step \
                          uploads the non-resident experts it routes through a staging buffer"
                     );
-                    HostStore::new(ctx, weights, moe, max_bytes, HostMode::Stage)
+                    HostStore::new(ctx, weights, moe, max_bytes, HostMode::Stage, progress)
                 }
             },
         }
     }
 
     /// This (staged) store's experts imported: the file's mapping, else (unless `mode` is
-    /// [`HostMode::Import`]) an anonymous host copy of them.
+    /// [`HostMode::Import`]) an anonymous host copy of them, a step of `progress` counted in
+    /// bytes.
     ///
     /// Errors: as [`HostStore::new`] in a forced mode.
     fn imported(
@@ -148,6 +153,7 @@ impl HostStore {
         moe: &[MoeLayer],
         max_bytes: u64,
         mode: HostMode,
+        progress: &mut dyn Progress,
     ) -> Result<HostStore, VulkanError> {
         let weights = Arc::clone(&self.weights);
         let mut regions = Vec::new();
@@ -201,11 +207,16 @@ impl HostStore {
             .map_err(|e| VulkanError::Invalid(format!("allocating the host copy: {e}")))?;
         let mut at = 0;
         let mut moved = Vec::with_capacity(regions.len());
+        progress.step(
+            "copying the experts into host memory",
+            Count::Bytes(regions.iter().map(|r| r.bytes.len() as u64).sum()),
+        );
         for r in &regions {
             let dst = &mut copy[at..at + r.bytes.len()];
             weights
                 .read(r.bytes, 0, dst)
                 .map_err(|e| VulkanError::Invalid(format!("reading the experts: {e}")))?;
+            progress.advance(r.bytes.len() as u64);
             moved.push((at, r.bytes.len()));
             at += r.bytes.len().next_multiple_of(align);
         }

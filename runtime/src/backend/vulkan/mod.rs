@@ -35,6 +35,7 @@ mod tests;
 use super::{
     Backend, BackendError, BindError, Binding, BoundStep, KernelChoice, LoadInput, Loaded,
 };
+use crate::progress::Progress;
 use aubier_compiler::plan::Plan;
 use aubier_compiler::Target;
 use aubier_kernels_gen::gpu::emit::WARP;
@@ -157,7 +158,11 @@ impl Backend for VulkanBackend {
         Ok(Binding::new(self.name(), steps, binding))
     }
 
-    fn load(&self, input: &LoadInput<'_>) -> Result<Loaded, BackendError> {
+    fn load(
+        &self,
+        input: &LoadInput<'_>,
+        progress: &mut dyn Progress,
+    ) -> Result<Loaded, BackendError> {
         let err = |e: VulkanError| BackendError::Device {
             backend: "vulkan".into(),
             message: e.to_string(),
@@ -187,6 +192,14 @@ impl Backend for VulkanBackend {
             });
         }
         let ctx = context::VulkanContext::new(info.index).map_err(err)?;
-        model::load(ctx, input, binding, self.max_buffer_bytes, self.host_mode).map_err(err)
+        model::load(
+            ctx,
+            input,
+            binding,
+            self.max_buffer_bytes,
+            self.host_mode,
+            progress,
+        )
+        .map_err(err)
     }
 }

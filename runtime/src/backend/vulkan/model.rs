@@ -28,6 +28,7 @@ use crate::backend::{
     BackendError, Experts, LoadInput, Loaded, LoadedModel, MemoryUse, Obtained, Output, Run,
     RunCounters, StepInput,
 };
+use crate::progress::Progress;
 use crate::store::{FastBudget, SlotMemory, StoreError};
 use aubier_compiler::plan::{MoeLayer, Plan};
 use aubier_compiler::types::DType;
@@ -63,6 +64,7 @@ pub(super) fn load(
     binding: &VulkanBinding,
     max_buffer_bytes: Option<u64>,
     host_mode: HostMode,
+    progress: &mut dyn Progress,
 ) -> Result<Loaded, VulkanError> {
     let plan = input.plan;
     let max = max_buffer_bytes.unwrap_or(ctx.info().limits.max_buffer_bytes());
@@ -73,6 +75,7 @@ pub(super) fn load(
         input.weights,
         max,
         host_mode,
+        progress,
     )?);
     let moe = plan
         .moe_layers()

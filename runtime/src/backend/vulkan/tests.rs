@@ -258,7 +258,7 @@ fn vulkan_without_its_device_binds_for_the_default_width_and_says_so() {
         budget: FastBudget::Auto,
     };
     let e = backend
-        .load(&input)
+        .load(&input, &mut crate::progress::Quiet)
         .expect_err("no such device")
         .to_string();
     assert!(
