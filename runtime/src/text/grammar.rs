@@ -697,12 +697,19 @@ fn has_instance(schema: &Value, known: &HashMap<String, bool>) -> bool {
             named && more
         }
         "array" => {
-            let min = m.get("minItems").and_then(Value::as_u64).unwrap_or(0) as usize;
-            let prefix = m.get("prefixItems").and_then(Value::as_array);
-            (0..min).all(|k| {
-                let item = prefix.and_then(|p| p.get(k)).or_else(|| m.get("items"));
-                item.is_none_or(|s| has_instance(s, known))
-            })
+            // The first `minItems` items: those of `prefixItems`, then `items` for the rest
+            // (checked once, however large `minItems` is).
+            let min = m.get("minItems").and_then(Value::as_u64).unwrap_or(0);
+            let prefix = m
+                .get("prefixItems")
+                .and_then(Value::as_array)
+                .map_or(&[][..], Vec::as_slice);
+            let fixed = prefix
+                .iter()
+                .take(usize::try_from(min).unwrap_or(usize::MAX));
+            fixed.into_iter().all(|s| has_instance(s, known))
+                && (min <= prefix.len() as u64
+                    || m.get("items").is_none_or(|s| has_instance(s, known)))
         }
         _ => true,
     })
@@ -1287,6 +1294,16 @@ mod tests {
     }
 
     #[test]
+    fn a_huge_min_items_is_checked_once_per_item_schema() {
+        // 2^62 items: checking each position would never end; `items` is checked once.
+        let huge = json!({"type": "array", "items": {"type": "integer"}, "minItems": 1u64 << 62});
+        assert!(compile(&content(ContentFormat::JsonSchema(huge))).is_ok());
+        let prefix = json!({"type": "array", "prefixItems": [{"type": "integer"}],
+                            "items": false, "minItems": 1});
+        assert!(compile(&content(ContentFormat::JsonSchema(prefix))).is_ok());
+    }
+
+    #[test]
     fn schemas_without_a_finite_instance_are_the_clients_error_before_generation() {
         let unsatisfiable = [
             json!({"$ref": "#"}),
@@ -1297,6 +1314,10 @@ mod tests {
             json!({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}),
             json!({"type": "object", "properties": {"a": {"type": "array", "items": {"$ref": "#"},
                    "minItems": 1}}, "required": ["a"]}),
+            json!({"type": "array", "prefixItems": [{"type": "integer"}, {"$ref": "#"}],
+                   "minItems": 2}),
+            json!({"type": "array", "prefixItems": [{"type": "integer"}], "items": {"$ref": "#"},
+                   "minItems": 2}),
             // A reference loop under an optional property: the engine would still expand it.
             json!({"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}}),
             // References by anchor and by id.
