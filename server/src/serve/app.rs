@@ -175,6 +175,8 @@ pub struct AppState {
     pub booted: u64,
     /// Every answer's `system_fingerprint` ([`fingerprint`]).
     pub fingerprint: String,
+    /// The stored responses of `/v1/responses` (`previous_response_id`).
+    pub responses: super::responses::ResponseStore,
     tokenize: Arc<Semaphore>,
     openapi: String,
 }
@@ -200,6 +202,7 @@ impl AppState {
             engine,
             metrics,
             booted: unix_now(),
+            responses: super::responses::ResponseStore::default(),
             openapi,
         }
     }
@@ -221,7 +224,7 @@ fn completion_id(prefix: &str) -> String {
     format!("{prefix}-{:032x}", rand::random::<u128>())
 }
 
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -245,6 +248,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let limited = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(super::responses::create))
         .route("/debug/tokens", post(debug_tokens))
         .route_layer(middleware::from_fn(require_json))
         .route("/v1/models", get(list_models))
@@ -659,7 +663,7 @@ async fn admission(
 
 /// Marks an SSE response whose stream failed after its 200 head (counted as status 500).
 #[derive(Clone, Debug, Default)]
-struct StreamFailed(Arc<AtomicBool>);
+pub(super) struct StreamFailed(pub(super) Arc<AtomicBool>);
 
 async fn count_requests(State(app): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let route = req
@@ -810,7 +814,7 @@ async fn wrong_method(method: Method, uri: Uri) -> ApiError {
 
 /// Reads the body within `--read-timeout-ms` (408 past it), with axum's rejections turned into
 /// OpenAI-shaped errors (413 past `--body-limit`).
-async fn read_body(app: &AppState, req: Request) -> Result<Bytes, ApiError> {
+pub(super) async fn read_body(app: &AppState, req: Request) -> Result<Bytes, ApiError> {
     let limit = app.limits.read_timeout;
     let body = tokio::time::timeout(limit, Bytes::from_request(req, &()))
         .await
@@ -828,7 +832,7 @@ async fn read_body(app: &AppState, req: Request) -> Result<Bytes, ApiError> {
     })
 }
 
-fn check_model(app: &AppState, model: &str) -> Result<(), ApiError> {
+pub(super) fn check_model(app: &AppState, model: &str) -> Result<(), ApiError> {
     if model == app.limits.model_id {
         Ok(())
     } else {
@@ -936,7 +940,7 @@ fn release_free_memory() {
 /// `tokenizers` at once (waiting up to `--queue-wait-ms` for a turn, 503 past it). `build` gets
 /// the KV capacity and stops tokenizing past it (`None`), which is a 400 naming `param`. After a
 /// body of `body_len` >= 1 MiB, whose text `build` owns and drops, free memory goes back to the OS.
-async fn prompt_ids<F>(
+pub(super) async fn prompt_ids<F>(
     app: &Arc<AppState>,
     param: &str,
     body_len: usize,
@@ -987,7 +991,7 @@ fn too_long(param: &str, prompt: &str, kv_max: usize) -> ApiError {
 /// Refuses a prompt that leaves no room in the context, and clamps `max_tokens` to the room
 /// left: prompt and completion together are at most `kv_max` tokens (one limit, as vLLM's
 /// `max_model_len`; the last generated token would not need a cache cell, but `usage` counts it).
-fn budget(
+pub(super) fn budget(
     app: &AppState,
     prompt: usize,
     max_tokens: Option<usize>,
@@ -1007,7 +1011,7 @@ fn budget(
     Ok(max_tokens.map_or(room, |m| m.min(room)))
 }
 
-fn generate_params(
+pub(super) fn generate_params(
     app: &AppState,
     sampling: &Sampling,
     max_tokens: usize,
@@ -1134,7 +1138,7 @@ fn tool_call_deltas(pieces: &[ToolCallDelta]) -> Vec<WireToolCallDelta> {
 /// The `usage` of a job: the prompt once, the completion tokens of every choice (OpenAI);
 /// `prompt_tokens_details.cached_tokens` counts the prompt tokens the prompt cache reused
 /// (`--prompt-cache`) for the first choice, as OpenAI and llama.cpp's server report them.
-fn usage(done: &[Summary]) -> Usage {
+pub(super) fn usage(done: &[Summary]) -> Usage {
     let prompt = done.first().map_or(0, |s| s.prompt_tokens);
     let cached = done.first().map_or(0, |s| s.cached_tokens);
     let completion: usize = done.iter().map(|s| s.ids.len()).sum();
@@ -1154,7 +1158,7 @@ fn usage(done: &[Summary]) -> Usage {
 /// One SSE event carrying `v` as JSON, with U+2028 and U+2029 escaped (valid JSON either way,
 /// but line splitters that follow Unicode, Python's `str.splitlines` among them, cut an event
 /// at them).
-fn sse_data<T: Serialize>(v: &T) -> SseEvent {
+pub(super) fn sse_data<T: Serialize>(v: &T) -> SseEvent {
     match serde_json::to_string(v) {
         Ok(json) => SseEvent::default().data(
             json.replace('\u{2028}', "\\u2028")

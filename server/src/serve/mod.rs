@@ -12,7 +12,9 @@
 //! thread), [`text`] and [`stop`] (detokenizing, reasoning split, stop strings), [`logprobs`]
 //! (their OpenAI shapes), [`fake`] and [`real`] (the two engines), [`lock`], [`metrics`],
 //! [`openapi`] (`GET /openapi.json`, generated from [`api`]), [`tools`] (`tools`, `tool_choice`, `response_format` → the
-//! grammar).
+//! grammar), [`responses`] (`POST /v1/responses`, OpenAI's Responses API on the same engine and
+//! grammar, with its store of recent responses for `previous_response_id`: the last 256, each
+//! for at most an hour, 64 MiB of text together).
 #![warn(missing_docs)]
 
 pub mod api;
@@ -26,6 +28,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod params;
 pub mod real;
+pub mod responses;
 pub mod stop;
 pub mod text;
 pub mod tools;

@@ -13,6 +13,7 @@ use super::api::response::{
     ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, DebugTokens, ErrorBody,
     Health, Model, ModelList,
 };
+use super::api::responses::{ResponseEvent, ResponseObject, ResponseRequest};
 use schemars::generate::{Contract, SchemaSettings};
 use schemars::{JsonSchema, SchemaGenerator};
 use serde_json::{json, Map, Value};
@@ -92,6 +93,25 @@ fn event_stream(chunk: &Value, error: &Value) -> Value {
     })
 }
 
+/// The SSE body of a response stream: typed events, `event: <type>` and `data: <event JSON>`.
+fn typed_event_stream(event: &Value) -> Value {
+    json!({
+        "type": "object",
+        "description": "Each event is 'event: <type>' and 'data: <event JSON>' with that type and \
+            its sequence_number; the last is response.completed, response.incomplete or \
+            response.failed.",
+        "required": ["event", "data"],
+        "properties": {
+            "event": {"type": "string", "pattern": "^response\\."},
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": event,
+            },
+        },
+    })
+}
+
 /// The document, before the boot-time values; the second value lists names defined twice.
 fn document() -> (Value, Vec<String>) {
     let mut refs = Refs {
@@ -148,6 +168,15 @@ fn document() -> (Value, Vec<String>) {
             refs.response::<Completion>(),
             refs.response::<CompletionChunk>(),
         )),
+    }});
+    let responses = json!({"post": {
+        "operationId": "createResponse",
+        "summary": "A response of the Responses API (typed SSE with 'stream': true).",
+        "requestBody": body(refs.request::<ResponseRequest>()),
+        "responses": generation(json!({"description": "The response, or its stream.", "content": {
+            "application/json": {"schema": refs.response::<ResponseObject>()},
+            "text/event-stream": {"schema": typed_event_stream(&refs.response::<ResponseEvent>())},
+        }})),
     }});
     let debug_tokens = json!({"post": {
         "operationId": "debugTokens",
@@ -219,6 +248,7 @@ fn document() -> (Value, Vec<String>) {
         "paths": {
             "/v1/chat/completions": chat,
             "/v1/completions": completions,
+            "/v1/responses": responses,
             "/debug/tokens": debug_tokens,
             "/v1/models": models,
             "/v1/models/{model}": retrieve,
