@@ -341,6 +341,7 @@ mod tests {
             s["DebugTokensRequest"]["required"],
             json!(["ids", "max_tokens"])
         );
+        assert_eq!(s["ResponseRequest"]["required"], json!(["model", "input"]));
     }
 
     #[test]
@@ -434,6 +435,41 @@ mod tests {
             assert_eq!(
                 completion.is_valid(&v),
                 parse_completion(body.as_bytes()).is_ok(),
+                "{body}"
+            );
+        }
+        let responses = request_validator(&doc, "ResponseRequest");
+        for extra in [
+            r#""input":"x""#,
+            r#""input":[{"role":"user","content":"x"}]"#,
+            r#""input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"x"}]}]"#,
+            r#""input":[{"role":"user","content":[{"type":"input_image","image_url":"u"}]}]"#,
+            r#""input":[{"role":"tool","content":"x"}]"#,
+            r#""input":[{"type":"web_search_call","id":"w"}]"#,
+            r#""input":[{"type":"function_call","call_id":"c","name":"f","arguments":"{}"}]"#,
+            r#""input":[{"type":"function_call_output","call_id":"c","output":"o","x":1}]"#,
+            r#""input":[{"type":"reasoning","summary":[]}]"#,
+            r#""input":[{"type":"reasoning","summary":[],"encrypted_content":"e"}]"#,
+            r#""input":"x","text":{"format":{"type":"json_schema","name":"s","schema":{}}}"#,
+            r#""input":"x","text":{"format":{"type":"json_schema","name":"s"}}"#,
+            r#""input":"x","text":{"format":{"type":"text","name":"s"}}"#,
+            r#""input":"x","text":{"verbosity":"low"}"#,
+            r#""input":"x","reasoning":{"effort":"high"}"#,
+            r#""input":"x","reasoning":{"effort":"medium"}"#,
+            r#""input":"x","include":[]"#,
+            r#""input":"x","include":["a"]"#,
+            r#""input":"x","truncation":"disabled""#,
+            r#""input":"x","truncation":"auto""#,
+            r#""input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"function","name":"f"}"#,
+            r#""input":"x","stream":true,"stream_options":{"include_obfuscation":true}"#,
+            r#""input":"x","max_output_tokens":0"#,
+            r#""input":"x","previous_response_id":"resp_1","store":false"#,
+        ] {
+            let body = format!(r#"{{"model":"m",{extra}}}"#);
+            let v: Value = serde_json::from_str(&body).expect("JSON");
+            assert_eq!(
+                responses.is_valid(&v),
+                super::super::responses::parse(body.as_bytes()).is_ok(),
                 "{body}"
             );
         }

@@ -616,13 +616,10 @@ fn new_id(prefix: &str) -> String {
     format!("{prefix}_{:032x}", rand::random::<u128>())
 }
 
-/// The output item being generated.
+/// The output item being generated: reasoning or answer text, or a call.
 enum Open {
-    Reasoning {
-        id: String,
-        text: String,
-    },
-    Message {
+    Text {
+        reasoning: bool,
         id: String,
         text: String,
     },
@@ -638,14 +635,18 @@ impl Open {
     /// The wire item, with its text when `whole` (else as response.output_item.added has it).
     fn item(&self, status: OutputItemStatus, whole: bool) -> OutputItem {
         match self {
-            Open::Reasoning { id, text } => OutputItem::Reasoning(OutputReasoning {
+            Open::Text {
+                reasoning: true,
+                id,
+                text,
+            } => OutputItem::Reasoning(OutputReasoning {
                 id: id.clone(),
                 kind: "reasoning",
                 summary: Vec::new(),
                 content: whole.then(|| reasoning_part(text)).into_iter().collect(),
                 status,
             }),
-            Open::Message { id, text } => OutputItem::Message(OutputMessage {
+            Open::Text { id, text, .. } => OutputItem::Message(OutputMessage {
                 id: id.clone(),
                 kind: "message",
                 role: "assistant",
@@ -682,6 +683,14 @@ fn reasoning_part(text: &str) -> ReasoningText {
     ReasoningText {
         kind: "reasoning_text",
         text: text.to_owned(),
+    }
+}
+
+/// The content part of a text item.
+fn part(reasoning: bool, text: &str) -> Part {
+    match reasoning {
+        true => Part::Reasoning(reasoning_part(text)),
+        false => Part::Text(text_part(text)),
     }
 }
 
@@ -746,17 +755,12 @@ impl Builder {
         let output_index = self.output_index();
         let item = open.item(OutputItemStatus::InProgress, false);
         self.emit(|| EventBody::OutputItemAdded { output_index, item });
-        let part = match &open {
-            Open::Reasoning { id, .. } => Some((id.clone(), Part::Reasoning(reasoning_part("")))),
-            Open::Message { id, .. } => Some((id.clone(), Part::Text(text_part("")))),
-            Open::Call { .. } => None,
-        };
-        if let Some((item_id, part)) = part {
+        if let Open::Text { reasoning, id, .. } = &open {
             self.emit(|| EventBody::ContentPartAdded {
-                item_id,
+                item_id: id.clone(),
                 output_index,
                 content_index: 0,
-                part,
+                part: part(*reasoning, ""),
             });
         }
         self.open = Some(open);
@@ -769,39 +773,39 @@ impl Builder {
         };
         let output_index = self.output_index();
         let whole = open.item(status, true);
-        match &open {
-            Open::Reasoning { id, text } => {
-                self.emit(|| EventBody::ReasoningTextDone {
-                    item_id: id.clone(),
-                    output_index,
-                    content_index: 0,
-                    text: text.clone(),
+        match open {
+            Open::Text {
+                reasoning,
+                id,
+                text,
+            } => {
+                self.emit(|| match reasoning {
+                    true => EventBody::ReasoningTextDone {
+                        item_id: id.clone(),
+                        output_index,
+                        content_index: 0,
+                        text: text.clone(),
+                    },
+                    false => EventBody::OutputTextDone {
+                        item_id: id.clone(),
+                        output_index,
+                        content_index: 0,
+                        text: text.clone(),
+                        logprobs: Vec::new(),
+                    },
                 });
                 self.emit(|| EventBody::ContentPartDone {
-                    item_id: id.clone(),
+                    item_id: id,
                     output_index,
                     content_index: 0,
-                    part: Part::Reasoning(reasoning_part(text)),
+                    part: part(reasoning, &text),
                 });
-                self.said.push(Item::Reasoning(text.clone()));
-            }
-            Open::Message { id, text } => {
-                self.emit(|| EventBody::OutputTextDone {
-                    item_id: id.clone(),
-                    output_index,
-                    content_index: 0,
-                    text: text.clone(),
-                    logprobs: Vec::new(),
-                });
-                self.emit(|| EventBody::ContentPartDone {
-                    item_id: id.clone(),
-                    output_index,
-                    content_index: 0,
-                    part: Part::Text(text_part(text)),
-                });
-                self.said.push(Item::Message {
-                    role: Role::Assistant,
-                    text: text.clone(),
+                self.said.push(match reasoning {
+                    true => Item::Reasoning(text),
+                    false => Item::Message {
+                        role: Role::Assistant,
+                        text,
+                    },
                 });
             }
             Open::Call {
@@ -811,15 +815,15 @@ impl Builder {
                 arguments,
             } => {
                 self.emit(|| EventBody::FunctionCallArgumentsDone {
-                    item_id: id.clone(),
+                    item_id: id,
                     output_index,
                     name: name.clone(),
                     arguments: arguments.clone(),
                 });
                 self.said.push(Item::Call {
-                    call_id: call_id.clone(),
-                    name: name.clone(),
-                    arguments: arguments.clone(),
+                    call_id,
+                    name,
+                    arguments,
                 });
             }
         }
@@ -830,31 +834,20 @@ impl Builder {
 
     /// Adds reasoning (`reasoning`) or answer text, opening its item when another is open.
     fn text(&mut self, reasoning: bool, delta: &str) {
-        let same = matches!(
-            (&self.open, reasoning),
-            (Some(Open::Reasoning { .. }), true) | (Some(Open::Message { .. }), false)
-        );
-        if !same {
+        if !matches!(&self.open, Some(Open::Text { reasoning: r, .. }) if *r == reasoning) {
             self.close(OutputItemStatus::Completed);
-            let id = new_id(if reasoning { "rs" } else { "msg" });
-            self.begin(match reasoning {
-                true => Open::Reasoning {
-                    id,
-                    text: String::new(),
-                },
-                false => Open::Message {
-                    id,
-                    text: String::new(),
-                },
+            self.begin(Open::Text {
+                reasoning,
+                id: new_id(if reasoning { "rs" } else { "msg" }),
+                text: String::new(),
             });
         }
         let output_index = self.output_index();
-        let (item_id, text) = match &mut self.open {
-            Some(Open::Reasoning { id, text } | Open::Message { id, text }) => (id.clone(), text),
-            _ => return,
+        let Some(Open::Text { id, text, .. }) = &mut self.open else {
+            return;
         };
         text.push_str(delta);
-        let delta = delta.to_owned();
+        let (item_id, delta) = (id.clone(), delta.to_owned());
         self.emit(|| match reasoning {
             true => EventBody::ReasoningTextDelta {
                 item_id,
