@@ -374,6 +374,11 @@ async fn refused_and_invalid_parameters_are_named() {
             "invalid_value",
         ),
         (json!({"frobnicate": 1}), "frobnicate", "unknown_parameter"),
+        (
+            json!({"reasoning": [null, null]}),
+            "reasoning",
+            "invalid_value",
+        ),
     ];
     for (extra, param, code) in cases {
         let b = body(extra);

@@ -456,6 +456,8 @@ mod tests {
             r#""input":"x","text":{"verbosity":"low"}"#,
             r#""input":"x","reasoning":{"effort":"high"}"#,
             r#""input":"x","reasoning":{"effort":"medium"}"#,
+            r#""input":"x","reasoning":[null,null]"#,
+            r#""input":"x","tool_choice":["function","f"]"#,
             r#""input":"x","include":[]"#,
             r#""input":"x","include":["a"]"#,
             r#""input":"x","truncation":"disabled""#,

@@ -26,7 +26,8 @@
 //!
 //! Store: a finished response (completed or incomplete) with `store` (default true) is kept in
 //! memory as its items, for `previous_response_id`: the last [`STORE_RESPONSES`] responses, each
-//! for at most [`STORE_TTL`], at most [`STORE_BYTES`] of text together (oldest dropped first).
+//! for at most [`STORE_TTL`], at most [`STORE_BYTES`] of text together (oldest dropped first; a
+//! response past that alone is not kept).
 //! An unknown, dropped or unstored id is a 400 `previous_response_not_found`.
 
 use super::api::request::{
@@ -35,7 +36,7 @@ use super::api::request::{
 };
 use super::api::responses::{
     ContentPart, EventBody, FunctionTool, IncompleteDetails, InputItem, InputRole,
-    InputTokensDetails, OutputFunctionCall, OutputItem, OutputItemStatus, OutputMessage,
+    InputTokensDetails, Object, OutputFunctionCall, OutputItem, OutputItemStatus, OutputMessage,
     OutputReasoning, OutputText, OutputTokensDetails, Part, ReasoningText, ReasoningUsed,
     ResponseError, ResponseEvent, ResponseInput, ResponseObject, ResponseRequest, ResponseStatus,
     ResponseUsage, TextFormat,
@@ -247,9 +248,12 @@ impl ResponseStore {
         kept.iter().find(|k| k.id == id).map(|k| k.items.clone())
     }
 
-    /// Keeps response `id` as `items`.
+    /// Keeps response `id` as `items`, unless they alone are past [`STORE_BYTES`].
     pub fn put(&self, id: String, items: Vec<Item>) {
         let bytes = items.iter().map(Item::bytes).sum::<usize>() + id.len();
+        if bytes > STORE_BYTES {
+            return;
+        }
         let mut kept = self.lock();
         kept.push_back(Kept {
             id,
@@ -373,9 +377,10 @@ fn items(input: ResponseInput) -> Result<Vec<Item>, ApiError> {
                 },
                 InputItem::Reasoning(r) => {
                     params::refuse(&r.refused(), &format!("input[{i}]."))?;
-                    let content: Vec<&str> = r.content.iter().flatten().map(|c| &*c.text).collect();
+                    let content: Vec<&str> =
+                        r.content.iter().flatten().map(|c| &*c.0.text).collect();
                     let text = if content.is_empty() {
-                        r.summary.iter().map(|s| &*s.text).collect::<Vec<_>>()
+                        r.summary.iter().map(|s| &*s.0.text).collect::<Vec<_>>()
                     } else {
                         content
                     };
@@ -477,10 +482,13 @@ fn renamed(mut e: ApiError) -> ApiError {
 pub fn parse(bytes: &[u8]) -> Result<ResponseParams, ApiError> {
     let r: ResponseRequest = params::read(bytes)?;
     params::refuse(&r.refused(), "")?;
-    if let Some(t) = &r.text {
+    let sampling = params::sampling(r.sampling_fields(), 1.0)?;
+    let text = r.text.map(|t| t.0);
+    let reasoning = r.reasoning.map(|x| x.0);
+    if let Some(t) = &text {
         params::refuse(&t.refused(), "text.")?;
     }
-    if let Some(x) = &r.reasoning {
+    if let Some(x) = &reasoning {
         params::refuse(&x.refused(), "reasoning.")?;
     }
     let stream = r.stream.unwrap_or(false);
@@ -490,14 +498,13 @@ pub fn parse(bytes: &[u8]) -> Result<ResponseParams, ApiError> {
             "'stream_options' is only allowed when 'stream' is true.",
         ));
     }
-    let sampling = params::sampling(r.sampling_fields(), 1.0)?;
     let max_tokens = params::count("max_output_tokens", r.max_output_tokens)?;
-    let effort = r.reasoning.as_ref().and_then(|x| x.effort);
+    let effort = reasoning.and_then(|x| x.effort);
     let flat: Vec<FunctionTool> = r
         .tools
         .unwrap_or_default()
         .into_iter()
-        .map(|t| FunctionTool {
+        .map(|Object(t)| FunctionTool {
             strict: Some(t.strict.unwrap_or(true)),
             ..t
         })
@@ -524,7 +531,7 @@ pub fn parse(bytes: &[u8]) -> Result<ResponseParams, ApiError> {
             };
             (Some(StrOr::Str(mode)), json!(name))
         }
-        Some(StrOr::Other(f)) => {
+        Some(StrOr::Other(Object(f))) => {
             let echo = json!({"type": "function", "name": f.name});
             let named = NamedToolChoice {
                 kind: FunctionType::Function,
@@ -533,7 +540,7 @@ pub fn parse(bytes: &[u8]) -> Result<ResponseParams, ApiError> {
             (Some(StrOr::Other(named)), echo)
         }
     };
-    let (format, text_echo) = text_format(r.text.and_then(|t| t.format))?;
+    let (format, text_echo) = text_format(text.and_then(|t| t.format).map(|f| f.0))?;
     let structured = tools::structured(
         &chat_tools,
         choice,
@@ -1080,4 +1087,63 @@ pub async fn create(State(app): State<Arc<AppState>>, req: Request) -> Result<Re
         }
     }
     Err(stopped())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn said(text: &str) -> Vec<Item> {
+        vec![Item::Message {
+            role: Role::User,
+            text: text.to_owned(),
+        }]
+    }
+
+    #[test]
+    fn the_store_keeps_the_last_responses_within_its_bytes() {
+        let store = ResponseStore::default();
+        for i in 0..STORE_RESPONSES + 10 {
+            store.put(format!("resp_{i}"), said("x"));
+        }
+        assert!(store.get("resp_9").is_none());
+        assert_eq!(store.get("resp_10").as_deref(), Some(&said("x")));
+        let last = format!("resp_{}", STORE_RESPONSES + 9);
+        assert!(store.get(&last).is_some());
+        store.put("big".to_owned(), said(&"y".repeat(STORE_BYTES)));
+        assert!(store.get("big").is_none(), "past the byte bound alone");
+        assert!(store.get(&last).is_some(), "the newer ones stay");
+    }
+
+    #[test]
+    fn answer_items_in_a_row_are_one_assistant_turn() {
+        let items = [
+            Item::Message {
+                role: Role::User,
+                text: "q".to_owned(),
+            },
+            Item::Reasoning("r".to_owned()),
+            Item::Message {
+                role: Role::Assistant,
+                text: "a".to_owned(),
+            },
+            Item::Call {
+                call_id: "call_1".to_owned(),
+                name: "f".to_owned(),
+                arguments: "{}".to_owned(),
+            },
+            Item::Output {
+                call_id: "call_1".to_owned(),
+                output: "o".to_owned(),
+            },
+        ];
+        let m = messages(Some("be brief"), &items);
+        let roles: Vec<Role> = m.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [Role::System, Role::User, Role::Assistant, Role::Tool]
+        );
+        assert_eq!(m[2].tool_calls.as_ref().map(Vec::len), Some(1));
+        assert_eq!(m[3].tool_call_id.as_deref(), Some("call_1"));
+    }
 }

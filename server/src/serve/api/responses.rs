@@ -18,10 +18,56 @@ use super::scalar::{
     ServiceTierDefault, StrOr, UInt, VerbosityDefault,
 };
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
-use serde::de::{self, DeserializeOwned, Deserializer};
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+
+/// `T` read from a JSON object only: serde's derived structs read arrays too (`[null, 1]` as
+/// the fields in order), which the schema does not allow. Fields keep their paths.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Object<T>(pub T);
+
+struct ObjectVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        T::deserialize(MapAccessDeserializer::new(map))
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ObjectVisitor(PhantomData)).map(Object)
+    }
+}
+
+impl<T: JsonSchema> JsonSchema for Object<T> {
+    fn inline_schema() -> bool {
+        T::inline_schema()
+    }
+
+    fn schema_name() -> Cow<'static, str> {
+        T::schema_name()
+    }
+
+    fn schema_id() -> Cow<'static, str> {
+        T::schema_id()
+    }
+
+    fn json_schema(g: &mut SchemaGenerator) -> Schema {
+        T::json_schema(g)
+    }
+}
 
 /// Reads a `type`-tagged object: the tag and the whole object, for a second read as the tagged
 /// type (or `None` for the tag when there is none).
@@ -261,9 +307,9 @@ pub struct ReasoningItem {
     #[serde(rename = "type")]
     pub kind: ReasoningTag,
     /// Summaries (used when there is no content).
-    pub summary: Vec<SummaryTextPart>,
+    pub summary: Vec<Object<SummaryTextPart>>,
     /// The reasoning text.
-    pub content: Option<Vec<ReasoningTextPart>>,
+    pub content: Option<Vec<Object<ReasoningTextPart>>>,
     /// The item's id (ignored).
     pub id: Option<String>,
     /// The item's status (ignored).
@@ -356,7 +402,7 @@ pub struct FunctionChoice {
 }
 
 /// `tool_choice`: a mode or a named function.
-pub type ResponseToolChoice = StrOr<ToolChoiceMode, FunctionChoice>;
+pub type ResponseToolChoice = StrOr<ToolChoiceMode, Object<FunctionChoice>>;
 
 /// `text.format`: text, any JSON object, or JSON valid against a schema (flat: name and schema
 /// beside the type).
@@ -389,7 +435,7 @@ pub struct TextFormat {
 #[serde(deny_unknown_fields)]
 pub struct TextConfig {
     /// The output's format.
-    pub format: Option<TextFormat>,
+    pub format: Option<Object<TextFormat>>,
     /// Answer length hint. Not implemented: accepted only at its default.
     #[serde(default)]
     pub verbosity: Refused<VerbosityDefault>,
@@ -422,6 +468,13 @@ sampling_request! {
 /// A `POST /v1/responses` body.
 #[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(
+    description = "stream_options only with 'stream': true.",
+    extend(
+        "if" = {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
+        "then" = {"required": ["stream"], "properties": {"stream": {"const": true}}},
+    )
+)]
 pub struct ResponseRequest {
     /// The served model id.
     pub model: ModelId,
@@ -431,23 +484,23 @@ pub struct ResponseRequest {
     /// A system message before the input (not carried over by previous_response_id).
     pub instructions: Option<String>,
     /// Function tools, distinct names, in the flat form.
-    pub tools: Option<Vec<FunctionTool>>,
+    pub tools: Option<Vec<Object<FunctionTool>>>,
     /// none forbids calls; auto (default) lets the model choose; required or a named function
     /// forces a call (needs tools).
     pub tool_choice: Option<ResponseToolChoice>,
     /// Allow several calls in one answer (default true).
     pub parallel_tool_calls: Option<bool>,
     /// The output's format.
-    pub text: Option<TextConfig>,
+    pub text: Option<Object<TextConfig>>,
     /// The reasoning effort.
-    pub reasoning: Option<ReasoningConfig>,
+    pub reasoning: Option<Object<ReasoningConfig>>,
     /// Most tokens to generate (reasoning included); default: up to the KV capacity, to which
     /// it is clamped (status 'incomplete').
     pub max_output_tokens: Option<Count>,
     /// Answer with typed server-sent events.
     pub stream: Option<bool>,
     /// Only with 'stream': true.
-    pub stream_options: Option<ResponseStreamOptions>,
+    pub stream_options: Option<Object<ResponseStreamOptions>>,
     /// Continue a stored response: its input and output items come before this input.
     pub previous_response_id: Option<String>,
     /// Keep the response for previous_response_id (default true; the last 256, for an hour).
