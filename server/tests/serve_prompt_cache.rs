@@ -8,22 +8,8 @@
 
 mod serve_common;
 
-use aubier_runtime::backend::registry::BackendSpec;
-use aubier_runtime::engine::Model;
-use aubier_runtime::store::expert_store::StoreOptions;
-use aubier_server::serve::real::RealEngine;
 use serde_json::{json, Value};
 use serve_common::*;
-
-async fn server(prompt_cache: bool) -> TestServer {
-    let model = Model::load_with(&bundled_model(), &BackendSpec::default()).expect("model");
-    let kv_max = model.config.n_ctx_train.min(4096);
-    let ubatch = aubier_server::run::BackendArgs::default().ubatch;
-    let mut engine =
-        RealEngine::open(model, kv_max, &StoreOptions::default(), ubatch).expect("session");
-    engine.set_prompt_cache(prompt_cache);
-    start(Box::new(engine), None, limits()).await
-}
 
 /// The usage's `(prompt_tokens, cached_tokens)`.
 fn cached(usage: &Value) -> (u64, u64) {
@@ -64,7 +50,7 @@ async fn stream(srv: &TestServer, path: &str, body: &Value, chat: bool) -> (Stri
 
 /// The conversation of the test: per request, its text and `(prompt_tokens, cached_tokens)`.
 async fn conversation(prompt_cache: bool) -> Vec<(String, (u64, u64))> {
-    let srv = server(prompt_cache).await;
+    let srv = start_real(prompt_cache).await;
     let mut out = Vec::new();
     let user = json!({"role": "user", "content": "Tell me about the lighthouse."});
     let first = json!({

@@ -6,6 +6,7 @@ use super::connection;
 use super::generation::generation;
 use super::guard::{admission, cors, count_requests, guard, no_route, require_json, wrong_method};
 use super::params::{ChatParams, CompletionParams};
+use super::responses::ResponsesKind;
 use super::routes::{debug_tokens, get_model, health, list_models, metrics, openapi};
 use super::state::AppState;
 use axum::extract::DefaultBodyLimit;
@@ -21,6 +22,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let limited = Router::new()
         .route("/v1/chat/completions", post(generation::<ChatParams>))
         .route("/v1/completions", post(generation::<CompletionParams>))
+        .route("/v1/responses", post(generation::<ResponsesKind>))
         .route("/debug/tokens", post(debug_tokens))
         .route_layer(middleware::from_fn(require_json))
         .route("/v1/models", get(list_models))

@@ -1,5 +1,5 @@
 //! The generation route, one for every request kind that runs the model (chat completions,
-//! legacy completions; each kind is a [`RequestKind`]).
+//! legacy completions, responses; each kind is a [`RequestKind`]).
 //!
 //! Flow of [`generation`]: read the body (413 past the limit), parse and validate it into the
 //! kind's request (400 naming the parameter), check the model id (404), build the prompt ids on
@@ -39,9 +39,9 @@ use tokio::sync::mpsc::UnboundedReceiver;
 /// A request kind of the generation route: how its body becomes a job, and how the job's
 /// answers become its response.
 pub(super) trait RequestKind: Sized + Send + 'static {
-    /// The parameter a prompt error names (`messages`, `prompt`).
+    /// The parameter a prompt error names (`messages`, `prompt`, `input`).
     const PROMPT_PARAM: &'static str;
-    /// The start of the kind's ids (`chatcmpl-`, `cmpl-`); 128 random bits follow.
+    /// The start of the kind's ids (`chatcmpl-`, `cmpl-`, `resp_`); 128 random bits follow.
     const ID_PREFIX: &'static str;
     /// The kind's SSE chunks.
     type Chunks: ChunkFormat;
@@ -56,6 +56,10 @@ pub(super) trait RequestKind: Sized + Send + 'static {
     fn mode(&self) -> TextMode;
     /// Takes the grammar the output must follow, if any.
     fn take_grammar(&mut self) -> Option<GrammarSpec>;
+    /// A grammar error as the kind names its parameters (the chat shapes' names by default).
+    fn rename(e: ApiError) -> ApiError {
+        e
+    }
     /// The whole answer of a request that did not ask for a stream.
     fn answer(self, app: &AppState, head: Head, answers: Vec<Answer>) -> Response;
     /// The chunk writer of a streamed request.
@@ -119,7 +123,9 @@ pub(super) async fn generation<K: RequestKind>(
     let max_tokens = budget(&app, prompt.len(), g.max_tokens, K::PROMPT_PARAM)?;
     let params = generate_params(&app, g.sampling.clone(), max_tokens, g.logprobs);
     let mode = request.mode();
-    let constraints = constraints(&app, request.take_grammar(), n).await?;
+    let constraints = constraints(&app, request.take_grammar(), n)
+        .await
+        .map_err(K::rename)?;
     let spec = JobSpec {
         prompt,
         params,

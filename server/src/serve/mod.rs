@@ -10,12 +10,15 @@
 //! Schema), [`params`] (request validation, refused parameters), [`error`] (OpenAI-shaped errors),
 //! [`app`] (the router), [`state`] (what the routes share), `connection` (sockets, timeouts, drain), `guard`
 //! (Host / Origin / Content-Type guards, admission, request metrics), `generation` (the one
-//! generation route, generic over the request kinds `chat` and `completions`: prompt, budget,
+//! generation route, generic over the request kinds `chat`, `completions` and [`responses`]: prompt, budget,
 //! grammar, engine job, JSON answer or SSE), `routes` (health, metrics, models, OpenAPI,
 //! `/debug/tokens`), [`engine`] (the single-flight engine thread), [`text`] and [`stop`]
 //! (detokenizing, reasoning split, stop strings), [`logprobs`] (their OpenAI shapes), [`fake`]
 //! and [`real`] (the two engines), [`lock`], [`metrics`], [`openapi`] (`GET /openapi.json`,
-//! generated from [`api`]), [`tools`] (`tools`, `tool_choice`, `response_format` → the grammar).
+//! generated from [`api`]), [`tools`] (`tools`, `tool_choice`, `response_format` → the grammar),
+//! [`responses`] (`POST /v1/responses`, OpenAI's Responses API on the same engine and grammar,
+//! with its store of recent responses for `previous_response_id`: the last 256, each for at
+//! most an hour, 64 MiB of text together).
 #![warn(missing_docs)]
 
 pub mod api;
@@ -34,6 +37,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod params;
 pub mod real;
+pub mod responses;
 mod routes;
 pub mod state;
 pub mod stop;

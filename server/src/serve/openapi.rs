@@ -13,6 +13,7 @@ use super::api::response::{
     ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, DebugTokens, ErrorBody,
     Health, Model, ModelList,
 };
+use super::api::responses::{ResponseEvent, ResponseObject, ResponseRequest};
 use schemars::generate::{Contract, SchemaSettings};
 use schemars::{JsonSchema, SchemaGenerator};
 use serde_json::{json, Map, Value};
@@ -92,6 +93,25 @@ fn event_stream(chunk: &Value, error: &Value) -> Value {
     })
 }
 
+/// The SSE body of a response stream: typed events, `event: <type>` and `data: <event JSON>`.
+fn typed_event_stream(event: &Value) -> Value {
+    json!({
+        "type": "object",
+        "description": "Each event is 'event: <type>' and 'data: <event JSON>' with that type and \
+            its sequence_number; the last is response.completed, response.incomplete or \
+            response.failed.",
+        "required": ["event", "data"],
+        "properties": {
+            "event": {"type": "string", "pattern": "^response\\."},
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": event,
+            },
+        },
+    })
+}
+
 /// The document, before the boot-time values; the second value lists names defined twice.
 fn document() -> (Value, Vec<String>) {
     let mut refs = Refs {
@@ -148,6 +168,15 @@ fn document() -> (Value, Vec<String>) {
             refs.response::<Completion>(),
             refs.response::<CompletionChunk>(),
         )),
+    }});
+    let responses = json!({"post": {
+        "operationId": "createResponse",
+        "summary": "A response of the Responses API (typed SSE with 'stream': true).",
+        "requestBody": body(refs.request::<ResponseRequest>()),
+        "responses": generation(json!({"description": "The response, or its stream.", "content": {
+            "application/json": {"schema": refs.response::<ResponseObject>()},
+            "text/event-stream": {"schema": typed_event_stream(&refs.response::<ResponseEvent>())},
+        }})),
     }});
     let debug_tokens = json!({"post": {
         "operationId": "debugTokens",
@@ -219,6 +248,7 @@ fn document() -> (Value, Vec<String>) {
         "paths": {
             "/v1/chat/completions": chat,
             "/v1/completions": completions,
+            "/v1/responses": responses,
             "/debug/tokens": debug_tokens,
             "/v1/models": models,
             "/v1/models/{model}": retrieve,
@@ -311,6 +341,7 @@ mod tests {
             s["DebugTokensRequest"]["required"],
             json!(["ids", "max_tokens"])
         );
+        assert_eq!(s["ResponseRequest"]["required"], json!(["model", "input"]));
     }
 
     #[test]
@@ -404,6 +435,43 @@ mod tests {
             assert_eq!(
                 completion.is_valid(&v),
                 parse_completion(body.as_bytes()).is_ok(),
+                "{body}"
+            );
+        }
+        let responses = request_validator(&doc, "ResponseRequest");
+        for extra in [
+            r#""input":"x""#,
+            r#""input":[{"role":"user","content":"x"}]"#,
+            r#""input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"x"}]}]"#,
+            r#""input":[{"role":"user","content":[{"type":"input_image","image_url":"u"}]}]"#,
+            r#""input":[{"role":"tool","content":"x"}]"#,
+            r#""input":[{"type":"web_search_call","id":"w"}]"#,
+            r#""input":[{"type":"function_call","call_id":"c","name":"f","arguments":"{}"}]"#,
+            r#""input":[{"type":"function_call_output","call_id":"c","output":"o","x":1}]"#,
+            r#""input":[{"type":"reasoning","summary":[]}]"#,
+            r#""input":[{"type":"reasoning","summary":[],"encrypted_content":"e"}]"#,
+            r#""input":"x","text":{"format":{"type":"json_schema","name":"s","schema":{}}}"#,
+            r#""input":"x","text":{"format":{"type":"json_schema","name":"s"}}"#,
+            r#""input":"x","text":{"format":{"type":"text","name":"s"}}"#,
+            r#""input":"x","text":{"verbosity":"low"}"#,
+            r#""input":"x","reasoning":{"effort":"high"}"#,
+            r#""input":"x","reasoning":{"effort":"medium"}"#,
+            r#""input":"x","reasoning":[null,null]"#,
+            r#""input":"x","tool_choice":["function","f"]"#,
+            r#""input":"x","include":[]"#,
+            r#""input":"x","include":["a"]"#,
+            r#""input":"x","truncation":"disabled""#,
+            r#""input":"x","truncation":"auto""#,
+            r#""input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"function","name":"f"}"#,
+            r#""input":"x","stream":true,"stream_options":{"include_obfuscation":true}"#,
+            r#""input":"x","max_output_tokens":0"#,
+            r#""input":"x","previous_response_id":"resp_1","store":false"#,
+        ] {
+            let body = format!(r#"{{"model":"m",{extra}}}"#);
+            let v: Value = serde_json::from_str(&body).expect("JSON");
+            assert_eq!(
+                responses.is_valid(&v),
+                super::super::responses::parse(body.as_bytes()).is_ok(),
                 "{body}"
             );
         }

@@ -182,7 +182,7 @@ fn field_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
 ///
 /// Errors: 400 `invalid_json` for malformed JSON or a body that is not an object; else
 /// [`field_error`]'s.
-fn read<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(super) fn read<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let value: Value = serde_json::from_slice(bytes).map_err(|e| {
         ApiError::invalid(
             None,
@@ -206,7 +206,7 @@ fn read<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 /// Refuses each of `fields` sent with a non-default value, named under `prefix`
 /// (`messages[0].`). A [`DefaultValue::One`] parameter that is not a count at all is invalid
 /// rather than unsupported.
-fn refuse(fields: &[RefusedField<'_>], prefix: &str) -> Result<(), ApiError> {
+pub(super) fn refuse(fields: &[RefusedField<'_>], prefix: &str) -> Result<(), ApiError> {
     for (name, v, default) in fields {
         let full = format!("{prefix}{name}");
         let counted = json_uint(v).is_some_and(|n| n >= 1);
@@ -238,7 +238,7 @@ fn json_kind(v: &Value) -> &'static str {
 }
 
 /// A count as `usize`. Errors: 400 naming `name` when it does not fit.
-fn count(name: &str, c: Option<Count>) -> Result<Option<usize>, ApiError> {
+pub(super) fn count(name: &str, c: Option<Count>) -> Result<Option<usize>, ApiError> {
     c.map(|Count(n)| {
         usize::try_from(n)
             .map_err(|_| ApiError::bad_value(name, format!("'{name}' {n} is too large.")))

@@ -5,6 +5,7 @@
 use super::engine::EngineHandle;
 use super::error::ApiError;
 use super::metrics::Metrics;
+use super::responses::store::ResponseStore;
 use super::text::TextModel;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
@@ -116,6 +117,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Boot time, Unix seconds (the `created` of the model object).
     pub booted: u64,
+    /// The stored responses of `/v1/responses` (`previous_response_id`).
+    pub responses: Arc<ResponseStore>,
     /// Every answer's `system_fingerprint` (`fp_` and the FNV-1a hash of the version, model id and context).
     pub fingerprint: String,
     /// Turns to tokenize prompts (`tokenizers` at once).
@@ -145,6 +148,7 @@ impl AppState {
             engine,
             metrics,
             booted: unix_now(),
+            responses: Arc::default(),
             openapi,
         }
     }

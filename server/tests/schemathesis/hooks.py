@@ -9,7 +9,8 @@ accept: tool turns are dropped, roles and contents are fixed up where a rule req
 user (or, with continue_final_message, assistant) message is added; a `max_tokens` that
 disagrees takes the value of `max_completion_tokens`. Tools and formats have rules of the same
 kind: tool names distinct, a named `tool_choice` naming one of `tools`, `required` only with
-tools; and the grammar engine enforces a practical subset of JSON Schema, not every object the
+tools; `/v1/responses` bodies get the same, their input reduced to messages the rules accept and
+without a `previous_response_id` (no response is stored for a random id); and the grammar engine enforces a practical subset of JSON Schema, not every object the
 meta-schema allows, so generated schemas are replaced by a fixed one (the tests in
 server/tests/serve_structured.rs try many). Every other generated value is kept. A 400 on a
 positive case is then a defect. Negative cases are sent as generated.
@@ -87,6 +88,53 @@ def accepted_structure(body):
         fmt["json_schema"]["schema"] = SCHEMA
 
 
+def accepted_input(body):
+    """Rewrites a Responses body in place to meet the rules JSON Schema cannot state: the input's
+    messages form a conversation the chat rules accept (other items dropped), a stored response
+    is not assumed (previous_response_id dropped), and the tools as in accepted_structure."""
+    body.pop("previous_response_id", None)
+    items = body.get("input")
+    if isinstance(items, list):
+        messages = []
+        for m in items:
+            if m.get("type") not in (None, "message"):
+                continue
+            m = dict(m)
+            role = "system" if m["role"] == "developer" else m["role"]
+            if not messages and role not in ("system", "user"):
+                role = "user"
+            if messages and role == "system" and messages[-1]["role"] == "assistant":
+                role = "user"
+            m["role"] = role
+            content = m["content"]
+            texts = content if isinstance(content, str) else "".join(p["text"] for p in content)
+            if role == "assistant" and not texts:
+                m["content"] = "ok"
+            messages.append(m)
+        last = messages[-1]["role"] if messages else None
+        if last != "user" and not (len(messages) == 1 and last == "system"):
+            messages.append({"role": "user", "content": "hi"})
+        body["input"] = messages
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        for i, t in enumerate(tools):
+            t["name"] = f"f{i}"
+            if isinstance(t.get("parameters"), dict):
+                t["parameters"] = SCHEMA
+    has_tools = isinstance(tools, list) and len(tools) > 0
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        if has_tools:
+            choice["name"] = "f0"
+        else:
+            body["tool_choice"] = "auto"
+    elif choice == "required" and not has_tools:
+        body["tool_choice"] = "auto"
+    fmt = (body.get("text") or {}).get("format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        fmt["schema"] = SCHEMA
+
+
 @schemathesis.hook
 def map_case(ctx, case):
     meta = case.meta
@@ -102,4 +150,6 @@ def map_case(ctx, case):
         both = [case.body.get(k) for k in ("max_tokens", "max_completion_tokens")]
         if None not in both and both[0] != both[1]:
             case.body["max_tokens"] = both[1]
+    if positive and case.operation.path == "/v1/responses" and isinstance(case.body, dict):
+        accepted_input(case.body)
     return case

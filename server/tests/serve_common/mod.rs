@@ -156,6 +156,22 @@ pub async fn start_fake(script: FakeScript, kv_max: usize, limits: ServerLimits)
     start(Box::new(engine), Some(steps), limits).await
 }
 
+/// Starts a server with the real engine on the bundled model (default backend, the file's
+/// context up to 4096 tokens) and the prompt cache on or off.
+pub async fn start_real(prompt_cache: bool) -> TestServer {
+    use aubier_runtime::backend::registry::BackendSpec;
+    use aubier_runtime::engine::Model;
+    use aubier_runtime::store::expert_store::StoreOptions;
+    use aubier_server::serve::real::RealEngine;
+    let model = Model::load_with(&bundled_model(), &BackendSpec::default()).expect("model");
+    let kv_max = model.config.n_ctx_train.min(4096);
+    let ubatch = aubier_server::run::BackendArgs::default().ubatch;
+    let mut engine =
+        RealEngine::open(model, kv_max, &StoreOptions::default(), ubatch).expect("session");
+    engine.set_prompt_cache(prompt_cache);
+    start(Box::new(engine), None, limits()).await
+}
+
 /// A fake script producing `ids` with no delay.
 pub fn script(ids: Vec<u32>) -> FakeScript {
     FakeScript {

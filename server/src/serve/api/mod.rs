@@ -1,5 +1,5 @@
 //! The HTTP API's wire types: every request body the server reads ([`request`]) and every
-//! response body it writes ([`response`]), as Rust types that serde reads and writes with and
+//! response body it writes ([`response`]); the Responses API's both ways ([`responses`]), as Rust types that serde reads and writes with and
 //! that schemars turns into JSON Schema (draft 2020-12, OpenAPI 3.1's dialect). `/openapi.json`
 //! (`super::openapi`) is generated from them, so the document describes what the code parses
 //! and writes.
@@ -12,4 +12,5 @@
 
 pub mod request;
 pub mod response;
+pub mod responses;
 pub mod scalar;

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// The smallest f64 that stays above 0 once narrowed to f32 is just above this (2^-150).
-const F32_ROUNDS_TO_ZERO: f64 = 7.006_492_321_624_085e-46;
+pub(crate) const F32_ROUNDS_TO_ZERO: f64 = 7.006_492_321_624_085e-46;
 
 /// The pattern of OpenAI function and schema names.
 pub const NAME_PATTERN: &str = "^[a-zA-Z0-9_-]{1,64}$";
@@ -349,6 +349,8 @@ macro_rules! sampling_request {
     };
 }
 
+pub(crate) use sampling_request;
+
 sampling_request! {
 /// A `POST /v1/chat/completions` body.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, JsonSchema)]
@@ -568,6 +570,8 @@ macro_rules! refused_fields {
         }
     )*};
 }
+
+pub(crate) use refused_fields;
 
 refused_fields! {
     ChatCompletionRequest {

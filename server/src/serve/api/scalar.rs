@@ -364,6 +364,8 @@ defaults! {
     ServiceTierDefault = DefaultValue::OneOf(&["auto", "default"]);
     /// `verbosity`: `null` or `"medium"`.
     VerbosityDefault = DefaultValue::OneOf(&["medium"]);
+    /// `truncation`: `null` or `"disabled"`.
+    DisabledDefault = DefaultValue::OneOf(&["disabled"]);
     /// `modalities`: `null` or `["text"]`.
     TextModalityDefault = DefaultValue::TextModality;
 }

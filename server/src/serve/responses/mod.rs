@@ -1,0 +1,1059 @@
+//! `POST /v1/responses`: OpenAI's Responses API on the chat route's engine, template and grammar.
+//!
+//! Request flow: the body is read and validated as the chat route's is (`super::params`: unknown
+//! keys and refused parameters named, sampling checked); `input` (a string, or messages, function
+//! calls, function call outputs and reasoning items) becomes [`Item`]s. With
+//! `previous_response_id` the stored response's items (its input, the inputs before it, its
+//! output) come first, so the rendered prompt starts with the stored response's prompt and the
+//! prompt cache reuses it; `instructions` become a leading system message (not carried over, as
+//! OpenAI does). The items become chat messages (an answer's reasoning, text and calls one
+//! assistant turn, a call's output a tool message), the flat function tools, `tool_choice` and
+//! `text.format` the chat shapes that `super::tools::structured` turns into the grammar, and
+//! `reasoning.effort` (`none` / `high`, the values the template knows) the template's
+//! reasoning effort. Errors the chat shapes name are renamed to the Responses parameters
+//! (`tools[0].function.parameters` → `tools[0].parameters`, `response_format` → `text.format`,
+//! `messages` → `input`).
+//!
+//! Output: [`Builder`] turns the engine's events into output items, in the order generated: a
+//! `reasoning` item for reasoning text, a `message` item for answer text, a `function_call` item
+//! per call (`call_id` the chat route's `call_…` id). Streamed, each step is one typed SSE event
+//! (`event: <type>`, data with `type` and `sequence_number`): `response.created`,
+//! `response.in_progress`, then per item `response.output_item.added`, its
+//! `content_part.added` / text deltas / `content_part.done` or its arguments deltas and done,
+//! `response.output_item.done`; the last event is `response.completed`, `response.incomplete`
+//! (max_output_tokens or the context reached, `incomplete_details.reason: "max_output_tokens"`)
+//! or `response.failed`. Not streamed, the same builder makes the one response object.
+//!
+//! Store ([`store`]): a finished response (completed or incomplete) with `store` (default true) is kept in
+//! memory as its items, for `previous_response_id`: the last [`STORE_RESPONSES`] responses, each
+//! for at most [`STORE_TTL`], at most [`STORE_BYTES`] of text together (oldest dropped first; a
+//! response past that alone is not kept).
+//! An unknown, dropped or unstored id is a 400 `previous_response_not_found`.
+
+pub mod store;
+
+use super::api::request::{
+    ChosenFunction, FormatType, FunctionDefinition, FunctionType, JsonSchemaFormat,
+    NamedToolChoice, ReasoningEffort, ResponseFormat, Tool, ToolChoiceMode,
+};
+use super::api::response::ObjectHead;
+use super::api::responses::{
+    ContentPart, EventBody, FunctionTool, IncompleteDetails, InputItem, InputRole,
+    InputTokensDetails, Object, OutputFunctionCall, OutputItem, OutputItemStatus, OutputMessage,
+    OutputReasoning, OutputText, OutputTokensDetails, Part, ReasoningText, ReasoningUsed,
+    ResponseError, ResponseEvent, ResponseInput, ResponseObject, ResponseRequest, ResponseStatus,
+    ResponseUsage, TextFormat,
+};
+use super::api::scalar::StrOr;
+use super::engine::{Chunk, Finish, Summary};
+use super::error::{missing_parameter, unknown_parameter, ApiError};
+use super::generation::{
+    sse_data, usage, Answer as Collected, ChunkFormat, Head, PromptSource, RequestKind,
+};
+use super::params::{self, Generation};
+use super::state::AppState;
+use super::text::{Delta, TextMode, TextModel, ToolCallDelta};
+use super::tools::{self, Structured};
+use aubier_runtime::text::chat::{
+    ChatMessage, ChatRequest, ContentChunk, FunctionCall, MessageContent, Role, ToolCall,
+};
+use aubier_runtime::text::grammar::GrammarSpec;
+use axum::response::sse::Event as SseEvent;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+pub use store::{Item, ResponseStore, STORE_BYTES, STORE_RESPONSES, STORE_TTL};
+
+/// The assistant turn being gathered from consecutive answer items.
+#[derive(Default)]
+struct Answer {
+    chunks: Vec<ContentChunk>,
+    calls: Vec<ToolCall>,
+}
+
+impl Answer {
+    fn message(self) -> ChatMessage {
+        ChatMessage {
+            content: Some(MessageContent::Chunks(self.chunks)),
+            tool_calls: Some(self.calls),
+            ..message(Role::Assistant, None)
+        }
+    }
+}
+
+fn message(role: Role, content: Option<String>) -> ChatMessage {
+    ChatMessage {
+        role,
+        content: content.map(MessageContent::Text),
+        reasoning_content: None,
+        tool_calls: None,
+        tool_call_id: None,
+        name: None,
+    }
+}
+
+/// The chat messages of `instructions` (a system message) and `items`: consecutive reasoning,
+/// assistant text and calls form one assistant turn, a call's output a tool message.
+pub fn messages(instructions: Option<&str>, items: &[Item]) -> Vec<ChatMessage> {
+    let mut out: Vec<ChatMessage> = instructions
+        .map(|i| message(Role::System, Some(i.to_owned())))
+        .into_iter()
+        .collect();
+    let mut answer: Option<Answer> = None;
+    for item in items {
+        match item {
+            Item::Message {
+                role: Role::Assistant,
+                text,
+            } => answer
+                .get_or_insert_with(Answer::default)
+                .chunks
+                .push(ContentChunk::Text { text: text.clone() }),
+            Item::Reasoning(text) => {
+                answer
+                    .get_or_insert_with(Answer::default)
+                    .chunks
+                    .push(ContentChunk::Thinking {
+                        thinking: text.clone(),
+                        closed: true,
+                    })
+            }
+            Item::Call {
+                call_id,
+                name,
+                arguments,
+            } => answer
+                .get_or_insert_with(Answer::default)
+                .calls
+                .push(ToolCall {
+                    id: Some(call_id.clone()),
+                    kind: Some("function".to_owned()),
+                    function: FunctionCall {
+                        name: name.clone(),
+                        arguments: Value::String(arguments.clone()),
+                    },
+                }),
+            Item::Message { role, text } => {
+                out.extend(answer.take().map(Answer::message));
+                out.push(message(*role, Some(text.clone())));
+            }
+            Item::Output { call_id, output } => {
+                out.extend(answer.take().map(Answer::message));
+                out.push(ChatMessage {
+                    tool_call_id: Some(call_id.clone()),
+                    ..message(Role::Tool, Some(output.clone()))
+                });
+            }
+        }
+    }
+    out.extend(answer.map(Answer::message));
+    out
+}
+
+/// A validated `POST /v1/responses` body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResponseParams {
+    /// `model`, `max_output_tokens`, sampling and `stream` (one choice, no stops, no
+    /// log-probabilities).
+    pub generation: Generation,
+    /// `input`.
+    pub input: Vec<Item>,
+    /// `instructions`.
+    pub instructions: Option<String>,
+    /// The tools in the chat shape, for the template.
+    pub tools: Option<Value>,
+    /// `tools`, `tool_choice`, `parallel_tool_calls` and `text.format`: the grammar.
+    pub structured: Structured,
+    /// `reasoning.effort`.
+    pub effort: Option<ReasoningEffort>,
+    /// `previous_response_id`.
+    pub previous_response_id: Option<String>,
+    /// `store` (default true).
+    pub store: bool,
+    /// What the response object repeats of the request: `tools`, `tool_choice`, `text`,
+    /// `parallel_tool_calls`, `max_output_tokens`, `temperature`, `top_p`.
+    echo: Echo,
+}
+
+/// A `/v1/responses` request as the generation route runs it: the body, and the items of the
+/// conversation so far (the stored response's, then `input`) whose chat messages are the
+/// prompt.
+pub(super) struct ResponsesKind {
+    params: ResponseParams,
+    items: Vec<Item>,
+    store: Arc<ResponseStore>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Echo {
+    tools: Vec<Value>,
+    tool_choice: Value,
+    text: Value,
+    parallel_tool_calls: bool,
+    max_output_tokens: Option<u64>,
+    temperature: f64,
+    top_p: f64,
+}
+
+/// The template's name of `effort`.
+fn effort_name(effort: ReasoningEffort) -> &'static str {
+    match effort {
+        ReasoningEffort::None => "none",
+        ReasoningEffort::High => "high",
+    }
+}
+
+/// A 400 for a part or item type aubier does not implement.
+fn unsupported_type(param: &str, kind: &str, what: &str) -> ApiError {
+    ApiError::invalid(
+        Some(param),
+        "unsupported_parameter",
+        format!("Unsupported parameter: '{param}' {kind:?} is not implemented; {what}."),
+    )
+}
+
+/// The text of a string or of text parts, joined. Errors: 400 naming a part of another type.
+fn joined(param: &str, content: StrOr<String, Vec<ContentPart>>) -> Result<String, ApiError> {
+    match content {
+        StrOr::Str(s) => Ok(s),
+        StrOr::Other(parts) => parts
+            .iter()
+            .enumerate()
+            .map(|(j, part)| match part {
+                ContentPart::Other(kind) => Err(unsupported_type(
+                    &format!("{param}[{j}].type"),
+                    kind,
+                    "send input_text or output_text parts",
+                )),
+                text => Ok(text.text().unwrap_or_default()),
+            })
+            .collect(),
+    }
+}
+
+/// `input` as items. Errors: 400 naming an item or part aubier does not implement.
+fn items(input: ResponseInput) -> Result<Vec<Item>, ApiError> {
+    let list = match input {
+        StrOr::Str(text) => {
+            return Ok(vec![Item::Message {
+                role: Role::User,
+                text,
+            }])
+        }
+        StrOr::Other(list) => list,
+    };
+    list.into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            Ok(match item {
+                InputItem::Message(m) => Item::Message {
+                    role: match m.role {
+                        InputRole::User => Role::User,
+                        InputRole::System => Role::System,
+                        InputRole::Developer => Role::Developer,
+                        InputRole::Assistant => Role::Assistant,
+                    },
+                    text: joined(&format!("input[{i}].content"), m.content)?,
+                },
+                InputItem::FunctionCall(c) => Item::Call {
+                    call_id: c.call_id,
+                    name: c.name,
+                    arguments: c.arguments,
+                },
+                InputItem::FunctionCallOutput(o) => Item::Output {
+                    call_id: o.call_id,
+                    output: joined(&format!("input[{i}].output"), o.output)?,
+                },
+                InputItem::Reasoning(r) => {
+                    params::refuse(&r.refused(), &format!("input[{i}]."))?;
+                    let content: Vec<&str> =
+                        r.content.iter().flatten().map(|c| &*c.0.text).collect();
+                    let text = if content.is_empty() {
+                        r.summary.iter().map(|s| &*s.0.text).collect::<Vec<_>>()
+                    } else {
+                        content
+                    };
+                    Item::Reasoning(text.join("\n\n"))
+                }
+                InputItem::Other(kind) => {
+                    return Err(unsupported_type(
+                        &format!("input[{i}].type"),
+                        &kind,
+                        "send messages, function_call, function_call_output and reasoning items",
+                    ))
+                }
+            })
+        })
+        .collect()
+}
+
+/// `text.format` as the chat route's `response_format`, and as the response repeats it.
+///
+/// Errors: 400 for json_schema without name or schema, or those with another type.
+fn text_format(format: Option<TextFormat>) -> Result<(Option<ResponseFormat>, Value), ApiError> {
+    let Some(f) = format else {
+        return Ok((None, json!({"format": {"type": "text"}})));
+    };
+    if f.kind != FormatType::JsonSchema {
+        let sent = [
+            ("name", f.name.is_some()),
+            ("schema", f.schema.is_some()),
+            ("description", f.description.is_some()),
+            ("strict", f.strict.is_some()),
+        ];
+        if let Some((key, _)) = sent.iter().find(|(_, s)| *s) {
+            return Err(unknown_parameter(&format!("text.format.{key}")));
+        }
+        let kind = if f.kind == FormatType::Text {
+            "text"
+        } else {
+            "json_object"
+        };
+        let format = ResponseFormat {
+            kind: f.kind,
+            json_schema: None,
+        };
+        return Ok((Some(format), json!({"format": {"type": kind}})));
+    }
+    let name = f
+        .name
+        .ok_or_else(|| missing_parameter("text.format.name"))?;
+    let schema = f
+        .schema
+        .ok_or_else(|| missing_parameter("text.format.schema"))?;
+    let echo = json!({"format": {"type": "json_schema", "name": name, "schema": schema,
+        "description": f.description, "strict": f.strict}});
+    let format = ResponseFormat {
+        kind: FormatType::JsonSchema,
+        json_schema: Some(JsonSchemaFormat {
+            name,
+            description: f.description,
+            schema,
+            strict: f.strict,
+        }),
+    };
+    Ok((Some(format), echo))
+}
+
+/// An error the chat shapes name, renamed to the Responses parameter (module note).
+fn renamed(mut e: ApiError) -> ApiError {
+    const PREFIXES: [(&str, &str); 4] = [
+        ("response_format.json_schema.", "text.format."),
+        ("response_format", "text.format"),
+        ("tool_choice.function.", "tool_choice."),
+        ("reasoning_effort", "reasoning.effort"),
+    ];
+    let Some(from) = e.param.take() else {
+        return e;
+    };
+    let to = if from == "messages" {
+        "input".to_owned()
+    } else if from.starts_with("tools[") {
+        from.replacen("].function.", "].", 1)
+    } else {
+        PREFIXES
+            .iter()
+            .find_map(|(a, b)| from.strip_prefix(a).map(|rest| format!("{b}{rest}")))
+            .unwrap_or_else(|| from.clone())
+    };
+    if from != "messages" {
+        e.message = e.message.replace(&from, &to);
+    }
+    e.param = Some(to);
+    e
+}
+
+/// Parses and validates a `POST /v1/responses` body.
+///
+/// Errors: 400 for malformed JSON, a missing `model` or `input`, a value of the wrong type or out
+/// of range, a refused parameter at a non-default value or an unimplemented item type (named in
+/// `param`), or an unrecognised parameter.
+pub fn parse(bytes: &[u8]) -> Result<ResponseParams, ApiError> {
+    let r: ResponseRequest = params::read(bytes)?;
+    params::refuse(&r.refused(), "")?;
+    let sampling = params::sampling(r.sampling_fields(), 1.0, params::random_seed())?;
+    let text = r.text.map(|t| t.0);
+    let reasoning = r.reasoning.map(|x| x.0);
+    if let Some(t) = &text {
+        params::refuse(&t.refused(), "text.")?;
+    }
+    if let Some(x) = &reasoning {
+        params::refuse(&x.refused(), "reasoning.")?;
+    }
+    let stream = r.stream.unwrap_or(false);
+    if r.stream_options.is_some() && !stream {
+        return Err(ApiError::bad_value(
+            "stream_options",
+            "'stream_options' is only allowed when 'stream' is true.",
+        ));
+    }
+    let max_tokens = params::count("max_output_tokens", r.max_output_tokens)?;
+    let effort = reasoning.and_then(|x| x.effort);
+    let flat: Vec<FunctionTool> = r
+        .tools
+        .unwrap_or_default()
+        .into_iter()
+        .map(|Object(t)| FunctionTool {
+            strict: Some(t.strict.unwrap_or(true)),
+            ..t
+        })
+        .collect();
+    let chat_tools: Vec<Tool> = flat
+        .iter()
+        .map(|t| Tool {
+            kind: FunctionType::Function,
+            function: FunctionDefinition {
+                name: t.name.clone(),
+                description: t.description.clone(),
+                parameters: t.parameters.clone(),
+                strict: t.strict,
+            },
+        })
+        .collect();
+    let (choice, choice_echo) = match r.tool_choice {
+        None => (None, json!("auto")),
+        Some(StrOr::Str(mode)) => {
+            let name = match mode {
+                ToolChoiceMode::None => "none",
+                ToolChoiceMode::Auto => "auto",
+                ToolChoiceMode::Required => "required",
+            };
+            (Some(StrOr::Str(mode)), json!(name))
+        }
+        Some(StrOr::Other(Object(f))) => {
+            let echo = json!({"type": "function", "name": f.name});
+            let named = NamedToolChoice {
+                kind: FunctionType::Function,
+                function: ChosenFunction { name: f.name },
+            };
+            (Some(StrOr::Other(named)), echo)
+        }
+    };
+    let (format, text_echo) = text_format(text.and_then(|t| t.format).map(|f| f.0))?;
+    let structured = tools::structured(
+        &chat_tools,
+        choice,
+        r.parallel_tool_calls,
+        format,
+        effort == Some(ReasoningEffort::High),
+    )
+    .map_err(renamed)?;
+    let to_json = |v: Result<Value, serde_json::Error>| {
+        v.map_err(|e| ApiError::internal(format!("The tools do not serialize again: {e}.")))
+    };
+    let tools = match chat_tools.is_empty() {
+        true => None,
+        false => Some(to_json(serde_json::to_value(&chat_tools))?),
+    };
+    let echo = Echo {
+        tools: flat
+            .iter()
+            .map(|t| to_json(serde_json::to_value(t)))
+            .collect::<Result<_, _>>()?,
+        tool_choice: choice_echo,
+        text: text_echo,
+        parallel_tool_calls: r.parallel_tool_calls.unwrap_or(true),
+        max_output_tokens: r.max_output_tokens.map(|c| c.0),
+        temperature: f64::from(sampling.temperature),
+        top_p: f64::from(sampling.top_p),
+    };
+    Ok(ResponseParams {
+        generation: Generation {
+            model: r.model.0,
+            max_tokens,
+            sampling,
+            stop: Vec::new(),
+            stream,
+            include_usage: false,
+            n: 1,
+            logprobs: None,
+        },
+        input: items(r.input)?,
+        instructions: r.instructions,
+        tools,
+        structured,
+        effort,
+        previous_response_id: r.previous_response_id,
+        store: r.store.unwrap_or(true),
+        echo,
+    })
+}
+
+impl ResponseParams {
+    /// The response object before anything is generated.
+    fn head(&self, head: &ObjectHead) -> ResponseObject {
+        let e = &self.echo;
+        ResponseObject {
+            id: head.id.clone(),
+            object: "response",
+            created_at: head.created,
+            status: ResponseStatus::InProgress,
+            error: None,
+            incomplete_details: None,
+            instructions: self.instructions.clone(),
+            max_output_tokens: e.max_output_tokens,
+            model: head.model.clone(),
+            output: Vec::new(),
+            parallel_tool_calls: e.parallel_tool_calls,
+            previous_response_id: self.previous_response_id.clone(),
+            reasoning: ReasoningUsed {
+                effort: self.effort.map(effort_name),
+                summary: (),
+            },
+            store: self.store,
+            temperature: e.temperature,
+            top_p: e.top_p,
+            text: e.text.clone(),
+            tool_choice: e.tool_choice.clone(),
+            tools: e.tools.clone(),
+            truncation: "disabled",
+            usage: None,
+            metadata: Map::new(),
+        }
+    }
+}
+
+/// `prefix`, `_` and 128 random bits in hex.
+fn new_id(prefix: &str) -> String {
+    format!("{prefix}_{:032x}", rand::random::<u128>())
+}
+
+/// The output item being generated: reasoning or answer text, or a call.
+enum Open {
+    Text {
+        reasoning: bool,
+        id: String,
+        text: String,
+    },
+    Call {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+    },
+}
+
+impl Open {
+    /// The wire item, with its text when `whole` (else as response.output_item.added has it).
+    fn item(&self, status: OutputItemStatus, whole: bool) -> OutputItem {
+        match self {
+            Open::Text {
+                reasoning: true,
+                id,
+                text,
+            } => OutputItem::Reasoning(OutputReasoning {
+                id: id.clone(),
+                kind: "reasoning",
+                summary: Vec::new(),
+                content: whole.then(|| reasoning_part(text)).into_iter().collect(),
+                status,
+            }),
+            Open::Text { id, text, .. } => OutputItem::Message(OutputMessage {
+                id: id.clone(),
+                kind: "message",
+                role: "assistant",
+                status,
+                content: whole.then(|| text_part(text)).into_iter().collect(),
+            }),
+            Open::Call {
+                id,
+                call_id,
+                name,
+                arguments,
+            } => OutputItem::FunctionCall(OutputFunctionCall {
+                id: id.clone(),
+                kind: "function_call",
+                call_id: call_id.clone(),
+                name: name.clone(),
+                arguments: arguments.clone(),
+                status,
+            }),
+        }
+    }
+}
+
+fn text_part(text: &str) -> OutputText {
+    OutputText {
+        kind: "output_text",
+        text: text.to_owned(),
+        annotations: Vec::new(),
+        logprobs: Vec::new(),
+    }
+}
+
+fn reasoning_part(text: &str) -> ReasoningText {
+    ReasoningText {
+        kind: "reasoning_text",
+        text: text.to_owned(),
+    }
+}
+
+/// The content part of a text item.
+fn part(reasoning: bool, text: &str) -> Part {
+    match reasoning {
+        true => Part::Reasoning(reasoning_part(text)),
+        false => Part::Text(text_part(text)),
+    }
+}
+
+/// Where a finished response is kept: the store's owner and the items before its output.
+struct Keep {
+    store: Arc<ResponseStore>,
+    items: Vec<Item>,
+}
+
+/// The state machine from the engine's events to the response object and its stream events
+/// (module note).
+struct Builder {
+    response: ResponseObject,
+    open: Option<Open>,
+    said: Vec<Item>,
+    streaming: bool,
+    seq: u64,
+    events: Vec<ResponseEvent>,
+    keep: Option<Keep>,
+}
+
+impl Builder {
+    fn new(response: ResponseObject, streaming: bool, keep: Option<Keep>) -> Builder {
+        let mut b = Builder {
+            response,
+            open: None,
+            said: Vec::new(),
+            streaming,
+            seq: 0,
+            events: Vec::new(),
+            keep,
+        };
+        let r = b.response.clone();
+        b.emit(|| EventBody::Created {
+            response: r.clone(),
+        });
+        b.emit(|| EventBody::InProgress { response: r });
+        b
+    }
+
+    /// Records an event when streaming.
+    fn emit(&mut self, body: impl FnOnce() -> EventBody) {
+        if self.streaming {
+            self.events.push(ResponseEvent {
+                body: body(),
+                sequence_number: self.seq,
+            });
+            self.seq += 1;
+        }
+    }
+
+    /// The events recorded since the last call.
+    fn take(&mut self) -> Vec<ResponseEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    fn output_index(&self) -> usize {
+        self.response.output.len()
+    }
+
+    fn begin(&mut self, open: Open) {
+        let output_index = self.output_index();
+        let item = open.item(OutputItemStatus::InProgress, false);
+        self.emit(|| EventBody::OutputItemAdded { output_index, item });
+        if let Open::Text { reasoning, id, .. } = &open {
+            self.emit(|| EventBody::ContentPartAdded {
+                item_id: id.clone(),
+                output_index,
+                content_index: 0,
+                part: part(*reasoning, ""),
+            });
+        }
+        self.open = Some(open);
+    }
+
+    /// Ends the open item, if any.
+    fn close(&mut self, status: OutputItemStatus) {
+        let Some(open) = self.open.take() else {
+            return;
+        };
+        let output_index = self.output_index();
+        let whole = open.item(status, true);
+        match open {
+            Open::Text {
+                reasoning,
+                id,
+                text,
+            } => {
+                self.emit(|| match reasoning {
+                    true => EventBody::ReasoningTextDone {
+                        item_id: id.clone(),
+                        output_index,
+                        content_index: 0,
+                        text: text.clone(),
+                    },
+                    false => EventBody::OutputTextDone {
+                        item_id: id.clone(),
+                        output_index,
+                        content_index: 0,
+                        text: text.clone(),
+                        logprobs: Vec::new(),
+                    },
+                });
+                self.emit(|| EventBody::ContentPartDone {
+                    item_id: id,
+                    output_index,
+                    content_index: 0,
+                    part: part(reasoning, &text),
+                });
+                self.said.push(match reasoning {
+                    true => Item::Reasoning(text),
+                    false => Item::Message {
+                        role: Role::Assistant,
+                        text,
+                    },
+                });
+            }
+            Open::Call {
+                id,
+                call_id,
+                name,
+                arguments,
+            } => {
+                self.emit(|| EventBody::FunctionCallArgumentsDone {
+                    item_id: id,
+                    output_index,
+                    name: name.clone(),
+                    arguments: arguments.clone(),
+                });
+                self.said.push(Item::Call {
+                    call_id,
+                    name,
+                    arguments,
+                });
+            }
+        }
+        let item = whole.clone();
+        self.emit(|| EventBody::OutputItemDone { output_index, item });
+        self.response.output.push(whole);
+    }
+
+    /// Adds reasoning (`reasoning`) or answer text, opening its item when another is open.
+    fn text(&mut self, reasoning: bool, delta: &str) {
+        if !matches!(&self.open, Some(Open::Text { reasoning: r, .. }) if *r == reasoning) {
+            self.close(OutputItemStatus::Completed);
+            self.begin(Open::Text {
+                reasoning,
+                id: new_id(if reasoning { "rs" } else { "msg" }),
+                text: String::new(),
+            });
+        }
+        let output_index = self.output_index();
+        let Some(Open::Text { id, text, .. }) = &mut self.open else {
+            return;
+        };
+        text.push_str(delta);
+        let (item_id, delta) = (id.clone(), delta.to_owned());
+        self.emit(|| match reasoning {
+            true => EventBody::ReasoningTextDelta {
+                item_id,
+                output_index,
+                content_index: 0,
+                delta,
+            },
+            false => EventBody::OutputTextDelta {
+                item_id,
+                output_index,
+                content_index: 0,
+                delta,
+                logprobs: Vec::new(),
+            },
+        });
+    }
+
+    /// Takes in one engine chunk.
+    fn chunk(&mut self, c: &Chunk) {
+        if !c.delta.reasoning.is_empty() {
+            self.text(true, &c.delta.reasoning);
+        }
+        if !c.delta.content.is_empty() {
+            self.text(false, &c.delta.content);
+        }
+        for piece in &c.delta.tool_calls {
+            if let Some((call_id, name)) = &piece.head {
+                self.close(OutputItemStatus::Completed);
+                self.begin(Open::Call {
+                    id: new_id("fc"),
+                    call_id: call_id.clone(),
+                    name: name.clone(),
+                    arguments: String::new(),
+                });
+            }
+            let output_index = self.output_index();
+            if let Some(Open::Call { id, arguments, .. }) = &mut self.open {
+                arguments.push_str(&piece.arguments);
+                let (item_id, delta) = (id.clone(), piece.arguments.clone());
+                if !delta.is_empty() {
+                    self.emit(|| EventBody::FunctionCallArgumentsDelta {
+                        item_id,
+                        output_index,
+                        delta,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Ends the response; keeps it when asked to.
+    fn done(&mut self, s: &Summary) {
+        let complete = matches!(s.finish, Finish::Stop | Finish::ToolCalls);
+        self.close(match complete {
+            true => OutputItemStatus::Completed,
+            false => OutputItemStatus::Incomplete,
+        });
+        let u = usage(std::slice::from_ref(s));
+        let r = &mut self.response;
+        r.usage = Some(ResponseUsage {
+            input_tokens: u.prompt_tokens,
+            input_tokens_details: InputTokensDetails {
+                cached_tokens: u.prompt_tokens_details.cached_tokens,
+                cache_write_tokens: 0,
+            },
+            output_tokens: u.completion_tokens,
+            output_tokens_details: OutputTokensDetails {
+                reasoning_tokens: u.completion_tokens_details.reasoning_tokens,
+            },
+            total_tokens: u.total_tokens,
+        });
+        if complete {
+            r.status = ResponseStatus::Completed;
+        } else {
+            r.status = ResponseStatus::Incomplete;
+            r.incomplete_details = Some(IncompleteDetails {
+                reason: "max_output_tokens",
+            });
+        }
+        if let Some(Keep { store, mut items }) = self.keep.take() {
+            items.append(&mut self.said);
+            store.put(r.id.clone(), items);
+        }
+        let response = r.clone();
+        self.emit(|| match complete {
+            true => EventBody::Completed { response },
+            false => EventBody::Incomplete { response },
+        });
+    }
+
+    /// Ends the stream of a failed response.
+    fn failed(&mut self, e: &ApiError) {
+        self.close(OutputItemStatus::Incomplete);
+        self.response.status = ResponseStatus::Failed;
+        self.response.error = Some(ResponseError {
+            code: e.code.unwrap_or("server_error").to_owned(),
+            message: e.message.clone(),
+        });
+        let response = self.response.clone();
+        self.emit(|| EventBody::Failed { response });
+    }
+}
+
+/// 400 `previous_response_not_found`.
+fn not_found(id: &str) -> ApiError {
+    ApiError::invalid(
+        Some("previous_response_id"),
+        "previous_response_not_found",
+        format!(
+            "Previous response with id '{id}' not found: aubier keeps the last \
+             {STORE_RESPONSES} responses stored with 'store' for {} minutes.",
+            STORE_TTL.as_secs() / 60
+        ),
+    )
+}
+
+impl RequestKind for ResponsesKind {
+    const PROMPT_PARAM: &'static str = "input";
+    const ID_PREFIX: &'static str = "resp_";
+    type Chunks = ResponseEvents;
+
+    /// Errors: as [`parse`]'s, and a 400 `previous_response_not_found` for an id the store
+    /// does not hold.
+    fn parse(app: &AppState, bytes: &[u8]) -> Result<ResponsesKind, ApiError> {
+        let mut params = parse(bytes)?;
+        let mut items = match &params.previous_response_id {
+            None => Vec::new(),
+            Some(id) => app.responses.get(id).ok_or_else(|| not_found(id))?.to_vec(),
+        };
+        items.append(&mut params.input);
+        Ok(ResponsesKind {
+            params,
+            items,
+            store: app.responses.clone(),
+        })
+    }
+
+    fn generation(&self) -> &Generation {
+        &self.params.generation
+    }
+
+    fn take_prompt(&mut self) -> PromptSource {
+        let p = &mut self.params;
+        let chat = ChatRequest {
+            messages: messages(p.instructions.as_deref(), &self.items),
+            tools: p.tools.take(),
+            reasoning_effort: p.effort.map(|e| effort_name(e).to_owned()),
+            continue_final_message: false,
+        };
+        PromptSource::Build(Box::new(move |t: &TextModel, limit| {
+            t.chat_prompt_within(&chat, limit).map_err(renamed)
+        }))
+    }
+
+    fn mode(&self) -> TextMode {
+        TextMode::Chat {
+            stops: Vec::new(),
+            tool_calls: self.params.structured.tool_calls,
+        }
+    }
+
+    fn take_grammar(&mut self) -> Option<GrammarSpec> {
+        self.params.structured.grammar.take()
+    }
+
+    fn rename(e: ApiError) -> ApiError {
+        renamed(e)
+    }
+
+    fn answer(self, _app: &AppState, head: Head, answers: Vec<Collected>) -> Response {
+        let mut b = self.builder(&head, false);
+        for a in answers {
+            b.chunk(&Chunk {
+                choice: a.summary.choice,
+                delta: Delta {
+                    reasoning: a.reasoning,
+                    content: a.content,
+                    tool_calls: a
+                        .tool_calls
+                        .into_iter()
+                        .enumerate()
+                        .map(|(index, c)| ToolCallDelta {
+                            index,
+                            head: Some((c.id, c.name)),
+                            arguments: c.arguments,
+                        })
+                        .collect(),
+                },
+                logprobs: Vec::new(),
+            });
+            b.done(&a.summary);
+        }
+        Json(b.response).into_response()
+    }
+
+    fn chunks(self, _app: &AppState, head: Head) -> ResponseEvents {
+        ResponseEvents(self.builder(&head, true))
+    }
+}
+
+impl ResponsesKind {
+    /// The builder of this request's response, keeping it in the store when `store` is set.
+    fn builder(self, head: &Head, streaming: bool) -> Builder {
+        let keep = self.params.store.then_some(Keep {
+            store: self.store,
+            items: self.items,
+        });
+        Builder::new(self.params.head(&head.object), streaming, keep)
+    }
+}
+
+/// The typed SSE events of a streamed response (module note): `event: <type>` and the event's
+/// data; no `[DONE]` (the last event is `response.completed`, `.incomplete` or `.failed`).
+pub(super) struct ResponseEvents(Builder);
+
+impl ChunkFormat for ResponseEvents {
+    type Chunk = ResponseEvent;
+    const DONE_MARKER: bool = false;
+
+    fn opening(&mut self, _choice: usize) -> Vec<ResponseEvent> {
+        self.0.take()
+    }
+
+    fn text(&mut self, chunk: &Chunk) -> Vec<ResponseEvent> {
+        self.0.chunk(chunk);
+        self.0.take()
+    }
+
+    fn finish(&mut self, summary: &Summary) -> Vec<ResponseEvent> {
+        self.0.done(summary);
+        self.0.take()
+    }
+
+    fn usage(&mut self, _done: &[Summary]) -> Vec<ResponseEvent> {
+        Vec::new()
+    }
+
+    fn event(&self, ev: &ResponseEvent) -> SseEvent {
+        sse_data(ev).event(ev.body.name())
+    }
+
+    fn failure(&mut self, error: &ApiError) -> Vec<SseEvent> {
+        self.0.failed(error);
+        let events = self.0.take();
+        events.iter().map(|ev| self.event(ev)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn said(text: &str) -> Vec<Item> {
+        vec![Item::Message {
+            role: Role::User,
+            text: text.to_owned(),
+        }]
+    }
+
+    #[test]
+    fn the_store_keeps_the_last_responses_within_its_bytes() {
+        let store = ResponseStore::default();
+        for i in 0..STORE_RESPONSES + 10 {
+            store.put(format!("resp_{i}"), said("x"));
+        }
+        assert!(store.get("resp_9").is_none());
+        assert_eq!(store.get("resp_10").as_deref(), Some(&said("x")));
+        let last = format!("resp_{}", STORE_RESPONSES + 9);
+        assert!(store.get(&last).is_some());
+        store.put("big".to_owned(), said(&"y".repeat(STORE_BYTES)));
+        assert!(store.get("big").is_none(), "past the byte bound alone");
+        assert!(store.get(&last).is_some(), "the newer ones stay");
+    }
+
+    #[test]
+    fn answer_items_in_a_row_are_one_assistant_turn() {
+        let items = [
+            Item::Message {
+                role: Role::User,
+                text: "q".to_owned(),
+            },
+            Item::Reasoning("r".to_owned()),
+            Item::Message {
+                role: Role::Assistant,
+                text: "a".to_owned(),
+            },
+            Item::Call {
+                call_id: "call_1".to_owned(),
+                name: "f".to_owned(),
+                arguments: "{}".to_owned(),
+            },
+            Item::Output {
+                call_id: "call_1".to_owned(),
+                output: "o".to_owned(),
+            },
+        ];
+        let m = messages(Some("be brief"), &items);
+        let roles: Vec<Role> = m.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [Role::System, Role::User, Role::Assistant, Role::Tool]
+        );
+        assert_eq!(m[2].tool_calls.as_ref().map(Vec::len), Some(1));
+        assert_eq!(m[3].tool_call_id.as_deref(), Some("call_1"));
+    }
+}

@@ -1,0 +1,535 @@
+//! `POST /v1/responses`: the response object and its typed event stream (fake engine: scripted
+//! text, reasoning, the store), refused and invalid parameters named, and on the real engine with
+//! the bundled model a function call answered by its output, `text.format` json_schema, and a
+//! continuation by `previous_response_id` that reuses the prompt cache (`cached_tokens` > 0).
+//! The last test runs openai-python and the OpenAI Agents SDK against the demo
+//! (`server/tests/python/responses_test.py`); like the README's Python examples it is ignored by
+//! default and `.ci/run` runs it with `$AUBIER_TEST_PYTHON`.
+
+mod serve_common;
+
+use serde_json::{json, Value};
+use serve_common::process::{scratch_dir, Proc};
+use serve_common::*;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+/// A body for the served model with `input` "Hello!" and the fields of `extra`.
+fn body(extra: Value) -> Value {
+    let mut b = json!({"model": MODEL_ID, "input": "Hello!"});
+    if let (Some(b), Value::Object(extra)) = (b.as_object_mut(), extra) {
+        b.extend(extra);
+    }
+    b
+}
+
+async fn post(addr: SocketAddr, body: &Value) -> RawResponse {
+    raw_request(addr, "POST", "/v1/responses", body.to_string().as_bytes()).await
+}
+
+/// POSTs `body` and returns the response object, asserting 200.
+async fn create(addr: SocketAddr, body: &Value) -> Value {
+    let resp = post(addr, body).await;
+    resp.assert_status(200, &body.to_string());
+    resp.json()
+}
+
+/// The events of a streamed response: each transfer chunk is one SSE event whose `event:` field
+/// is its data's `type`, numbered 0, 1, 2, … by `sequence_number`.
+async fn events(addr: SocketAddr, body: &Value) -> Vec<Value> {
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let resp = post(addr, &body).await;
+    resp.assert_status(200, &body.to_string());
+    assert_eq!(resp.header("content-type"), Some("text/event-stream"));
+    resp.chunks
+        .iter()
+        .enumerate()
+        .map(|(i, frame)| {
+            let text = std::str::from_utf8(frame).expect("UTF-8");
+            let fields = text.strip_suffix("\n\n").expect("a blank line ends it");
+            let (mut event, mut data) = (None, None);
+            for line in fields.lines() {
+                match line.split_once(": ") {
+                    Some(("event", v)) => event = Some(v),
+                    Some(("data", v)) => data = Some(v),
+                    _ => panic!("an unexpected line {line:?} in {text:?}"),
+                }
+            }
+            let v: Value = serde_json::from_str(data.expect("data")).expect("JSON data");
+            assert_eq!(Some(v["type"].as_str().expect("type")), event, "{text}");
+            assert_eq!(v["sequence_number"], i, "{text}");
+            v
+        })
+        .collect()
+}
+
+fn types(events: &[Value]) -> Vec<&str> {
+    events
+        .iter()
+        .map(|e| e["type"].as_str().expect("type"))
+        .collect()
+}
+
+/// The concatenated `delta`s of events of type `kind`.
+fn deltas(events: &[Value], kind: &str) -> String {
+    events
+        .iter()
+        .filter(|e| e["type"] == kind)
+        .map(|e| e["delta"].as_str().expect("delta"))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_string_input_gets_a_response_object() {
+    let srv = start_fake(script(byte_ids("Hi there")), 4096, limits()).await;
+    let v = create(srv.addr, &body(json!({"instructions": "Be brief."}))).await;
+    assert!(
+        v["id"].as_str().is_some_and(|id| id.starts_with("resp_")),
+        "{v}"
+    );
+    assert_eq!(v["object"], "response");
+    assert_eq!(v["status"], "completed");
+    assert_eq!(v["model"], MODEL_ID);
+    assert_eq!(v["instructions"], "Be brief.");
+    assert!(
+        v["error"].is_null() && v["incomplete_details"].is_null(),
+        "{v}"
+    );
+    let output = v["output"].as_array().expect("output");
+    assert_eq!(output.len(), 1, "{v}");
+    let message = &output[0];
+    assert_eq!(message["type"], "message");
+    assert_eq!(message["role"], "assistant");
+    assert_eq!(message["status"], "completed");
+    assert!(message["id"]
+        .as_str()
+        .is_some_and(|id| id.starts_with("msg_")));
+    assert_eq!(
+        message["content"],
+        json!([{"type": "output_text", "text": "Hi there", "annotations": [], "logprobs": []}])
+    );
+    let u = &v["usage"];
+    assert_eq!(u["output_tokens"], 8);
+    assert!(u["input_tokens"].as_u64().is_some_and(|n| n > 0), "{u}");
+    assert_eq!(
+        u["total_tokens"].as_u64(),
+        Some(u["input_tokens"].as_u64().unwrap_or(0) + 8)
+    );
+    assert_eq!(u["input_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(u["output_tokens_details"]["reasoning_tokens"], 0);
+    assert_eq!(
+        (&v["tool_choice"], &v["tools"]),
+        (&json!("auto"), &json!([]))
+    );
+    assert_eq!(v["text"], json!({"format": {"type": "text"}}));
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn a_stream_sends_the_typed_events_in_order() {
+    let srv = start_fake(script(byte_ids("Hi there")), 4096, limits()).await;
+    let ev = events(srv.addr, &body(json!({}))).await;
+    let t = types(&ev);
+    let n = t.len();
+    assert_eq!(
+        t[..4],
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added"
+        ]
+    );
+    assert!(
+        t[4..n - 4]
+            .iter()
+            .all(|t| *t == "response.output_text.delta"),
+        "{t:?}"
+    );
+    assert_eq!(
+        t[n - 4..],
+        [
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed"
+        ]
+    );
+    assert_eq!(deltas(&ev, "response.output_text.delta"), "Hi there");
+    assert_eq!(ev[0]["response"]["status"], "in_progress");
+    assert!(ev[0]["response"]["usage"].is_null());
+    assert_eq!(ev[2]["item"]["content"], json!([]));
+    assert_eq!(ev[n - 4]["text"], "Hi there");
+    let done = &ev[n - 1]["response"];
+    assert_eq!(done["status"], "completed");
+    assert_eq!(done["output"][0], ev[n - 2]["item"]);
+    assert_eq!(done["id"], ev[0]["response"]["id"]);
+    assert_eq!(done["usage"]["output_tokens"], 8);
+
+    // Cut by max_output_tokens: the last event is response.incomplete.
+    let ev = events(srv.addr, &body(json!({"max_output_tokens": 3}))).await;
+    let last = &ev[ev.len() - 1];
+    assert_eq!(last["type"], "response.incomplete");
+    assert_eq!(last["response"]["status"], "incomplete");
+    assert_eq!(
+        last["response"]["incomplete_details"],
+        json!({"reason": "max_output_tokens"})
+    );
+    assert_eq!(last["response"]["output"][0]["status"], "incomplete");
+    assert_eq!(deltas(&ev, "response.output_text.delta"), "Hi ");
+    let v = create(srv.addr, &body(json!({"max_output_tokens": 3}))).await;
+    assert_eq!(v["status"], "incomplete", "{v}");
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn reasoning_is_a_reasoning_item_before_the_message() {
+    let tok = text_model();
+    let special = |s: &str| tok.tokenizer().special_id(s).expect("in the vocabulary");
+    let mut ids = vec![special("[THINK]")];
+    ids.extend(byte_ids("plan"));
+    ids.push(special("[/THINK]"));
+    ids.extend(byte_ids("answer"));
+    let srv = start_fake(script(ids), 4096, limits()).await;
+    let high = body(json!({"reasoning": {"effort": "high"}}));
+    let v = create(srv.addr, &high).await;
+    assert_eq!(v["reasoning"]["effort"], "high");
+    let output = &v["output"];
+    assert_eq!(output[0]["type"], "reasoning", "{v}");
+    assert!(output[0]["id"]
+        .as_str()
+        .is_some_and(|id| id.starts_with("rs_")));
+    assert_eq!(
+        output[0]["content"],
+        json!([{"type": "reasoning_text", "text": "plan"}])
+    );
+    assert_eq!(output[1]["content"][0]["text"], "answer");
+    assert_eq!(v["usage"]["output_tokens_details"]["reasoning_tokens"], 6);
+    let ev = events(srv.addr, &high).await;
+    assert_eq!(deltas(&ev, "response.reasoning_text.delta"), "plan");
+    assert_eq!(deltas(&ev, "response.output_text.delta"), "answer");
+    let added: Vec<&Value> = ev
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.added")
+        .map(|e| &e["output_index"])
+        .collect();
+    assert_eq!(added, [&json!(0), &json!(1)]);
+    // The reasoning item sent back as input is past reasoning of an assistant turn.
+    let mut items = vec![json!({"role": "user", "content": "x"})];
+    items.extend(output.as_array().expect("output").iter().cloned());
+    items.push(json!({"role": "user", "content": [{"type": "input_text", "text": "y"}]}));
+    create(srv.addr, &body(json!({"input": items}))).await;
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn previous_response_id_continues_a_stored_response() {
+    let srv = start_fake(script(byte_ids("ok")), 4096, limits()).await;
+    let first = create(srv.addr, &body(json!({}))).await;
+    let id = first["id"].as_str().expect("id");
+    let next = create(
+        srv.addr,
+        &body(json!({"previous_response_id": id, "input": "And then?"})),
+    )
+    .await;
+    assert_eq!(next["previous_response_id"], id);
+    // The continued prompt holds the first input and output before the new input.
+    assert!(
+        next["usage"]["input_tokens"].as_u64() > first["usage"]["input_tokens"].as_u64(),
+        "{first}\n{next}"
+    );
+    let unknown = post(
+        srv.addr,
+        &body(json!({"previous_response_id": "resp_0123"})),
+    )
+    .await;
+    unknown.assert_status(400, "an unknown previous_response_id");
+    let e = &unknown.json()["error"];
+    assert_eq!(e["code"], "previous_response_not_found", "{e}");
+    assert_eq!(e["param"], "previous_response_id", "{e}");
+    // A response not stored cannot be continued.
+    let unstored = create(srv.addr, &body(json!({"store": false}))).await;
+    assert_eq!(unstored["store"], false);
+    let resp = post(
+        srv.addr,
+        &body(json!({"previous_response_id": unstored["id"]})),
+    )
+    .await;
+    resp.assert_status(400, "an unstored response");
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn refused_and_invalid_parameters_are_named() {
+    let srv = start_fake(script(byte_ids("ok")), 4096, limits()).await;
+    let tool = json!({"type": "function", "name": "f"});
+    let cases = [
+        (
+            json!({"include": ["reasoning.encrypted_content"]}),
+            "include",
+            "unsupported_parameter",
+        ),
+        (
+            json!({"background": true}),
+            "background",
+            "unsupported_parameter",
+        ),
+        (
+            json!({"truncation": "auto"}),
+            "truncation",
+            "unsupported_parameter",
+        ),
+        (
+            json!({"top_logprobs": 2}),
+            "top_logprobs",
+            "unsupported_parameter",
+        ),
+        (
+            json!({"metadata": {"a": "b"}}),
+            "metadata",
+            "unsupported_parameter",
+        ),
+        (
+            json!({"text": {"verbosity": "low"}}),
+            "text.verbosity",
+            "unsupported_parameter",
+        ),
+        (
+            json!({"reasoning": {"summary": "auto"}}),
+            "reasoning.summary",
+            "unsupported_parameter",
+        ),
+        (
+            json!({"reasoning": {"effort": "medium"}}),
+            "reasoning.effort",
+            "invalid_value",
+        ),
+        (
+            json!({"input": [{"type": "web_search_call", "id": "ws_1"}]}),
+            "input[0].type",
+            "unsupported_parameter",
+        ),
+        (
+            json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}),
+            "input[0].content[0].type",
+            "unsupported_parameter",
+        ),
+        (
+            json!({"input": [{"role": "user", "content": "x", "colour": 1}]}),
+            "input[0].colour",
+            "unknown_parameter",
+        ),
+        (
+            json!({"tools": [{"type": "function", "name": "f", "foo": 1}]}),
+            "tools[0].foo",
+            "unknown_parameter",
+        ),
+        (
+            json!({"tools": [{"type": "function", "name": "f g"}]}),
+            "tools[0].name",
+            "invalid_value",
+        ),
+        (
+            json!({"tools": [tool], "tool_choice": {"type": "function", "name": "g"}}),
+            "tool_choice.name",
+            "invalid_value",
+        ),
+        (
+            json!({"tool_choice": "required"}),
+            "tool_choice",
+            "invalid_value",
+        ),
+        (
+            json!({"text": {"format": {"type": "json_schema", "name": "s"}}}),
+            "text.format.schema",
+            "missing_required_parameter",
+        ),
+        (
+            json!({"text": {"format": {"type": "json_object", "name": "s"}}}),
+            "text.format.name",
+            "unknown_parameter",
+        ),
+        (
+            json!({"text": {"format": {"type": "json_schema", "name": "s", "schema": {"$ref": "#"}}}}),
+            "text.format",
+            "invalid_value",
+        ),
+        (
+            json!({"stream_options": {"include_obfuscation": false}}),
+            "stream_options",
+            "invalid_value",
+        ),
+        (
+            json!({"max_output_tokens": 0}),
+            "max_output_tokens",
+            "invalid_value",
+        ),
+        (json!({"temperature": 3}), "temperature", "invalid_value"),
+        (
+            json!({"input": [{"role": "assistant", "content": "x"}]}),
+            "input",
+            "invalid_value",
+        ),
+        (json!({"frobnicate": 1}), "frobnicate", "unknown_parameter"),
+        (
+            json!({"reasoning": [null, null]}),
+            "reasoning",
+            "invalid_value",
+        ),
+    ];
+    for (extra, param, code) in cases {
+        let b = body(extra);
+        let resp = post(srv.addr, &b).await;
+        resp.assert_status(400, &b.to_string());
+        let e = &resp.json()["error"];
+        assert_eq!(
+            (e["param"].as_str(), e["code"].as_str()),
+            (Some(param), Some(code)),
+            "{b}\n{e}"
+        );
+    }
+    let resp = post(srv.addr, &json!({"model": MODEL_ID})).await;
+    resp.assert_status(400, "no input");
+    assert_eq!(resp.json()["error"]["param"], "input");
+    srv.stop().await;
+}
+
+/// The weather tool, strict, in the flat form.
+fn weather() -> Value {
+    json!({"type": "function", "name": "get_weather", "description": "The weather in a city.",
+        "strict": true, "parameters": {"type": "object",
+        "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+        "additionalProperties": false}})
+}
+
+#[tokio::test]
+async fn a_function_call_round_trip_json_text_and_a_cached_continuation() {
+    let srv = start_real(true).await;
+    let ask = body(json!({
+        "input": "Weather in Paris?", "tools": [weather()], "tool_choice": "required",
+        "parallel_tool_calls": false, "max_output_tokens": 48, "temperature": 0,
+    }));
+    let v = create(srv.addr, &ask).await;
+    assert_eq!(v["status"], "completed", "{v}");
+    let call = v["output"]
+        .as_array()
+        .expect("output")
+        .iter()
+        .find(|o| o["type"] == "function_call")
+        .unwrap_or_else(|| panic!("no function call: {v}"))
+        .clone();
+    assert_eq!(call["name"], "get_weather");
+    assert!(call["id"].as_str().is_some_and(|id| id.starts_with("fc_")));
+    assert!(call["call_id"]
+        .as_str()
+        .is_some_and(|id| id.starts_with("call_")));
+    let args: Value = serde_json::from_str(call["arguments"].as_str().expect("arguments"))
+        .expect("JSON arguments");
+    assert!(args["city"] == "Paris" || args["city"] == "Rome", "{args}");
+    assert_eq!(v["tools"][0]["strict"], true);
+
+    // Streamed, the same call comes as arguments deltas.
+    let ev = events(srv.addr, &ask).await;
+    let done = ev
+        .iter()
+        .find(|e| e["type"] == "response.function_call_arguments.done")
+        .expect("arguments done");
+    assert_eq!(done["arguments"], call["arguments"]);
+    assert_eq!(
+        deltas(&ev, "response.function_call_arguments.delta"),
+        call["arguments"].as_str().unwrap_or_default()
+    );
+
+    // The whole history sent back: the call, then its output.
+    let history = body(json!({
+        "input": [
+            {"role": "user", "content": "Weather in Paris?"},
+            call.clone(),
+            {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"},
+        ],
+        "tools": [weather()], "tool_choice": "none", "max_output_tokens": 8, "temperature": 0,
+    }));
+    let answer = create(srv.addr, &history).await;
+    assert!(
+        answer["output"]
+            .as_array()
+            .expect("output")
+            .iter()
+            .all(|o| o["type"] == "message"),
+        "{answer}"
+    );
+
+    // The same by previous_response_id: the stored prompt is reused.
+    let next = body(json!({
+        "previous_response_id": v["id"],
+        "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}],
+        "tools": [weather()], "tool_choice": "none", "max_output_tokens": 8, "temperature": 0,
+    }));
+    create(srv.addr, &ask).await;
+    let cont = create(srv.addr, &next).await;
+    let u = &cont["usage"];
+    let cached = u["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("cached");
+    assert!(
+        0 < cached && cached < u["input_tokens"].as_u64().expect("input"),
+        "{u}"
+    );
+    assert_eq!(
+        u["input_tokens"], answer["usage"]["input_tokens"],
+        "{cont}\n{answer}"
+    );
+
+    // JSON held to text.format.
+    let pick = body(json!({
+        "input": "Pick a colour.", "max_output_tokens": 64, "temperature": 0,
+        "text": {"format": {"type": "json_schema", "name": "pick", "strict": true, "schema": {
+            "type": "object", "properties": {"colour": {"enum": ["red", "green"]}},
+            "required": ["colour"], "additionalProperties": false}}},
+    }));
+    let v = create(srv.addr, &pick).await;
+    assert_eq!(v["status"], "completed", "{v}");
+    assert_eq!(v["text"]["format"]["name"], "pick");
+    let text = v["output"][0]["content"][0]["text"].as_str().expect("text");
+    let picked: Value = serde_json::from_str(text).expect("JSON text");
+    assert!(
+        picked["colour"] == "red" || picked["colour"] == "green",
+        "{picked}"
+    );
+    srv.stop().await;
+}
+
+#[test]
+#[ignore = "needs openai-python and openai-agents: .ci/run runs it with AUBIER_TEST_PYTHON set"]
+fn openai_python_and_the_agents_sdk_run_against_the_demo() {
+    let python = std::env::var("AUBIER_TEST_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let dir = scratch_dir("serve-responses", "python");
+    let lock = dir.join("serve.lock");
+    let mut p = Proc::serve(
+        &["--port", "0", "--lock-file", lock.to_str().expect("path")],
+        &dir,
+        &[],
+    );
+    let addr = Proc::listening_address(&p.listening_line());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/responses_test.py");
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(format!("http://{addr}"))
+        .output()
+        .unwrap_or_else(|e| panic!("{python} (AUBIER_TEST_PYTHON): {e}"));
+    assert!(
+        out.status.success(),
+        "{python} {}: {:?}\n{}{}",
+        script.display(),
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    p.signal(libc::SIGINT);
+    let (code, lines) = p.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{lines:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
