@@ -67,7 +67,7 @@ fn served_fractions_match_hand_worked_values() {
         "1",
         "--json",
     ]));
-    // 1 slot, identity seed {0}; 2Q knobs round(0.25·1) = 0 (A1in) and round(0.5·1) = 1 (A1out).
+    // 1 slot, identity seed {0}; 2Q knobs Kin 0 and Kout round(0.5·1) = 1 (the defaults).
     // lru: t0 misses and admits 2 (evicting 0), t1..t3 hit: 3/4.
     // lfu: t0 misses; 2 (count 1) beats 0 (count 0) and is admitted; then 3 hits: 3/4.
     // static: the best single expert is 2, hit 4 times: 4/4.

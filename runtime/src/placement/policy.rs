@@ -38,7 +38,8 @@
 //!   in the `Kout`-long ghost queue". With [`Admission::Remembered`] a re-reference while in
 //!   `A1in` promotes too (the correlated-reference rule off). A cap on promotions per step (per
 //!   layer and token) bounds the copy traffic; a promotion refused by the cap leaves the id where
-//!   it is.
+//!   it is. The defaults ([`TwoQParams::DEFAULT_A1IN`] and the others) were chosen by replay over
+//!   the calibrated synthetic presets ([`crate::placement::synthetic::Preset`]).
 //! * [`Lru`] — admit every miss, evict the least recently used resident.
 //! * [`Lfu`] — perfect LFU: a reference count per expert over every access since boot (resident or
 //!   not; a layer has only `n_experts` ids), and the resident set kept as the best `slots` by the key
@@ -571,11 +572,15 @@ impl TwoQParams {
     pub const PAPER_A1IN: f64 = 0.25;
     /// The paper's recommended `Kout` as a fraction of the buffer (50 %).
     pub const PAPER_A1OUT: f64 = 0.5;
-    /// The default `Kin` as a fraction of the slots: the paper's.
-    pub const DEFAULT_A1IN: f64 = Self::PAPER_A1IN;
-    /// The default `Kout` as a fraction of the slots: the paper's.
-    pub const DEFAULT_A1OUT: f64 = Self::PAPER_A1OUT;
-    /// The default admission rule: the paper's [`Admission::Ghost`].
+    /// The default `Kin` as a fraction of the slots, chosen with [`TwoQParams::DEFAULT_A1OUT`] by
+    /// replay over the calibrated synthetic presets on their tuning seed (docs/BENCHMARKS.md,
+    /// "Choosing 2Q's knobs"): 0, so that a re-reference promotes whenever the id is remembered
+    /// (the paper's 25 % treats a re-reference within `Kin` ids as correlated and ignores it).
+    pub const DEFAULT_A1IN: f64 = 0.0;
+    /// The default `Kout` as a fraction of the slots: the paper's 50 %.
+    pub const DEFAULT_A1OUT: f64 = 0.5;
+    /// The default admission rule: the paper's [`Admission::Ghost`] (with `Kin` 0, `A1in` is
+    /// always empty and both rules are the same).
     pub const DEFAULT_ADMISSION: Admission = Admission::Ghost;
 
     /// Knobs from fractions of `slots`, as the paper states them: `Kin = round(a1in · slots)`,
