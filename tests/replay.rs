@@ -4,9 +4,12 @@
 //! ceiling of the other policies, and a replay of the routing that transformers recorded for the
 //! tiny model (`tests/data/models/ms4-tiny.transformers.router_ids.i32`).
 
+use aubier_runtime::placement::arc::ArcCache;
+use aubier_runtime::placement::lecar::LeCaR;
+use aubier_runtime::placement::lrfu::Lrfu;
 use aubier_runtime::placement::policy::PolicyKind;
 use aubier_runtime::placement::policy::{
-    Access, Lfu, Lru, Min, Policy, StaticSet, TwoQ, TwoQParams,
+    Access, Admission, Lfu, Lru, Min, Policy, StaticSet, TwoQ, TwoQParams,
 };
 use aubier_runtime::placement::replay::{replay, ReplayOptions};
 use aubier_runtime::placement::trace::{Trace, TraceRecord, TraceWriter};
@@ -47,6 +50,7 @@ fn two_q_hand_worked_correlated_reference_and_promotion() {
         a1in: 1,
         a1out: 2,
         max_promotions: None,
+        admission: Admission::Ghost,
     };
     let mut p = TwoQ::new(8, params, &[]).unwrap();
     let seq = singles(&[1, 2, 1, 3, 2, 1, 3, 4, 3, 2, 1]);
@@ -88,6 +92,7 @@ fn two_q_hand_worked_scan_resistance() {
         a1in: 0,
         a1out: 1,
         max_promotions: None,
+        admission: Admission::Ghost,
     };
     let mut p = TwoQ::new(8, params, &[0, 1]).unwrap();
     let seq = singles(&[0, 1, 5, 6, 7, 0, 1, 5, 5, 0]);
@@ -208,15 +213,25 @@ fn arb_trace() -> impl Strategy<Value = (u32, usize, Vec<Vec<u32>>, TwoQParams)>
                 Just(n),
                 Just(slots),
                 arb_steps(n, k, 1..80),
-                (0usize..=8, 0usize..=8, prop::option::of(0usize..=3)),
+                (
+                    0usize..=8,
+                    0usize..=8,
+                    prop::option::of(0usize..=3),
+                    any::<bool>(),
+                ),
             )
         })
-        .prop_map(|(n, slots, steps, (a1in, a1out, max_promotions))| {
+        .prop_map(|(n, slots, steps, (a1in, a1out, max_promotions, ghost))| {
             let params = TwoQParams {
                 slots,
                 a1in,
                 a1out,
                 max_promotions,
+                admission: if ghost {
+                    Admission::Ghost
+                } else {
+                    Admission::Remembered
+                },
             };
             (n, slots, steps, params)
         })
@@ -230,10 +245,13 @@ proptest! {
         let seed: Vec<u32> = (0..slots as u32).collect();
         let refs = || steps.iter().map(|s| s.as_slice());
         let min = hits(&mut Min::new(n, slots, &seed, refs()).unwrap(), &steps);
-        let others: [(&str, Box<dyn Policy>); 3] = [
+        let others: [(&str, Box<dyn Policy>); 6] = [
             ("2q", Box::new(TwoQ::new(n, params, &seed).unwrap())),
             ("lru", Box::new(Lru::new(n, slots, &seed).unwrap())),
             ("lfu", Box::new(Lfu::new(n, slots, &seed).unwrap())),
+            ("arc", Box::new(ArcCache::new(n, slots, &seed).unwrap())),
+            ("lrfu", Box::new(Lrfu::new(n, slots, 0.1, &seed).unwrap())),
+            ("lecar", Box::new(LeCaR::new(n, slots, &seed).unwrap())),
         ];
         for (name, mut p) in others {
             let h = hits(p.as_mut(), &steps);

@@ -13,7 +13,10 @@
 
 use aubier_runtime::backend::cpu::CpuBackend;
 use aubier_runtime::engine::Model;
+use aubier_runtime::placement::arc::ArcCache;
 use aubier_runtime::placement::hotset::HotSet;
+use aubier_runtime::placement::lecar::LeCaR;
+use aubier_runtime::placement::lrfu::Lrfu;
 use aubier_runtime::placement::policy::{
     Access, Lfu, Lru, Policy, PolicyKind, StaticSet, TwoQ, TwoQParams,
 };
@@ -86,6 +89,9 @@ fn policy_kind() -> impl Strategy<Value = PolicyKind> {
         Just(PolicyKind::Lru),
         Just(PolicyKind::Lfu),
         Just(PolicyKind::Static),
+        Just(PolicyKind::Arc),
+        Just(PolicyKind::Lrfu),
+        Just(PolicyKind::LeCaR),
     ]
 }
 
@@ -113,6 +119,7 @@ fn options() -> impl Strategy<Value = (StoreOptions, bool)> {
                     a1in,
                     a1out,
                     max_promotions,
+                    admission: TwoQParams::DEFAULT_ADMISSION,
                     reset: ResetMode::Exact,
                 };
                 (opts, interleave)
@@ -187,14 +194,25 @@ fn reference_policy(opts: &StoreOptions, layer: usize) -> Option<Box<dyn Policy>
         PolicyKind::TwoQ => Box::new(
             TwoQ::new(
                 n,
-                TwoQParams::from_fractions(n_res, opts.a1in, opts.a1out, opts.max_promotions)
-                    .expect("fractions"),
+                TwoQParams::from_fractions(
+                    n_res,
+                    opts.a1in,
+                    opts.a1out,
+                    opts.max_promotions,
+                    opts.admission,
+                )
+                .expect("fractions"),
                 &seed,
             )
             .expect("2q"),
         ),
         PolicyKind::Lru => Box::new(Lru::new(n, n_res, &seed).expect("lru")),
         PolicyKind::Lfu => Box::new(Lfu::new(n, n_res, &seed).expect("lfu")),
+        PolicyKind::Arc => Box::new(ArcCache::new(n, n_res, &seed).expect("arc")),
+        PolicyKind::Lrfu => {
+            Box::new(Lrfu::new(n, n_res, Lrfu::DEFAULT_LAMBDA, &seed).expect("lrfu"))
+        }
+        PolicyKind::LeCaR => Box::new(LeCaR::new(n, n_res, &seed).expect("lecar")),
         _ => Box::new(StaticSet::new(n, n_res, &seed).expect("static")),
     })
 }

@@ -1,13 +1,17 @@
 //! `aubier replay`: a routing trace (recorded, or synthetic) through the expert-placement policies,
 //! printing each policy's served fraction — the offline half of the expert store
-//! (`aubier_runtime::placement`). With `--sweep` it repeats the replay for several slot counts.
+//! (`aubier_runtime::placement`). With `--sweep` it repeats the replay for several slot counts; with
+//! `--stats` it prints the trace's routing statistics instead (those of
+//! `../shared/design/ROUTING.md`, `aubier_runtime::placement::stats`).
 
 use crate::progress::Steps;
 use crate::receipt::{Measured, ReceiptFile};
 use anyhow::{bail, Context};
 use aubier_runtime::placement::hotset::HotSet;
-use aubier_runtime::placement::policy::{PolicyKind, TwoQParams};
+use aubier_runtime::placement::lrfu::Lrfu;
+use aubier_runtime::placement::policy::{Admission, PolicyKind, TwoQParams};
 use aubier_runtime::placement::replay::{replay, ReplayOptions};
+use aubier_runtime::placement::stats::trace_stats;
 use aubier_runtime::placement::synthetic::{synthetic_trace, SyntheticSpec};
 use aubier_runtime::placement::trace::Trace;
 use aubier_runtime::progress::{Count, Progress};
@@ -23,24 +27,30 @@ pub struct ReplayArgs {
     /// Routing trace, JSON lines `{"seq", "pos", "n_experts", "top_k", "layers": [[e, …], …]}`.
     #[arg(required_unless_present = "synthetic", conflicts_with = "synthetic")]
     pub trace: Option<PathBuf>,
-    /// Replay a generated trace instead: `key=value,…` over experts, top_k, layers, tokens,
-    /// seq_len, zipf, hot, drift, seed ("" = all defaults: 128 experts, top-4, 36 layers, 4096
-    /// tokens).
+    /// Replay a generated trace instead: a preset (qwen-like, olmoe-like, mixtral-like,
+    /// mistral4-like; calibrated to real routing) and/or `key=value,…` over experts, top_k,
+    /// layers, tokens, seq_len, batch, zipf, hot, drift, sigma, tau, topic, carry, rho, seed, e.g.
+    /// `qwen-like,seed=1` ("" = 128 experts, top-4, 36 layers, 4096 tokens, Zipf 1).
     #[arg(long)]
     pub synthetic: Option<SyntheticSpec>,
     /// Also write the synthetic trace to this JSONL file.
     #[arg(long, requires = "synthetic")]
     pub write_trace: Option<PathBuf>,
+    /// Print the trace's routing statistics (per layer, mean over layers: coverage, lag-1 / lag-8
+    /// overlap, reuse distance, drift of the top-25% set) instead of replaying it.
+    #[arg(long, conflicts_with_all = ["slots", "sweep", "receipt"])]
+    pub stats: bool,
     /// Fast-store slots per layer.
-    #[arg(long, required_unless_present = "sweep", conflicts_with = "sweep")]
+    #[arg(long, required_unless_present_any = ["sweep", "stats"], conflicts_with = "sweep")]
     pub slots: Option<usize>,
     /// Replay once per slot count of this comma-separated list, e.g. 8,16,32,48,64.
     #[arg(long, value_delimiter = ',')]
     pub sweep: Option<Vec<usize>>,
-    /// Policies to replay, comma-separated, from 2q, lru, lfu, static, min.
+    /// Policies to replay, comma-separated, from 2q, lru, lfu, static, min, arc, lrfu, lecar.
     #[arg(long, value_delimiter = ',', default_value = "2q,lru,lfu,static,min")]
     pub policies: Vec<PolicyKind>,
-    /// Print JSON: `{"slots": N, "policies": {"2q": f, …}}`, or a list of those with --sweep.
+    /// Print JSON: `{"slots": N, "policies": {"2q": f, …}}`, or a list of those with --sweep;
+    /// with --stats, `{"coverage50": f, …}`.
     #[arg(long)]
     pub json: bool,
     /// Also write a receipt of the replay to this file (`--json`'s value as its figures, with
@@ -48,16 +58,24 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub receipt: Option<PathBuf>,
     /// 2Q: `A1in` (first-seen ids, Kin) as a fraction of the slots.
-    #[arg(long, default_value_t = TwoQParams::PAPER_A1IN)]
+    #[arg(long, default_value_t = TwoQParams::DEFAULT_A1IN)]
     pub a1in: f64,
     /// 2Q: ghost queue `A1out` (Kout) as a fraction of the slots.
-    #[arg(long, default_value_t = TwoQParams::PAPER_A1OUT)]
+    #[arg(long, default_value_t = TwoQParams::DEFAULT_A1OUT)]
     pub a1out: f64,
     /// 2Q: at most this many promotions into the fast store per token per layer (default: no cap).
     #[arg(long)]
     pub max_promotions: Option<usize>,
+    /// 2Q: which re-reference of a non-resident expert promotes it: `ghost` (while in A1out, the
+    /// paper's rule) or `remembered` (while in A1in or A1out).
+    #[arg(long, default_value_t = TwoQParams::DEFAULT_ADMISSION)]
+    pub admission: Admission,
+    /// LRFU: decay λ per token, in 0..=1 (0 = LFU, 1 = LRU).
+    #[arg(long, default_value_t = Lrfu::DEFAULT_LAMBDA)]
+    pub lrfu_lambda: f64,
     /// Seed membership `{"layers": [[e, …], …]}` (hottest first; the first N of each list seed N
-    /// slots) for 2q, lru, lfu and min; default: the identity set 0..N. `static` uses its own set.
+    /// slots) for every policy but static (which uses its own set); default: the identity set
+    /// 0..N.
     #[arg(long)]
     pub resident_set: Option<PathBuf>,
 }
@@ -95,6 +113,9 @@ fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
             .write_to(std::io::BufWriter::new(file))
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    if args.stats {
+        return print_stats(args, &trace, &source);
+    }
     let receipt = args
         .receipt
         .as_deref()
@@ -131,6 +152,8 @@ fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
             a1in: args.a1in,
             a1out: args.a1out,
             max_promotions: args.max_promotions,
+            admission: args.admission,
+            lrfu_lambda: args.lrfu_lambda,
             resident_set: resident_set.as_ref(),
         };
         let mut served = Vec::with_capacity(args.policies.len());
@@ -174,6 +197,34 @@ fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
             peer: None,
             figures: value,
         })?;
+    }
+    Ok(())
+}
+
+/// `--stats`: the routing statistics of `trace`, mean over layers, as text or JSON.
+fn print_stats(args: &ReplayArgs, trace: &Trace, source: &str) -> anyhow::Result<()> {
+    let stats = trace_stats(trace).named();
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let map: Map<String, Value> = stats
+            .iter()
+            .map(|(name, v)| (name.to_string(), json!(v)))
+            .collect();
+        writeln!(out, "{}", Value::Object(map))?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "trace: {source}\n{} tokens, {} layers, {} experts, top-{}; per layer, mean over layers \
+         (random overlap: {:.3})",
+        trace.tokens(),
+        trace.n_layers(),
+        trace.n_experts(),
+        trace.top_k(),
+        f64::from(trace.top_k()) / f64::from(trace.n_experts())
+    )?;
+    for (name, v) in stats {
+        writeln!(out, "{name:>13} {v:>8.3}")?;
     }
     Ok(())
 }

@@ -6,7 +6,7 @@ use aubier_runtime::backend::registry::{self, BackendSpec};
 use aubier_runtime::engine::Model;
 use aubier_runtime::generate::{generate, FinishReason, GenerateParams};
 use aubier_runtime::placement::hotset::HotSet;
-use aubier_runtime::placement::policy::PolicyKind;
+use aubier_runtime::placement::policy::{Admission, PolicyKind, TwoQParams};
 use aubier_runtime::sampler::SamplingParams;
 use aubier_runtime::session::SessionOptions;
 use aubier_runtime::store::expert_store::{ResetMode, StoreOptions};
@@ -255,18 +255,23 @@ pub struct StoreArgs {
     /// Seed membership, {"layers": [[e, …], …]} hottest first (default: experts 0..n_res).
     #[arg(long)]
     pub resident_set: Option<PathBuf>,
-    /// Placement policy: 2q, lru, lfu, or static (the seed set, never rotated).
+    /// Placement policy: 2q, lru, lfu, arc, lrfu, lecar, or static (the seed set, never
+    /// rotated).
     #[arg(long, default_value = "2q", value_parser = parse_online_policy)]
     pub policy: PolicyKind,
     /// 2Q A1in size (Kin) as a fraction of the slots.
-    #[arg(long, default_value_t = 0.25)]
+    #[arg(long, default_value_t = TwoQParams::DEFAULT_A1IN)]
     pub a1in: f64,
     /// 2Q A1out ghost-queue size (Kout) as a fraction of the slots.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = TwoQParams::DEFAULT_A1OUT)]
     pub a1out: f64,
     /// Most 2Q promotions per token per layer (default: no cap).
     #[arg(long)]
     pub max_promotions: Option<usize>,
+    /// 2Q admission: `ghost` (promote on a re-reference while in A1out) or `remembered` (while
+    /// in A1in or A1out).
+    #[arg(long, default_value_t = TwoQParams::DEFAULT_ADMISSION)]
+    pub admission: Admission,
     /// Between requests: `exact` restores the boot membership and policy state (timed), `none`
     /// keeps them.
     #[arg(long, default_value = "exact")]
@@ -301,6 +306,7 @@ impl StoreArgs {
             a1in: self.a1in,
             a1out: self.a1out,
             max_promotions: self.max_promotions,
+            admission: self.admission,
             reset: self.reset,
         })
     }
@@ -326,7 +332,8 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 fn parse_online_policy(s: &str) -> Result<PolicyKind, String> {
     match s.parse::<PolicyKind>() {
         Ok(PolicyKind::Min) => Err(
-            "`min` is an offline oracle; use it with `aubier replay` (online: 2q, lru, lfu, static)"
+            "`min` is an offline oracle; use it with `aubier replay` (online: 2q, lru, lfu, arc, lrfu, \
+             lecar, static)"
                 .into(),
         ),
         Ok(k) => Ok(k),

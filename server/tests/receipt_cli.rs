@@ -182,7 +182,7 @@ fn bench_refuses_bad_receipt_and_peer_files_before_measuring() {
 #[test]
 fn replay_receipt_matches_the_printed_table_and_the_json() {
     let dir = tempfile::tempdir().expect("scratch dir");
-    let spec = "experts=8,top_k=2,layers=2,tokens=64,seq_len=32,zipf=1,hot=4,drift=0.1,seed=3";
+    let spec = "experts=8,top_k=2,layers=2,tokens=64,seq_len=32,batch=1,zipf=1,hot=4,drift=0.1,sigma=0,tau=64,topic=0,carry=0,rho=0,seed=3";
     let (text_receipt, json_receipt) = (dir.path().join("text.json"), dir.path().join("json.json"));
     let t_arg = text_receipt.display().to_string();
     let before = utc_now();

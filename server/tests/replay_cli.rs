@@ -68,7 +68,7 @@ fn served_fractions_match_hand_worked_values() {
         "1",
         "--json",
     ]));
-    // 1 slot, identity seed {0}; 2Q knobs round(0.25·1) = 0 (A1in) and round(0.5·1) = 1 (A1out).
+    // 1 slot, identity seed {0}; 2Q knobs Kin 0 and Kout round(0.5·1) = 1 (the defaults).
     // lru: t0 misses and admits 2 (evicting 0), t1..t3 hit: 3/4.
     // lfu: t0 misses; 2 (count 1) beats 0 (count 0) and is admitted; then 3 hits: 3/4.
     // static: the best single expert is 2, hit 4 times: 4/4.
@@ -173,6 +173,54 @@ fn synthetic_trace_written_and_replayed_gives_the_same_numbers() {
     }
 }
 
+#[test]
+fn presets_replay_every_policy_and_print_their_statistics() {
+    let v = json_stdout(&aubier(&[
+        "--synthetic",
+        "mixtral-like,layers=2,tokens=300",
+        "--slots",
+        "3",
+        "--policies",
+        "2q,lru,lfu,arc,lrfu,lecar,min",
+        "--json",
+    ]));
+    let policies = v["policies"].as_object().unwrap();
+    assert_eq!(policies.len(), 7);
+    let min = policies["min"].as_f64().unwrap();
+    for (name, f) in policies {
+        let f = f.as_f64().unwrap();
+        assert!((0.0..=min).contains(&f), "{name} = {f}, min = {min}");
+    }
+    let s = json_stdout(&aubier(&[
+        "--synthetic",
+        "mixtral-like,layers=2,tokens=300",
+        "--stats",
+        "--json",
+    ]));
+    let mut keys: Vec<&str> = s.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "coverage50",
+            "coverage80",
+            "coverage90",
+            "drift",
+            "lag1",
+            "lag8",
+            "reuse_median",
+            "reuse_p90"
+        ]
+    );
+    // 8 experts: each coverage is a count of experts in 1..=8, the overlaps are shares.
+    for k in ["coverage50", "coverage80", "coverage90"] {
+        assert!((1.0..=8.0).contains(&s[k].as_f64().unwrap()), "{k}");
+    }
+    for k in ["lag1", "lag8", "drift"] {
+        assert!((0.0..=1.0).contains(&s[k].as_f64().unwrap()), "{k}");
+    }
+}
+
 fn stderr_of_failure(args: &[&str]) -> String {
     let out = aubier(args);
     assert!(!out.status.success(), "expected failure for {args:?}");
@@ -209,8 +257,14 @@ fn bad_input_fails_with_a_message_naming_it() {
     let err = stderr_of_failure(&[trace.to_str().unwrap(), "--slots", "5"]);
     assert!(err.contains("slots = 5 must be in 1..=4"), "{err}");
 
-    let err = stderr_of_failure(&[trace.to_str().unwrap(), "--slots", "1", "--policies", "arc"]);
-    assert!(err.contains("unknown policy `arc`"), "{err}");
+    let err = stderr_of_failure(&[
+        trace.to_str().unwrap(),
+        "--slots",
+        "1",
+        "--policies",
+        "clock",
+    ]);
+    assert!(err.contains("unknown policy `clock`"), "{err}");
 
     let hot = dir.file("hot.json", r#"{"layers": [[1], [2]]}"#);
     let err = stderr_of_failure(&[

@@ -5,13 +5,23 @@
 //! * [`policy`] — the [`policy::Policy`] trait (one routed expert access at a time; the resident
 //!   set it answers), and 2Q, LRU, LFU, static and Belady's MIN (with bypass, the exact optimum of
 //!   the cache model).
+//! * [`arc`], [`lrfu`], [`lecar`] — comparison policies, one paper each: ARC, LRFU and LeCaR.
 //! * [`trace`] — routing traces as JSON lines: reader (with line/field errors) and writer.
 //! * [`hotset`] — the `--resident-set hotset.json` seed membership.
 //! * [`replay`] — a trace through a policy, one instance per layer: the served fraction.
-//! * [`synthetic`] — traces with a Zipf-like skew and a drifting hot set, for benchmarks.
+//! * [`synthetic`] — generated traces (skew, drift, locality, cross-layer correlation) and the
+//!   presets calibrated to real routing.
+//! * [`stats`] — the statistics of real routing (ROUTING.md) measured on any trace.
 
+pub mod arc;
 pub mod hotset;
+pub mod lecar;
+pub mod lrfu;
 pub mod policy;
 pub mod replay;
+pub mod stats;
 pub mod synthetic;
 pub mod trace;
+
+#[cfg(test)]
+mod calibration_tests;

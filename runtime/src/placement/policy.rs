@@ -35,8 +35,11 @@
 //!   while in `A1in` does nothing (the paper's correlated-reference rule); a reference while in
 //!   `A1out` promotes the expert into `Am`, evicting `Am`'s LRU tail when full (the evicted id is
 //!   forgotten, as in the paper). `Kin = 0` turns the filter into "admit on the second access while
-//!   in the `Kout`-long ghost queue". A cap on promotions per step (per layer and token) bounds the
-//!   copy traffic; a promotion refused by the cap leaves the id where it is in `A1out`.
+//!   in the `Kout`-long ghost queue". With [`Admission::Remembered`] a re-reference while in
+//!   `A1in` promotes too (the correlated-reference rule off). A cap on promotions per step (per
+//!   layer and token) bounds the copy traffic; a promotion refused by the cap leaves the id where
+//!   it is. The defaults ([`TwoQParams::DEFAULT_A1IN`] and the others) were chosen by replay over
+//!   the calibrated synthetic presets ([`crate::placement::synthetic::Preset`]).
 //! * [`Lru`] — admit every miss, evict the least recently used resident.
 //! * [`Lfu`] — perfect LFU: a reference count per expert over every access since boot (resident or
 //!   not; a layer has only `n_experts` ids), and the resident set kept as the best `slots` by the key
@@ -60,12 +63,16 @@
 //!   most one hit, at `next(b)`. So keeping the soonest-used is never worse, and MIN is optimal.
 //!   `tests/replay.rs` checks it against exhaustive search.
 //!
+//! Comparisons, one paper each, in files of their own: `placement::arc` (ARC), `placement::lrfu`
+//! (LRFU) and `placement::lecar` (LeCaR).
+//!
 //! # Start state
 //!
-//! [`TwoQ`] (its `Am`), [`Lru`], [`Lfu`] and [`Min`] start from a given initial membership (the
-//! identity set `0..slots` or a `--resident-set` seed; an empty one starts them empty). The first id
-//! of the list counts as the most recently used. [`StaticSet`] starts from its own fixed set.
+//! [`TwoQ`] (its `Am`), [`Lru`], [`Lfu`], [`Min`] and the comparisons start from a given initial
+//! membership (the identity set `0..slots` or a `--resident-set` seed; an empty one starts them
+//! empty). The first id of the list counts as the most recently used. [`StaticSet`] starts from its own fixed set.
 
+use std::any::Any;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
@@ -85,42 +92,53 @@ pub enum Access {
     },
 }
 
-/// The policies known to [`crate::placement::replay`] and `aubier replay`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum PolicyKind {
-    /// [`TwoQ`], named `2q`.
-    TwoQ,
-    /// [`Lru`], named `lru`.
-    Lru,
-    /// [`Lfu`], named `lfu`.
-    Lfu,
-    /// [`StaticSet::oracle`], named `static`.
-    Static,
-    /// [`Min`], named `min`.
-    Min,
-}
-
-impl PolicyKind {
-    /// Every policy, in the order `aubier replay` prints them.
-    pub const ALL: [PolicyKind; 5] = [
-        PolicyKind::TwoQ,
-        PolicyKind::Lru,
-        PolicyKind::Lfu,
-        PolicyKind::Static,
-        PolicyKind::Min,
-    ];
-
-    /// The command-line / JSON name: `2q`, `lru`, `lfu`, `static`, `min`.
-    pub fn name(self) -> &'static str {
-        match self {
-            PolicyKind::TwoQ => "2q",
-            PolicyKind::Lru => "lru",
-            PolicyKind::Lfu => "lfu",
-            PolicyKind::Static => "static",
-            PolicyKind::Min => "min",
+/// The policies known to [`crate::placement::replay`] and `aubier replay`, with their names.
+macro_rules! policy_kinds {
+    ($($(#[$doc:meta])* $kind:ident = $name:literal,)*) => {
+        /// The policies known to [`crate::placement::replay`] and `aubier replay`.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum PolicyKind {
+            $($(#[$doc])* $kind,)*
         }
-    }
+
+        impl PolicyKind {
+            /// Every policy, in the order `aubier replay` prints them.
+            pub const ALL: &[PolicyKind] = &[$(PolicyKind::$kind,)*];
+
+            /// The command-line / JSON name (`2q`, `lru`, `lfu`, `static`, `min`, `arc`, `lrfu`,
+            /// `lecar`).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(PolicyKind::$kind => $name,)*
+                }
+            }
+        }
+    };
 }
+
+policy_kinds! {
+    /// [`TwoQ`], named `2q`.
+    TwoQ = "2q",
+    /// [`Lru`], named `lru`.
+    Lru = "lru",
+    /// [`Lfu`], named `lfu`.
+    Lfu = "lfu",
+    /// [`StaticSet::oracle`], named `static`.
+    Static = "static",
+    /// [`Min`], named `min`.
+    Min = "min",
+    /// `placement::arc::ArcCache`, named `arc`.
+    Arc = "arc",
+    /// `placement::lrfu::Lrfu`, named `lrfu`.
+    Lrfu = "lrfu",
+    /// `placement::lecar::LeCaR`, named `lecar`.
+    LeCaR = "lecar",
+}
+
+/// Error of [`PolicyKind::from_str`]: the name is not one of [`PolicyKind::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown policy `{0}` (known: 2q, lru, lfu, static, min, arc, lrfu, lecar)")]
+pub struct UnknownPolicy(pub String);
 
 impl fmt::Display for PolicyKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -128,18 +146,14 @@ impl fmt::Display for PolicyKind {
     }
 }
 
-/// Error of [`PolicyKind::from_str`]: the name is not one of [`PolicyKind::ALL`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown policy `{0}` (known: 2q, lru, lfu, static, min)")]
-pub struct UnknownPolicy(pub String);
-
 impl FromStr for PolicyKind {
     type Err = UnknownPolicy;
 
     /// Parses a name as printed by [`PolicyKind::name`] (ASCII case-insensitive).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         PolicyKind::ALL
-            .into_iter()
+            .iter()
+            .copied()
             .find(|k| k.name().eq_ignore_ascii_case(s.trim()))
             .ok_or_else(|| UnknownPolicy(s.to_string()))
     }
@@ -213,7 +227,7 @@ pub enum PolicyError {
     /// An oracle ([`Min`]) was accessed before its first [`Policy::begin_step`].
     #[error("access before the first begin_step")]
     NoStep,
-    /// [`Policy::reset_to`] got a snapshot of another kind of policy.
+    /// [`SaveState::reset_to`] got a snapshot of another kind of policy.
     #[error("cannot reset a {expected} policy to a {got} snapshot")]
     SnapshotKind {
         /// The policy being reset.
@@ -224,30 +238,70 @@ pub enum PolicyError {
 }
 
 /// A saved policy state (membership, queues, counters, step cursor and knobs), from
-/// [`Policy::snapshot`]; restore it with [`Policy::reset_to`] (the `--reset=exact` of
-/// ARCHITECTURE.md: back to the boot state between requests).
-#[derive(Clone, Debug)]
-pub struct Snapshot(SnapshotState);
+/// [`SaveState::snapshot`]; restore it with [`SaveState::reset_to`] (the `--reset=exact` of
+/// ARCHITECTURE.md: back to the boot state between requests). It holds a copy of the policy
+/// itself, so every policy saves and restores the same way ([`Snapshot::of`],
+/// [`Snapshot::restore`]).
+#[derive(Clone)]
+pub struct Snapshot {
+    kind: PolicyKind,
+    state: Arc<dyn Any + Send + Sync>,
+}
 
-#[derive(Clone, Debug)]
-enum SnapshotState {
-    TwoQ(TwoQ),
-    Lru(Lru),
-    Lfu(Lfu),
-    Static(StaticSet),
-    Min(Min),
+impl fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Snapshot({})", self.kind)
+    }
 }
 
 impl Snapshot {
     /// The kind of policy this snapshot was taken from.
     pub fn kind(&self) -> PolicyKind {
-        match &self.0 {
-            SnapshotState::TwoQ(_) => PolicyKind::TwoQ,
-            SnapshotState::Lru(_) => PolicyKind::Lru,
-            SnapshotState::Lfu(_) => PolicyKind::Lfu,
-            SnapshotState::Static(_) => PolicyKind::Static,
-            SnapshotState::Min(_) => PolicyKind::Min,
+        self.kind
+    }
+
+    /// A snapshot of `policy` (a copy of it).
+    pub fn of<P: Policy + Clone + Send + Sync + 'static>(policy: &P) -> Snapshot {
+        Snapshot {
+            kind: policy.kind(),
+            state: Arc::new(policy.clone()),
         }
+    }
+
+    /// Sets `policy` back to this snapshot. Errors: [`PolicyError::SnapshotKind`] when the
+    /// snapshot was taken from another type of policy.
+    pub fn restore<P: Policy + Clone + 'static>(&self, policy: &mut P) -> Result<(), PolicyError> {
+        match self.state.downcast_ref::<P>() {
+            Some(saved) => {
+                *policy = saved.clone();
+                Ok(())
+            }
+            None => Err(PolicyError::SnapshotKind {
+                expected: policy.kind(),
+                got: self.kind,
+            }),
+        }
+    }
+}
+
+/// Saving and restoring a policy's whole state: every [`Policy`] that is `Clone + Send + Sync`
+/// has it, by a copy of itself ([`Snapshot`]).
+pub trait SaveState {
+    /// Saves the whole state.
+    fn snapshot(&self) -> Snapshot;
+
+    /// Restores a state saved by [`SaveState::snapshot`] of the same kind of policy. Errors:
+    /// [`PolicyError::SnapshotKind`].
+    fn reset_to(&mut self, snapshot: &Snapshot) -> Result<(), PolicyError>;
+}
+
+impl<P: Policy + Clone + Send + Sync + 'static> SaveState for P {
+    fn snapshot(&self) -> Snapshot {
+        Snapshot::of(self)
+    }
+
+    fn reset_to(&mut self, snapshot: &Snapshot) -> Result<(), PolicyError> {
+        snapshot.restore(self)
     }
 }
 
@@ -256,16 +310,18 @@ impl Snapshot {
 ///
 /// Protocol: call [`Policy::begin_step`] once per token, then [`Policy::access`] once per routed
 /// expert of that token, hits first — or call [`Policy::access_step`], which does both.
-pub trait Policy {
+pub trait Policy: SaveState {
     /// Which policy this is.
     fn kind(&self) -> PolicyKind;
 
     /// Fast-store slots of the layer.
     fn slots(&self) -> usize;
 
-    /// Starts the next step (token). Errors: [`PolicyError::PastEnd`] for an oracle at the end of
-    /// its trace.
-    fn begin_step(&mut self) -> Result<(), PolicyError>;
+    /// Starts the next step (token); by default nothing happens. Errors: [`PolicyError::PastEnd`]
+    /// for an oracle at the end of its trace.
+    fn begin_step(&mut self) -> Result<(), PolicyError> {
+        Ok(())
+    }
 
     /// Whether `expert` is resident in the fast store now (no state change; false when out of range).
     fn is_resident(&self, expert: u32) -> bool;
@@ -276,13 +332,6 @@ pub trait Policy {
 
     /// The resident experts, in the policy's own order (most valuable first where it has one).
     fn resident(&self) -> Vec<u32>;
-
-    /// Saves the whole state.
-    fn snapshot(&self) -> Snapshot;
-
-    /// Restores a state saved by [`Policy::snapshot`] of the same kind of policy. Errors:
-    /// [`PolicyError::SnapshotKind`].
-    fn reset_to(&mut self, snapshot: &Snapshot) -> Result<(), PolicyError>;
 
     /// One step: begins it and serves every routed expert of `experts` (one token's top-k in this
     /// layer), hits before misses. `out` receives one [`Access`] per entry of `experts`, in the same
@@ -315,7 +364,7 @@ pub trait Policy {
     }
 }
 
-fn check_expert(expert: u32, n_experts: u32) -> Result<usize, PolicyError> {
+pub(super) fn check_expert(expert: u32, n_experts: u32) -> Result<usize, PolicyError> {
     if expert < n_experts {
         Ok(expert as usize)
     } else {
@@ -323,7 +372,7 @@ fn check_expert(expert: u32, n_experts: u32) -> Result<usize, PolicyError> {
     }
 }
 
-fn check_slots(slots: usize, n_experts: u32) -> Result<(), PolicyError> {
+pub(super) fn check_slots(slots: usize, n_experts: u32) -> Result<(), PolicyError> {
     if slots == 0 || slots > n_experts as usize {
         Err(PolicyError::Slots { slots, n_experts })
     } else {
@@ -332,7 +381,7 @@ fn check_slots(slots: usize, n_experts: u32) -> Result<(), PolicyError> {
 }
 
 /// Validates an initial membership: ids in range, no repeats, at most `slots` of them.
-fn check_seed(initial: &[u32], slots: usize, n_experts: u32) -> Result<(), PolicyError> {
+pub(super) fn check_seed(initial: &[u32], slots: usize, n_experts: u32) -> Result<(), PolicyError> {
     check_slots(slots, n_experts)?;
     if initial.len() > slots {
         return Err(PolicyError::SeedTooLarge {
@@ -354,7 +403,7 @@ fn check_seed(initial: &[u32], slots: usize, n_experts: u32) -> Result<(), Polic
 /// Intrusive doubly linked queues over the ids `0..n`: each id is in at most one queue, so one
 /// `prev`/`next` pair per id serves them all and every operation is O(1).
 #[derive(Clone, Debug)]
-struct Queues {
+pub(super) struct Queues {
     head: Vec<u32>,
     tail: Vec<u32>,
     len: Vec<usize>,
@@ -367,7 +416,7 @@ const NIL: u32 = u32::MAX;
 const NO_QUEUE: u8 = u8::MAX;
 
 impl Queues {
-    fn new(n_queues: usize, n_ids: usize) -> Self {
+    pub(super) fn new(n_queues: usize, n_ids: usize) -> Self {
         Queues {
             head: vec![NIL; n_queues],
             tail: vec![NIL; n_queues],
@@ -378,19 +427,19 @@ impl Queues {
         }
     }
 
-    fn queue_of(&self, id: u32) -> Option<usize> {
+    pub(super) fn queue_of(&self, id: u32) -> Option<usize> {
         match self.member[id as usize] {
             NO_QUEUE => None,
             q => Some(q as usize),
         }
     }
 
-    fn len(&self, q: usize) -> usize {
+    pub(super) fn len(&self, q: usize) -> usize {
         self.len[q]
     }
 
     /// Links `id` (in no queue) at the head of `q`.
-    fn push_front(&mut self, q: usize, id: u32) {
+    pub(super) fn push_front(&mut self, q: usize, id: u32) {
         let i = id as usize;
         self.member[i] = q as u8;
         self.prev[i] = NIL;
@@ -404,7 +453,7 @@ impl Queues {
     }
 
     /// Links `id` (in no queue) at the tail of `q`.
-    fn push_back(&mut self, q: usize, id: u32) {
+    pub(super) fn push_back(&mut self, q: usize, id: u32) {
         let i = id as usize;
         self.member[i] = q as u8;
         self.next[i] = NIL;
@@ -418,7 +467,7 @@ impl Queues {
     }
 
     /// Unlinks `id` from its queue (no-op when in none).
-    fn remove(&mut self, id: u32) {
+    pub(super) fn remove(&mut self, id: u32) {
         let Some(q) = self.queue_of(id) else { return };
         let i = id as usize;
         let (p, n) = (self.prev[i], self.next[i]);
@@ -436,7 +485,7 @@ impl Queues {
         self.len[q] -= 1;
     }
 
-    fn pop_back(&mut self, q: usize) -> Option<u32> {
+    pub(super) fn pop_back(&mut self, q: usize) -> Option<u32> {
         match self.tail[q] {
             NIL => None,
             t => {
@@ -446,7 +495,7 @@ impl Queues {
         }
     }
 
-    fn move_to_front(&mut self, id: u32) {
+    pub(super) fn move_to_front(&mut self, id: u32) {
         if let Some(q) = self.queue_of(id) {
             self.remove(id);
             self.push_front(q, id);
@@ -454,7 +503,7 @@ impl Queues {
     }
 
     /// The ids of `q`, head to tail.
-    fn ids(&self, q: usize) -> Vec<u32> {
+    pub(super) fn ids(&self, q: usize) -> Vec<u32> {
         let mut out = Vec::with_capacity(self.len[q]);
         let mut cur = self.head[q];
         while cur != NIL {
@@ -462,6 +511,44 @@ impl Queues {
             cur = self.next[cur as usize];
         }
         out
+    }
+}
+
+/// Which re-reference of a remembered, non-resident expert promotes it into [`TwoQ`]'s `Am`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Admission {
+    /// The paper's rule, named `ghost`: a re-reference while in `A1out`; one while in `A1in` is a
+    /// correlated reference and does nothing.
+    Ghost,
+    /// Named `remembered`: a re-reference while in `A1in` or `A1out`.
+    Remembered,
+}
+
+impl Admission {
+    /// The command-line name: `ghost` or `remembered`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Admission::Ghost => "ghost",
+            Admission::Remembered => "remembered",
+        }
+    }
+}
+
+impl fmt::Display for Admission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Admission {
+    type Err = String;
+
+    /// Parses `ghost` or `remembered` (ASCII case-insensitive). Errors: a message naming both.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [Admission::Ghost, Admission::Remembered]
+            .into_iter()
+            .find(|a| a.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| format!("unknown 2Q admission `{s}` (known: ghost, remembered)"))
     }
 }
 
@@ -476,6 +563,8 @@ pub struct TwoQParams {
     pub a1out: usize,
     /// The most promotions into `Am` per step (token) in this layer; `None` = no cap.
     pub max_promotions: Option<usize>,
+    /// Which re-reference promotes.
+    pub admission: Admission,
 }
 
 impl TwoQParams {
@@ -483,6 +572,16 @@ impl TwoQParams {
     pub const PAPER_A1IN: f64 = 0.25;
     /// The paper's recommended `Kout` as a fraction of the buffer (50 %).
     pub const PAPER_A1OUT: f64 = 0.5;
+    /// The default `Kin` as a fraction of the slots, chosen with [`TwoQParams::DEFAULT_A1OUT`] by
+    /// replay over the calibrated synthetic presets on their tuning seed (docs/BENCHMARKS.md,
+    /// "Choosing 2Q's knobs"): 0, so that a re-reference promotes whenever the id is remembered
+    /// (the paper's 25 % treats a re-reference within `Kin` ids as correlated and ignores it).
+    pub const DEFAULT_A1IN: f64 = 0.0;
+    /// The default `Kout` as a fraction of the slots: the paper's 50 %.
+    pub const DEFAULT_A1OUT: f64 = 0.5;
+    /// The default admission rule: the paper's [`Admission::Ghost`] (with `Kin` 0, `A1in` is
+    /// always empty and both rules are the same).
+    pub const DEFAULT_ADMISSION: Admission = Admission::Ghost;
 
     /// Knobs from fractions of `slots`, as the paper states them: `Kin = round(a1in · slots)`,
     /// `Kout = round(a1out · slots)`. Errors: [`PolicyError::Fraction`] for a negative or
@@ -492,6 +591,7 @@ impl TwoQParams {
         a1in: f64,
         a1out: f64,
         max_promotions: Option<usize>,
+        admission: Admission,
     ) -> Result<Self, PolicyError> {
         let count = |name, value: f64| {
             if value.is_finite() && value >= 0.0 {
@@ -505,6 +605,7 @@ impl TwoQParams {
             a1in: count("a1in", a1in)?,
             a1out: count("a1out", a1out)?,
             max_promotions,
+            admission,
         })
     }
 }
@@ -581,12 +682,13 @@ impl Policy for TwoQ {
             admit: false,
             evict: None,
         };
+        let remembered = self.params.admission == Admission::Remembered;
         match self.queues.queue_of(expert) {
             Some(AM) => {
                 self.queues.move_to_front(expert);
                 Ok(Access::Hit)
             }
-            Some(A1OUT) => {
+            Some(q) if q == A1OUT || remembered => {
                 if self
                     .params
                     .max_promotions
@@ -622,23 +724,6 @@ impl Policy for TwoQ {
 
     fn resident(&self) -> Vec<u32> {
         self.queues.ids(AM)
-    }
-
-    fn snapshot(&self) -> Snapshot {
-        Snapshot(SnapshotState::TwoQ(self.clone()))
-    }
-
-    fn reset_to(&mut self, snapshot: &Snapshot) -> Result<(), PolicyError> {
-        match &snapshot.0 {
-            SnapshotState::TwoQ(s) => {
-                *self = s.clone();
-                Ok(())
-            }
-            _ => Err(PolicyError::SnapshotKind {
-                expected: self.kind(),
-                got: snapshot.kind(),
-            }),
-        }
     }
 }
 
@@ -676,10 +761,6 @@ impl Policy for Lru {
         self.slots
     }
 
-    fn begin_step(&mut self) -> Result<(), PolicyError> {
-        Ok(())
-    }
-
     fn is_resident(&self, expert: u32) -> bool {
         expert < self.n_experts && self.queues.queue_of(expert).is_some()
     }
@@ -701,23 +782,6 @@ impl Policy for Lru {
 
     fn resident(&self) -> Vec<u32> {
         self.queues.ids(0)
-    }
-
-    fn snapshot(&self) -> Snapshot {
-        Snapshot(SnapshotState::Lru(self.clone()))
-    }
-
-    fn reset_to(&mut self, snapshot: &Snapshot) -> Result<(), PolicyError> {
-        match &snapshot.0 {
-            SnapshotState::Lru(s) => {
-                *self = s.clone();
-                Ok(())
-            }
-            _ => Err(PolicyError::SnapshotKind {
-                expected: self.kind(),
-                got: snapshot.kind(),
-            }),
-        }
     }
 }
 
@@ -763,10 +827,6 @@ impl Policy for Lfu {
         self.slots
     }
 
-    fn begin_step(&mut self) -> Result<(), PolicyError> {
-        Ok(())
-    }
-
     fn is_resident(&self, expert: u32) -> bool {
         expert < self.n_experts && self.resident.contains(&self.key(expert as usize))
     }
@@ -809,23 +869,6 @@ impl Policy for Lfu {
     /// Residents, most valuable (highest count, then most recent) first.
     fn resident(&self) -> Vec<u32> {
         self.resident.iter().rev().map(|k| k.2).collect()
-    }
-
-    fn snapshot(&self) -> Snapshot {
-        Snapshot(SnapshotState::Lfu(self.clone()))
-    }
-
-    fn reset_to(&mut self, snapshot: &Snapshot) -> Result<(), PolicyError> {
-        match &snapshot.0 {
-            SnapshotState::Lfu(s) => {
-                *self = s.clone();
-                Ok(())
-            }
-            _ => Err(PolicyError::SnapshotKind {
-                expected: self.kind(),
-                got: snapshot.kind(),
-            }),
-        }
     }
 }
 
@@ -884,10 +927,6 @@ impl Policy for StaticSet {
         self.slots
     }
 
-    fn begin_step(&mut self) -> Result<(), PolicyError> {
-        Ok(())
-    }
-
     fn is_resident(&self, expert: u32) -> bool {
         expert < self.n_experts && self.is_member[expert as usize]
     }
@@ -906,23 +945,6 @@ impl Policy for StaticSet {
 
     fn resident(&self) -> Vec<u32> {
         self.members.clone()
-    }
-
-    fn snapshot(&self) -> Snapshot {
-        Snapshot(SnapshotState::Static(self.clone()))
-    }
-
-    fn reset_to(&mut self, snapshot: &Snapshot) -> Result<(), PolicyError> {
-        match &snapshot.0 {
-            SnapshotState::Static(s) => {
-                *self = s.clone();
-                Ok(())
-            }
-            _ => Err(PolicyError::SnapshotKind {
-                expected: self.kind(),
-                got: snapshot.kind(),
-            }),
-        }
     }
 }
 
@@ -1089,23 +1111,6 @@ impl Policy for Min {
     fn resident(&self) -> Vec<u32> {
         self.resident.iter().map(|k| k.1).collect()
     }
-
-    fn snapshot(&self) -> Snapshot {
-        Snapshot(SnapshotState::Min(self.clone()))
-    }
-
-    fn reset_to(&mut self, snapshot: &Snapshot) -> Result<(), PolicyError> {
-        match &snapshot.0 {
-            SnapshotState::Min(s) => {
-                *self = s.clone();
-                Ok(())
-            }
-            _ => Err(PolicyError::SnapshotKind {
-                expected: self.kind(),
-                got: snapshot.kind(),
-            }),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -1134,11 +1139,11 @@ mod tests {
 
     #[test]
     fn policy_names_round_trip() {
-        for k in PolicyKind::ALL {
+        for &k in PolicyKind::ALL {
             assert_eq!(k.name().parse::<PolicyKind>(), Ok(k));
         }
         assert_eq!("LRU".parse::<PolicyKind>(), Ok(PolicyKind::Lru));
-        assert!("arc".parse::<PolicyKind>().is_err());
+        assert!("arcs".parse::<PolicyKind>().is_err());
     }
 
     #[test]
@@ -1259,7 +1264,7 @@ mod tests {
             StaticSet::new(4, 2, &[1, 1]).unwrap_err(),
             PolicyError::SeedDuplicate { expert: 1 }
         );
-        let params = TwoQParams::from_fractions(2, 0.25, 0.5, None).unwrap();
+        let params = TwoQParams::from_fractions(2, 0.25, 0.5, None, Admission::Ghost).unwrap();
         assert_eq!(
             TwoQ::new(4, params, &[7]).unwrap_err(),
             PolicyError::ExpertOutOfRange {
@@ -1281,11 +1286,11 @@ mod tests {
             PolicyError::DuplicateInStep { expert: 1 }
         );
         assert!(matches!(
-            TwoQParams::from_fractions(2, -0.1, 0.5, None),
+            TwoQParams::from_fractions(2, -0.1, 0.5, None, Admission::Ghost),
             Err(PolicyError::Fraction { name: "a1in", .. })
         ));
         assert!(matches!(
-            TwoQParams::from_fractions(2, 0.25, f64::NAN, None),
+            TwoQParams::from_fractions(2, 0.25, f64::NAN, None, Admission::Ghost),
             Err(PolicyError::Fraction { name: "a1out", .. })
         ));
     }
@@ -1324,7 +1329,7 @@ mod tests {
             .map(|t| vec![(t * 7) % 9, (t * 5 + 1) % 9 + 9])
             .collect();
         let step_refs: Vec<&[u32]> = steps.iter().map(|s| s.as_slice()).collect();
-        let params = TwoQParams::from_fractions(4, 0.25, 0.5, Some(1)).unwrap();
+        let params = TwoQParams::from_fractions(4, 0.25, 0.5, Some(1), Admission::Ghost).unwrap();
         let seed = [0, 1, 2, 3];
         let mut policies: Vec<Box<dyn Policy>> = vec![
             Box::new(TwoQ::new(18, params, &seed).unwrap()),
@@ -1360,6 +1365,7 @@ mod tests {
             a1in: 0,
             a1out: 2,
             max_promotions: Some(1),
+            admission: Admission::Ghost,
         };
         let mut p = TwoQ::new(4, params, &[]).unwrap();
         let o = run(&mut p, &[&[0, 1], &[0, 1]]);

@@ -5,9 +5,12 @@
 //! token's `top_k` experts as one step ([`Policy::access_step`]: hits first). Layers run in
 //! parallel (rayon); the result does not depend on the order.
 
+use super::arc::ArcCache;
 use super::hotset::{HotSet, HotSetError};
+use super::lecar::LeCaR;
+use super::lrfu::Lrfu;
 use super::policy::{
-    Access, Lfu, Lru, Min, Policy, PolicyError, PolicyKind, StaticSet, TwoQ, TwoQParams,
+    Access, Admission, Lfu, Lru, Min, Policy, PolicyError, PolicyKind, StaticSet, TwoQ, TwoQParams,
 };
 use super::trace::Trace;
 use rayon::prelude::*;
@@ -17,25 +20,32 @@ use rayon::prelude::*;
 pub struct ReplayOptions<'a> {
     /// Fast-store slots per layer (1..=n_experts).
     pub slots: usize,
-    /// 2Q `Kin` as a fraction of `slots` (the paper's 0.25 by default).
+    /// 2Q `Kin` as a fraction of `slots`.
     pub a1in: f64,
-    /// 2Q `Kout` as a fraction of `slots` (the paper's 0.5 by default).
+    /// 2Q `Kout` as a fraction of `slots`.
     pub a1out: f64,
     /// 2Q cap on promotions per step per layer; `None` = no cap.
     pub max_promotions: Option<usize>,
-    /// Seed membership; `None` seeds the identity set `0..slots`. Used by 2Q, LRU, LFU and MIN;
-    /// `static` always starts from its own oracle set.
+    /// 2Q admission rule.
+    pub admission: Admission,
+    /// LRFU's decay `λ` per step, in `0..=1`.
+    pub lrfu_lambda: f64,
+    /// Seed membership; `None` seeds the identity set `0..slots`. Used by every policy but
+    /// `static`, which always starts from its own oracle set.
     pub resident_set: Option<&'a HotSet>,
 }
 
 impl ReplayOptions<'_> {
-    /// `slots` slots, the paper's 2Q fractions, no promotion cap, identity seed.
+    /// `slots` slots, the default 2Q knobs ([`TwoQParams::DEFAULT_A1IN`] and the others, no
+    /// promotion cap), [`Lrfu::DEFAULT_LAMBDA`], identity seed.
     pub fn new(slots: usize) -> Self {
         ReplayOptions {
             slots,
-            a1in: TwoQParams::PAPER_A1IN,
-            a1out: TwoQParams::PAPER_A1OUT,
+            a1in: TwoQParams::DEFAULT_A1IN,
+            a1out: TwoQParams::DEFAULT_A1OUT,
             max_promotions: None,
+            admission: TwoQParams::DEFAULT_ADMISSION,
+            lrfu_lambda: Lrfu::DEFAULT_LAMBDA,
             resident_set: None,
         }
     }
@@ -118,15 +128,25 @@ pub fn policy_for_layer(
     };
     Ok(match kind {
         PolicyKind::TwoQ => {
-            let params =
-                TwoQParams::from_fractions(opts.slots, opts.a1in, opts.a1out, opts.max_promotions)
-                    .map_err(wrap)?;
+            let params = TwoQParams::from_fractions(
+                opts.slots,
+                opts.a1in,
+                opts.a1out,
+                opts.max_promotions,
+                opts.admission,
+            )
+            .map_err(wrap)?;
             Box::new(TwoQ::new(n, params, seed).map_err(wrap)?)
         }
         PolicyKind::Lru => Box::new(Lru::new(n, opts.slots, seed).map_err(wrap)?),
         PolicyKind::Lfu => Box::new(Lfu::new(n, opts.slots, seed).map_err(wrap)?),
         PolicyKind::Static => Box::new(StaticSet::oracle(n, opts.slots, steps).map_err(wrap)?),
         PolicyKind::Min => Box::new(Min::new(n, opts.slots, seed, steps).map_err(wrap)?),
+        PolicyKind::Arc => Box::new(ArcCache::new(n, opts.slots, seed).map_err(wrap)?),
+        PolicyKind::Lrfu => {
+            Box::new(Lrfu::new(n, opts.slots, opts.lrfu_lambda, seed).map_err(wrap)?)
+        }
+        PolicyKind::LeCaR => Box::new(LeCaR::new(n, opts.slots, seed).map_err(wrap)?),
     })
 }
 

@@ -260,6 +260,16 @@ impl Trace {
             .then(|| (0..self.tokens()).filter_map(move |t| self.experts(t, layer)))
     }
 
+    /// The sequence number of every token, `[tokens]` in token order.
+    pub fn seqs(&self) -> &[u64] {
+        &self.seq
+    }
+
+    /// The position of every token in its sequence, `[tokens]` in token order.
+    pub fn positions(&self) -> &[u64] {
+        &self.pos
+    }
+
     /// Token `token` as a record; `None` when out of range.
     pub fn record(&self, token: usize) -> Option<TraceRecord> {
         let layers = (0..self.n_layers)

@@ -26,9 +26,13 @@
 //! the experts that left) and reports how long it took; [`ResetMode::None`] keeps them.
 
 use super::{FastBudget, SlotMemory, StoreError};
+use crate::placement::arc::ArcCache;
 use crate::placement::hotset::HotSet;
+use crate::placement::lecar::LeCaR;
+use crate::placement::lrfu::Lrfu;
 use crate::placement::policy::{
-    Access, Lfu, Lru, Policy, PolicyError, PolicyKind, Snapshot, StaticSet, TwoQ, TwoQParams,
+    Access, Admission, Lfu, Lru, Policy, PolicyError, PolicyKind, Snapshot, StaticSet, TwoQ,
+    TwoQParams,
 };
 use crate::progress::{Count, Progress, Quiet};
 use aubier_compiler::plan::Plan;
@@ -85,30 +89,33 @@ pub struct StoreOptions {
     pub budget: FastBudget,
     /// Seed membership per layer (hottest first); `None` seeds the identity set `0..n_res`.
     pub resident_set: Option<HotSet>,
-    /// Placement policy: `2q`, `lru`, `lfu` or `static` (`static` = the seed, never rotated);
-    /// `min` is an offline oracle and is refused.
+    /// Placement policy: `2q`, `lru`, `lfu`, `arc`, `lrfu`, `lecar` or `static` (`static` = the
+    /// seed, never rotated); `min` is an offline oracle and is refused.
     pub policy: PolicyKind,
-    /// 2Q `Kin` as a fraction of the slots (the paper's 0.25).
+    /// 2Q `Kin` as a fraction of the slots ([`TwoQParams::DEFAULT_A1IN`] by default).
     pub a1in: f64,
-    /// 2Q `Kout` as a fraction of the slots (the paper's 0.5).
+    /// 2Q `Kout` as a fraction of the slots ([`TwoQParams::DEFAULT_A1OUT`] by default).
     pub a1out: f64,
     /// 2Q cap on promotions per token per layer; `None` = no cap.
     pub max_promotions: Option<usize>,
+    /// 2Q admission rule.
+    pub admission: Admission,
     /// Between requests.
     pub reset: ResetMode,
 }
 
 impl Default for StoreOptions {
-    /// Every slot of the model, identity seed, 2Q with the paper's fractions, no cap, exact
-    /// reset.
+    /// Every slot of the model, identity seed, 2Q with the default knobs
+    /// ([`TwoQParams::DEFAULT_A1IN`] and the others), no cap, exact reset.
     fn default() -> Self {
         StoreOptions {
             budget: FastBudget::Auto,
             resident_set: None,
             policy: PolicyKind::TwoQ,
-            a1in: TwoQParams::PAPER_A1IN,
-            a1out: TwoQParams::PAPER_A1OUT,
+            a1in: TwoQParams::DEFAULT_A1IN,
+            a1out: TwoQParams::DEFAULT_A1OUT,
             max_promotions: None,
+            admission: TwoQParams::DEFAULT_ADMISSION,
             reset: ResetMode::Exact,
         }
     }
@@ -644,12 +651,20 @@ fn build_policy(
     }
     Ok(Some(match opts.policy {
         PolicyKind::TwoQ => {
-            let params =
-                TwoQParams::from_fractions(n_res, opts.a1in, opts.a1out, opts.max_promotions)?;
+            let params = TwoQParams::from_fractions(
+                n_res,
+                opts.a1in,
+                opts.a1out,
+                opts.max_promotions,
+                opts.admission,
+            )?;
             Box::new(TwoQ::new(n_expert, params, seed)?)
         }
         PolicyKind::Lru => Box::new(Lru::new(n_expert, n_res, seed)?),
         PolicyKind::Lfu => Box::new(Lfu::new(n_expert, n_res, seed)?),
+        PolicyKind::Arc => Box::new(ArcCache::new(n_expert, n_res, seed)?),
+        PolicyKind::Lrfu => Box::new(Lrfu::new(n_expert, n_res, Lrfu::DEFAULT_LAMBDA, seed)?),
+        PolicyKind::LeCaR => Box::new(LeCaR::new(n_expert, n_res, seed)?),
         PolicyKind::Static | PolicyKind::Min => Box::new(StaticSet::new(n_expert, n_res, seed)?),
     }))
 }
