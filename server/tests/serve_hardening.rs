@@ -652,6 +652,7 @@ async fn the_openapi_document_describes_every_route_of_the_served_model() {
     let routes: BTreeSet<&str> = [
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/responses",
         "/debug/tokens",
         "/v1/models",
         "/v1/models/{model}",
