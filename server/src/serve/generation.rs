@@ -96,7 +96,7 @@ impl Head {
 
 /// An id no client can guess: `prefix` and 128 random bits (from the thread-local generator,
 /// seeded from the OS).
-fn request_id(prefix: &str) -> String {
+pub(super) fn request_id(prefix: &str) -> String {
     format!("{prefix}{:032x}", rand::random::<u128>())
 }
 

@@ -48,7 +48,7 @@ use super::api::scalar::StrOr;
 use super::engine::{Chunk, Finish, Summary};
 use super::error::{missing_parameter, unknown_parameter, ApiError};
 use super::generation::{
-    sse_data, usage, Answer as Collected, ChunkFormat, Head, PromptSource, RequestKind,
+    request_id, sse_data, usage, Answer as Collected, ChunkFormat, Head, PromptSource, RequestKind,
 };
 use super::params::{self, Generation};
 use super::state::AppState;
@@ -514,11 +514,6 @@ impl ResponseParams {
     }
 }
 
-/// `prefix`, `_` and 128 random bits in hex.
-fn new_id(prefix: &str) -> String {
-    format!("{prefix}_{:032x}", rand::random::<u128>())
-}
-
 /// The output item being generated: reasoning or answer text, or a call.
 enum Open {
     Text {
@@ -741,7 +736,7 @@ impl Builder {
             self.close(OutputItemStatus::Completed);
             self.begin(Open::Text {
                 reasoning,
-                id: new_id(if reasoning { "rs" } else { "msg" }),
+                id: request_id(if reasoning { "rs_" } else { "msg_" }),
                 text: String::new(),
             });
         }
@@ -780,7 +775,7 @@ impl Builder {
             if let Some((call_id, name)) = &piece.head {
                 self.close(OutputItemStatus::Completed);
                 self.begin(Open::Call {
-                    id: new_id("fc"),
+                    id: request_id("fc_"),
                     call_id: call_id.clone(),
                     name: name.clone(),
                     arguments: String::new(),
