@@ -427,6 +427,7 @@ impl Run for SeamRun {
                     prefill_s,
                     decode_s,
                     launches,
+                    weights: self.model.plan.steps[step].weights().collect(),
                 })
                 .collect(),
             steps: self.steps,

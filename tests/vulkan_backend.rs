@@ -231,3 +231,38 @@ fn a_nan_router_on_the_device_is_an_expert_id_error() {
         "a refused step leaves the session where it was"
     );
 }
+
+/// With the device's timestamps on, every launch names the plan weights bound to it (what
+/// `aubier bench` turns into each kernel's GB/s): each one a weight operand of its own step, and
+/// together every weight the plan's steps read.
+#[test]
+fn vulkan_kernel_times_name_the_weights_each_launch_reads() {
+    let m = Model::load_with(&model_path("ms4-tiny256-q2k.gguf"), &vulkan()).expect("model");
+    let plan = Arc::clone(&m.plan);
+    let mut s = session(m);
+    s.profile(true).expect("timestamps on lavapipe");
+    s.step(&[1, 17, 4096]).expect("prefill");
+    s.step(&[8000]).expect("decode");
+    let times = s.counters().times;
+    let mut read = vec![false; plan.weights.len()];
+    for k in &times {
+        let own: Vec<usize> = plan.steps[k.step].weights().collect();
+        for &w in &k.weights {
+            assert!(
+                own.contains(&w),
+                "{} binds weight {w} of another step",
+                k.kernel
+            );
+            read[w] = true;
+        }
+    }
+    for (step, st) in plan.steps.iter().enumerate() {
+        for w in st.weights() {
+            assert!(
+                read[w],
+                "step {step} reads {} yet no launch names it",
+                plan.weights[w].name
+            );
+        }
+    }
+}

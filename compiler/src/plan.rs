@@ -79,6 +79,16 @@ pub struct Step {
     pub out: ValueId,
 }
 
+impl Step {
+    /// Its weight operands (indices into [`Plan::weights`]), in operand order.
+    pub fn weights(&self) -> impl Iterator<Item = usize> + '_ {
+        self.args.iter().filter_map(|a| match *a {
+            Operand::Weight(w) => Some(w),
+            Operand::Value(_) => None,
+        })
+    }
+}
+
 /// The compiled model: the single thing every backend executes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Plan {

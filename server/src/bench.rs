@@ -40,7 +40,6 @@ use crate::receipt::{read_peer, Measured, ReceiptFile};
 use crate::run::{BackendArgs, Loaded, PromptArgs, StoreArgs};
 use anyhow::{bail, Context};
 use aubier_compiler::ops::Op;
-use aubier_compiler::plan::Operand;
 use aubier_runtime::backend::KernelTime;
 use aubier_runtime::engine::Model;
 use aubier_runtime::generate::{generate, GenerateParams};
@@ -229,30 +228,101 @@ impl ByComponent {
 
 /// Weight bytes per decoded token of `model`'s plan (method step 4).
 pub fn bytes_per_token(model: &Model) -> ByComponent {
-    let cfg = &model.config;
-    let expert_share = cfg.n_expert_used as f64 / cfg.n_expert.max(1) as f64;
     let mut b = ByComponent::default();
     let mut seen = vec![false; model.plan.weights.len()];
     for step in &model.plan.steps {
-        for a in &step.args {
-            let Operand::Weight(w) = *a else { continue };
+        for w in step.weights() {
             if std::mem::replace(&mut seen[w], true) {
                 continue;
             }
-            let name = &model.plan.weights[w].name;
-            let Some(info) = model.file.tensor(name) else {
-                continue;
-            };
-            let c = Component::of_weight(step.op, name);
-            let bytes = match c {
-                Component::Embedding => info.row_bytes() as f64,
-                Component::Experts => info.n_bytes as f64 * expert_share,
-                _ => info.n_bytes as f64,
-            };
-            b.add(c, bytes);
+            if let Some((c, bytes)) = weight_bytes(model, step.op, w) {
+                b.add(c, bytes);
+            }
         }
     }
     b
+}
+
+/// The bytes of plan weight `w` that one decoded token reads through a step of `op`, with its
+/// component: one row of the embedding, the routed share (`n_expert_used / n_expert`) of
+/// stacked experts, else the whole tensor. `None` for a weight the file lacks.
+fn weight_bytes(model: &Model, op: Op, w: usize) -> Option<(Component, f64)> {
+    let cfg = &model.config;
+    let name = &model.plan.weights.get(w)?.name;
+    let info = model.file.tensor(name)?;
+    let c = Component::of_weight(op, name);
+    let bytes = match c {
+        Component::Embedding => info.row_bytes() as f64,
+        Component::Experts => {
+            info.n_bytes as f64 * cfg.n_expert_used as f64 / cfg.n_expert.max(1) as f64
+        }
+        _ => info.n_bytes as f64,
+    };
+    Some((c, bytes))
+}
+
+/// One kernel's share of a bench run ([`BenchReport::kernels`]), over every step that runs it.
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelReport {
+    /// The kernel (the host binding's kernel name, or the device pipeline's).
+    pub name: String,
+    /// Milliseconds per prefill.
+    pub prefill_ms: f64,
+    /// Milliseconds per decoded token.
+    pub decode_ms_per_token: f64,
+    /// Runs of it over the whole bench.
+    pub launches: u64,
+    /// Weight bytes its launches read per decoded token ([`weight_bytes`] of the weights bound
+    /// to it, summed over its steps).
+    pub decode_weight_bytes_per_token: f64,
+}
+
+impl KernelReport {
+    /// Weight GB/s (10⁹ bytes per second) of its decode launches; `None` when it reads no
+    /// weight or took no time.
+    pub fn decode_gb_s(&self) -> Option<f64> {
+        (self.decode_weight_bytes_per_token > 0.0 && self.decode_ms_per_token > 0.0)
+            .then(|| self.decode_weight_bytes_per_token / (self.decode_ms_per_token * 1e6))
+    }
+}
+
+/// Aggregates the backend's time per (step, kernel) by kernel, most decode time first:
+/// `per_prefill` and `per_token` turn seconds into milliseconds per prefill and per decoded token.
+fn kernel_reports(
+    model: &Model,
+    times: &[KernelTime],
+    per_prefill: f64,
+    per_token: f64,
+) -> Vec<KernelReport> {
+    let mut kernels: Vec<KernelReport> = Vec::new();
+    for k in times {
+        let op = model.plan.steps[k.step].op;
+        let bytes: f64 = k
+            .weights
+            .iter()
+            .filter_map(|&w| weight_bytes(model, op, w))
+            .map(|(_, b)| b)
+            .sum();
+        let decode_bytes = if k.decode_s > 0.0 { bytes } else { 0.0 };
+        let (p, d) = (k.prefill_s * per_prefill, k.decode_s * per_token);
+        match kernels.iter_mut().find(|e| e.name == k.kernel) {
+            Some(e) => {
+                e.prefill_ms += p;
+                e.decode_ms_per_token += d;
+                e.launches += k.launches;
+                e.decode_weight_bytes_per_token += decode_bytes;
+            }
+            None => kernels.push(KernelReport {
+                name: k.kernel.clone(),
+                prefill_ms: p,
+                decode_ms_per_token: d,
+                launches: k.launches,
+                decode_weight_bytes_per_token: decode_bytes,
+            }),
+        }
+    }
+    kernels.sort_by(|a, b| b.decode_ms_per_token.total_cmp(&a.decode_ms_per_token));
+    kernels
 }
 
 /// The component of each plan step (method step 5): that of its first weight operand; a step
@@ -266,10 +336,7 @@ fn step_components(model: &Model) -> Vec<Component> {
         .steps
         .iter()
         .map(|step| {
-            if let Some(w) = step.args.iter().find_map(|a| match a {
-                Operand::Weight(w) => Some(*w),
-                Operand::Value(_) => None,
-            }) {
+            if let Some(w) = step.weights().next() {
                 last = Component::of_weight(step.op, &model.plan.weights[w].name);
             }
             last
@@ -355,8 +422,8 @@ pub struct BenchReport {
     /// The device the backend runs on (`None` on the host).
     pub device: Option<String>,
     /// Time per kernel (host wall time, or GPU time from timestamp queries), most decode time
-    /// first: name, ms per prefill, ms per decoded token, launches.
-    pub kernels: Vec<(String, f64, f64, u64)>,
+    /// first.
+    pub kernels: Vec<KernelReport>,
     /// The cost of constrained decoding, with `--json-schema` or `--tools` (method step 6).
     pub grammar: Option<GrammarReport>,
 }
@@ -505,12 +572,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             .zip(&times)
             .map(|(step, t)| {
                 let name = step
-                    .args
-                    .iter()
-                    .find_map(|a| match a {
-                        Operand::Weight(w) => Some(model.plan.weights[*w].name.clone()),
-                        Operand::Value(_) => None,
-                    })
+                    .weights()
+                    .next()
+                    .map(|w| model.plan.weights[w].name.clone())
                     .unwrap_or_else(|| model.plan.values[step.out].name.clone());
                 (step.op.name().to_owned(), name, ms(t))
             })
@@ -519,19 +583,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         v.truncate(20);
         v
     };
-    let mut kernels: Vec<(String, f64, f64, u64)> = Vec::new();
-    for k in &counters.times {
-        let (p, d) = (k.prefill_s * per_prefill, k.decode_s * per_token);
-        match kernels.iter_mut().find(|(name, ..)| *name == k.kernel) {
-            Some(e) => {
-                e.1 += p;
-                e.2 += d;
-                e.3 += k.launches;
-            }
-            None => kernels.push((k.kernel.clone(), p, d, k.launches)),
-        }
-    }
-    kernels.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let kernels = kernel_reports(&model, &counters.times, per_prefill, per_token);
     let mut report = BenchReport {
         grammar: None,
         device: model.device(),
@@ -810,10 +862,18 @@ fn print_text(r: &BenchReport) -> anyhow::Result<()> {
         .kernels
         .iter()
         .take(20)
-        .map(|(name, p, d, n)| format!("{name} {p:.2}/{d:.3} ({n})"))
+        .map(|k| {
+            let gb_s = k
+                .decode_gb_s()
+                .map_or(String::new(), |g| format!(", {g:.2} GB/s"));
+            format!(
+                "{} {:.2}/{:.3} ({}{gb_s})",
+                k.name, k.prefill_ms, k.decode_ms_per_token, k.launches
+            )
+        })
         .collect();
     outln!(
-        "time per kernel (ms/prefill / ms/token (launches)): {}",
+        "time per kernel (ms/prefill / ms/token (launches, weight bytes read per decode second)): {}",
         kernels.join(", ")
     );
     Ok(())

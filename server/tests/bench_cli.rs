@@ -2,8 +2,8 @@
 //! field, rates and times are positive, the weight bytes per decoded token equal a sum taken
 //! straight from the GGUF tensor table (every tensor in full, but `token_embd` one row and the
 //! `*_exps` tensors n_expert_used / n_expert of their bytes), the per-component times add up to
-//! their totals, and the default kernels are `q8x2`; with `--tools` the report has the grammar
-//! section.
+//! their totals, the kernels' weight bytes add up to the same sum, and the default kernels are
+//! `q8x2`; with `--tools` the report has the grammar section.
 
 use aubier_runtime::gguf::GgufFile;
 use aubier_tests::models_dir;
@@ -94,6 +94,19 @@ fn json_report_on_the_bundled_model() {
         .map(|k| v["weight_bytes_per_token"][k].as_f64().unwrap())
         .sum();
     assert!((parts - got).abs() < 1e-6 * got);
+
+    // Per kernel: the weights its steps bind, so over all kernels every weight once (no weight
+    // of this plan is read by two steps), the same total as the GGUF table's sum above.
+    let kernels = v["kernels"].as_array().unwrap();
+    let by_kernel: f64 = kernels
+        .iter()
+        .map(|k| k["decode_weight_bytes_per_token"].as_f64().unwrap())
+        .sum();
+    assert!(
+        (by_kernel - expected).abs() < 1e-6 * expected,
+        "{by_kernel} vs {expected}"
+    );
+    assert!(kernels.iter().all(|k| k["launches"].as_u64().unwrap() > 0));
 }
 
 #[test]

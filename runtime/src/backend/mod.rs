@@ -237,6 +237,9 @@ pub struct KernelTime {
     pub decode_s: f64,
     /// Runs of it.
     pub launches: u64,
+    /// The plan weights it reads (indices into `Plan::weights`): every weight operand of the
+    /// step on the host, those bound to its weight and expert parameters on a device.
+    pub weights: Vec<usize>,
 }
 
 /// A run's counters ([`Run::counters`]).

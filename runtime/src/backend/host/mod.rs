@@ -296,6 +296,7 @@ impl<K: StepKernel> Run for HostRun<K> {
                     prefill_s: t.prefill_s,
                     decode_s: t.decode_s,
                     launches: t.runs,
+                    weights: m.plan.steps[step].weights().collect(),
                 })
                 .collect(),
             steps: self.exec.runs(),

@@ -58,6 +58,8 @@ struct DeviceLaunch {
     /// Index into [`DevicePlan::pipelines`].
     pipeline: usize,
     args: Vec<Arg>,
+    /// The plan weights bound to its weight and expert parameters.
+    weights: Vec<usize>,
 }
 
 /// A plan made ready on a device: pipelines, weights, expert tables (shared by every session).
@@ -176,6 +178,7 @@ impl DevicePlan {
                     kernel: l.kernel.clone(),
                     pipeline,
                     args: l.args.clone(),
+                    weights: launch_weights(&plan.steps[steps.len()].args, l),
                 });
             }
             steps.push(out);
@@ -356,6 +359,25 @@ impl DevicePlan {
             Ok(())
         })
     }
+}
+
+/// The plan weights launch `l` of a step with operands `operands` reads: those bound to its
+/// weight and expert parameters.
+fn launch_weights(operands: &[Operand], l: &Launch) -> Vec<usize> {
+    l.kernel
+        .params
+        .iter()
+        .zip(&l.args)
+        .filter_map(|((_, kind), arg)| match (kind, arg) {
+            (ParamKind::Weight { .. } | ParamKind::Experts { .. }, Arg::Operand(i)) => {
+                match operands.get(*i) {
+                    Some(&Operand::Weight(w)) => Some(w),
+                    _ => None,
+                }
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// `Ok` when kernel `k`'s workgroup and shared memory fit within `l` (a model of other
@@ -616,6 +638,7 @@ impl DeviceRun {
                 ls.iter().map(move |l| KernelTime {
                     step,
                     kernel: dp.pipelines[l.pipeline].0.clone(),
+                    weights: l.weights.clone(),
                     ..KernelTime::default()
                 })
             })
