@@ -3,8 +3,9 @@
 # model, decode tok/s with every expert resident and with a fast store of a quarter of the experts
 # (2Q, LRU, static), the host store's bytes per token (read over the bus) and the fraction of the
 # device's memory-bandwidth roofline; llama.cpp's Vulkan backend as the peer when its
-# `llama-bench` is given (all layers on the device, then the experts of every layer on the CPU:
-# `--n-cpu-moe`); a 36-layer file too when `LAYERS36=1` and time is left.
+# `llama-bench` is given (all layers on the device, through scripts/vk-vs-llamacpp.sh, then the
+# experts of every layer on the CPU: `--n-cpu-moe`); a 36-layer file too when `LAYERS36=1` and
+# time is left.
 #
 # Usage: scripts/gpu-check.sh AUBIER [MODEL.gguf] [LLAMA_BENCH]
 #   AUBIER       a prebuilt `aubier` (release, stripped: `strip target/release/aubier`)
@@ -64,7 +65,9 @@ for policy in 2q lru static; do
     bench "quarter resident, $policy" --n-res 32 --policy "$policy"
 done
 if [ -n "$llama" ]; then
-    "$llama" -m "$model" -ngl 99 -fa 1 -p "$n_prompt" -n "$n_gen" -r "$reps"
+    # Every layer on the device: both engines, their ratios and aubier's per-kernel GB/s (issue 37).
+    AUBIER_DEVICE=${DEVICE:-} N_PROMPT=$n_prompt N_GEN=$n_gen REPS=$reps \
+        "$(dirname "$0")/vk-vs-llamacpp.sh" "$aubier" "$llama" "$model"
     "$llama" -m "$model" -ngl 99 -fa 1 -p "$n_prompt" -n "$n_gen" -r "$reps" --n-cpu-moe 3
 fi
 echo "elapsed $(( $(date +%s) - start )) s"

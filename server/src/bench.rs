@@ -301,8 +301,7 @@ fn kernel_reports(
             .weights
             .iter()
             .filter_map(|&w| weight_bytes(model, op, w))
-            .map(|(_, b)| b)
-            .sum();
+            .fold(0.0, |sum, (_, b)| sum + b);
         let decode_bytes = if k.decode_s > 0.0 { bytes } else { 0.0 };
         let (p, d) = (k.prefill_s * per_prefill, k.decode_s * per_token);
         match kernels.iter_mut().find(|e| e.name == k.kernel) {
