@@ -1,16 +1,19 @@
 //! `aubier replay`: a routing trace (recorded, or synthetic) through the expert-placement policies,
-//! printing each policy's served fraction — the offline half of the expert store
-//! (`aubier_runtime::placement`). With `--sweep` it repeats the replay for several slot counts; with
-//! `--stats` it prints the trace's routing statistics instead (those of
+//! printing each policy's served fraction and the experts it copies into the fast store (loads, and
+//! bytes at `--expert-bytes` each) — the offline half of the expert store
+//! (`aubier_runtime::placement`). With `--prefetch-budget` the replay prefetches one layer ahead
+//! from a co-occurrence predictor (`placement::replay`). With `--sweep` it repeats the replay for
+//! several slot counts; with `--stats` it prints the trace's routing statistics instead (those of
 //! `../shared/design/ROUTING.md`, `aubier_runtime::placement::stats`).
 
 use crate::progress::Steps;
 use crate::receipt::{Measured, ReceiptFile};
+use crate::synth::{routed_expert_bytes, Dims, QuantMix};
 use anyhow::{bail, Context};
 use aubier_runtime::placement::hotset::HotSet;
 use aubier_runtime::placement::lrfu::Lrfu;
 use aubier_runtime::placement::policy::{Admission, PolicyKind, TwoQParams};
-use aubier_runtime::placement::replay::{replay, ReplayOptions};
+use aubier_runtime::placement::replay::{replay, ReplayOptions, Served};
 use aubier_runtime::placement::stats::trace_stats;
 use aubier_runtime::placement::synthetic::{synthetic_trace, SyntheticSpec};
 use aubier_runtime::placement::trace::Trace;
@@ -49,8 +52,10 @@ pub struct ReplayArgs {
     /// Policies to replay, comma-separated, from 2q, lru, lfu, static, min, arc, lrfu, lecar.
     #[arg(long, value_delimiter = ',', default_value = "2q,lru,lfu,static,min")]
     pub policies: Vec<PolicyKind>,
-    /// Print JSON: `{"slots": N, "policies": {"2q": f, …}}`, or a list of those with --sweep;
-    /// with --stats, `{"coverage50": f, …}`.
+    /// Print JSON: `{"slots": N, "policies": {"2q": f, …}, "loads_per_token": {"2q": x, …},
+    /// "bytes_per_token": {…}, "expert_bytes": B}` (with prefetch also `"prefetch": {"budget",
+    /// "recall", "used": {"2q": share of prefetches routed, …}}`), or a list of those with
+    /// --sweep; with --stats, `{"coverage50": f, …}`.
     #[arg(long)]
     pub json: bool,
     /// Also write a receipt of the replay to this file (`--json`'s value as its figures, with
@@ -73,6 +78,15 @@ pub struct ReplayArgs {
     /// LRFU: decay λ per token, in 0..=1 (0 = LFU, 1 = LRU).
     #[arg(long, default_value_t = Lrfu::DEFAULT_LAMBDA)]
     pub lrfu_lambda: f64,
+    /// Prefetch loads per token per layer, issued one layer ahead from the cross-layer
+    /// co-occurrence predictor learned online (0 = demand paging only); static and min take no
+    /// prefetch.
+    #[arg(long, default_value_t = 0)]
+    pub prefetch_budget: usize,
+    /// Bytes of one expert, to turn loads into bytes moved; default: a routed expert of Mistral
+    /// Small 4 in llama-quantize's Q2_K mix (gate/up Q2_K, down Q3_K), 9,109,504 bytes.
+    #[arg(long)]
+    pub expert_bytes: Option<u64>,
     /// Seed membership `{"layers": [[e, …], …]}` (hottest first; the first N of each list seed N
     /// slots) for every policy but static (which uses its own set); default: the identity set
     /// 0..N.
@@ -142,6 +156,11 @@ fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
         bail!("--policies is empty");
     }
 
+    let expert_bytes = match args.expert_bytes {
+        Some(b) => b,
+        None => routed_expert_bytes(&Dims::real(36, 128, 131_072), QuantMix::Q2K)
+            .context("Mistral Small 4's expert size")?,
+    };
     let tokens = trace.tokens() as u64;
     let runs = (slot_counts.len() * args.policies.len()) as u64;
     progress.whole(Count::Items(tokens * runs, "tokens"));
@@ -155,6 +174,7 @@ fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
             admission: args.admission,
             lrfu_lambda: args.lrfu_lambda,
             resident_set: resident_set.as_ref(),
+            prefetch_budget: args.prefetch_budget,
         };
         let mut served = Vec::with_capacity(args.policies.len());
         for &kind in &args.policies {
@@ -162,7 +182,7 @@ fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
                 &format!("{kind} at {slots} slots"),
                 Count::Items(tokens, "tokens"),
             );
-            served.push((kind, replay(&trace, kind, &opts)?.fraction()));
+            served.push((kind, replay(&trace, kind, &opts)?));
             progress.advance(tokens);
         }
         rows.push((slots, served));
@@ -171,13 +191,7 @@ fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
 
     let objects: Vec<Value> = rows
         .iter()
-        .map(|(slots, served)| {
-            let policies: Map<String, Value> = served
-                .iter()
-                .map(|(k, f)| (k.name().to_string(), json!(f)))
-                .collect();
-            json!({"slots": slots, "policies": policies})
-        })
+        .map(|(slots, served)| row_json(*slots, served, args, tokens, expert_bytes))
         .collect();
     let value = match (args.sweep.is_some(), objects.as_slice()) {
         (false, [one]) => one.clone(),
@@ -186,14 +200,17 @@ fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
     if args.json {
         writeln!(std::io::stdout().lock(), "{value}")?;
     } else {
-        print_table(args, &trace, &source, &rows)?;
+        print_table(args, &trace, &source, &rows, expert_bytes)?;
     }
     if let Some(file) = receipt {
         file.write(&Measured {
             kind: "replay",
             backend: None,
             device: None,
-            model: Some(source),
+            model: Some(match args.prefetch_budget {
+                0 => source,
+                b => format!("{source}; prefetch budget {b}"),
+            }),
             peer: None,
             figures: value,
         })?;
@@ -229,35 +246,112 @@ fn print_stats(args: &ReplayArgs, trace: &Trace, source: &str) -> anyhow::Result
     Ok(())
 }
 
-/// The text report: the trace, then one row per slot count with each policy's served fraction.
+/// Loads (or bytes, at `expert_bytes` each) per token, per policy.
+fn per_token(
+    served: &[(PolicyKind, Served)],
+    tokens: u64,
+    expert_bytes: u64,
+) -> Map<String, Value> {
+    served
+        .iter()
+        .map(|(k, s)| {
+            let loads = s.loads() as f64 / tokens.max(1) as f64;
+            (k.name().to_string(), json!(loads * expert_bytes as f64))
+        })
+        .collect()
+}
+
+/// One slot count's JSON object (see `--json`).
+fn row_json(
+    slots: usize,
+    served: &[(PolicyKind, Served)],
+    args: &ReplayArgs,
+    tokens: u64,
+    expert_bytes: u64,
+) -> Value {
+    let fractions: Map<String, Value> = served
+        .iter()
+        .map(|(k, s)| (k.name().to_string(), json!(s.fraction())))
+        .collect();
+    let mut row = json!({
+        "slots": slots,
+        "policies": fractions,
+        "loads_per_token": per_token(served, tokens, 1),
+        "bytes_per_token": per_token(served, tokens, expert_bytes),
+        "expert_bytes": expert_bytes,
+    });
+    if args.prefetch_budget > 0 {
+        let used: Map<String, Value> = served
+            .iter()
+            .filter(|(_, s)| s.prefetched > 0)
+            .map(|(k, s)| {
+                let used = s.prefetch_used as f64 / s.prefetched as f64;
+                (k.name().to_string(), json!(used))
+            })
+            .collect();
+        let recall = served.iter().find_map(|(_, s)| s.recall());
+        row["prefetch"] = json!({
+            "budget": args.prefetch_budget,
+            "predictor": "co-occurrence",
+            "recall": recall,
+            "used": used,
+        });
+    }
+    row
+}
+
+/// The text report: the trace, then per slot count each policy's served fraction, loads per
+/// token and MiB moved per token (and, with prefetch, the predictor's recall).
 fn print_table(
     args: &ReplayArgs,
     trace: &Trace,
     source: &str,
-    rows: &[(usize, Vec<(PolicyKind, f64)>)],
+    rows: &[(usize, Vec<(PolicyKind, Served)>)],
+    expert_bytes: u64,
 ) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
         "trace: {source}\n{} tokens, {} layers, {} experts, top-{}; served fraction = routed slots \
-         served from the fast store / all {} routed slots",
+         served from the fast store / all {} routed slots; loads = experts copied into the fast \
+         store (demand admissions + prefetches) per token, MiB at {expert_bytes} bytes each",
         trace.tokens(),
         trace.n_layers(),
         trace.n_experts(),
         trace.top_k(),
         trace.routed_slots()
     )?;
-    write!(out, "{:>6}", "slots")?;
+    if args.prefetch_budget > 0 {
+        writeln!(
+            out,
+            "prefetch: up to {} loads per token per layer, one layer ahead, co-occurrence predictor",
+            args.prefetch_budget
+        )?;
+    }
+    write!(out, "{:>6} {:>9}", "slots", "")?;
     for kind in &args.policies {
         write!(out, " {:>7}", kind.name())?;
     }
     writeln!(out)?;
+    let tokens = trace.tokens().max(1) as f64;
+    let mib = expert_bytes as f64 / f64::from(1 << 20);
     for (slots, served) in rows {
-        write!(out, "{slots:>6}")?;
-        for (_, f) in served {
-            write!(out, " {f:>7.4}")?;
+        write!(out, "{slots:>6} {:>9}", "served")?;
+        for (_, s) in served {
+            write!(out, " {:>7.4}", s.fraction())?;
+        }
+        write!(out, "\n{:>6} {:>9}", "", "loads/tok")?;
+        for (_, s) in served {
+            write!(out, " {:>7.2}", s.loads() as f64 / tokens)?;
+        }
+        write!(out, "\n{:>6} {:>9}", "", "MiB/tok")?;
+        for (_, s) in served {
+            write!(out, " {:>7.1}", s.loads() as f64 / tokens * mib)?;
         }
         writeln!(out)?;
+        if let Some(recall) = served.iter().find_map(|(_, s)| s.recall()) {
+            writeln!(out, "{:>6} {:>9} {recall:>7.4}", "", "recall")?;
+        }
     }
     Ok(())
 }

@@ -337,6 +337,19 @@ pub fn tensors(d: &Dims, mix: QuantMix) -> Vec<SynthTensor> {
         .collect()
 }
 
+/// Bytes of one routed expert (its rows of `ffn_gate_up_exps` and `ffn_down_exps`) of a file
+/// with dimensions `d` in llama-quantize's `mix`; for Mistral Small 4 in the Q2_K mix (gate/up
+/// Q2_K, down Q3_K) 9,109,504 bytes. `None` for a model without routed experts.
+pub fn routed_expert_bytes(d: &Dims, mix: QuantMix) -> Option<u64> {
+    let layer = Dims { layers: 1, ..*d };
+    let experts: Option<u64> = tensors(&layer, mix)
+        .iter()
+        .filter(|t| t.info.name.ends_with("_exps.weight"))
+        .map(|t| t.info.n_bytes())
+        .sum();
+    experts?.checked_div(d.experts as u64)
+}
+
 /// What [`mix_type`] needs beyond the tensor itself.
 struct MixContext {
     mix: QuantMix,
@@ -667,6 +680,19 @@ mod tests {
         assert_eq!(t["blk.0.ffn_gate_up_exps.weight"], T::Q2_K);
         assert_eq!(t["blk.0.ffn_gate_inp.weight"], T::F32);
         assert_eq!(t["blk.0.attn_v_b.weight"], T::Q2_K);
+    }
+
+    #[test]
+    fn real_q2k_expert_bytes_follow_the_ggml_block_sizes() {
+        // gate/up: 4096 rows of 4096 in Q2_K (16 blocks of 84 bytes); down: 4096 rows of 2048 in
+        // Q3_K (8 blocks of 110 bytes); ggml's block sizes, MODEL.md §6.
+        let want = 4096 * 16 * 84 + 4096 * 8 * 110;
+        let d = Dims::real(36, 128, 131_072);
+        assert_eq!(routed_expert_bytes(&d, QuantMix::Q2K), Some(want));
+        assert_eq!(
+            routed_expert_bytes(&Dims { experts: 0, ..d }, QuantMix::Q2K),
+            None
+        );
     }
 
     #[test]

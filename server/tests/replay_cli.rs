@@ -66,18 +66,24 @@ fn served_fractions_match_hand_worked_values() {
         trace.to_str().unwrap(),
         "--slots",
         "1",
+        "--expert-bytes",
+        "1000",
         "--json",
     ]));
     // 1 slot, identity seed {0}; 2Q knobs Kin 0 and Kout round(0.5·1) = 1 (the defaults).
-    // lru: t0 misses and admits 2 (evicting 0), t1..t3 hit: 3/4.
-    // lfu: t0 misses; 2 (count 1) beats 0 (count 0) and is admitted; then 3 hits: 3/4.
-    // static: the best single expert is 2, hit 4 times: 4/4.
-    // min: 2 is next used at t1, 0 never: admit 2 at t0, then 3 hits: 3/4.
+    // lru: t0 misses and admits 2 (evicting 0), t1..t3 hit: 3/4; one load.
+    // lfu: t0 misses; 2 (count 1) beats 0 (count 0) and is admitted; then 3 hits: 3/4; one load.
+    // static: the best single expert is 2, hit 4 times: 4/4; no load.
+    // min: 2 is next used at t1, 0 never: admit 2 at t0, then 3 hits: 3/4; one load.
     // 2q: t0 2 goes through A1in (Kin 0) to A1out; t1 is a second access while remembered, so it
-    //     is promoted (a miss); t2, t3 hit: 2/4.
+    //     is promoted (a miss); t2, t3 hit: 2/4; one load.
+    // One load in 4 tokens is 0.25 loads and 250 bytes per token at 1000 bytes per expert.
     let want = serde_json::json!({
         "slots": 1,
-        "policies": {"2q": 0.5, "lru": 0.75, "lfu": 0.75, "static": 1.0, "min": 0.75}
+        "policies": {"2q": 0.5, "lru": 0.75, "lfu": 0.75, "static": 1.0, "min": 0.75},
+        "loads_per_token": {"2q": 0.25, "lru": 0.25, "lfu": 0.25, "static": 0.0, "min": 0.25},
+        "bytes_per_token": {"2q": 250.0, "lru": 250.0, "lfu": 250.0, "static": 0.0, "min": 250.0},
+        "expert_bytes": 1000
     });
     assert_eq!(v, want);
 
@@ -93,9 +99,70 @@ fn served_fractions_match_hand_worked_values() {
         hot.to_str().unwrap(),
         "--json",
     ]));
+    assert_eq!(v["policies"], serde_json::json!({"lru": 1.0, "min": 1.0}));
     assert_eq!(
-        v,
-        serde_json::json!({"slots": 1, "policies": {"lru": 1.0, "min": 1.0}})
+        v["loads_per_token"],
+        serde_json::json!({"lru": 0.0, "min": 0.0})
+    );
+    // Without --expert-bytes: a Mistral Small 4 expert in the Q2_K mix, gate/up 4096 rows of 16
+    // Q2_K blocks (84 bytes), down 4096 rows of 8 Q3_K blocks (110 bytes).
+    assert_eq!(v["expert_bytes"], 4096 * 16 * 84 + 4096 * 8 * 110);
+}
+
+/// Two layers, 4 experts, top-1, six tokens: layer 0 alternates 0, 1; layer 1 routes 2 after 0
+/// and 3 after 1.
+fn mapped_trace() -> String {
+    (0..6)
+        .map(|t| {
+            let e = t % 2;
+            let layers = serde_json::json!([[e], [e + 2]]);
+            format!(r#"{{"seq": 0, "pos": {t}, "n_experts": 4, "top_k": 1, "layers": {layers}}}"#)
+                + "\n"
+        })
+        .collect()
+}
+
+#[test]
+fn prefetch_counts_match_hand_worked_values() {
+    let dir = Scratch::new("prefetch");
+    let trace = dir.file("t.jsonl", &mapped_trace());
+    let v = json_stdout(&aubier(&[
+        trace.to_str().unwrap(),
+        "--slots",
+        "1",
+        "--policies",
+        "lru,min",
+        "--prefetch-budget",
+        "1",
+        "--expert-bytes",
+        "1000",
+        "--json",
+    ]));
+    // 1 slot, identity seed {0} in both layers; 12 routed slots in 6 tokens.
+    // lru, layer 0: t0 hits, t1..t5 miss and are admitted (5 loads). Layer 1: t0, t1 miss and are
+    //   admitted (nothing learned yet for 0, then for 1); from t2 on the predictor has seen 0 → 2
+    //   and 1 → 3, so it names the one expert the step routes, not resident: prefetched (4 loads),
+    //   then hit. Served 5/12; loads 5 + 2 + 4 = 11 in 6 tokens; recall 4/6; every prefetch used.
+    // min refuses prefetches: layer 0 keeps 0 and bypasses 1 (hits t0, t2, t4); layer 1 admits 2
+    //   at t0 (the seed 0 is never used), bypasses 3 (farther): hits t2, t4. Served 5/12, 1 load.
+    let close = |got: &serde_json::Value, want: f64| {
+        let got = got.as_f64().expect("a number");
+        assert!((got - want).abs() < 1e-12, "{got} != {want}");
+    };
+    close(&v["policies"]["lru"], 5.0 / 12.0);
+    close(&v["policies"]["min"], 5.0 / 12.0);
+    close(&v["loads_per_token"]["lru"], 11.0 / 6.0);
+    close(&v["loads_per_token"]["min"], 1.0 / 6.0);
+    close(&v["bytes_per_token"]["lru"], 11_000.0 / 6.0);
+    close(&v["bytes_per_token"]["min"], 1_000.0 / 6.0);
+    assert_eq!(
+        v["prefetch"],
+        serde_json::json!({
+            "budget": 1,
+            "predictor": "co-occurrence",
+            "recall": 4.0 / 6.0,
+            "used": {"lru": 1.0}
+        })
     );
 }
 
@@ -112,13 +179,18 @@ fn sweep_prints_one_object_per_slot_count_and_a_text_table() {
         "--json",
     ]));
     // With 2 slots static keeps {2, 0}: still 4/4.
-    assert_eq!(
-        v,
-        serde_json::json!([
-            {"slots": 1, "policies": {"static": 1.0}},
-            {"slots": 2, "policies": {"static": 1.0}}
-        ])
-    );
+    let rows: Vec<(u64, f64)> = v
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|r| {
+            (
+                r["slots"].as_u64().unwrap(),
+                r["policies"]["static"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(rows, [(1, 1.0), (2, 1.0)]);
     let out = aubier(&[trace.to_str().unwrap(), "--sweep", "1,2"]);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
@@ -136,7 +208,17 @@ fn sweep_prints_one_object_per_slot_count_and_a_text_table() {
         .expect("row for 1 slot")
         .split_whitespace()
         .collect();
-    assert_eq!(row, ["1", "0.5000", "0.7500", "0.7500", "1.0000", "0.7500"]);
+    assert_eq!(
+        row,
+        ["1", "served", "0.5000", "0.7500", "0.7500", "1.0000", "0.7500"]
+    );
+    let loads: Vec<&str> = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("loads/tok"))
+        .expect("loads row")
+        .split_whitespace()
+        .collect();
+    assert_eq!(loads, ["loads/tok", "0.25", "0.25", "0.25", "0.00", "0.25"]);
 }
 
 #[test]

@@ -9,9 +9,14 @@
 //! `|T1| > p` (or `|T1| = p` and the id is in `B2`), else the LRU of `T2` into `B2`. The lists are
 //! bounded as in the paper: `|T1| + |B1| ≤ c`, all four together `≤ 2c`, with `c` the slots.
 //! Mapping here: a step's accesses are presented hits first (as for every policy); the initial
-//! membership seeds `T1` (first id most recent), `p` starts at 0. O(1) per access.
+//! membership seeds `T1` (first id most recent), `p` starts at 0. A prefetch enters as a new page
+//! (the paper's case IV, which may drop a ghost) at the head of `T1` without adapting `p`, and its
+//! first reference counts as a first one (it stays in `T1`, at its head: a prefetch is not a
+//! reference); a ghost it had is forgotten. O(1) per access.
 
-use super::policy::{check_expert, check_seed, Access, Policy, PolicyError, PolicyKind, Queues};
+use super::policy::{
+    check_expert, check_seed, Access, Pins, Policy, PolicyError, PolicyKind, Prefetch, Queues,
+};
 
 const T1: usize = 0;
 const T2: usize = 1;
@@ -26,6 +31,9 @@ pub struct ArcCache {
     queues: Queues,
     /// The target size of `T1`, in `0..=slots`.
     p: f64,
+    /// Per expert: prefetched and not referenced since.
+    unreferenced: Vec<bool>,
+    pins: Pins,
 }
 
 impl ArcCache {
@@ -42,6 +50,8 @@ impl ArcCache {
             slots,
             queues,
             p: 0.0,
+            unreferenced: vec![false; n_experts as usize],
+            pins: Pins::default(),
         })
     }
 
@@ -50,20 +60,44 @@ impl ArcCache {
         self.p
     }
 
-    /// The paper's REPLACE when the cache is full: the evicted id, moved to its ghost list.
+    /// The paper's REPLACE when the cache is full: the evicted id, moved to its ghost list. The
+    /// victim is the least recent unpinned id of the list the paper picks, else of the other.
     fn replace(&mut self, in_b2: bool) -> Option<u32> {
         if self.queues.len(T1) + self.queues.len(T2) < self.slots {
             return None;
         }
         let t1 = self.queues.len(T1) as f64;
-        let (from, to) = if t1 >= 1.0 && (t1 > self.p || (in_b2 && t1 == self.p)) {
-            (T1, B1)
+        let order = if t1 >= 1.0 && (t1 > self.p || (in_b2 && t1 == self.p)) {
+            [(T1, B1), (T2, B2)]
         } else {
-            (T2, B2)
+            [(T2, B2), (T1, B1)]
         };
-        let victim = self.queues.pop_back(from)?;
+        let (victim, to) = order.into_iter().find_map(|(from, to)| {
+            self.queues
+                .pop_back_unpinned(from, &self.pins)
+                .map(|v| (v, to))
+        })?;
         self.queues.push_front(to, victim);
         Some(victim)
+    }
+
+    /// Room for an id in no list (the paper's case IV): trims the directory, then REPLACE.
+    fn make_room(&mut self) -> Option<u32> {
+        let l1 = self.queues.len(T1) + self.queues.len(B1);
+        let all = l1 + self.queues.len(T2) + self.queues.len(B2);
+        if l1 >= self.slots {
+            if self.queues.len(T1) < self.slots {
+                self.queues.pop_back(B1);
+                self.replace(false)
+            } else {
+                self.queues.pop_back_unpinned(T1, &self.pins)
+            }
+        } else {
+            if all >= 2 * self.slots {
+                self.queues.pop_back(B2);
+            }
+            self.replace(false)
+        }
     }
 }
 
@@ -76,17 +110,24 @@ impl Policy for ArcCache {
         self.slots
     }
 
+    fn begin_step(&mut self) -> Result<(), PolicyError> {
+        self.pins.clear();
+        Ok(())
+    }
+
     fn is_resident(&self, expert: u32) -> bool {
         expert < self.n_experts && matches!(self.queues.queue_of(expert), Some(T1 | T2))
     }
 
     fn access(&mut self, expert: u32) -> Result<Access, PolicyError> {
-        check_expert(expert, self.n_experts)?;
+        let e = check_expert(expert, self.n_experts)?;
         let c = self.slots as f64;
+        let first_reference = std::mem::take(&mut self.unreferenced[e]);
         let evict = match self.queues.queue_of(expert) {
             Some(T1 | T2) => {
                 self.queues.remove(expert);
-                self.queues.push_front(T2, expert);
+                let to = if first_reference { T1 } else { T2 };
+                self.queues.push_front(to, expert);
                 return Ok(Access::Hit);
             }
             Some(B1) => {
@@ -106,21 +147,7 @@ impl Policy for ArcCache {
                 evict
             }
             None => {
-                let l1 = self.queues.len(T1) + self.queues.len(B1);
-                let all = l1 + self.queues.len(T2) + self.queues.len(B2);
-                let evict = if l1 >= self.slots {
-                    if self.queues.len(T1) < self.slots {
-                        self.queues.pop_back(B1);
-                        self.replace(false)
-                    } else {
-                        self.queues.pop_back(T1)
-                    }
-                } else {
-                    if all >= 2 * self.slots {
-                        self.queues.pop_back(B2);
-                    }
-                    self.replace(false)
-                };
+                let evict = self.make_room();
                 self.queues.push_front(T1, expert);
                 evict
             }
@@ -133,6 +160,23 @@ impl Policy for ArcCache {
         let mut out = self.queues.ids(T2);
         out.extend(self.queues.ids(T1));
         out
+    }
+
+    fn prefetch(&mut self, expert: u32) -> Result<Prefetch, PolicyError> {
+        let e = check_expert(expert, self.n_experts)?;
+        if self.is_resident(expert) {
+            return Ok(Prefetch::Resident);
+        }
+        let resident = self.queues.len(T1) + self.queues.len(T2);
+        if resident >= self.slots && self.pins.count(|r| self.is_resident(r)) >= resident {
+            return Ok(Prefetch::Refused);
+        }
+        self.queues.remove(expert);
+        let evict = self.make_room();
+        self.queues.push_front(T1, expert);
+        self.unreferenced[e] = true;
+        self.pins.add(expert);
+        Ok(Prefetch::Loaded { evict })
     }
 }
 
@@ -165,5 +209,21 @@ mod tests {
         assert_eq!(step(&mut p, 2), admit(Some(4)));
         assert_eq!(p.target(), 0.0);
         assert_eq!(p.resident(), vec![2, 3]);
+    }
+
+    #[test]
+    fn a_prefetched_page_first_referenced_stays_in_t1() {
+        // c = 2, empty. Prefetch 1 and 2 (T1 = [2 1]); 1 is referenced: a first reference, so T1 =
+        // [1 2] and T2 stays empty. 3: |T1| + |B1| = c and |T1| = c → T1's LRU (2) is dropped, no
+        // ghost; so 2 is then a new page and p stays 0. (Had the hit moved 1 to T2, 2 would have
+        // gone to B1 and its return would have raised p to 1.)
+        let mut p = ArcCache::new(8, 2, &[]).unwrap();
+        assert_eq!(p.prefetch(1).unwrap(), Prefetch::Loaded { evict: None });
+        assert_eq!(p.prefetch(2).unwrap(), Prefetch::Loaded { evict: None });
+        assert_eq!(step(&mut p, 1), Access::Hit);
+        let admit = |evict| Access::Miss { admit: true, evict };
+        assert_eq!(step(&mut p, 3), admit(Some(2)));
+        assert_eq!(step(&mut p, 2), admit(Some(1)));
+        assert_eq!(p.target(), 0.0);
     }
 }

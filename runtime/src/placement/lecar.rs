@@ -11,9 +11,13 @@
 //!
 //! Mapping here: time is the access count; LFU's frequency is every reference since boot (resident
 //! or not, as this crate's perfect LFU), its ties to the less recent; the random choice draws from a
-//! ChaCha8 stream seeded with 0, so a replay is deterministic. O(log slots) per access.
+//! ChaCha8 stream seeded with 0, so a replay is deterministic. A prefetch is not a reference (no
+//! count, no recency); its victim is drawn as a miss's is, among unpinned residents, and goes on
+//! the history of the policy that chose it. O(log slots) per access.
 
-use super::policy::{check_expert, check_seed, Access, Policy, PolicyError, PolicyKind};
+use super::policy::{
+    check_expert, check_seed, Access, Pins, Policy, PolicyError, PolicyKind, Prefetch,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeSet, VecDeque};
@@ -43,6 +47,7 @@ pub struct LeCaR {
     weights: [f64; 2],
     discount: f64,
     rng: ChaCha8Rng,
+    pins: Pins,
 }
 
 impl LeCaR {
@@ -67,6 +72,7 @@ impl LeCaR {
             weights: [0.5, 0.5],
             discount: 0.005f64.powf(1.0 / slots as f64),
             rng: ChaCha8Rng::seed_from_u64(0),
+            pins: Pins::default(),
         })
     }
 
@@ -79,6 +85,32 @@ impl LeCaR {
         let i = e as usize;
         self.by_recency.remove(&(self.last[i], e));
         self.by_frequency.remove(&(self.count[i], self.last[i], e));
+    }
+
+    /// Draws LRU or LFU by the weights and evicts that policy's victim (the least recent, or
+    /// least frequent, resident not in `pins`) onto its history; `None` when every resident is
+    /// pinned.
+    fn evict(&mut self, pins: &Pins) -> Option<u32> {
+        let policy = usize::from(self.rng.random::<f64>() >= self.weights[0]);
+        let victim = if policy == 0 {
+            self.by_recency
+                .iter()
+                .map(|k| k.1)
+                .find(|&v| !pins.contains(v))
+        } else {
+            self.by_frequency
+                .iter()
+                .map(|k| k.2)
+                .find(|&v| !pins.contains(v))
+        }?;
+        self.unlink(victim);
+        self.is_resident[victim as usize] = false;
+        let history = &mut self.history[policy];
+        history.push_back((victim, self.clock));
+        if history.len() > self.slots {
+            history.pop_front();
+        }
+        Some(victim)
     }
 
     fn link(&mut self, e: u32) {
@@ -95,6 +127,11 @@ impl Policy for LeCaR {
 
     fn slots(&self) -> usize {
         self.slots
+    }
+
+    fn begin_step(&mut self) -> Result<(), PolicyError> {
+        self.pins.clear();
+        Ok(())
     }
 
     fn is_resident(&self, expert: u32) -> bool {
@@ -123,25 +160,11 @@ impl Policy for LeCaR {
                 self.weights = [self.weights[0] / sum, self.weights[1] / sum];
             }
         }
-        let mut evict = None;
-        if self.by_recency.len() >= self.slots {
-            let policy = usize::from(self.rng.random::<f64>() >= self.weights[0]);
-            let victim = if policy == 0 {
-                self.by_recency.first().map(|k| k.1)
-            } else {
-                self.by_frequency.first().map(|k| k.2)
-            };
-            if let Some(v) = victim {
-                self.unlink(v);
-                self.is_resident[v as usize] = false;
-                let history = &mut self.history[policy];
-                history.push_back((v, self.clock));
-                if history.len() > self.slots {
-                    history.pop_front();
-                }
-                evict = Some(v);
-            }
-        }
+        let evict = if self.by_recency.len() >= self.slots {
+            self.evict(&Pins::default())
+        } else {
+            None
+        };
         self.is_resident[e] = true;
         self.link(expert);
         Ok(Access::Miss { admit: true, evict })
@@ -150,6 +173,29 @@ impl Policy for LeCaR {
     /// Residents, most recently used first.
     fn resident(&self) -> Vec<u32> {
         self.by_recency.iter().rev().map(|k| k.1).collect()
+    }
+
+    fn prefetch(&mut self, expert: u32) -> Result<Prefetch, PolicyError> {
+        let e = check_expert(expert, self.n_experts)?;
+        if self.is_resident[e] {
+            return Ok(Prefetch::Resident);
+        }
+        let resident = self.by_recency.len();
+        if resident >= self.slots && self.pins.count(|r| self.is_resident[r as usize]) >= resident {
+            return Ok(Prefetch::Refused);
+        }
+        let evict = if resident >= self.slots {
+            let pins = std::mem::take(&mut self.pins);
+            let evict = self.evict(&pins);
+            self.pins = pins;
+            evict
+        } else {
+            None
+        };
+        self.is_resident[e] = true;
+        self.link(expert);
+        self.pins.add(expert);
+        Ok(Prefetch::Loaded { evict })
     }
 }
 

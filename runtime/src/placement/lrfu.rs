@@ -15,7 +15,9 @@
 //! never changes with time, and residents are kept sorted by the time-free key
 //! `log₂ CRF(t_last) + λ · t_last`. O(log slots) per access.
 
-use super::policy::{check_expert, check_seed, Access, Policy, PolicyError, PolicyKind};
+use super::policy::{
+    check_expert, check_seed, Access, Pins, Policy, PolicyError, PolicyKind, Prefetch,
+};
 use std::collections::BTreeSet;
 
 /// Maps an `f64` to a `u64` whose order is the float's total order.
@@ -41,6 +43,7 @@ pub struct Lrfu {
     is_resident: Vec<bool>,
     /// Residents keyed by (ordered key, id); the first is the victim.
     resident: BTreeSet<(u64, u32)>,
+    pins: Pins,
 }
 
 impl Lrfu {
@@ -79,6 +82,7 @@ impl Lrfu {
                 .iter()
                 .map(|&e| (ordered(f64::NEG_INFINITY), e))
                 .collect(),
+            pins: Pins::default(),
         })
     }
 }
@@ -94,6 +98,7 @@ impl Policy for Lrfu {
 
     fn begin_step(&mut self) -> Result<(), PolicyError> {
         self.step += 1;
+        self.pins.clear();
         Ok(())
     }
 
@@ -137,6 +142,32 @@ impl Policy for Lrfu {
     /// Residents, highest CRF first.
     fn resident(&self) -> Vec<u32> {
         self.resident.iter().rev().map(|k| k.1).collect()
+    }
+
+    /// Admits `expert` with its own CRF (unchanged: not a reference), evicting the unpinned
+    /// resident with the lowest CRF when full.
+    fn prefetch(&mut self, expert: u32) -> Result<Prefetch, PolicyError> {
+        let e = check_expert(expert, self.n_experts)?;
+        if self.is_resident[e] {
+            return Ok(Prefetch::Resident);
+        }
+        let evict = if self.resident.len() >= self.slots {
+            let pins = &self.pins;
+            match self.resident.iter().find(|k| !pins.contains(k.1)).copied() {
+                Some((k, victim)) => {
+                    self.resident.remove(&(k, victim));
+                    self.is_resident[victim as usize] = false;
+                    Some(victim)
+                }
+                None => return Ok(Prefetch::Refused),
+            }
+        } else {
+            None
+        };
+        self.is_resident[e] = true;
+        self.resident.insert((ordered(self.key[e]), expert));
+        self.pins.add(expert);
+        Ok(Prefetch::Loaded { evict })
     }
 }
 

@@ -7,9 +7,18 @@
 //! experts (top-k), and each is served from the fast store when resident (a hit) or from the host
 //! store otherwise (a miss). On a miss the policy may admit the expert (copy it into the fast
 //! store, evicting at most one resident when full) or bypass it (serve it from the host store and
-//! leave the fast store alone). Nothing is ever loaded that was not just routed (no prefetch), so
-//! after step `t` the resident set is a subset of `S_t ∪ R_t` of size ≤ `slots`. The figure of merit
-//! is the served fraction, hits ÷ routed slots.
+//! leave the fast store alone). On demand paging alone nothing is loaded that was not just routed,
+//! so after step `t` the resident set is a subset of `S_t ∪ R_t` of size ≤ `slots`. The figure of
+//! merit is the served fraction, hits ÷ routed slots.
+//!
+//! A *prefetch* ([`Policy::prefetch`]) loads an expert that a predictor expects the next step to
+//! route, before that step begins. It is not a reference (no count, recency or ghost hit is
+//! credited to it): the policy only places it, most protected where it has an order (the head of
+//! an LRU list; in the frequency policies it keeps its own key and so is their first victim until
+//! routed), and picks the victim as its demand misses do. An expert prefetched since the last
+//! [`Policy::begin_step`] is never evicted by another prefetch (it is *pinned* until its step
+//! begins); when every resident is pinned, or the policy keeps a fixed set ([`StaticSet`]) or is
+//! the demand-paging ceiling ([`Min`]), the prefetch is refused.
 //!
 //! A step's accesses are presented hits first ([`Policy::access_step`] does this), so an admission
 //! never evicts an expert the same step still needs.
@@ -90,6 +99,45 @@ pub enum Access {
         /// The resident expert evicted to make room, if any (only with `admit`).
         evict: Option<u32>,
     },
+}
+
+/// The outcome of one prefetch ([`Policy::prefetch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefetch {
+    /// The expert was resident already: nothing is loaded.
+    Resident,
+    /// The expert is copied into the fast store now, evicting `evict` when the store was full.
+    Loaded {
+        /// The resident expert evicted to make room, if any.
+        evict: Option<u32>,
+    },
+    /// The policy does not take prefetches ([`StaticSet`], [`Min`]), or every resident is pinned
+    /// by an earlier prefetch for the same step: nothing is loaded.
+    Refused,
+}
+
+/// The experts prefetched since the last [`Policy::begin_step`]: pinned, never a prefetch's
+/// victim. At most a step's prefetch budget long, so a list is searched faster than a set.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Pins(Vec<u32>);
+
+impl Pins {
+    pub(super) fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    pub(super) fn add(&mut self, expert: u32) {
+        self.0.push(expert);
+    }
+
+    pub(super) fn contains(&self, expert: u32) -> bool {
+        self.0.contains(&expert)
+    }
+
+    /// How many pinned experts satisfy `pred` (e.g. are still resident).
+    pub(super) fn count(&self, pred: impl Fn(u32) -> bool) -> usize {
+        self.0.iter().filter(|&&e| pred(e)).count()
+    }
 }
 
 /// The policies known to [`crate::placement::replay`] and `aubier replay`, with their names.
@@ -333,6 +381,11 @@ pub trait Policy: SaveState {
     /// The resident experts, in the policy's own order (most valuable first where it has one).
     fn resident(&self) -> Vec<u32>;
 
+    /// Loads `expert` ahead of the step predicted to route it (see the module note): not a
+    /// reference; pinned until the next [`Policy::begin_step`]. Errors:
+    /// [`PolicyError::ExpertOutOfRange`].
+    fn prefetch(&mut self, expert: u32) -> Result<Prefetch, PolicyError>;
+
     /// One step: begins it and serves every routed expert of `experts` (one token's top-k in this
     /// layer), hits before misses. `out` receives one [`Access`] per entry of `experts`, in the same
     /// order. Errors: [`PolicyError::DuplicateInStep`], and those of `begin_step` / `access`.
@@ -495,6 +548,21 @@ impl Queues {
         }
     }
 
+    /// Unlinks and returns the id of `q` nearest its tail that is not pinned.
+    pub(super) fn pop_back_unpinned(&mut self, q: usize, pins: &Pins) -> Option<u32> {
+        let mut cur = self.tail[q];
+        while cur != NIL && pins.contains(cur) {
+            cur = self.prev[cur as usize];
+        }
+        match cur {
+            NIL => None,
+            id => {
+                self.remove(id);
+                Some(id)
+            }
+        }
+    }
+
     pub(super) fn move_to_front(&mut self, id: u32) {
         if let Some(q) = self.queue_of(id) {
             self.remove(id);
@@ -618,6 +686,7 @@ pub struct TwoQ {
     params: TwoQParams,
     queues: Queues,
     promotions: usize,
+    pins: Pins,
 }
 
 const AM: usize = 0;
@@ -639,6 +708,7 @@ impl TwoQ {
             params,
             queues,
             promotions: 0,
+            pins: Pins::default(),
         })
     }
 
@@ -669,6 +739,7 @@ impl Policy for TwoQ {
 
     fn begin_step(&mut self) -> Result<(), PolicyError> {
         self.promotions = 0;
+        self.pins.clear();
         Ok(())
     }
 
@@ -725,6 +796,28 @@ impl Policy for TwoQ {
     fn resident(&self) -> Vec<u32> {
         self.queues.ids(AM)
     }
+
+    /// Puts `expert` at the head of `Am` (out of `A1in` / `A1out` if remembered there), evicting
+    /// `Am`'s least recent unpinned expert when full (forgotten, as a promotion's victim). Not a
+    /// promotion: the promotion cap does not count it.
+    fn prefetch(&mut self, expert: u32) -> Result<Prefetch, PolicyError> {
+        check_expert(expert, self.n_experts)?;
+        if self.queues.queue_of(expert) == Some(AM) {
+            return Ok(Prefetch::Resident);
+        }
+        let evict = if self.queues.len(AM) >= self.params.slots {
+            match self.queues.pop_back_unpinned(AM, &self.pins) {
+                Some(v) => Some(v),
+                None => return Ok(Prefetch::Refused),
+            }
+        } else {
+            None
+        };
+        self.queues.remove(expert);
+        self.queues.push_front(AM, expert);
+        self.pins.add(expert);
+        Ok(Prefetch::Loaded { evict })
+    }
 }
 
 /// Least recently used: admit every miss, evict the LRU resident when full. O(1) per access.
@@ -733,6 +826,7 @@ pub struct Lru {
     n_experts: u32,
     slots: usize,
     queues: Queues,
+    pins: Pins,
 }
 
 impl Lru {
@@ -748,6 +842,7 @@ impl Lru {
             n_experts,
             slots,
             queues,
+            pins: Pins::default(),
         })
     }
 }
@@ -759,6 +854,11 @@ impl Policy for Lru {
 
     fn slots(&self) -> usize {
         self.slots
+    }
+
+    fn begin_step(&mut self) -> Result<(), PolicyError> {
+        self.pins.clear();
+        Ok(())
     }
 
     fn is_resident(&self, expert: u32) -> bool {
@@ -783,6 +883,25 @@ impl Policy for Lru {
     fn resident(&self) -> Vec<u32> {
         self.queues.ids(0)
     }
+
+    /// Puts `expert` at the head (most recent), evicting the least recent unpinned resident.
+    fn prefetch(&mut self, expert: u32) -> Result<Prefetch, PolicyError> {
+        check_expert(expert, self.n_experts)?;
+        if self.queues.queue_of(expert).is_some() {
+            return Ok(Prefetch::Resident);
+        }
+        let evict = if self.queues.len(0) >= self.slots {
+            match self.queues.pop_back_unpinned(0, &self.pins) {
+                Some(v) => Some(v),
+                None => return Ok(Prefetch::Refused),
+            }
+        } else {
+            None
+        };
+        self.queues.push_front(0, expert);
+        self.pins.add(expert);
+        Ok(Prefetch::Loaded { evict })
+    }
 }
 
 /// Perfect LFU with recency tie-break (see the module note). O(log slots) per access.
@@ -797,6 +916,7 @@ pub struct Lfu {
     clock: u64,
     /// Resident experts keyed by (count, last, id); the first is the next victim.
     resident: BTreeSet<(u64, u64, u32)>,
+    pins: Pins,
 }
 
 impl Lfu {
@@ -810,6 +930,7 @@ impl Lfu {
             last: vec![0; n_experts as usize],
             clock: 0,
             resident: initial.iter().map(|&e| (0, 0, e)).collect(),
+            pins: Pins::default(),
         })
     }
 
@@ -825,6 +946,11 @@ impl Policy for Lfu {
 
     fn slots(&self) -> usize {
         self.slots
+    }
+
+    fn begin_step(&mut self) -> Result<(), PolicyError> {
+        self.pins.clear();
+        Ok(())
     }
 
     fn is_resident(&self, expert: u32) -> bool {
@@ -869,6 +995,31 @@ impl Policy for Lfu {
     /// Residents, most valuable (highest count, then most recent) first.
     fn resident(&self) -> Vec<u32> {
         self.resident.iter().rev().map(|k| k.2).collect()
+    }
+
+    /// Admits `expert` with its own key (count and last use unchanged), evicting the unpinned
+    /// resident with the lowest key when full.
+    fn prefetch(&mut self, expert: u32) -> Result<Prefetch, PolicyError> {
+        let e = check_expert(expert, self.n_experts)?;
+        let key = self.key(e);
+        if self.resident.contains(&key) {
+            return Ok(Prefetch::Resident);
+        }
+        let evict = if self.resident.len() >= self.slots {
+            let pins = &self.pins;
+            match self.resident.iter().find(|k| !pins.contains(k.2)).copied() {
+                Some(victim) => {
+                    self.resident.remove(&victim);
+                    Some(victim.2)
+                }
+                None => return Ok(Prefetch::Refused),
+            }
+        } else {
+            None
+        };
+        self.resident.insert(key);
+        self.pins.add(expert);
+        Ok(Prefetch::Loaded { evict })
     }
 }
 
@@ -946,6 +1097,27 @@ impl Policy for StaticSet {
     fn resident(&self) -> Vec<u32> {
         self.members.clone()
     }
+
+    /// A fixed set takes no prefetch: [`Prefetch::Resident`] for a member, else
+    /// [`Prefetch::Refused`].
+    fn prefetch(&mut self, expert: u32) -> Result<Prefetch, PolicyError> {
+        refuse_prefetch(self, expert, self.n_experts)
+    }
+}
+
+/// The prefetch of a policy that takes none: [`Prefetch::Resident`] for a resident, else
+/// [`Prefetch::Refused`]. Errors: [`PolicyError::ExpertOutOfRange`].
+fn refuse_prefetch(
+    policy: &impl Policy,
+    expert: u32,
+    n_experts: u32,
+) -> Result<Prefetch, PolicyError> {
+    check_expert(expert, n_experts)?;
+    Ok(if policy.is_resident(expert) {
+        Prefetch::Resident
+    } else {
+        Prefetch::Refused
+    })
 }
 
 /// "Never used again" as a next-use step.
@@ -1110,6 +1282,12 @@ impl Policy for Min {
     /// Residents, soonest next use first.
     fn resident(&self) -> Vec<u32> {
         self.resident.iter().map(|k| k.1).collect()
+    }
+
+    /// MIN stays the demand-paging ceiling: [`Prefetch::Resident`] for a resident, else
+    /// [`Prefetch::Refused`].
+    fn prefetch(&mut self, expert: u32) -> Result<Prefetch, PolicyError> {
+        refuse_prefetch(self, expert, self.n_experts)
     }
 }
 
@@ -1375,5 +1553,83 @@ mod tests {
         let o = run(&mut p, &[&[1]]);
         assert_eq!(o[0], vec![MISS_ADMIT]);
         assert_eq!(p.resident(), vec![1, 0]);
+    }
+
+    #[test]
+    fn prefetch_loads_pins_and_refuses() {
+        // 8 experts, 2 slots seeded [0, 1]. A prefetch of a resident loads nothing; two
+        // prefetches into the full store evict both seeds, never each other; a third is refused
+        // (every resident pinned) until the next step begins. Static and MIN refuse.
+        use super::super::{arc::ArcCache, lecar::LeCaR, lrfu::Lrfu};
+        let steps: [&[u32]; 2] = [&[5, 6], &[7]];
+        let params = TwoQParams::from_fractions(2, 0.0, 0.5, None, Admission::Ghost).unwrap();
+        let seed = [0, 1];
+        let takers: Vec<Box<dyn Policy>> = vec![
+            Box::new(TwoQ::new(8, params, &seed).unwrap()),
+            Box::new(Lru::new(8, 2, &seed).unwrap()),
+            Box::new(Lfu::new(8, 2, &seed).unwrap()),
+            Box::new(ArcCache::new(8, 2, &seed).unwrap()),
+            Box::new(Lrfu::new(8, 2, 0.5, &seed).unwrap()),
+            Box::new(LeCaR::new(8, 2, &seed).unwrap()),
+        ];
+        for mut p in takers {
+            let kind = p.kind();
+            assert_eq!(p.prefetch(0).unwrap(), Prefetch::Resident, "{kind}");
+            let mut evicted = Vec::new();
+            for e in [5, 6] {
+                match p.prefetch(e).unwrap() {
+                    Prefetch::Loaded { evict: Some(v) } => evicted.push(v),
+                    other => panic!("{kind}: prefetch {e} gave {other:?}"),
+                }
+            }
+            evicted.sort_unstable();
+            assert_eq!(evicted, vec![0, 1], "{kind}");
+            assert_eq!(p.prefetch(7).unwrap(), Prefetch::Refused, "{kind}");
+            let mut held = p.resident();
+            held.sort_unstable();
+            assert_eq!(held, vec![5, 6], "{kind}");
+            let mut out = Vec::new();
+            p.access_step(steps[0], &mut out).unwrap();
+            assert_eq!(out, vec![Access::Hit, Access::Hit], "{kind}");
+            assert!(
+                matches!(
+                    p.prefetch(7).unwrap(),
+                    Prefetch::Loaded { evict: Some(5 | 6) }
+                ),
+                "{kind}"
+            );
+            assert_eq!(
+                p.prefetch(8).unwrap_err(),
+                PolicyError::ExpertOutOfRange {
+                    expert: 8,
+                    n_experts: 8
+                },
+                "{kind}"
+            );
+        }
+        let mut fixed = StaticSet::new(8, 2, &seed).unwrap();
+        let mut min = Min::new(8, 2, &seed, steps).unwrap();
+        for p in [&mut fixed as &mut dyn Policy, &mut min] {
+            assert_eq!(p.prefetch(1).unwrap(), Prefetch::Resident, "{}", p.kind());
+            assert_eq!(p.prefetch(5).unwrap(), Prefetch::Refused, "{}", p.kind());
+            assert_eq!(p.resident().len(), 2, "{}", p.kind());
+        }
+    }
+
+    #[test]
+    fn a_prefetch_is_not_a_reference() {
+        // LFU, 2 slots, counts 0:2 and 1:1. A prefetched 5 keeps its count 0, so the next
+        // admitted miss (2, count 1 after its access, more recent than 1) evicts 5, not 1.
+        let mut p = Lfu::new(8, 2, &[]).unwrap();
+        run(&mut p, &[&[0, 1], &[0]]);
+        assert_eq!(p.prefetch(5).unwrap(), Prefetch::Loaded { evict: Some(1) });
+        let o = run(&mut p, &[&[2]]);
+        assert_eq!(
+            o[0],
+            vec![Access::Miss {
+                admit: true,
+                evict: Some(5)
+            }]
+        );
     }
 }

@@ -1,19 +1,27 @@
-//! Offline replay: a routing trace through each placement policy, one policy instance per layer,
-//! giving the served fraction (routed slots served from the fast store ÷ all routed slots).
+//! Offline replay: a routing trace through a placement policy, one policy instance per layer,
+//! giving the served fraction (routed slots served from the fast store ÷ all routed slots) and the
+//! experts copied into the fast store.
 //!
-//! Every layer is replayed on its own (layers share nothing in the store), token by token, each
-//! token's `top_k` experts as one step ([`Policy::access_step`]: hits first). Layers run in
-//! parallel (rayon); the result does not depend on the order.
+//! The replay follows the decode loop's order: token by token, and within a token layer by layer,
+//! each layer's `top_k` experts as one step ([`Policy::access_step`]: hits first). With a prefetch
+//! budget `b` ([`ReplayOptions::prefetch_budget`]), once layer `l`'s experts of a token are known
+//! a [`CoOccurrence`] predictor of the pair `(l, l + 1)` (learned online from the tokens already
+//! replayed) names `top_k` experts for layer `l + 1`, and the first `b` of them that are not
+//! resident are prefetched into layer `l + 1`'s policy ([`Policy::prefetch`]) before that layer's
+//! step; then the predictor learns the token's true `(l, l + 1)` pair. Layer 0 has no predictor. An
+//! expert counts as served when it is resident when its step reads it, prefetched or not. Loads
+//! (copies into the fast store) are the demand misses admitted plus the prefetches.
 
 use super::arc::ArcCache;
 use super::hotset::{HotSet, HotSetError};
 use super::lecar::LeCaR;
 use super::lrfu::Lrfu;
 use super::policy::{
-    Access, Admission, Lfu, Lru, Min, Policy, PolicyError, PolicyKind, StaticSet, TwoQ, TwoQParams,
+    Access, Admission, Lfu, Lru, Min, Policy, PolicyError, PolicyKind, Prefetch, StaticSet, TwoQ,
+    TwoQParams,
 };
+use super::predict::CoOccurrence;
 use super::trace::Trace;
-use rayon::prelude::*;
 
 /// Settings of one replay.
 #[derive(Clone, Copy, Debug)]
@@ -33,11 +41,14 @@ pub struct ReplayOptions<'a> {
     /// Seed membership; `None` seeds the identity set `0..slots`. Used by every policy but
     /// `static`, which always starts from its own oracle set.
     pub resident_set: Option<&'a HotSet>,
+    /// Prefetch loads per token per layer, issued one layer ahead from the co-occurrence
+    /// predictor; 0 = demand paging only. `static` and `min` refuse prefetches.
+    pub prefetch_budget: usize,
 }
 
 impl ReplayOptions<'_> {
     /// `slots` slots, the default 2Q knobs ([`TwoQParams::DEFAULT_A1IN`] and the others, no
-    /// promotion cap), [`Lrfu::DEFAULT_LAMBDA`], identity seed.
+    /// promotion cap), [`Lrfu::DEFAULT_LAMBDA`], identity seed, no prefetch.
     pub fn new(slots: usize) -> Self {
         ReplayOptions {
             slots,
@@ -47,27 +58,53 @@ impl ReplayOptions<'_> {
             admission: TwoQParams::DEFAULT_ADMISSION,
             lrfu_lambda: Lrfu::DEFAULT_LAMBDA,
             resident_set: None,
+            prefetch_budget: 0,
         }
     }
 }
 
-/// Hits and routed slots of a replay.
+/// Counts of a replay, summed over tokens and layers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Served {
     /// Routed (token, layer, expert) slots served from the fast store.
     pub hits: u64,
     /// All routed slots.
     pub routed: u64,
+    /// Demand misses admitted into the fast store (one expert copied in each).
+    pub admitted: u64,
+    /// Prefetches loaded (one expert copied in each).
+    pub prefetched: u64,
+    /// Prefetched experts that the step they were loaded for routed.
+    pub prefetch_used: u64,
+    /// Predicted experts that the step routed (layers ≥ 1, with prefetch on).
+    pub predicted_right: u64,
+    /// Routed slots of the steps a prediction was made for (layers ≥ 1, with prefetch on).
+    pub predicted_routed: u64,
 }
 
 impl Served {
     /// `hits / routed` (0 when nothing was routed).
     pub fn fraction(&self) -> f64 {
-        if self.routed == 0 {
-            0.0
-        } else {
-            self.hits as f64 / self.routed as f64
-        }
+        ratio(self.hits, self.routed)
+    }
+
+    /// Experts copied into the fast store: demand admissions plus prefetches.
+    pub fn loads(&self) -> u64 {
+        self.admitted + self.prefetched
+    }
+
+    /// The predictor's recall: predicted experts that were routed ÷ routed slots of the steps
+    /// predicted for; `None` when nothing was predicted for (no prefetch, or one layer).
+    pub fn recall(&self) -> Option<f64> {
+        (self.predicted_routed > 0).then(|| ratio(self.predicted_right, self.predicted_routed))
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
     }
 }
 
@@ -150,49 +187,77 @@ pub fn policy_for_layer(
     })
 }
 
-/// Replays one layer; the hits and routed slots of that layer.
-fn replay_layer(
-    kind: PolicyKind,
-    trace: &Trace,
-    layer: usize,
-    opts: &ReplayOptions<'_>,
-) -> Result<Served, ReplayError> {
-    let mut policy = policy_for_layer(kind, trace, layer, opts)?;
-    let steps = trace.layer_steps(layer).ok_or(ReplayError::Layer {
-        layer,
-        n_layers: trace.n_layers(),
-    })?;
-    let mut out = Vec::with_capacity(trace.top_k() as usize);
-    let mut served = Served::default();
-    for step in steps {
-        policy
-            .access_step(step, &mut out)
-            .map_err(|source| ReplayError::Policy {
-                policy: kind,
-                layer,
-                source,
-            })?;
-        served.hits += out.iter().filter(|a| **a == Access::Hit).count() as u64;
-        served.routed += step.len() as u64;
-    }
-    Ok(served)
-}
-
-/// Replays the whole trace through `kind`: the served fraction over every (token, layer, expert)
-/// routed slot. Errors: those of [`policy_for_layer`].
+/// Replays the whole trace through `kind` (with prefetch when `opts.prefetch_budget > 0`; see
+/// the module note): the counts over every (token, layer, expert) routed slot. Errors: those of
+/// [`policy_for_layer`], and `Policy` for an access or a prefetch a policy refuses.
 pub fn replay(
     trace: &Trace,
     kind: PolicyKind,
     opts: &ReplayOptions<'_>,
 ) -> Result<Served, ReplayError> {
-    let per_layer = (0..trace.n_layers())
-        .into_par_iter()
-        .map(|layer| replay_layer(kind, trace, layer, opts))
+    let n_layers = trace.n_layers();
+    let mut policies = (0..n_layers)
+        .map(|layer| policy_for_layer(kind, trace, layer, opts))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(per_layer.iter().fold(Served::default(), |acc, s| Served {
-        hits: acc.hits + s.hits,
-        routed: acc.routed + s.routed,
-    }))
+    let mut predictors = match opts.prefetch_budget {
+        0 => Vec::new(),
+        _ => vec![CoOccurrence::new(trace.n_experts()); n_layers.saturating_sub(1)],
+    };
+    let top_k = trace.top_k() as usize;
+    let (mut out, mut predicted) = (Vec::with_capacity(top_k), Vec::with_capacity(top_k));
+    let mut loaded = Vec::with_capacity(opts.prefetch_budget.min(top_k));
+    let mut served = Served::default();
+    for token in 0..trace.tokens() {
+        for (layer, policy) in policies.iter_mut().enumerate() {
+            let wrap = |source| ReplayError::Policy {
+                policy: kind,
+                layer,
+                source,
+            };
+            let experts = |layer| {
+                trace
+                    .experts(token, layer)
+                    .ok_or(ReplayError::Layer { layer, n_layers })
+            };
+            let step = experts(layer)?;
+            loaded.clear();
+            let predictor = match layer {
+                0 => None,
+                _ => predictors.get_mut(layer - 1),
+            };
+            if let Some(predictor) = &predictor {
+                predictor
+                    .predict(experts(layer - 1)?, top_k, &mut predicted)
+                    .map_err(wrap)?;
+                served.predicted_right +=
+                    predicted.iter().filter(|e| step.contains(e)).count() as u64;
+                served.predicted_routed += step.len() as u64;
+                for &e in &predicted {
+                    if loaded.len() == opts.prefetch_budget {
+                        break;
+                    }
+                    match policy.prefetch(e).map_err(wrap)? {
+                        Prefetch::Loaded { .. } => loaded.push(e),
+                        Prefetch::Resident => {}
+                        Prefetch::Refused => break,
+                    }
+                }
+            }
+            policy.access_step(step, &mut out).map_err(wrap)?;
+            served.hits += out.iter().filter(|a| **a == Access::Hit).count() as u64;
+            served.admitted += out
+                .iter()
+                .filter(|a| matches!(a, Access::Miss { admit: true, .. }))
+                .count() as u64;
+            served.routed += step.len() as u64;
+            served.prefetched += loaded.len() as u64;
+            served.prefetch_used += loaded.iter().filter(|e| step.contains(e)).count() as u64;
+            if let Some(predictor) = predictor {
+                predictor.learn(experts(layer - 1)?, step).map_err(wrap)?;
+            }
+        }
+    }
+    Ok(served)
 }
 
 #[cfg(test)]
@@ -226,13 +291,7 @@ mod tests {
             8,
         );
         let s = replay(&t, PolicyKind::Static, &ReplayOptions::new(1)).unwrap();
-        assert_eq!(
-            s,
-            Served {
-                hits: 10,
-                routed: 12
-            }
-        );
+        assert_eq!((s.hits, s.routed, s.loads()), (10, 12, 0));
     }
 
     #[test]
@@ -268,5 +327,99 @@ mod tests {
         let t = trace(&[vec![vec![2]; 3]], 4);
         let e = replay(&t, PolicyKind::Lfu, &ReplayOptions::new(5)).unwrap_err();
         assert_eq!(e.to_string(), "lfu, layer 0: slots = 5 must be in 1..=4");
+    }
+
+    /// Two layers, 16 experts, top-4: layer 0 cycles through the sets {0..3}, {4..7}, {8..11},
+    /// {12..15}; layer 1 routes the image of layer 0's set under the fixed map `e ↦ (5e + 3) mod
+    /// 16`. Every token's layer-1 set follows from its layer-0 set.
+    fn cyclic_mapped(tokens: usize) -> Trace {
+        let layer0: Vec<Vec<u32>> = (0..tokens)
+            .map(|t| (0..4).map(|i| 4 * (t as u32 % 4) + i).collect())
+            .collect();
+        let layer1 = layer0
+            .iter()
+            .map(|s| s.iter().map(|e| (5 * e + 3) % 16).collect())
+            .collect();
+        trace(&[layer0, layer1], 16)
+    }
+
+    fn with_budget(slots: usize, budget: usize) -> ReplayOptions<'static> {
+        ReplayOptions {
+            prefetch_budget: budget,
+            ..ReplayOptions::new(slots)
+        }
+    }
+
+    #[test]
+    fn prefetch_budget_is_spent_exactly_and_replaces_demand_loads() {
+        // LRU with 4 slots: each layer holds the previous token's 4 experts, so every routed expert
+        // is a miss without prefetch. From token 4 on, the predictor has seen each layer-0 set once
+        // and names the 4 layer-1 experts exactly, none resident: min(budget, 4) are loaded, each
+        // then hit, and each replaces a demand admission.
+        let tokens = 64;
+        let t = cyclic_mapped(tokens);
+        let base = replay(&t, PolicyKind::Lru, &with_budget(4, 0)).unwrap();
+        assert_eq!((base.prefetched, base.recall()), (0, None));
+        for budget in [1, 2, 3, 4, 6] {
+            let s = replay(&t, PolicyKind::Lru, &with_budget(4, budget)).unwrap();
+            let loads = (tokens as u64 - 4) * budget.min(4) as u64;
+            assert_eq!(s.prefetched, loads, "budget {budget}");
+            assert_eq!(s.prefetch_used, loads, "budget {budget}");
+            assert_eq!(s.hits - base.hits, loads, "budget {budget}");
+            assert_eq!(s.loads(), base.loads(), "budget {budget}");
+            assert_eq!(s.recall(), Some((tokens as f64 - 4.0) / tokens as f64));
+        }
+    }
+
+    #[test]
+    fn static_and_min_take_no_prefetch() {
+        let t = cyclic_mapped(32);
+        for kind in [PolicyKind::Static, PolicyKind::Min] {
+            let base = replay(&t, kind, &with_budget(4, 0)).unwrap();
+            let s = replay(&t, kind, &with_budget(4, 2)).unwrap();
+            assert_eq!(s.prefetched, 0, "{kind}");
+            assert_eq!((s.hits, s.admitted), (base.hits, base.admitted), "{kind}");
+        }
+    }
+
+    #[test]
+    fn prefetch_on_correlated_layers_serves_more_with_more_budget() {
+        // qwen-like with every token's next-layer experts a fixed map of its current ones (ρ = 1):
+        // served fraction rises with the budget for every policy that takes prefetches, and no
+        // step loads more than the budget.
+        let spec: crate::placement::synthetic::SyntheticSpec =
+            "qwen-like,rho=1,tokens=512,layers=4".parse().unwrap();
+        let t = crate::placement::synthetic::synthetic_trace(&spec).unwrap();
+        let steps = (t.tokens() * (t.n_layers() - 1)) as u64;
+        for &kind in PolicyKind::ALL {
+            if matches!(kind, PolicyKind::Static | PolicyKind::Min) {
+                continue;
+            }
+            let mut last = replay(&t, kind, &with_budget(15, 0)).unwrap();
+            for budget in [1, 2, 4] {
+                let s = replay(&t, kind, &with_budget(15, budget)).unwrap();
+                assert!(
+                    s.fraction() > last.fraction(),
+                    "{kind}, budget {budget}: {} <= {}",
+                    s.fraction(),
+                    last.fraction()
+                );
+                assert!(s.prefetched <= steps * budget as u64, "{kind}");
+                assert!(s.recall().unwrap() > 0.9, "{kind}: {:?}", s.recall());
+                last = s;
+            }
+        }
+    }
+
+    #[test]
+    fn prefetch_replay_is_deterministic() {
+        let spec: crate::placement::synthetic::SyntheticSpec =
+            "olmoe-like,rho=0.8,tokens=256".parse().unwrap();
+        let t = crate::placement::synthetic::synthetic_trace(&spec).unwrap();
+        for &kind in PolicyKind::ALL {
+            let a = replay(&t, kind, &with_budget(16, 2)).unwrap();
+            let b = replay(&t, kind, &with_budget(16, 2)).unwrap();
+            assert_eq!(a, b, "{kind}");
+        }
     }
 }
