@@ -47,7 +47,8 @@ def llama_rate(kind):
     if len(rows) != 1:
         sys.exit(f"llama-bench gave {len(rows)} {kind} rows, expected 1")
     r = rows[0]
-    return statistics.median(r["samples_ts"]), r.get("gpu_info") or r.get("backends", "")
+    info = f"{r.get('gpu_info') or r.get('backends', '')}, build {r.get('build_commit', '?')}"
+    return statistics.median(r["samples_ts"]), info
 
 lp, info = llama_rate("prefill")
 ld, _ = llama_rate("decode")
