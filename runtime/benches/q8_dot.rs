@@ -8,7 +8,8 @@
 //! activation rows, as the single-row kernel once per weight row and activation row
 //! (`per_row`) and as the multi-row kernel once per weight row (`many`), in multiply-adds per
 //! second (criterion's "elements"); `many` also at 2, 4 and 8 activation rows; where the CPU has
-//! AMX, `grid` (Q2_K, Q3_K) is the tile kernel at 2, 4, 8, 16 and 128 activation rows (where it
+//! a tile kernel for the type (`q8_grid_fn`: AMX or AVX-512 VNNI for Q2_K and Q3_K, else AVX2
+//! for Q2_K, Q3_K and Q6_K), `grid` is it at 2, 4, 8, 16 and 128 activation rows (where it
 //! starts to beat `many` sets `GRID_MIN_ROWS` in `fastpath.rs`); (Q2_K, Q3_K) `grid_interleaved`
 //! and `tokens_interleaved` are the tile and many-token kernels of the interleaved layout at
 //! 16, 32 and 128 activation rows (8, 16, 64 tokens of two planes; where they cross sets the cost

@@ -12,8 +12,9 @@
 //!   its rounding reaches the logits without passing through another layer.
 //! - `mat_mul`, `y[t, r] = W[r, :] · x[t, :]`: output rows in chunks over the rayon pool; a
 //!   chunk's weight rows against the quantized rows one tile of `TOKEN_TILE` tokens at a time
-//!   (each weight block unpacked once per tile), or, where the CPU has them (AMX, AVX-512 VNNI)
-//!   and there are at least `GRID_MIN_ROWS` activation rows, the tile kernels over packed
+//!   (each weight block unpacked once per tile), or, where the CPU has them (AMX, AVX-512 VNNI;
+//!   AVX2 for Q2_K, Q3_K, Q6_K) and there are at least `GRID_MIN_ROWS` activation rows, the tile
+//!   kernels over packed
 //!   activations; at one token the decode kernel (groups of rows, both planes at once).
 //!   `head_mat_mul`: the same per (head, rows), each head against its own input rows.
 //! - `moe_ffn`: `(token, slot)` pairs grouped by expert (slot order inside a group), the `h` rows
@@ -99,7 +100,8 @@ const GRID_TOKENS: usize = 64;
 /// Activation rows (tokens × planes) from which the tile kernels beat the multi-row ones
 /// (measured: `cargo bench -p aubier-runtime --bench q8_dot`, `q8_prefill/Q2_K`; AMX on
 /// Sapphire Rapids: equal at 2 rows, slower at 4, 2.4× faster at 8; VNNI on Zen 4: 0.5× at 4,
-/// equal at 8, 1.9× at 16).
+/// equal at 8, 1.9× at 16; AVX2 on Zen 4 under `--cpu-isa avx2`: Q2_K 0.69× at 4, 1.20× at 8,
+/// 1.31× at 16, Q3_K and Q6_K 0.90× / 1.6× / 1.8×).
 const GRID_MIN_ROWS: usize = 8;
 /// The cost model that picks between the tile kernel and the many-token kernel for interleaved
 /// rows of `ty`, in units of one activation row's share of the tile kernel's `vpdpbusd` work:
@@ -131,7 +133,7 @@ pub(crate) struct Rows {
     many: Q8DotManyFn,
     /// The decode kernel: many weight rows against one token's planes.
     decode: Q8RowsFn,
-    /// The tile kernel (AMX), when the CPU has one for the type.
+    /// The tile kernel ([`super::q8::q8_grid_fn`]), when the CPU has one for the type.
     grid: Option<Q8GridFn>,
     /// The decode, tile and many-token kernels of the interleaved layout, where the CPU has
     /// them.

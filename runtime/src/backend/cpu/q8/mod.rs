@@ -43,6 +43,8 @@ mod types;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_grid;
+#[cfg(target_arch = "x86_64")]
 mod avx2_many;
 #[cfg(target_arch = "x86_64")]
 mod avx2_rows;
@@ -239,13 +241,15 @@ pub fn q8_dot_many_fn(ty: GgmlType) -> Option<Q8DotManyFn> {
     Some(BY_ROW[at])
 }
 
-/// The grid kernel for `ty` on this CPU (`avx512/grid.rs`), or None: for Q2_K and Q3_K, the AMX backend
-/// when the CPU has AMX-TILE and AMX-INT8 (with the AVX-512 features of [`q8_dot_many_fn`]'s
-/// VNNI kernels) and Linux grants the tile state (`avx512/amx.rs`), else the AVX-512 VNNI backend when
-/// the CPU has those features; None elsewhere, where [`q8_dot_many_fn`] serves.
+/// The grid kernel for `ty` on this CPU, or None: for Q2_K and Q3_K, the AMX backend of
+/// `avx512/grid.rs` when the CPU has AMX-TILE and AMX-INT8 (with the AVX-512 features of
+/// [`q8_dot_many_fn`]'s VNNI kernels) and Linux grants the tile state (`avx512/amx.rs`), else its
+/// AVX-512 VNNI backend when the CPU has those features; on a CPU without AVX-512 VNNI, the AVX2
+/// kernel (`avx2_grid.rs`) for Q2_K, Q3_K and Q6_K; None elsewhere, where [`q8_dot_many_fn`]
+/// serves.
 pub fn q8_grid_fn(ty: GgmlType) -> Option<Q8GridFn> {
     #[cfg(target_arch = "x86_64")]
-    return grid::grid_fn(ty);
+    return grid::grid_fn(ty).or_else(|| avx2_grid::grid_fn(ty).filter(|_| !vnni::detected()));
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = ty;
@@ -266,13 +270,22 @@ pub fn q8_grid_interleaved_fn(ty: GgmlType) -> Option<Q8GridFn> {
 }
 
 /// The activation rows that `rows` of them cost in [`q8_grid_fn`]'s kernels on this CPU: whole
-/// groups of [`Q8_TILE_ROWS`], except that the VNNI backend computes a last group of at most
-/// half as many rows at half width, at no more than half its cost (`avx512/grid.rs`). `rows` itself
-/// where there is no grid kernel.
+/// groups of [`Q8_TILE_ROWS`], except that the 256-bit backends (AVX-512 VNNI, AVX2) compute a
+/// last group of at most half as many rows at half width, at no more than half its cost
+/// (`avx512/grid.rs`, `avx2_grid.rs`). `rows` itself where there is no grid kernel.
 pub fn q8_grid_cost_rows(rows: usize) -> usize {
     #[cfg(target_arch = "x86_64")]
-    return grid::cost_rows(rows);
-    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let isa = crate::isa::isa();
+        let (whole, rest) = (rows / Q8_TILE_ROWS * Q8_TILE_ROWS, rows % Q8_TILE_ROWS);
+        if isa.amx || isa.avx2 {
+            return match rest {
+                0 => whole,
+                1..=tiles::HALF if !isa.amx => whole + tiles::HALF,
+                _ => whole + Q8_TILE_ROWS,
+            };
+        }
+    }
     rows
 }
 
@@ -1057,6 +1070,15 @@ mod tests {
                         &mut || check_grid(ty, tiles.unwrap(), &row, &x1, 1, 1),
                     );
                 }
+                if matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K) {
+                    let tiles = avx2_grid::grid_fn(ty);
+                    variant(
+                        &format!("avx2 tiles {ty}"),
+                        tiles.is_some(),
+                        no_avx2,
+                        &mut || check_grid(ty, tiles.unwrap(), &row, &x5, 1, 5),
+                    );
+                }
             }
         }
         let report = format!(
@@ -1308,17 +1330,20 @@ mod tests {
     }
 
     /// The grid kernels of `ty` to check: the dispatched one (AMX where the CPU and OS have
-    /// it) and the VNNI backend; none (with a note for Q2_K and Q3_K) without AVX-512 VNNI.
+    /// it), the VNNI backend and the AVX2 kernel, each where the CPU has it; none (with a note
+    /// for the types that have one) without them.
     fn grid_kernels(ty: GgmlType) -> Vec<Q8GridFn> {
         #[cfg(target_arch = "x86_64")]
-        let vnni = grid::vnni_grid_fn(ty);
+        let (vnni, avx2) = (grid::vnni_grid_fn(ty), avx2_grid::grid_fn(ty));
         #[cfg(not(target_arch = "x86_64"))]
-        let vnni: Option<Q8GridFn> = None;
+        let (vnni, avx2): (Option<Q8GridFn>, Option<Q8GridFn>) = (None, None);
         if vnni.is_none() && matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K) {
-            println!("note: no AVX-512 VNNI on this CPU, {ty}: grid checks skipped");
+            println!("note: no AVX-512 VNNI on this CPU, {ty}: VNNI grid checks skipped");
         }
-        // The dispatched kernel (AMX where the CPU and OS have it), then the VNNI backend.
-        q8_grid_fn(ty).into_iter().chain(vnni).collect()
+        if avx2.is_none() && matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K) {
+            println!("note: no AVX2 on this CPU, {ty}: AVX2 grid checks skipped");
+        }
+        q8_grid_fn(ty).into_iter().chain(vnni).chain(avx2).collect()
     }
 
     /// `n` weight rows of `nb` blocks (sampled, or random bytes) against `rows` activation rows
@@ -1374,17 +1399,17 @@ mod tests {
     }
 
     /// The tile kernels' cost in activation rows: whole groups of 16, a last group of at most 8
-    /// rows at half a group on the VNNI backend (not on AMX), the rows themselves without a
-    /// tile kernel.
+    /// rows at half a group on the VNNI and AVX2 backends (not on AMX), the rows themselves
+    /// without a tile kernel.
     #[test]
     fn grid_cost_rows_round_to_the_groups_computed() {
         let cases = [0, 1, 8, 9, 16, 17, 24, 25, 40];
         let got: Vec<usize> = cases.iter().map(|&r| q8_grid_cost_rows(r)).collect();
         #[cfg(target_arch = "x86_64")]
-        let (amx, vnni) = (crate::isa::isa().amx, vnni::detected());
+        let (amx, halves) = (crate::isa::isa().amx, avx2::detected());
         #[cfg(not(target_arch = "x86_64"))]
-        let (amx, vnni) = (false, false);
-        let want = match (amx, vnni) {
+        let (amx, halves) = (false, false);
+        let want = match (amx, halves) {
             (true, _) => [0, 16, 16, 16, 16, 32, 32, 32, 48],
             (false, true) => [0, 8, 8, 16, 16, 24, 24, 32, 40],
             (false, false) => cases,
@@ -1534,10 +1559,11 @@ mod tests {
         }
 
         /// Any bytes and activation values (NaN, inf, subnormal), 1 to 3 weight rows and 1 to
-        /// 20 activation rows: the tile kernel gives the scalar single-row bits in every pair.
+        /// 20 activation rows: every tile kernel (Q2_K, Q3_K, Q6_K) gives the scalar single-row
+        /// bits in every pair.
         #[test]
         fn arbitrary_grids_match_the_scalar_kernel(
-            t in 0..2usize,
+            t in proptest::sample::select(vec![0usize, 1, 4]),
             nb in 1usize..3,
             n in 1usize..4,
             rows in 1usize..21,

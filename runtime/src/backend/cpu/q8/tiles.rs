@@ -15,6 +15,11 @@ use super::block::BlockQ8K;
 /// Activation rows per group (the rows of an AMX `C` tile).
 pub const GROUP: usize = 16;
 
+/// Activation rows of a half group (eight i32 lanes, one 256-bit vector): a last group with this
+/// many rows or fewer costs the 256-bit grid backends half a group (`avx512/grid.rs`,
+/// `avx2_grid.rs`).
+pub(super) const HALF: usize = GROUP / 2;
+
 /// One 16 × 64-byte tile.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]

@@ -28,9 +28,10 @@
 //! group of at most [`HALF`] activation rows goes through the VNNI backend at 256 bits (the tile
 //! row's first eight lanes), for no more than half a group's cost.
 
+use super::avx2_grid::grid_rows;
 use super::avx2_many::q2_prep;
 use super::lanes::{q2_unpack, q3_unpack, LaneScales};
-use super::tiles::{CBuf, Q8Tiles, Unpacked, GROUP};
+use super::tiles::{CBuf, Q8Tiles, Unpacked, GROUP, HALF};
 use super::vnni::q3_prep;
 use super::Q8GridFn;
 use crate::ggml_type::GgmlType;
@@ -47,17 +48,6 @@ pub(crate) fn grid_fn(ty: GgmlType) -> Option<Q8GridFn> {
 /// it is unpacked; the same bits.
 pub(crate) fn grid_interleaved_fn(ty: GgmlType) -> Option<Q8GridFn> {
     backend_kernel::<true>(ty)
-}
-
-/// `super::q8_grid_cost_rows` on this CPU.
-pub(crate) fn cost_rows(rows: usize) -> usize {
-    let (whole, rest) = (rows / GROUP * GROUP, rows % GROUP);
-    match rest {
-        0 => whole,
-        1..=HALF if !crate::isa::isa().amx && super::vnni::detected() => whole + HALF,
-        _ if crate::isa::isa().amx || super::vnni::detected() => whole + GROUP,
-        _ => rows,
-    }
 }
 
 /// The kernel of the CPU's backend for rows in their own layout or interleaved (`IL`).
@@ -170,23 +160,6 @@ impl From<super::vnni::Q3> for Scales {
             ..Scales::ZERO
         }
     }
-}
-
-/// The rows of `w` for a grid call with block bytes `bytes`: `Some(n)`, or None after filling `y`
-/// with NaN when the lengths disagree (`debug_assert` in debug builds) — see
-/// [`super::Q8GridFn`].
-fn grid_rows(w: &[u8], x: &Q8Tiles, y: &mut [f32], bytes: usize) -> Option<usize> {
-    let rows = x.rows();
-    let n = y.len().checked_div(rows).unwrap_or(0);
-    let ok = n * rows == y.len() && w.len() == n * x.blocks() * bytes;
-    let (wl, nb) = (w.len(), x.blocks());
-    super::lengths_ok(ok, y, |outs| {
-        format!(
-            "Q8_K grid: weight bytes {wl} / packed rows {rows} of {nb} blocks / outputs {outs} \
-             (block {bytes} bytes)"
-        )
-    })
-    .then_some(n)
 }
 
 /// The grid loop (module note) for blocks of `B` bytes, `unpack` writing a block's effective
@@ -319,11 +292,6 @@ fn grid<const B: usize, const MINS: bool, const AMX: bool, const IL: bool>(
         unsafe { super::amx::release() };
     }
 }
-
-/// Activation rows of a half group: a last group with this many rows or fewer goes through the
-/// VNNI backend at 256 bits (its lanes `0 .. 8`): where 256-bit `vpdpbusd` issue at twice the
-/// 512-bit rate, half the padding costs nothing.
-pub(crate) const HALF: usize = GROUP / 2;
 
 /// A vector of i32 lanes for [`vnni_sums`]: all 16 of a tile row (`__m512i`) or its first
 /// [`HALF`] (`__m256i`, for a last group of at most that many activation rows).

@@ -19,4 +19,4 @@ use super::shared::{
     rows_lengths, value_d,
 };
 use super::types::{Q8DotFn, Q8DotManyFn, Q8GridFn, Q8RowsFn, Q8TokensFn, MAX_PLANES};
-use super::{avx2, avx2_many, avx2_rows, tiles};
+use super::{avx2, avx2_grid, avx2_many, avx2_rows, tiles};
