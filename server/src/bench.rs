@@ -493,7 +493,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         prompt_ids: None,
         prompt: Some(text),
     }
-    .load(&spec, args.store.budget())?;
+    .load(&spec, args.store.budget(), false)?;
     let prompt = fit_prompt(
         &prompt,
         args.n_prompt,
