@@ -643,6 +643,18 @@ mod tests {
             .join(file)
     }
 
+    #[test]
+    fn predicted_hits_count_each_rows_overlap() {
+        // Two tokens, k = 3: {1, 2, 3} vs {3, 2, 9} share 2; {4, 5, 6} vs {7, 8, 0} share 0.
+        assert_eq!(
+            predicted_hits(&[1, 2, 3, 4, 5, 6], &[3, 2, 9, 7, 8, 0], 3),
+            2
+        );
+        // Same ids in another row do not count.
+        assert_eq!(predicted_hits(&[1, 2], &[3, 4, 1, 2], 2), 0);
+        assert_eq!(predicted_hits(&[5, 6], &[6, 5], 2), 2);
+    }
+
     /// A session on the oracle, whose properties these tests check.
     fn open_path(path: &std::path::Path, kv_max: usize) -> Session {
         let model = Model::load_with(path, &BackendSpec::named("oracle")).expect("model loads");
