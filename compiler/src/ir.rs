@@ -17,7 +17,7 @@ use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt::Write as _;
 
 /// Index of a node; stable across removals of other nodes.
@@ -123,6 +123,9 @@ pub struct Graph {
     pub outputs: Vec<(String, NodeId)>,
     /// The output head, once the `mark_head` pass has found it ([`crate::passes::mark_head`]).
     pub output_head: Option<NodeId>,
+    /// Scheduling anchors: node `n` ↦ `a` orders `n` in [`Graph::topo_order`] as if it came just
+    /// before node `a` (set by [`crate::passes::predict_experts`]; empty otherwise).
+    pub schedule_before: BTreeMap<NodeId, NodeId>,
 }
 
 impl Graph {
@@ -229,27 +232,33 @@ impl Graph {
         }
     }
 
-    /// Nodes in a deterministic topological order (Kahn, smallest ready id first), or `Err` with
-    /// the nodes left on a cycle.
+    /// Nodes in a deterministic topological order (Kahn, smallest ready key first), or `Err` with
+    /// the nodes left on a cycle. A node's key is its id, except that a node anchored in
+    /// [`Graph::schedule_before`] to `a` takes the key just below `a`'s (ties between anchored
+    /// nodes by id); without anchors this is smallest ready id first.
     pub fn topo_order(&self) -> Result<Vec<NodeId>, Vec<NodeId>> {
+        let key = |n: NodeId| match self.schedule_before.get(&n) {
+            Some(&a) => (a, 0u8, n),
+            None => (n, 1, n),
+        };
         let mut indegree: std::collections::BTreeMap<NodeId, usize> = self
             .g
             .node_indices()
             .map(|n| (n, self.g.edges_directed(n, Direction::Incoming).count()))
             .collect();
-        let mut ready: BinaryHeap<Reverse<NodeId>> = indegree
+        let mut ready: BinaryHeap<Reverse<(NodeId, u8, NodeId)>> = indegree
             .iter()
             .filter(|(_, &d)| d == 0)
-            .map(|(&n, _)| Reverse(n))
+            .map(|(&n, _)| Reverse(key(n)))
             .collect();
         let mut order = Vec::with_capacity(indegree.len());
-        while let Some(Reverse(n)) = ready.pop() {
+        while let Some(Reverse((_, _, n))) = ready.pop() {
             order.push(n);
             for e in self.g.edges_directed(n, Direction::Outgoing) {
                 if let Some(d) = indegree.get_mut(&e.target()) {
                     *d -= 1;
                     if *d == 0 {
-                        ready.push(Reverse(e.target()));
+                        ready.push(Reverse(key(e.target())));
                     }
                 }
             }

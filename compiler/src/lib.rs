@@ -133,6 +133,11 @@ pub struct CompileOptions {
     pub fuse_wkb: Fusion,
     /// KQKV: latent attention as one `kqkv`.
     pub fuse_kqkv: Fusion,
+    /// Adds the `predicted_ids.{L}` outputs of [`passes::predict_experts`] (layer `L`'s router on
+    /// the residual before its attention, for every MoE layer `L ≥ 1`); off by default. Left out
+    /// of the serialized options when off, so that the default's form is unchanged.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub predict_experts: bool,
 }
 
 /// Whether each fusion pass runs, once `Auto` is resolved against the target.
@@ -262,7 +267,10 @@ fn run_passes(
     for pass in passes::PASSES {
         let runs = match pass.flag {
             Some(flag) => fusions.get(flag),
-            None => !opts.disable.iter().any(|d| d == pass.name),
+            None => {
+                pass.opt_in.is_none_or(|on| on(opts))
+                    && !opts.disable.iter().any(|d| d == pass.name)
+            }
         };
         if !runs {
             continue;

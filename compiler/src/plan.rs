@@ -10,7 +10,9 @@
 //!   placed in it; a `reshape` output shares its input's slot), or a layer of the latent KV cache
 //!   (the output of `cache_write`, shape [S, kv_lora_rank + qk_rope_head_dim]);
 //! - `outputs` are read after the last step (`logits` [T, n_vocab]; `router_ids.L` [T, k] i32 per
-//!   layer for routing traces);
+//!   layer for routing traces; with the opt-in `predict_experts` pass also `predicted_ids.L`
+//!   [T, k] i32 for every MoE layer `L ≥ 1`, layer `L`'s router applied before its attention:
+//!   [`Plan::predicted_ids`]);
 //! - fused steps (`phase`, `wkb`, `kqkv`, made by the fusion passes for a GPU target; attributes
 //!   and semantics on their `types::Attrs` variants) are steps like any other. A `phase` also
 //!   writes rows `pos` of its layer's latent cache (its output is the query, in a slot); the
@@ -170,6 +172,26 @@ pub struct PlanError {
 }
 
 impl Plan {
+    /// The expert predictions of [`crate::passes::predict_experts`]: `(L, value)` for every
+    /// output `predicted_ids.L` ([T, k] i32, the top-k of layer `L`'s router applied to the
+    /// residual at the end of layer `L − 1`), in layer order; empty for a plan compiled without
+    /// [`crate::CompileOptions::predict_experts`].
+    pub fn predicted_ids(&self) -> Vec<(usize, ValueId)> {
+        let mut out: Vec<(usize, ValueId)> = self
+            .outputs
+            .iter()
+            .filter_map(|(name, v)| {
+                let layer = name
+                    .strip_prefix(crate::passes::predict_experts::OUTPUT_PREFIX)?
+                    .parse()
+                    .ok()?;
+                Some((layer, *v))
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     /// The experts of every `moe_ffn` step, in layer order. Every weight operand of such a step is
     /// a stacked expert tensor; all of them have the same expert count.
     ///

@@ -39,13 +39,14 @@ fn json(p: &Plan) -> String {
     serde_json::to_string(p).unwrap()
 }
 
-/// A compiler without the passes in `skip`: the build, then every other pass of the pipeline,
-/// verified after each, then the scheduler — assembled here from the public pieces, not through
-/// `compile` and its flags.
+/// A compiler without the passes in `skip`: the build, then every other pass of the pipeline
+/// but the opt-in ones, verified after each, then the scheduler — assembled here from the public
+/// pieces, not through `compile` and its flags.
 fn plan_without(cfg: &Mistral4Config, w: &BTreeMap<String, WeightRef>, skip: &[&str]) -> Plan {
     let mut g = build_graph(cfg, w).unwrap();
     let mut stages = vec!["build".to_string()];
-    for pass in PASSES.iter().filter(|p| !skip.contains(&p.name)) {
+    let default_on = PASSES.iter().filter(|p| p.opt_in.is_none());
+    for pass in default_on.filter(|p| !skip.contains(&p.name)) {
         (pass.run)(&mut g).unwrap();
         verify(&g).unwrap();
         stages.push(pass.name.to_string());

@@ -241,6 +241,7 @@ fn stages_options_and_dumps() {
     let w = tiny256_q2k_weights();
     let gpu = CompileOptions {
         target: aubier_compiler::Target::Gpu,
+        predict_experts: true,
         ..CompileOptions::default()
     };
     let stages = compile_stages(&cfg, &w, &gpu).unwrap();

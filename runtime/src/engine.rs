@@ -91,12 +91,30 @@ impl Model {
         budget: FastBudget,
         progress: &mut dyn Progress,
     ) -> Result<Arc<Model>, EngineError> {
+        Model::load_predicting(path, backend, budget, false, progress)
+    }
+
+    /// [`Model::load_observed`], with the plan's expert predictions
+    /// (`aubier_compiler::passes::predict_experts`: every MoE layer `L ≥ 1`'s router applied
+    /// before its attention, `Plan::predicted_ids`) when `predict_experts`; the session then
+    /// counts their recall ([`crate::session::Session::prediction_report`]). The logits are
+    /// the same either way.
+    ///
+    /// Errors: those of [`Model::load_backend`].
+    pub fn load_predicting(
+        path: &Path,
+        backend: Arc<dyn Backend>,
+        budget: FastBudget,
+        predict_experts: bool,
+        progress: &mut dyn Progress,
+    ) -> Result<Arc<Model>, EngineError> {
         progress.step("reading the GGUF file", Count::Time);
         let file = Arc::new(GgufFile::open(path)?);
         let config = crate::model::read_config(&file)?;
         let refs = crate::model::weight_refs(&file, &config)?;
         let opts = aubier_compiler::CompileOptions {
             target: backend.target(),
+            predict_experts,
             ..aubier_compiler::CompileOptions::default()
         };
         progress.step("compiling the plan", Count::Time);

@@ -37,6 +37,11 @@
 //! kept with its rows, goes to the policies before the first step's own tokens
 //! ([`ExpertStore::observe_after`]), so the placement follows a cold prefill's access sequence,
 //! while the counters count the tokens that were computed.
+//!
+//! Expert prediction (a plan compiled with `predict_experts`: [`Model::load_predicting`]): the
+//! plan's `predicted_ids.L` outputs (layer `L`'s router applied before its attention) are read
+//! back with the routed ids, and [`Session::prediction_report`] counts their recall of the
+//! routed top-k over the computed tokens since the last reset.
 
 use crate::backend::{ExecError, Experts, Output, Run, RunCounters, StepInput};
 use crate::engine::Model;
@@ -80,6 +85,12 @@ pub struct Session {
     /// `router_ids.{l}` output of each layer.
     router_outputs: Vec<ValueId>,
     router_ids: Vec<Vec<i32>>,
+    /// `(L, predicted_ids.L)` outputs of the plan ([`aubier_compiler::plan::Plan::predicted_ids`]).
+    predicted_outputs: Vec<(usize, ValueId)>,
+    /// The last step's `(L, [T × n_expert_used])` predicted ids, one entry per output.
+    predicted_ids: Vec<(usize, Vec<i32>)>,
+    /// Predicted and routed slots since the last reset.
+    prediction: PredictionReport,
     /// Per-token routing since the last [`Session::take_routing`], when recording.
     routing_log: Option<Vec<TokenRouting>>,
     store: ExpertStore,
@@ -97,6 +108,21 @@ pub struct Session {
     /// Whether the rows kept by the last [`Session::start_request`] still have to go to the
     /// store's policies (with the next step).
     prefix_unseen: bool,
+}
+
+/// Recall of the plan's expert predictions ([`Session::prediction_report`]) since the last
+/// reset: over every predicted layer `L ≥ 1` and computed token, how many of its `k` routed
+/// experts the prediction (layer `L`'s router applied to the residual before layer `L`'s
+/// attention) named.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct PredictionReport {
+    /// `hits ÷ slots`: the mean over (token, layer) of |predicted ∩ routed| ÷ k (0 when nothing
+    /// was predicted).
+    pub recall: f64,
+    /// Routed (token, layer, expert) slots of the predicted layers whose expert was predicted.
+    pub hits: u64,
+    /// Routed (token, layer, expert) slots of the predicted layers (tokens × layers × k).
+    pub slots: u64,
 }
 
 /// The routing of one token: its position and, per layer, the routed expert ids in descending
@@ -173,6 +199,12 @@ impl Session {
         let router_outputs = (0..cfg.n_layer)
             .map(|l| output(&format!("router_ids.{l}")))
             .collect::<Result<Vec<_>, _>>()?;
+        let predicted_outputs = model.plan.predicted_ids();
+        if let Some(&(l, _)) = predicted_outputs.iter().find(|(l, _)| *l >= cfg.n_layer) {
+            return Err(EngineError::MissingOutput(format!(
+                "router_ids.{l} for the plan's predicted_ids.{l}"
+            )));
+        }
         progress.step("allocating the latent cache", Count::Time);
         let run = Arc::clone(model.loaded()).open(kv_max)?;
         let store =
@@ -193,6 +225,9 @@ impl Session {
             logits,
             router_ids: vec![Vec::new(); router_outputs.len()],
             router_outputs,
+            predicted_ids: Vec::new(),
+            predicted_outputs,
+            prediction: PredictionReport::default(),
             routing_log: None,
             model,
         })
@@ -303,6 +338,7 @@ impl Session {
         let inputs: [(&str, &[i32]); 2] = [("tokens", &ids), ("pos", &pos)];
         let mut wanted = vec![self.logits];
         wanted.extend(&self.router_outputs);
+        wanted.extend(self.predicted_outputs.iter().map(|&(_, v)| v));
         let input = StepInput {
             inputs: &inputs,
             tokens: t,
@@ -321,15 +357,22 @@ impl Session {
             Some(Output::F32(v)) => v,
             _ => return Err(EngineError::MissingOutput("logits (f32)".into())),
         };
-        for (dst, o) in self.router_ids.iter_mut().zip(out) {
-            *dst = match o {
-                Output::I32(v) => v,
-                Output::F32(_) => {
-                    return Err(EngineError::MissingOutput("router_ids (i32)".into()))
-                }
-            };
+        let i32s = |o: Option<Output>, what: &str| match o {
+            Some(Output::I32(v)) => Ok(v),
+            _ => Err(EngineError::MissingOutput(format!("{what} (i32)"))),
+        };
+        for dst in self.router_ids.iter_mut() {
+            *dst = i32s(out.next(), "router_ids")?;
         }
         check_expert_ids(&self.router_ids, model.config.n_expert)?;
+        self.predicted_ids.clear();
+        for &(l, _) in &self.predicted_outputs {
+            let ids = i32s(out.next(), "predicted_ids")?;
+            let k = model.config.n_expert_used;
+            self.prediction.hits += predicted_hits(&ids, &self.router_ids[l], k);
+            self.prediction.slots += (t * k) as u64;
+            self.predicted_ids.push((l, ids));
+        }
         let rows = if keep.is_some() { 1 } else { t };
         if logits.len() != rows * n_vocab {
             return Err(EngineError::MissingOutput(format!(
@@ -453,6 +496,8 @@ impl Session {
         for r in &mut self.router_ids {
             r.clear();
         }
+        self.predicted_ids.clear();
+        self.prediction = PredictionReport::default();
         let k = self.model.config.n_expert_used;
         self.chain.truncate(keep);
         self.one_token_rows.truncate(keep);
@@ -468,6 +513,28 @@ impl Session {
     /// The expert store's counters since the last [`Session::reset`] (the current request).
     pub fn store_report(&self) -> StoreReport {
         self.store.report()
+    }
+
+    /// The recall of the plan's expert predictions over the tokens computed since the last
+    /// [`Session::reset`] (the current request); `None` when the plan has none (a model loaded
+    /// without [`Model::load_predicting`]'s `predict_experts`).
+    pub fn prediction_report(&self) -> Option<PredictionReport> {
+        let p = self.prediction;
+        (!self.predicted_outputs.is_empty()).then(|| PredictionReport {
+            recall: if p.slots == 0 {
+                0.0
+            } else {
+                p.hits as f64 / p.slots as f64
+            },
+            ..p
+        })
+    }
+
+    /// The last step's expert predictions: `(L, [T × n_expert_used])` per predicted layer
+    /// `L ≥ 1`, in layer order, row-major, each token's ids in descending predicted probability
+    /// (empty before the first step, after a reset, or without predictions).
+    pub fn predicted_ids(&self) -> &[(usize, Vec<i32>)] {
+        &self.predicted_ids
     }
 
     /// The session's expert store (for tests and reports).
@@ -510,6 +577,16 @@ impl Session {
     pub fn cache_row(&self, layer: usize, pos: usize) -> Result<Vec<f32>, EngineError> {
         Ok(self.run.cache_row(layer, pos)?)
     }
+}
+
+/// How many of the routed ids `routed` (`[T × k]`) the predictions `predicted` (`[T × k]`) name,
+/// row by row: the sum over tokens of |predicted row ∩ routed row| (a top-k row has no repeats).
+fn predicted_hits(predicted: &[i32], routed: &[i32], k: usize) -> u64 {
+    predicted
+        .chunks(k)
+        .zip(routed.chunks(k))
+        .map(|(p, r)| p.iter().filter(|e| r.contains(e)).count() as u64)
+        .sum()
 }
 
 /// `Err` when a routed expert id is outside `0..n_expert` (a NaN router selects none: `−1`): the
@@ -564,6 +641,18 @@ mod tests {
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../models")
             .join(file)
+    }
+
+    #[test]
+    fn predicted_hits_count_each_rows_overlap() {
+        // Two tokens, k = 3: {1, 2, 3} vs {3, 2, 9} share 2; {4, 5, 6} vs {7, 8, 0} share 0.
+        assert_eq!(
+            predicted_hits(&[1, 2, 3, 4, 5, 6], &[3, 2, 9, 7, 8, 0], 3),
+            2
+        );
+        // Same ids in another row do not count.
+        assert_eq!(predicted_hits(&[1, 2], &[3, 4, 1, 2], 2), 0);
+        assert_eq!(predicted_hits(&[5, 6], &[6, 5], 2), 2);
     }
 
     /// A session on the oracle, whose properties these tests check.

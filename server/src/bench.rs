@@ -101,6 +101,10 @@ pub struct BenchArgs {
     /// `tools` array; `tool_choice: required`, parallel calls; method step 6).
     #[arg(long)]
     pub tools: Option<PathBuf>,
+    /// Run the expert predictor, as `aubier run --predict-experts` (its steps are timed with the
+    /// rest) and report its recall.
+    #[arg(long)]
+    pub predict_experts: bool,
     /// The split expert store, as for `aubier run`.
     #[command(flatten)]
     pub store: StoreArgs,
@@ -418,6 +422,10 @@ pub struct BenchReport {
     /// Bytes of routed experts read from the host store per computed token of the last rep
     /// (over the bus on a GPU; `Session::store_report`).
     pub host_bytes_per_token: f64,
+    /// With `--predict-experts`: the predictor's recall of the routed experts over the last rep
+    /// (`Session::prediction_report`); absent without.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prediction_recall: Option<f64>,
     /// The device the backend runs on (`None` on the host).
     pub device: Option<String>,
     /// Time per kernel (host wall time, or GPU time from timestamp queries), most decode time
@@ -493,7 +501,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         prompt_ids: None,
         prompt: Some(text),
     }
-    .load(&spec, args.store.budget())?;
+    .load(&spec, args.store.budget(), args.predict_experts)?;
     let prompt = fit_prompt(
         &prompt,
         args.n_prompt,
@@ -606,6 +614,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         served_fraction: session.store_report().served_fraction,
         host_bytes_per_token: session.store_report().host_bytes as f64
             / (prompt.len() + args.n_gen - 1) as f64,
+        prediction_recall: session.prediction_report().map(|p| p.recall),
     };
     if let Some((name, spec)) = grammar {
         let tokenizer = tokenizer.context("the model file has no tokenizer for the grammar")?;
@@ -837,6 +846,9 @@ fn print_text(r: &BenchReport) -> anyhow::Result<()> {
         r.served_fraction,
         r.host_bytes_per_token / 1e6
     );
+    if let Some(recall) = r.prediction_recall {
+        outln!("expert prediction recall {recall:.4} (last rep)");
+    }
     if let Some(g) = &r.grammar {
         outln!(
             "grammar {}: compiler {:.1} ms, compile {:.2} ms; {} tokens, {} masks: mask {:.3} ms median, {:.3} ms p99, {:.3} ms max; decode {:.2} ms/token unconstrained, {:.2} constrained (pairs' ratio {:.3}); mask wait {:.3} ms/token not hidden",

@@ -75,8 +75,12 @@ pub struct GenArgs {
     /// KQKV fusion: scores, causal mask, softmax and weighted sum over the latent cache.
     #[arg(long, value_enum, default_value_t = FusionArg::Auto)]
     pub fuse_kqkv: FusionArg,
+    /// Expert predictor: every MoE layer L ≥ 1's router on the residual before its attention,
+    /// as the plan outputs `predicted_ids.L` (the `predict_experts` pass; off by default).
+    #[arg(long)]
+    pub predict_experts: bool,
     /// Print the graph after this pipeline stage (build, cse, fuse_kqkv, fuse_phase, fuse_wkb,
-    /// dce) instead of the plan.
+    /// dce, predict_experts, mark_head) instead of the plan.
     #[arg(long, value_name = "STAGE")]
     pub dump_after: Option<String>,
     /// Format of the --dump-after graph.
@@ -129,6 +133,7 @@ impl GenArgs {
             fuse_phase: self.fuse_phase.into(),
             fuse_wkb: self.fuse_wkb.into(),
             fuse_kqkv: self.fuse_kqkv.into(),
+            predict_experts: self.predict_experts,
         })
     }
 }
@@ -469,6 +474,7 @@ mod tests {
             fuse_phase: FusionArg::Auto,
             fuse_wkb: FusionArg::Auto,
             fuse_kqkv: FusionArg::Auto,
+            predict_experts: false,
             dump_after: dump_after.map(str::to_string),
             format,
             disable: Vec::new(),
@@ -725,7 +731,10 @@ mod tests {
     #[test]
     fn dumps_the_bundled_model_after_each_stage() {
         for stage in aubier_compiler::stage_names() {
-            let text = generate(&args(Some(stage), Format::Text)).unwrap();
+            // The opt-in predictor on, so that every stage runs.
+            let mut a = args(Some(stage), Format::Text);
+            a.predict_experts = true;
+            let text = generate(&a).unwrap();
             assert!(text.contains("= input tokens : i32[T]"), "{stage}");
             assert!(text.contains("output logits = %"), "{stage}");
             assert!(text.contains("output router_ids.2 = %"), "{stage}");

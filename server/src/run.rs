@@ -45,13 +45,20 @@ pub struct Loaded {
 
 impl PromptArgs {
     /// Loads the model ([`crate::model_file::resolve_model`]) for the backend `spec` names with a
-    /// fast store of `budget`, and resolves the prompt. Errors: no model file, the backend, the
-    /// file, the binding, the load, the tokenizer, or no prompt.
-    pub fn load(&self, spec: &BackendSpec, budget: FastBudget) -> anyhow::Result<Loaded> {
+    /// fast store of `budget`, its plan with the expert predictor when `predict_experts`
+    /// ([`Model::load_predicting`]), and resolves the prompt. Errors: no model file, the backend,
+    /// the file, the binding, the load, the tokenizer, or no prompt.
+    pub fn load(
+        &self,
+        spec: &BackendSpec,
+        budget: FastBudget,
+        predict_experts: bool,
+    ) -> anyhow::Result<Loaded> {
         let path = crate::model_file::resolve_model(self.model.as_deref())?;
         let mut progress = crate::progress::Steps::load(&path);
-        let model = Model::load_observed(&path, spec.make()?, budget, &mut progress)
-            .with_context(|| format!("loading {}", path.display()))?;
+        let model =
+            Model::load_predicting(&path, spec.make()?, budget, predict_experts, &mut progress)
+                .with_context(|| format!("loading {}", path.display()))?;
         progress.done("loaded");
         let tokenizer = Tokenizer::from_gguf(&model.file).ok();
         let prompt: Vec<u32> = match (&self.prompt_ids, &self.prompt) {
@@ -389,6 +396,10 @@ pub struct RunArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Predict every MoE layer L ≥ 1's experts with its router applied before its attention
+    /// (a plan step) and report the recall of the routed top-k (`prediction` in --json).
+    #[arg(long)]
+    pub predict_experts: bool,
     /// The split expert store.
     #[command(flatten)]
     pub store: StoreArgs,
@@ -403,9 +414,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         model,
         tokenizer,
         prompt,
-    } = args
-        .input
-        .load(&args.backend.spec()?, args.store.budget())?;
+    } = args.input.load(
+        &args.backend.spec()?,
+        args.store.budget(),
+        args.predict_experts,
+    )?;
     if let Some(choice) = model.loaded().fast_store_choice() {
         eprintln!("{choice}");
     }
@@ -469,6 +482,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             "decode_tok_s": out.decode_tok_s,
             "store": report,
             "staged": staged,
+            "prediction": session.prediction_report(),
         });
         outln!("{v}");
     } else {
@@ -497,6 +511,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             report.reset_ms,
             report.host_bytes as f64 / 1e6 / (prompt.len() + out.ids.len()).max(1) as f64
         );
+        if let Some(p) = session.prediction_report() {
+            eprintln!(
+                "expert prediction: recall {:.4} ({} of {} routed slots of layers 1.. predicted \
+                 one layer ahead)",
+                p.recall, p.hits, p.slots
+            );
+        }
         if counters.staged_experts > 0 {
             eprintln!(
                 "staged host store: {} experts uploaded during the steps, {:.1} MB per token",

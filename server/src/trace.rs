@@ -41,7 +41,9 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         model,
         tokenizer,
         prompt,
-    } = args.input.load(&args.backend.spec()?, FastBudget::Auto)?;
+    } = args
+        .input
+        .load(&args.backend.spec()?, FastBudget::Auto, false)?;
     let cfg = model.config.clone();
     let mut session = crate::progress::open_session(
         model,

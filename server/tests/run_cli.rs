@@ -261,6 +261,22 @@ fn json_reports_the_expert_store_and_placement_does_not_change_the_tokens() {
 }
 
 #[test]
+fn predict_experts_reports_the_recall_and_does_not_change_the_tokens() {
+    // 20 prompt tokens + 5 decode steps, layers 1 and 2 predicted, top-4.
+    let slots = (20 + 5) * 2 * 4;
+    let plain = run_json(&["--backend", "oracle"]);
+    assert!(plain["prediction"].is_null(), "{plain}");
+    let pred = run_json(&["--backend", "oracle", "--predict-experts"]);
+    assert_eq!(pred["generated_ids"], plain["generated_ids"]);
+    let p = &pred["prediction"];
+    assert_eq!(p["slots"].as_u64(), Some(slots), "{p}");
+    let hits = p["hits"].as_u64().expect("hits");
+    assert!(hits <= slots);
+    let recall = p["recall"].as_f64().expect("recall");
+    assert!((recall - hits as f64 / slots as f64).abs() < 1e-12, "{p}");
+}
+
+#[test]
 fn bad_store_flags_are_clear_errors() {
     let fail = |args: &[&str]| {
         let o = Command::new(env!("CARGO_BIN_EXE_aubier"))

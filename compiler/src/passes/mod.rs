@@ -7,21 +7,25 @@ pub mod fuse_kqkv;
 pub mod fuse_phase;
 pub mod fuse_wkb;
 pub mod mark_head;
+pub mod predict_experts;
 
 use crate::error::CompileError;
 use crate::infer::infer_node;
 use crate::ir::{Graph, NodeId, NodeKind};
 use crate::ops::Op;
 use crate::types::{Attrs, WeightRef};
-use crate::FusionFlag;
+use crate::{CompileOptions, FusionFlag};
 
 /// A named rewrite of the graph. `run` returns how many nodes it changed or removed.
 #[derive(Clone, Copy, Debug)]
 pub struct Pass {
     /// Stage name (`cse`, `fuse_kqkv`, …), as `--dump-after` takes it.
     pub name: &'static str,
-    /// The fusion flag that turns the pass on (`None`: the pass always runs unless disabled).
+    /// The fusion flag that turns the pass on (`None`: the pass always runs unless disabled or
+    /// opt-in).
     pub flag: Option<FusionFlag>,
+    /// For an opt-in pass, the compile option that turns it on (off by default).
+    pub opt_in: Option<fn(&CompileOptions) -> bool>,
     /// The rewrite.
     pub run: fn(&mut Graph) -> Result<usize, CompileError>,
 }
@@ -30,36 +34,50 @@ pub struct Pass {
 /// the fusions, then DCE (which removes what the fusions left unread). KQKV runs before PHASE
 /// because a `phase` replaces a `cache_write` only once every reader of that write is a `kqkv`
 /// (the fused node has no cache-view output for unfused readers); WKB runs last so that it sees
-/// the absorbed query whether or not PHASE rebuilt it. `mark_head` runs on the final graph.
+/// the absorbed query whether or not PHASE rebuilt it. `predict_experts` (opt-in:
+/// [`CompileOptions::predict_experts`]) runs after DCE on the fused graph and adds steps only;
+/// `mark_head` runs on the final graph.
 pub const PASSES: &[Pass] = &[
     Pass {
         name: "cse",
         flag: None,
+        opt_in: None,
         run: cse::run,
     },
     Pass {
         name: "fuse_kqkv",
         flag: Some(FusionFlag::Kqkv),
+        opt_in: None,
         run: fuse_kqkv::run,
     },
     Pass {
         name: "fuse_phase",
         flag: Some(FusionFlag::Phase),
+        opt_in: None,
         run: fuse_phase::run,
     },
     Pass {
         name: "fuse_wkb",
         flag: Some(FusionFlag::Wkb),
+        opt_in: None,
         run: fuse_wkb::run,
     },
     Pass {
         name: "dce",
         flag: None,
+        opt_in: None,
         run: dce::run,
+    },
+    Pass {
+        name: "predict_experts",
+        flag: None,
+        opt_in: Some(|o: &CompileOptions| o.predict_experts),
+        run: predict_experts::run,
     },
     Pass {
         name: "mark_head",
         flag: None,
+        opt_in: None,
         run: mark_head::run,
     },
 ];
