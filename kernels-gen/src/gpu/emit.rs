@@ -18,13 +18,12 @@
 //! groups, wave32 on gfx1201/gfx1100 and half a wave64 on gfx942) and refuse another width; GLSL
 //! prints any width, the device's subgroup size.
 
+use super::error::GenError;
 use super::ir::{BinOp, Builtin, Expr, Kernel, ParamKind, ReduceOp, Scalar, Stmt, UnOp};
 use super::quant::{self, Lang};
-use super::GenError;
 use std::fmt::{self, Display, Formatter};
 
-/// Lanes per warp of every kernel the HIP and CUDA dialects print.
-pub const WARP: u32 = 32;
+pub use super::ir::WARP;
 
 /// What one GPU dialect spells differently. The provided methods are the C++ (HIP, CUDA)
 /// spellings.
@@ -316,7 +315,7 @@ pub fn render<D: Dialect>(d: &D, k: &Kernel, header: &[String]) -> Result<String
     d.check(k)?;
     let mut quant = String::new();
     let mut fns = String::new();
-    for ty in super::quant_types(k) {
+    for ty in quant::quant_types(k) {
         let unsupported = || GenError::UnsupportedType {
             kernel: k.name.clone(),
             ggml_type: ty.clone(),

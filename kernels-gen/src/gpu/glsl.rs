@@ -45,10 +45,10 @@
 //! libshaderc-dev.
 
 use super::emit::{comments, min_max, Dialect, Ty, Words};
+use super::error::GenError;
 use super::ir::{BinOp, Builtin, IrError, Kernel, ParamKind};
 use super::math::{device_math, ExactF32};
 use super::quant::Lang;
-use super::GenError;
 use std::fmt::{self, Display, Formatter};
 
 /// Bytes of `k`'s push constants: 8 per parameter (a device address), then 8 for the address of

@@ -15,6 +15,7 @@
 
 pub mod cpu_exec;
 pub mod emit;
+mod error;
 pub mod glsl;
 pub mod ir;
 pub mod kernels;
@@ -29,8 +30,9 @@ mod tests;
 use aubier_compiler::plan::Plan;
 pub use emit::render;
 use emit::{Cuda, Dialect, Hip};
+pub use error::GenError;
 use glsl::Glsl;
-use ir::{IrError, Kernel, ParamKind};
+use ir::Kernel;
 
 /// One generated source file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,43 +41,6 @@ pub struct GeneratedFile {
     pub path: String,
     /// The file's text.
     pub contents: String,
-}
-
-/// Errors of [`generate`].
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum GenError {
-    /// A step cannot be mapped to a kernel (its operands do not fit its op).
-    #[error("step {step} (`{op}`): {detail}")]
-    Step {
-        /// Step index in the plan.
-        step: usize,
-        /// The op's name.
-        op: &'static str,
-        /// What is wrong.
-        detail: String,
-    },
-    /// A kernel builder refused its shape.
-    #[error(transparent)]
-    Kernel(#[from] IrError),
-    /// A kernel built for a warp width the dialect does not have.
-    #[error(
-        "kernel `{kernel}` is built for {warp}-lane warps; HIP and CUDA kernels have {}",
-        emit::WARP
-    )]
-    Warp {
-        /// Kernel name.
-        kernel: String,
-        /// The kernel's width.
-        warp: u32,
-    },
-    /// A weight type without a dequant device function.
-    #[error("kernel `{kernel}` reads ggml type {ggml_type}, which has no device function")]
-    UnsupportedType {
-        /// Kernel name.
-        kernel: String,
-        /// gguf-py type name.
-        ggml_type: String,
-    },
 }
 
 /// FNV-1a 64 of `bytes` (a stable hash for names and headers; not for security).
@@ -154,25 +119,6 @@ pub fn plan_kernels(plan: &Plan, warp: u32) -> Result<Vec<(Kernel, Vec<usize>)>,
         }
     }
     Ok(out)
-}
-
-/// The quant types `k` reads, sorted, without F32 (read inline).
-pub(crate) fn quant_types(k: &Kernel) -> Vec<String> {
-    let mut tys: Vec<String> = k
-        .params
-        .iter()
-        .filter_map(|(_, kind)| match kind {
-            ParamKind::Weight { ggml_type, .. } | ParamKind::Experts { ggml_type, .. }
-                if ggml_type != "F32" =>
-            {
-                Some(ggml_type.clone())
-            }
-            _ => None,
-        })
-        .collect();
-    tys.sort();
-    tys.dedup();
-    tys
 }
 
 /// Generates the HIP, CUDA and Vulkan (GLSL) source of every distinct kernel of `plan`: files

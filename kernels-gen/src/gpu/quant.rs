@@ -46,6 +46,7 @@
 
 use std::fmt::{self, Display, Formatter};
 
+use super::ir::{Kernel, ParamKind};
 use crate::ggml_type::GgmlType;
 use crate::quant_grids::{
     IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
@@ -950,6 +951,25 @@ impl<T: CElem> Display for CArray<'_, T> {
         writeln!(f, "}};")?;
         writeln!(f, "#endif")
     }
+}
+
+/// The quant types `k` reads, sorted, without F32 (read inline).
+pub(crate) fn quant_types(k: &Kernel) -> Vec<String> {
+    let mut tys: Vec<String> = k
+        .params
+        .iter()
+        .filter_map(|(_, kind)| match kind {
+            ParamKind::Weight { ggml_type, .. } | ParamKind::Experts { ggml_type, .. }
+                if ggml_type != "F32" =>
+            {
+                Some(ggml_type.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    tys.sort();
+    tys.dedup();
+    tys
 }
 
 #[cfg(test)]
