@@ -20,7 +20,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use aubier_kernels_gen::gpu::quant::{device_fn, device_tables, supported_types};
+use aubier_kernels_gen::gpu::quant::{device_fn, device_tables, supported_types, Lang};
 use aubier_runtime::ggml_type::GgmlType;
 use aubier_runtime::gguf::GgufFile;
 use aubier_tests::run_clang;
@@ -100,8 +100,13 @@ fn work_dir(test: &str) -> PathBuf {
 fn all_device_code() -> String {
     let mut text = String::new();
     for &name in supported_types() {
-        write!(text, "{}", device_tables(name).expect("supported")).expect("write");
-        write!(text, "{}", device_fn(name).expect("supported")).expect("write");
+        write!(
+            text,
+            "{}",
+            device_tables(name, Lang::Cpp).expect("supported")
+        )
+        .expect("write");
+        write!(text, "{}", device_fn(name, Lang::Cpp).expect("supported")).expect("write");
     }
     text
 }
@@ -267,8 +272,8 @@ fn each_type_alone_is_a_complete_translation_unit() {
         let source = dir.join(format!("{}.cpp", name.to_ascii_lowercase()));
         let text = format!(
             "#define __device__\n#define __constant__\n{}{}",
-            device_tables(name).expect("supported"),
-            device_fn(name).expect("supported")
+            device_tables(name, Lang::Cpp).expect("supported"),
+            device_fn(name, Lang::Cpp).expect("supported")
         );
         std::fs::write(&source, text).expect("writing source");
         run_clang(

@@ -19,58 +19,65 @@ __device__ inline float aubier_exp(float x) {
   if (x != x) return x;
   if (x > 88.73f) return __builtin_inff();
   if (x < -104.0f) return 0.0f;
-  float k = __builtin_rintf(x * 1.44269502f);
-  float r = (x - k * 0.693359375f) - k * -2.12194442e-4f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
+  float k = __builtin_rintf(x * 1.442695f);
+  float r = (x - k * 0.6933594f) - k * (-0.00021219444f);
+  float p = 0.0001984127f;
+  p = p * r + 0.0013888889f;
+  p = p * r + 0.008333334f;
+  p = p * r + 0.041666668f;
+  p = p * r + 0.16666667f;
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  int ki = (int)k;
+  int ki = int(k);
   int k1 = ki / 2;
-  return p * aubier_pow2(k1) * aubier_pow2(ki - k1);
+  float y = p * aubier_pow2(k1) * aubier_pow2(ki - k1);
+  return y;
 }
 __device__ inline float aubier_ln(float x) {
   if (x != x || x < 0.0f) return __builtin_nanf("");
   if (x == 0.0f) return -__builtin_inff();
   if (x == __builtin_inff()) return x;
-  double m = (double)x;
+  double m = double(x);
   int e = 0;
   while (m >= 1.4142135623730951) { m *= 0.5; e += 1; }
   while (m < 0.7071067811865476) { m *= 2.0; e -= 1; }
   double s = (m - 1.0) / (m + 1.0);
   double s2 = s * s;
-  double p = 1.0 / 15.0;
-  p = p * s2 + 1.0 / 13.0; p = p * s2 + 1.0 / 11.0; p = p * s2 + 1.0 / 9.0; p = p * s2 + 1.0 / 7.0;
-  p = p * s2 + 1.0 / 5.0; p = p * s2 + 1.0 / 3.0; p = p * s2 + 1.0;
-  return (float)(2.0 * s * p + (double)e * 0.6931471805599453);
+  double p = 0.06666666666666667;
+  p = p * s2 + 0.07692307692307693;
+  p = p * s2 + 0.09090909090909091;
+  p = p * s2 + 0.1111111111111111;
+  p = p * s2 + 0.14285714285714285;
+  p = p * s2 + 0.2;
+  p = p * s2 + 0.3333333333333333;
+  p = p * s2 + 1.0;
+  double y = 2.0 * s * p + double(e) * 0.6931471805599453;
+  return float(y);
 }
-__device__ inline void aubier_sincos(float x, float* so, float* co) {
-  if (!(x - x == 0.0f)) { *so = __builtin_nanf(""); *co = __builtin_nanf(""); return; }
-  if (x == 0.0f) { *so = x; *co = 1.0f; return; }
-  double xd = (double)x;
+__device__ inline void aubier_sincos(float x, float& so, float& co) {
+  if (!(x - x == 0.0f)) { so = __builtin_nanf(""); co = so; return; }
+  if (x == 0.0f) { so = x; co = 1.0f; return; }
+  double xd = double(x);
   double k = __builtin_rint(xd * 0.6366197723675814);
   double r = xd - k * 1.5707963267948966;
   double r2 = r * r;
-  double s = -1.0 / 1307674368000.0, c = -1.0 / 87178291200.0;
-  s = s * r2 + 1.0 / 6227020800.0; c = c * r2 + 1.0 / 479001600.0;
-  s = s * r2 + -1.0 / 39916800.0; c = c * r2 + -1.0 / 3628800.0;
-  s = s * r2 + 1.0 / 362880.0; c = c * r2 + 1.0 / 40320.0;
-  s = s * r2 + -1.0 / 5040.0; c = c * r2 + -1.0 / 720.0;
-  s = s * r2 + 1.0 / 120.0; c = c * r2 + 1.0 / 24.0;
-  s = s * r2 + -1.0 / 6.0; c = c * r2 + -0.5;
+  double s = -7.647163731819816e-13;
+  double c = -1.1470745597729725e-11;
+  s = s * r2 + 1.6059043836821613e-10; c = c * r2 + 2.08767569878681e-9;
+  s = s * r2 + -2.505210838544172e-8; c = c * r2 + -2.755731922398589e-7;
+  s = s * r2 + 2.7557319223985893e-6; c = c * r2 + 2.48015873015873e-5;
+  s = s * r2 + -0.0001984126984126984; c = c * r2 + -0.001388888888888889;
+  s = s * r2 + 0.008333333333333333; c = c * r2 + 0.041666666666666664;
+  s = s * r2 + -0.16666666666666666; c = c * r2 + -0.5;
   s = s * r2 + 1.0; c = c * r2 + 1.0;
   s = s * r;
-  long long q = ((long long)k) & 3;
-  double sv = q == 0 ? s : q == 1 ? c : q == 2 ? -s : -c;
-  double cv = q == 0 ? c : q == 1 ? -s : q == 2 ? -c : s;
-  *so = (float)sv; *co = (float)cv;
+  int q = int((long long)k & 3);
+  so = float(q == 0 ? s : q == 1 ? c : q == 2 ? -s : -c);
+  co = float(q == 0 ? c : q == 1 ? -s : q == 2 ? -c : s);
 }
-__device__ inline float aubier_sin(float x) { float s, c; aubier_sincos(x, &s, &c); return s; }
-__device__ inline float aubier_cos(float x) { float s, c; aubier_sincos(x, &s, &c); return c; }
+__device__ inline float aubier_sin(float x) { float s, c; aubier_sincos(x, s, c); return s; }
+__device__ inline float aubier_cos(float x) { float s, c; aubier_sincos(x, s, c); return c; }
 __device__ inline float aubier_fmax(float a, float b) { return (a > b || a != a) ? a : b; }
 __device__ inline float aubier_fmin(float a, float b) { return b < a ? b : a; }
 __device__ inline int aubier_imax(int a, int b) { return a > b ? a : b; }
@@ -79,12 +86,21 @@ __device__ inline void aubier_ld16_f32(const unsigned char* row, int c, int n, f
   const float* r = (const float*)row;
   for (int i = 0; i < 16; ++i) { int j = 16 * c + i; out[i] = j < n ? r[j] : 0.0f; }
 }
-
-#ifndef AUBIER_DQ_AS_F32
-#define AUBIER_DQ_AS_F32
+#ifndef AUBIER_DQ_PRIMS
+#define AUBIER_DQ_PRIMS
+#define AUBIER_FN __device__ inline
+#define AUBIER_TABLE __constant__ const
+#define AUBIER_OUT16(y) float* y
+#define AUBIER_INOUT16(y) float* y
+#define AUBIER_OUTU(x) uint& x
+#define precise
+typedef unsigned int uint;
+typedef unsigned long uint64_t;
+typedef const unsigned char* aubier_ptr;
+__device__ inline uint aubier_b8(aubier_ptr p) { return *p; }
 /* The f32 whose IEEE bits are u. */
-__device__ inline float aubier_as_f32(unsigned int u) {
-  union { unsigned int u; float f; } x;
+__device__ inline float aubier_as_f32(uint u) {
+  union { uint u; float f; } x;
   x.u = u;
   return x.f;
 }
@@ -92,65 +108,61 @@ __device__ inline float aubier_as_f32(unsigned int u) {
 #ifndef AUBIER_DQ_BYTES
 #define AUBIER_DQ_BYTES
 /* Little-endian u16 / u32 at p (any alignment); a byte value 0..255 read as int8. */
-__device__ inline unsigned int aubier_u16(const unsigned char* p) {
-  return (unsigned int)p[0] | ((unsigned int)p[1] << 8);
+AUBIER_FN uint aubier_u16(aubier_ptr p) { return aubier_b8(p) | (aubier_b8(p + 1) << 8); }
+AUBIER_FN uint aubier_u32(aubier_ptr p) {
+  return aubier_b8(p) | (aubier_b8(p + 1) << 8) | (aubier_b8(p + 2) << 16) | (aubier_b8(p + 3) << 24);
 }
-__device__ inline unsigned int aubier_u32(const unsigned char* p) {
-  return (unsigned int)p[0] | ((unsigned int)p[1] << 8) | ((unsigned int)p[2] << 16) |
-         ((unsigned int)p[3] << 24);
-}
-__device__ inline int aubier_i8(unsigned int x) { return (int)(x ^ 0x80u) - 128; }
+AUBIER_FN int aubier_i8(uint x) { return int(x ^ 0x80u) - 128; }
 #endif
 #ifndef AUBIER_DQ_F16
 #define AUBIER_DQ_F16
 /* IEEE binary16 bits h (0..0xffff) widened exactly to f32 (ggml GGML_FP16_TO_FP32):
    normals rebias the exponent, subnormals are em * 2^-24 (an exact product with a normal
    result), Inf/NaN keep their payload and NaNs come out quiet. */
-__device__ inline float aubier_f16_bits(unsigned int h) {
-  const unsigned int sign = (h & 0x8000u) << 16;
-  const unsigned int em = h & 0x7fffu;
+AUBIER_FN float aubier_f16_bits(uint h) {
+  const uint sign = (h & 0x8000u) << 16;
+  const uint em = h & 0x7fffu;
   if (em < 0x0400u) {
-    const float v = (float)em * 5.9604644775390625e-8f;
-    return sign ? -v : v;
+    precise float v = float(em) * 5.9604644775390625e-8f;
+    return sign != 0u ? -v : v;
   }
-  unsigned int mag = (em << 13) + 0x38000000u;
+  uint mag = (em << 13) + 0x38000000u;
   if (em >= 0x7c00u) {
     mag = 0x7f800000u | ((em & 0x03ffu) << 13) | (em > 0x7c00u ? 0x00400000u : 0u);
   }
   return aubier_as_f32(mag | sign);
 }
-__device__ inline float aubier_f16(const unsigned char* p) { return aubier_f16_bits(aubier_u16(p)); }
+AUBIER_FN float aubier_f16(aubier_ptr p) { return aubier_f16_bits(aubier_u16(p)); }
 #endif
 /* Q2_K: scales[16] @0 (lo nibble scale, hi nibble min), qs[64] @16, d @80, dmin @82 */
-__device__ inline void aubier_dq16_q2_k(const unsigned char* row, int c, float* out) {
-  const unsigned char* b = row + (unsigned long long)(c / 16) * 84u;
+AUBIER_FN void aubier_dq16_q2_k(aubier_ptr row, int c, AUBIER_OUT16(y)) {
+  aubier_ptr b = row + uint64_t(c / 16) * 84u;
   const int s = c % 16;
-  const float d = aubier_f16(b + 80);
-  const float dmin = aubier_f16(b + 82);
-  const unsigned int sc = b[s];
-  const float dl = d * (float)(sc & 15u);
-  const float ml = dmin * (float)(sc >> 4);
-  const unsigned char* q = b + 16 + 32 * (s >> 3) + 16 * (s & 1);
+  precise float d = aubier_f16(b + 80);
+  precise float dmin = aubier_f16(b + 82);
+  const uint sc = aubier_b8(b + s);
+  precise float dl = d * float(sc & 15u);
+  precise float ml = dmin * float(sc >> 4);
+  aubier_ptr q = b + 16 + 32 * (s >> 3) + 16 * (s & 1);
   const int shift = 2 * ((s >> 1) & 3);
-  for (int l = 0; l < 16; ++l) out[l] = dl * (float)((q[l] >> shift) & 3) - ml;
+  for (int l = 0; l < 16; ++l) y[l] = dl * float((aubier_b8(q + l) >> shift) & 3u) - ml;
 }
-
 extern "C" __global__ __attribute__((launch_bounds(256))) void mat_mul_c603765d(
     const unsigned char* __restrict__ w,
     const float* __restrict__ x,
     float* __restrict__ y,
     int T, int S) {
+  (void)T; (void)S;
   int v0_lane = 0;
   int v1_o = 0;
   int v2_h = 0;
   int v3_row = 0;
   int v4_xb = 0;
-  float v5_acc = 0;
+  float v5_acc = 0.0f;
   int v6_c = 0;
   int v7_i = 0;
   int v8_yb = 0;
-  float chunk[16];
-  (void)T; (void)S;
+  float l_chunk[16];
   v0_lane = (aubier_tid() % 32);
   v1_o = ((aubier_bid_x() * 8) + (aubier_tid() / 32));
   v2_h = (aubier_bid_y() % 1);
@@ -158,12 +170,12 @@ extern "C" __global__ __attribute__((launch_bounds(256))) void mat_mul_c603765d(
   v4_xb = (aubier_bid_y() * 256);
   v5_acc = 0.0f;
   for (v6_c = v0_lane; v6_c < 16; v6_c += 32) {
-    aubier_dq16_q2_k(w + (unsigned long long)v3_row * 84ull, v6_c, chunk);
+    aubier_dq16_q2_k(w + (unsigned long long)v3_row * 84ull, v6_c, l_chunk);
     for (v7_i = 0; v7_i < aubier_imin((256 - (v6_c * 16)), 16); v7_i += 1) {
-      v5_acc = (v5_acc + (chunk[v7_i] * x[((v4_xb + (v6_c * 16)) + v7_i)]));
+      v5_acc = (v5_acc + (l_chunk[v7_i] * x[((v4_xb + (v6_c * 16)) + v7_i)]));
     }
   }
-  for (int o = 16; o > 0; o >>= 1) v5_acc = v5_acc + aubier_shfl_xor(v5_acc, o);
+  for (int o = 16; o > 0; o >>= 1) v5_acc = (v5_acc + aubier_shfl_xor(v5_acc, o));
   v8_yb = (aubier_bid_y() * 256);
   if (((v0_lane == 0) && (v1_o < 256))) {
     y[(v8_yb + v1_o)] = v5_acc;

@@ -23,58 +23,65 @@ __device__ inline float aubier_exp(float x) {
   if (x != x) return x;
   if (x > 88.73f) return __builtin_inff();
   if (x < -104.0f) return 0.0f;
-  float k = __builtin_rintf(x * 1.44269502f);
-  float r = (x - k * 0.693359375f) - k * -2.12194442e-4f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
+  float k = __builtin_rintf(x * 1.442695f);
+  float r = (x - k * 0.6933594f) - k * (-0.00021219444f);
+  float p = 0.0001984127f;
+  p = p * r + 0.0013888889f;
+  p = p * r + 0.008333334f;
+  p = p * r + 0.041666668f;
+  p = p * r + 0.16666667f;
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  int ki = (int)k;
+  int ki = int(k);
   int k1 = ki / 2;
-  return p * aubier_pow2(k1) * aubier_pow2(ki - k1);
+  float y = p * aubier_pow2(k1) * aubier_pow2(ki - k1);
+  return y;
 }
 __device__ inline float aubier_ln(float x) {
   if (x != x || x < 0.0f) return __builtin_nanf("");
   if (x == 0.0f) return -__builtin_inff();
   if (x == __builtin_inff()) return x;
-  double m = (double)x;
+  double m = double(x);
   int e = 0;
   while (m >= 1.4142135623730951) { m *= 0.5; e += 1; }
   while (m < 0.7071067811865476) { m *= 2.0; e -= 1; }
   double s = (m - 1.0) / (m + 1.0);
   double s2 = s * s;
-  double p = 1.0 / 15.0;
-  p = p * s2 + 1.0 / 13.0; p = p * s2 + 1.0 / 11.0; p = p * s2 + 1.0 / 9.0; p = p * s2 + 1.0 / 7.0;
-  p = p * s2 + 1.0 / 5.0; p = p * s2 + 1.0 / 3.0; p = p * s2 + 1.0;
-  return (float)(2.0 * s * p + (double)e * 0.6931471805599453);
+  double p = 0.06666666666666667;
+  p = p * s2 + 0.07692307692307693;
+  p = p * s2 + 0.09090909090909091;
+  p = p * s2 + 0.1111111111111111;
+  p = p * s2 + 0.14285714285714285;
+  p = p * s2 + 0.2;
+  p = p * s2 + 0.3333333333333333;
+  p = p * s2 + 1.0;
+  double y = 2.0 * s * p + double(e) * 0.6931471805599453;
+  return float(y);
 }
-__device__ inline void aubier_sincos(float x, float* so, float* co) {
-  if (!(x - x == 0.0f)) { *so = __builtin_nanf(""); *co = __builtin_nanf(""); return; }
-  if (x == 0.0f) { *so = x; *co = 1.0f; return; }
-  double xd = (double)x;
+__device__ inline void aubier_sincos(float x, float& so, float& co) {
+  if (!(x - x == 0.0f)) { so = __builtin_nanf(""); co = so; return; }
+  if (x == 0.0f) { so = x; co = 1.0f; return; }
+  double xd = double(x);
   double k = __builtin_rint(xd * 0.6366197723675814);
   double r = xd - k * 1.5707963267948966;
   double r2 = r * r;
-  double s = -1.0 / 1307674368000.0, c = -1.0 / 87178291200.0;
-  s = s * r2 + 1.0 / 6227020800.0; c = c * r2 + 1.0 / 479001600.0;
-  s = s * r2 + -1.0 / 39916800.0; c = c * r2 + -1.0 / 3628800.0;
-  s = s * r2 + 1.0 / 362880.0; c = c * r2 + 1.0 / 40320.0;
-  s = s * r2 + -1.0 / 5040.0; c = c * r2 + -1.0 / 720.0;
-  s = s * r2 + 1.0 / 120.0; c = c * r2 + 1.0 / 24.0;
-  s = s * r2 + -1.0 / 6.0; c = c * r2 + -0.5;
+  double s = -7.647163731819816e-13;
+  double c = -1.1470745597729725e-11;
+  s = s * r2 + 1.6059043836821613e-10; c = c * r2 + 2.08767569878681e-9;
+  s = s * r2 + -2.505210838544172e-8; c = c * r2 + -2.755731922398589e-7;
+  s = s * r2 + 2.7557319223985893e-6; c = c * r2 + 2.48015873015873e-5;
+  s = s * r2 + -0.0001984126984126984; c = c * r2 + -0.001388888888888889;
+  s = s * r2 + 0.008333333333333333; c = c * r2 + 0.041666666666666664;
+  s = s * r2 + -0.16666666666666666; c = c * r2 + -0.5;
   s = s * r2 + 1.0; c = c * r2 + 1.0;
   s = s * r;
-  long long q = ((long long)k) & 3;
-  double sv = q == 0 ? s : q == 1 ? c : q == 2 ? -s : -c;
-  double cv = q == 0 ? c : q == 1 ? -s : q == 2 ? -c : s;
-  *so = (float)sv; *co = (float)cv;
+  int q = int((long long)k & 3);
+  so = float(q == 0 ? s : q == 1 ? c : q == 2 ? -s : -c);
+  co = float(q == 0 ? c : q == 1 ? -s : q == 2 ? -c : s);
 }
-__device__ inline float aubier_sin(float x) { float s, c; aubier_sincos(x, &s, &c); return s; }
-__device__ inline float aubier_cos(float x) { float s, c; aubier_sincos(x, &s, &c); return c; }
+__device__ inline float aubier_sin(float x) { float s, c; aubier_sincos(x, s, c); return s; }
+__device__ inline float aubier_cos(float x) { float s, c; aubier_sincos(x, s, c); return c; }
 __device__ inline float aubier_fmax(float a, float b) { return (a > b || a != a) ? a : b; }
 __device__ inline float aubier_fmin(float a, float b) { return b < a ? b : a; }
 __device__ inline int aubier_imax(int a, int b) { return a > b ? a : b; }
@@ -88,8 +95,8 @@ extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, 256))) void 
     const float* __restrict__ b,
     float* __restrict__ y,
     int T, int S) {
-  int v0_i = 0;
   (void)T; (void)S;
+  int v0_i = 0;
   v0_i = ((aubier_bid_x() * 256) + aubier_tid());
   if ((v0_i < (T * 256))) {
     y[v0_i] = (a[v0_i] + b[v0_i]);

@@ -24,58 +24,65 @@ __device__ inline float aubier_exp(float x) {
   if (x != x) return x;
   if (x > 88.73f) return __builtin_inff();
   if (x < -104.0f) return 0.0f;
-  float k = __builtin_rintf(x * 1.44269502f);
-  float r = (x - k * 0.693359375f) - k * -2.12194442e-4f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
+  float k = __builtin_rintf(x * 1.442695f);
+  float r = (x - k * 0.6933594f) - k * (-0.00021219444f);
+  float p = 0.0001984127f;
+  p = p * r + 0.0013888889f;
+  p = p * r + 0.008333334f;
+  p = p * r + 0.041666668f;
+  p = p * r + 0.16666667f;
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  int ki = (int)k;
+  int ki = int(k);
   int k1 = ki / 2;
-  return p * aubier_pow2(k1) * aubier_pow2(ki - k1);
+  float y = p * aubier_pow2(k1) * aubier_pow2(ki - k1);
+  return y;
 }
 __device__ inline float aubier_ln(float x) {
   if (x != x || x < 0.0f) return __builtin_nanf("");
   if (x == 0.0f) return -__builtin_inff();
   if (x == __builtin_inff()) return x;
-  double m = (double)x;
+  double m = double(x);
   int e = 0;
   while (m >= 1.4142135623730951) { m *= 0.5; e += 1; }
   while (m < 0.7071067811865476) { m *= 2.0; e -= 1; }
   double s = (m - 1.0) / (m + 1.0);
   double s2 = s * s;
-  double p = 1.0 / 15.0;
-  p = p * s2 + 1.0 / 13.0; p = p * s2 + 1.0 / 11.0; p = p * s2 + 1.0 / 9.0; p = p * s2 + 1.0 / 7.0;
-  p = p * s2 + 1.0 / 5.0; p = p * s2 + 1.0 / 3.0; p = p * s2 + 1.0;
-  return (float)(2.0 * s * p + (double)e * 0.6931471805599453);
+  double p = 0.06666666666666667;
+  p = p * s2 + 0.07692307692307693;
+  p = p * s2 + 0.09090909090909091;
+  p = p * s2 + 0.1111111111111111;
+  p = p * s2 + 0.14285714285714285;
+  p = p * s2 + 0.2;
+  p = p * s2 + 0.3333333333333333;
+  p = p * s2 + 1.0;
+  double y = 2.0 * s * p + double(e) * 0.6931471805599453;
+  return float(y);
 }
-__device__ inline void aubier_sincos(float x, float* so, float* co) {
-  if (!(x - x == 0.0f)) { *so = __builtin_nanf(""); *co = __builtin_nanf(""); return; }
-  if (x == 0.0f) { *so = x; *co = 1.0f; return; }
-  double xd = (double)x;
+__device__ inline void aubier_sincos(float x, float& so, float& co) {
+  if (!(x - x == 0.0f)) { so = __builtin_nanf(""); co = so; return; }
+  if (x == 0.0f) { so = x; co = 1.0f; return; }
+  double xd = double(x);
   double k = __builtin_rint(xd * 0.6366197723675814);
   double r = xd - k * 1.5707963267948966;
   double r2 = r * r;
-  double s = -1.0 / 1307674368000.0, c = -1.0 / 87178291200.0;
-  s = s * r2 + 1.0 / 6227020800.0; c = c * r2 + 1.0 / 479001600.0;
-  s = s * r2 + -1.0 / 39916800.0; c = c * r2 + -1.0 / 3628800.0;
-  s = s * r2 + 1.0 / 362880.0; c = c * r2 + 1.0 / 40320.0;
-  s = s * r2 + -1.0 / 5040.0; c = c * r2 + -1.0 / 720.0;
-  s = s * r2 + 1.0 / 120.0; c = c * r2 + 1.0 / 24.0;
-  s = s * r2 + -1.0 / 6.0; c = c * r2 + -0.5;
+  double s = -7.647163731819816e-13;
+  double c = -1.1470745597729725e-11;
+  s = s * r2 + 1.6059043836821613e-10; c = c * r2 + 2.08767569878681e-9;
+  s = s * r2 + -2.505210838544172e-8; c = c * r2 + -2.755731922398589e-7;
+  s = s * r2 + 2.7557319223985893e-6; c = c * r2 + 2.48015873015873e-5;
+  s = s * r2 + -0.0001984126984126984; c = c * r2 + -0.001388888888888889;
+  s = s * r2 + 0.008333333333333333; c = c * r2 + 0.041666666666666664;
+  s = s * r2 + -0.16666666666666666; c = c * r2 + -0.5;
   s = s * r2 + 1.0; c = c * r2 + 1.0;
   s = s * r;
-  long long q = ((long long)k) & 3;
-  double sv = q == 0 ? s : q == 1 ? c : q == 2 ? -s : -c;
-  double cv = q == 0 ? c : q == 1 ? -s : q == 2 ? -c : s;
-  *so = (float)sv; *co = (float)cv;
+  int q = int((long long)k & 3);
+  so = float(q == 0 ? s : q == 1 ? c : q == 2 ? -s : -c);
+  co = float(q == 0 ? c : q == 1 ? -s : q == 2 ? -c : s);
 }
-__device__ inline float aubier_sin(float x) { float s, c; aubier_sincos(x, &s, &c); return s; }
-__device__ inline float aubier_cos(float x) { float s, c; aubier_sincos(x, &s, &c); return c; }
+__device__ inline float aubier_sin(float x) { float s, c; aubier_sincos(x, s, c); return s; }
+__device__ inline float aubier_cos(float x) { float s, c; aubier_sincos(x, s, c); return c; }
 __device__ inline float aubier_fmax(float a, float b) { return (a > b || a != a) ? a : b; }
 __device__ inline float aubier_fmin(float a, float b) { return b < a ? b : a; }
 __device__ inline int aubier_imax(int a, int b) { return a > b ? a : b; }
@@ -90,37 +97,37 @@ extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, 128))) void 
     const float* __restrict__ cache,
     float* __restrict__ part,
     int T, int S) {
-  __shared__ float red[32];
-  __shared__ float pbuf[128];
+  (void)T; (void)S;
+  __shared__ float s_red[32];
+  __shared__ float s_pbuf[128];
   int v0_row = 0;
   int v1_t = 0;
   int v2_p = 0;
   int v3_last = 0;
   int v4_qb = 0;
-  float v5_m = 0;
-  float v6_l = 0;
+  float v5_m = 0.0f;
+  float v6_l = 0.0f;
   int v7_ci = 0;
   int v8_start = 0;
   int v9_tile = 0;
   int v10_j0 = 0;
   int v11_j = 0;
-  float v12_s = 0;
-  float v13_dot = 0;
+  float v12_s = 0.0f;
+  float v13_dot = 0.0f;
   int v14_i = 0;
-  float v15_tmax = 0;
-  float v16_m_new = 0;
-  float v17_alpha = 0;
-  float v18_pj = 0;
-  float v19_ps = 0;
+  float v15_tmax = 0.0f;
+  float v16_m_new = 0.0f;
+  float v17_alpha = 0.0f;
+  float v18_pj = 0.0f;
+  float v19_ps = 0.0f;
   int v20_nk = 0;
   int v21_ci = 0;
   int v22_col = 0;
-  float v23_a = 0;
+  float v23_a = 0.0f;
   int v24_jj = 0;
   int v25_pb = 0;
   int v26_ci = 0;
-  float acc[16];
-  (void)T; (void)S;
+  float l_acc[16];
   v0_row = aubier_bid_y();
   v1_t = (v0_row / 4);
   v2_p = pos[v1_t];
@@ -129,7 +136,7 @@ extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, 128))) void 
   v5_m = (-__builtin_inff());
   v6_l = 0.0f;
   for (v7_ci = 0; v7_ci < 1; v7_ci += 1) {
-    acc[v7_ci] = 0.0f;
+    l_acc[v7_ci] = 0.0f;
   }
   v8_start = (aubier_bid_x() * 1024);
   for (v9_tile = 0; v9_tile < 8; v9_tile += 1) {
@@ -147,50 +154,50 @@ extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, 128))) void 
       v15_tmax = v12_s;
       for (int o = 16; o > 0; o >>= 1) v15_tmax = aubier_fmax(v15_tmax, aubier_shfl_xor(v15_tmax, o));
       if (((aubier_tid() % 32) == 0)) {
-        red[(aubier_tid() / 32)] = v15_tmax;
+        s_red[(aubier_tid() / 32)] = v15_tmax;
       }
       aubier_barrier();
       if ((aubier_tid() < 32)) {
-        v15_tmax = ((aubier_tid() < 4) ? red[aubier_tid()] : (-__builtin_inff()));
+        v15_tmax = ((aubier_tid() < 4) ? s_red[aubier_tid()] : (-__builtin_inff()));
         for (int o = 16; o > 0; o >>= 1) v15_tmax = aubier_fmax(v15_tmax, aubier_shfl_xor(v15_tmax, o));
         if ((aubier_tid() == 0)) {
-          red[0] = v15_tmax;
+          s_red[0] = v15_tmax;
         }
       }
       aubier_barrier();
-      v15_tmax = red[0];
+      v15_tmax = s_red[0];
       aubier_barrier();
       v16_m_new = aubier_fmax(v5_m, v15_tmax);
       v17_alpha = ((v16_m_new == (-__builtin_inff())) ? 1.0f : aubier_exp((v5_m - v16_m_new)));
       v18_pj = ((v12_s == (-__builtin_inff())) ? 0.0f : aubier_exp((v12_s - v16_m_new)));
       v19_ps = v18_pj;
-      for (int o = 16; o > 0; o >>= 1) v19_ps = v19_ps + aubier_shfl_xor(v19_ps, o);
+      for (int o = 16; o > 0; o >>= 1) v19_ps = (v19_ps + aubier_shfl_xor(v19_ps, o));
       if (((aubier_tid() % 32) == 0)) {
-        red[(aubier_tid() / 32)] = v19_ps;
+        s_red[(aubier_tid() / 32)] = v19_ps;
       }
       aubier_barrier();
       if ((aubier_tid() < 32)) {
-        v19_ps = ((aubier_tid() < 4) ? red[aubier_tid()] : 0.0f);
-        for (int o = 16; o > 0; o >>= 1) v19_ps = v19_ps + aubier_shfl_xor(v19_ps, o);
+        v19_ps = ((aubier_tid() < 4) ? s_red[aubier_tid()] : 0.0f);
+        for (int o = 16; o > 0; o >>= 1) v19_ps = (v19_ps + aubier_shfl_xor(v19_ps, o));
         if ((aubier_tid() == 0)) {
-          red[0] = v19_ps;
+          s_red[0] = v19_ps;
         }
       }
       aubier_barrier();
-      v19_ps = red[0];
+      v19_ps = s_red[0];
       aubier_barrier();
       v6_l = ((v6_l * v17_alpha) + v19_ps);
-      pbuf[aubier_tid()] = v18_pj;
+      s_pbuf[aubier_tid()] = v18_pj;
       aubier_barrier();
       v20_nk = aubier_imin(((v3_last - v10_j0) + 1), 128);
       for (v21_ci = 0; v21_ci < 1; v21_ci += 1) {
         v22_col = (aubier_tid() + (v21_ci * 128));
         if ((v22_col < 64)) {
-          v23_a = (acc[v21_ci] * v17_alpha);
+          v23_a = (l_acc[v21_ci] * v17_alpha);
           for (v24_jj = 0; v24_jj < v20_nk; v24_jj += 1) {
-            v23_a = (v23_a + (pbuf[v24_jj] * cache[(((v10_j0 + v24_jj) * 96) + v22_col)]));
+            v23_a = (v23_a + (s_pbuf[v24_jj] * cache[(((v10_j0 + v24_jj) * 96) + v22_col)]));
           }
-          acc[v21_ci] = v23_a;
+          l_acc[v21_ci] = v23_a;
         }
       }
       v5_m = v16_m_new;
@@ -204,7 +211,7 @@ extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, 128))) void 
   }
   for (v26_ci = 0; v26_ci < 1; v26_ci += 1) {
     if (((aubier_tid() + (v26_ci * 128)) < 64)) {
-      part[((v25_pb + 2) + (aubier_tid() + (v26_ci * 128)))] = acc[v26_ci];
+      part[((v25_pb + 2) + (aubier_tid() + (v26_ci * 128)))] = l_acc[v26_ci];
     }
   }
 }

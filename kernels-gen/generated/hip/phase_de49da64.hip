@@ -24,58 +24,65 @@ __device__ inline float aubier_exp(float x) {
   if (x != x) return x;
   if (x > 88.73f) return __builtin_inff();
   if (x < -104.0f) return 0.0f;
-  float k = __builtin_rintf(x * 1.44269502f);
-  float r = (x - k * 0.693359375f) - k * -2.12194442e-4f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
+  float k = __builtin_rintf(x * 1.442695f);
+  float r = (x - k * 0.6933594f) - k * (-0.00021219444f);
+  float p = 0.0001984127f;
+  p = p * r + 0.0013888889f;
+  p = p * r + 0.008333334f;
+  p = p * r + 0.041666668f;
+  p = p * r + 0.16666667f;
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  int ki = (int)k;
+  int ki = int(k);
   int k1 = ki / 2;
-  return p * aubier_pow2(k1) * aubier_pow2(ki - k1);
+  float y = p * aubier_pow2(k1) * aubier_pow2(ki - k1);
+  return y;
 }
 __device__ inline float aubier_ln(float x) {
   if (x != x || x < 0.0f) return __builtin_nanf("");
   if (x == 0.0f) return -__builtin_inff();
   if (x == __builtin_inff()) return x;
-  double m = (double)x;
+  double m = double(x);
   int e = 0;
   while (m >= 1.4142135623730951) { m *= 0.5; e += 1; }
   while (m < 0.7071067811865476) { m *= 2.0; e -= 1; }
   double s = (m - 1.0) / (m + 1.0);
   double s2 = s * s;
-  double p = 1.0 / 15.0;
-  p = p * s2 + 1.0 / 13.0; p = p * s2 + 1.0 / 11.0; p = p * s2 + 1.0 / 9.0; p = p * s2 + 1.0 / 7.0;
-  p = p * s2 + 1.0 / 5.0; p = p * s2 + 1.0 / 3.0; p = p * s2 + 1.0;
-  return (float)(2.0 * s * p + (double)e * 0.6931471805599453);
+  double p = 0.06666666666666667;
+  p = p * s2 + 0.07692307692307693;
+  p = p * s2 + 0.09090909090909091;
+  p = p * s2 + 0.1111111111111111;
+  p = p * s2 + 0.14285714285714285;
+  p = p * s2 + 0.2;
+  p = p * s2 + 0.3333333333333333;
+  p = p * s2 + 1.0;
+  double y = 2.0 * s * p + double(e) * 0.6931471805599453;
+  return float(y);
 }
-__device__ inline void aubier_sincos(float x, float* so, float* co) {
-  if (!(x - x == 0.0f)) { *so = __builtin_nanf(""); *co = __builtin_nanf(""); return; }
-  if (x == 0.0f) { *so = x; *co = 1.0f; return; }
-  double xd = (double)x;
+__device__ inline void aubier_sincos(float x, float& so, float& co) {
+  if (!(x - x == 0.0f)) { so = __builtin_nanf(""); co = so; return; }
+  if (x == 0.0f) { so = x; co = 1.0f; return; }
+  double xd = double(x);
   double k = __builtin_rint(xd * 0.6366197723675814);
   double r = xd - k * 1.5707963267948966;
   double r2 = r * r;
-  double s = -1.0 / 1307674368000.0, c = -1.0 / 87178291200.0;
-  s = s * r2 + 1.0 / 6227020800.0; c = c * r2 + 1.0 / 479001600.0;
-  s = s * r2 + -1.0 / 39916800.0; c = c * r2 + -1.0 / 3628800.0;
-  s = s * r2 + 1.0 / 362880.0; c = c * r2 + 1.0 / 40320.0;
-  s = s * r2 + -1.0 / 5040.0; c = c * r2 + -1.0 / 720.0;
-  s = s * r2 + 1.0 / 120.0; c = c * r2 + 1.0 / 24.0;
-  s = s * r2 + -1.0 / 6.0; c = c * r2 + -0.5;
+  double s = -7.647163731819816e-13;
+  double c = -1.1470745597729725e-11;
+  s = s * r2 + 1.6059043836821613e-10; c = c * r2 + 2.08767569878681e-9;
+  s = s * r2 + -2.505210838544172e-8; c = c * r2 + -2.755731922398589e-7;
+  s = s * r2 + 2.7557319223985893e-6; c = c * r2 + 2.48015873015873e-5;
+  s = s * r2 + -0.0001984126984126984; c = c * r2 + -0.001388888888888889;
+  s = s * r2 + 0.008333333333333333; c = c * r2 + 0.041666666666666664;
+  s = s * r2 + -0.16666666666666666; c = c * r2 + -0.5;
   s = s * r2 + 1.0; c = c * r2 + 1.0;
   s = s * r;
-  long long q = ((long long)k) & 3;
-  double sv = q == 0 ? s : q == 1 ? c : q == 2 ? -s : -c;
-  double cv = q == 0 ? c : q == 1 ? -s : q == 2 ? -c : s;
-  *so = (float)sv; *co = (float)cv;
+  int q = int((long long)k & 3);
+  so = float(q == 0 ? s : q == 1 ? c : q == 2 ? -s : -c);
+  co = float(q == 0 ? c : q == 1 ? -s : q == 2 ? -c : s);
 }
-__device__ inline float aubier_sin(float x) { float s, c; aubier_sincos(x, &s, &c); return s; }
-__device__ inline float aubier_cos(float x) { float s, c; aubier_sincos(x, &s, &c); return c; }
+__device__ inline float aubier_sin(float x) { float s, c; aubier_sincos(x, s, c); return s; }
+__device__ inline float aubier_cos(float x) { float s, c; aubier_sincos(x, s, c); return c; }
 __device__ inline float aubier_fmax(float a, float b) { return (a > b || a != a) ? a : b; }
 __device__ inline float aubier_fmin(float a, float b) { return b < a ? b : a; }
 __device__ inline int aubier_imax(int a, int b) { return a > b ? a : b; }
@@ -84,7 +91,7 @@ __device__ inline void aubier_ld16_f32(const unsigned char* row, int c, int n, f
   const float* r = (const float*)row;
   for (int i = 0; i < 16; ++i) { int j = 16 * c + i; out[i] = j < n ? r[j] : 0.0f; }
 }
-__device__ const float phase_de49da64_theta[16] = {1.0f, 0.47799012f, 0.22135943f, 0.097805366f, 0.04f, 0.014058532f, 0.007905695f, 0.0044456986f, 0.0025f, 0.0014058533f, 0.00079056947f, 0.00044456986f, 0.00025f, 0.00014058533f, 7.905695e-5f, 4.4456985e-5f};
+__device__ const float t_theta[16] = {1.0f, 0.47799012f, 0.22135943f, 0.097805366f, 0.04f, 0.014058532f, 0.007905695f, 0.0044456986f, 0.0025f, 0.0014058533f, 0.00079056947f, 0.00044456986f, 0.00025f, 0.00014058533f, 7.905695e-5f, 4.4456985e-5f};
 extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, 256))) void phase_de49da64(
     const float* __restrict__ q,
     const float* __restrict__ kv_a,
@@ -93,35 +100,35 @@ extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, 256))) void 
     float* __restrict__ cache,
     float* __restrict__ q2,
     int T, int S) {
-  __shared__ float red[32];
+  (void)T; (void)S;
+  __shared__ float s_red[32];
   int v0_t = 0;
   int v1_p = 0;
-  float v2_pf = 0;
-  float v3_temp = 0;
+  float v2_pf = 0.0f;
+  float v3_temp = 0.0f;
   int v4_idx = 0;
   int v5_hh = 0;
   int v6_d = 0;
   int v7_base = 0;
   int v8_j = 0;
-  float v9_y = 0;
-  float v10_ang = 0;
-  float v11_cs = 0;
-  float v12_sn = 0;
+  float v9_y = 0.0f;
+  float v10_ang = 0.0f;
+  float v11_cs = 0.0f;
+  float v12_sn = 0.0f;
   int v13_kvb = 0;
-  float v14_ss = 0;
+  float v14_ss = 0.0f;
   int v15_i = 0;
-  float v16_inv = 0;
+  float v16_inv = 0.0f;
   int v17_row = 0;
   int v18_i = 0;
   int v19_j = 0;
-  float v20_ang = 0;
-  float v21_cs = 0;
-  float v22_sn = 0;
-  (void)T; (void)S;
+  float v20_ang = 0.0f;
+  float v21_cs = 0.0f;
+  float v22_sn = 0.0f;
   v0_t = aubier_bid_x();
   v1_p = pos[v0_t];
-  v2_pf = ((float)v1_p);
-  v3_temp = (1.0f + (0.1f * aubier_ln((1.0f + ((float)(v1_p / 64))))));
+  v2_pf = float(v1_p);
+  v3_temp = (1.0f + (0.1f * aubier_ln((1.0f + float((v1_p / 64))))));
   for (v4_idx = aubier_tid(); v4_idx < 256; v4_idx += 256) {
     v5_hh = (v4_idx / 64);
     v6_d = (v4_idx - (v5_hh * 64));
@@ -132,7 +139,7 @@ extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, 256))) void 
       v8_j = (v6_d - 32);
       v9_y = 0.0f;
       if ((v8_j < 32)) {
-        v10_ang = (phase_de49da64_theta[(v8_j / 2)] * v2_pf);
+        v10_ang = (t_theta[(v8_j / 2)] * v2_pf);
         v11_cs = (aubier_cos(v10_ang) * 1.0f);
         v12_sn = (aubier_sin(v10_ang) * 1.0f);
         v9_y = (((v8_j % 2) == 0) ? ((q[((v7_base + 32) + ((v8_j / 2) * 2))] * v11_cs) - (q[(((v7_base + 32) + ((v8_j / 2) * 2)) + 1)] * v12_sn)) : ((q[(((v7_base + 32) + ((v8_j / 2) * 2)) + 1)] * v11_cs) + (q[((v7_base + 32) + ((v8_j / 2) * 2))] * v12_sn)));
@@ -147,20 +154,20 @@ extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, 256))) void 
   for (v15_i = aubier_tid(); v15_i < 64; v15_i += 256) {
     v14_ss = (v14_ss + (kv_a[(v13_kvb + v15_i)] * kv_a[(v13_kvb + v15_i)]));
   }
-  for (int o = 16; o > 0; o >>= 1) v14_ss = v14_ss + aubier_shfl_xor(v14_ss, o);
+  for (int o = 16; o > 0; o >>= 1) v14_ss = (v14_ss + aubier_shfl_xor(v14_ss, o));
   if (((aubier_tid() % 32) == 0)) {
-    red[(aubier_tid() / 32)] = v14_ss;
+    s_red[(aubier_tid() / 32)] = v14_ss;
   }
   aubier_barrier();
   if ((aubier_tid() < 32)) {
-    v14_ss = ((aubier_tid() < 8) ? red[aubier_tid()] : 0.0f);
-    for (int o = 16; o > 0; o >>= 1) v14_ss = v14_ss + aubier_shfl_xor(v14_ss, o);
+    v14_ss = ((aubier_tid() < 8) ? s_red[aubier_tid()] : 0.0f);
+    for (int o = 16; o > 0; o >>= 1) v14_ss = (v14_ss + aubier_shfl_xor(v14_ss, o));
     if ((aubier_tid() == 0)) {
-      red[0] = v14_ss;
+      s_red[0] = v14_ss;
     }
   }
   aubier_barrier();
-  v14_ss = red[0];
+  v14_ss = s_red[0];
   aubier_barrier();
   v16_inv = (1.0f / __builtin_sqrtf(((v14_ss / 64.0f) + 1e-6f)));
   v17_row = (v1_p * 96);
@@ -169,7 +176,7 @@ extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, 256))) void 
   }
   for (v19_j = aubier_tid(); v19_j < 32; v19_j += 256) {
     if ((v19_j < 32)) {
-      v20_ang = (phase_de49da64_theta[(v19_j / 2)] * v2_pf);
+      v20_ang = (t_theta[(v19_j / 2)] * v2_pf);
       v21_cs = (aubier_cos(v20_ang) * 1.0f);
       v22_sn = (aubier_sin(v20_ang) * 1.0f);
       cache[((v17_row + 64) + v19_j)] = (((v19_j % 2) == 0) ? ((kv_a[((v13_kvb + 64) + ((v19_j / 2) * 2))] * v21_cs) - (kv_a[(((v13_kvb + 64) + ((v19_j / 2) * 2)) + 1)] * v22_sn)) : ((kv_a[(((v13_kvb + 64) + ((v19_j / 2) * 2)) + 1)] * v21_cs) + (kv_a[((v13_kvb + 64) + ((v19_j / 2) * 2))] * v22_sn)));

@@ -28,9 +28,10 @@ float aubier_mul(float a, float b) { precise float r = a * b; return r; }
 float aubier_div(float a, float b) { precise float r = a / b; return r; }
 float aubier_fmax(float a, float b) { return (a > b || isnan(a)) ? a : b; }
 float aubier_fmin(float a, float b) { return b < a ? b : a; }
+int aubier_imax(int a, int b) { return max(a, b); }
+int aubier_imin(int a, int b) { return min(a, b); }
 int aubier_irem(int a, int b) { return a - (a / b) * b; }
-/* The byte at address p, as C's integer promotion of an unsigned char gives it. */
-int aubier_b8(uint64_t p) { return int(AubierBytes(p).v[0]); }
+float aubier_shfl_xor(float v, int mask) { return subgroupShuffleXor(v, uint(mask)); }
 void aubier_ld16_f32(uint64_t row, int c, int n, out float o[16]) {
   for (int i = 0; i < 16; ++i) { int j = 16 * c + i; o[i] = j < n ? AubierF32(row).v[j] : 0.0f; }
 }
@@ -56,7 +57,7 @@ float aubier_exp(float x) {
 }
 float aubier_ln(float x) {
   if (isnan(x) || x < 0.0f) return uintBitsToFloat(0x7fc00000u);
-  if (x == 0.0f) return uintBitsToFloat(0xff800000u);
+  if (x == 0.0f) return -uintBitsToFloat(0x7f800000u);
   if (x == uintBitsToFloat(0x7f800000u)) return x;
   precise double m = double(x);
   int e = 0;
@@ -134,7 +135,7 @@ void main() {
   v0_row = int(gl_WorkGroupID.y);
   v1_t = (v0_row / 4);
   v2_p = args.pos.v[v1_t];
-  v3_last = min(v2_p, (aubier_S - 1));
+  v3_last = aubier_imin(v2_p, (aubier_S - 1));
   v4_qb = (v0_row * 96);
   v5_m = uintBitsToFloat(0xff800000u);
   v6_l = 0.0f;
@@ -155,14 +156,14 @@ void main() {
         v12_s = aubier_mul(v13_dot, 0.16205962f);
       }
       v15_tmax = v12_s;
-      for (uint o = 16u; o > 0u; o >>= 1) v15_tmax = aubier_fmax(v15_tmax, subgroupShuffleXor(v15_tmax, o));
+      for (int o = 16; o > 0; o >>= 1) v15_tmax = aubier_fmax(v15_tmax, aubier_shfl_xor(v15_tmax, o));
       if (int(aubier_irem(int(gl_LocalInvocationID.x), 32) == 0) != 0) {
         s_red[(int(gl_LocalInvocationID.x) / 32)] = v15_tmax;
       }
       barrier();
       if (int(int(gl_LocalInvocationID.x) < 32) != 0) {
-        v15_tmax = ((int(int(gl_LocalInvocationID.x) < 4) != 0) ? s_red[int(gl_LocalInvocationID.x)] : uintBitsToFloat(0xff800000u));
-        for (uint o = 16u; o > 0u; o >>= 1) v15_tmax = aubier_fmax(v15_tmax, subgroupShuffleXor(v15_tmax, o));
+        v15_tmax = (int(int(gl_LocalInvocationID.x) < 4) != 0 ? s_red[int(gl_LocalInvocationID.x)] : uintBitsToFloat(0xff800000u));
+        for (int o = 16; o > 0; o >>= 1) v15_tmax = aubier_fmax(v15_tmax, aubier_shfl_xor(v15_tmax, o));
         if (int(int(gl_LocalInvocationID.x) == 0) != 0) {
           s_red[0] = v15_tmax;
         }
@@ -171,17 +172,17 @@ void main() {
       v15_tmax = s_red[0];
       barrier();
       v16_m_new = aubier_fmax(v5_m, v15_tmax);
-      v17_alpha = ((int(v16_m_new == uintBitsToFloat(0xff800000u)) != 0) ? 1.0f : aubier_exp(aubier_sub(v5_m, v16_m_new)));
-      v18_pj = ((int(v12_s == uintBitsToFloat(0xff800000u)) != 0) ? 0.0f : aubier_exp(aubier_sub(v12_s, v16_m_new)));
+      v17_alpha = (int(v16_m_new == uintBitsToFloat(0xff800000u)) != 0 ? 1.0f : aubier_exp(aubier_sub(v5_m, v16_m_new)));
+      v18_pj = (int(v12_s == uintBitsToFloat(0xff800000u)) != 0 ? 0.0f : aubier_exp(aubier_sub(v12_s, v16_m_new)));
       v19_ps = v18_pj;
-      for (uint o = 16u; o > 0u; o >>= 1) v19_ps = aubier_add(v19_ps, subgroupShuffleXor(v19_ps, o));
+      for (int o = 16; o > 0; o >>= 1) v19_ps = aubier_add(v19_ps, aubier_shfl_xor(v19_ps, o));
       if (int(aubier_irem(int(gl_LocalInvocationID.x), 32) == 0) != 0) {
         s_red[(int(gl_LocalInvocationID.x) / 32)] = v19_ps;
       }
       barrier();
       if (int(int(gl_LocalInvocationID.x) < 32) != 0) {
-        v19_ps = ((int(int(gl_LocalInvocationID.x) < 4) != 0) ? s_red[int(gl_LocalInvocationID.x)] : 0.0f);
-        for (uint o = 16u; o > 0u; o >>= 1) v19_ps = aubier_add(v19_ps, subgroupShuffleXor(v19_ps, o));
+        v19_ps = (int(int(gl_LocalInvocationID.x) < 4) != 0 ? s_red[int(gl_LocalInvocationID.x)] : 0.0f);
+        for (int o = 16; o > 0; o >>= 1) v19_ps = aubier_add(v19_ps, aubier_shfl_xor(v19_ps, o));
         if (int(int(gl_LocalInvocationID.x) == 0) != 0) {
           s_red[0] = v19_ps;
         }
@@ -192,7 +193,7 @@ void main() {
       v6_l = aubier_add(aubier_mul(v6_l, v17_alpha), v19_ps);
       s_pbuf[int(gl_LocalInvocationID.x)] = v18_pj;
       barrier();
-      v20_nk = min(((v3_last - v10_j0) + 1), 128);
+      v20_nk = aubier_imin(((v3_last - v10_j0) + 1), 128);
       for (v21_ci = 0; v21_ci < 1; v21_ci += 1) {
         v22_col = (int(gl_LocalInvocationID.x) + (v21_ci * 128));
         if (int(v22_col < 64) != 0) {

@@ -27,9 +27,10 @@ float aubier_mul(float a, float b) { precise float r = a * b; return r; }
 float aubier_div(float a, float b) { precise float r = a / b; return r; }
 float aubier_fmax(float a, float b) { return (a > b || isnan(a)) ? a : b; }
 float aubier_fmin(float a, float b) { return b < a ? b : a; }
+int aubier_imax(int a, int b) { return max(a, b); }
+int aubier_imin(int a, int b) { return min(a, b); }
 int aubier_irem(int a, int b) { return a - (a / b) * b; }
-/* The byte at address p, as C's integer promotion of an unsigned char gives it. */
-int aubier_b8(uint64_t p) { return int(AubierBytes(p).v[0]); }
+float aubier_shfl_xor(float v, int mask) { return subgroupShuffleXor(v, uint(mask)); }
 void aubier_ld16_f32(uint64_t row, int c, int n, out float o[16]) {
   for (int i = 0; i < 16; ++i) { int j = 16 * c + i; o[i] = j < n ? AubierF32(row).v[j] : 0.0f; }
 }
@@ -55,7 +56,7 @@ float aubier_exp(float x) {
 }
 float aubier_ln(float x) {
   if (isnan(x) || x < 0.0f) return uintBitsToFloat(0x7fc00000u);
-  if (x == 0.0f) return uintBitsToFloat(0xff800000u);
+  if (x == 0.0f) return -uintBitsToFloat(0x7f800000u);
   if (x == uintBitsToFloat(0x7f800000u)) return x;
   precise double m = double(x);
   int e = 0;
@@ -113,18 +114,18 @@ void main() {
   v0_lane = aubier_irem(int(gl_LocalInvocationID.x), 32);
   v1_o = ((int(gl_WorkGroupID.x) * 8) + (int(gl_LocalInvocationID.x) / 32));
   v2_h = aubier_irem(int(gl_WorkGroupID.y), 1);
-  v3_row = ((v2_h * 16) + min(v1_o, 15));
+  v3_row = ((v2_h * 16) + aubier_imin(v1_o, 15));
   v4_xb = (int(gl_WorkGroupID.y) * 256);
   v5_acc = 0.0f;
   for (v6_c = v0_lane; v6_c < 16; v6_c += 32) {
     aubier_ld16_f32(args.w + uint64_t(v3_row) * 1024ul, v6_c, 256, l_chunk);
-    for (v7_i = 0; v7_i < min((256 - (v6_c * 16)), 16); v7_i += 1) {
+    for (v7_i = 0; v7_i < aubier_imin((256 - (v6_c * 16)), 16); v7_i += 1) {
       v5_acc = aubier_add(v5_acc, aubier_mul(l_chunk[v7_i], args.x.v[((v4_xb + (v6_c * 16)) + v7_i)]));
     }
   }
-  for (uint o = 16u; o > 0u; o >>= 1) v5_acc = aubier_add(v5_acc, subgroupShuffleXor(v5_acc, o));
+  for (int o = 16; o > 0; o >>= 1) v5_acc = aubier_add(v5_acc, aubier_shfl_xor(v5_acc, o));
   v8_yb = (int(gl_WorkGroupID.y) * 16);
-  if (int((int(v0_lane == 0) != 0) && (int(v1_o < 16) != 0)) != 0) {
+  if (int(int(v0_lane == 0) != 0 && int(v1_o < 16) != 0) != 0) {
     args.y.v[(v8_yb + v1_o)] = v5_acc;
   }
 }

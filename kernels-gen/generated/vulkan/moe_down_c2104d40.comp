@@ -28,9 +28,10 @@ float aubier_mul(float a, float b) { precise float r = a * b; return r; }
 float aubier_div(float a, float b) { precise float r = a / b; return r; }
 float aubier_fmax(float a, float b) { return (a > b || isnan(a)) ? a : b; }
 float aubier_fmin(float a, float b) { return b < a ? b : a; }
+int aubier_imax(int a, int b) { return max(a, b); }
+int aubier_imin(int a, int b) { return min(a, b); }
 int aubier_irem(int a, int b) { return a - (a / b) * b; }
-/* The byte at address p, as C's integer promotion of an unsigned char gives it. */
-int aubier_b8(uint64_t p) { return int(AubierBytes(p).v[0]); }
+float aubier_shfl_xor(float v, int mask) { return subgroupShuffleXor(v, uint(mask)); }
 void aubier_ld16_f32(uint64_t row, int c, int n, out float o[16]) {
   for (int i = 0; i < 16; ++i) { int j = 16 * c + i; o[i] = j < n ? AubierF32(row).v[j] : 0.0f; }
 }
@@ -56,7 +57,7 @@ float aubier_exp(float x) {
 }
 float aubier_ln(float x) {
   if (isnan(x) || x < 0.0f) return uintBitsToFloat(0x7fc00000u);
-  if (x == 0.0f) return uintBitsToFloat(0xff800000u);
+  if (x == 0.0f) return -uintBitsToFloat(0x7f800000u);
   if (x == uintBitsToFloat(0x7f800000u)) return x;
   precise double m = double(x);
   int e = 0;
@@ -98,26 +99,36 @@ void aubier_sincos(float x, out float so, out float co) {
 }
 float aubier_sin(float x) { float s, c; aubier_sincos(x, s, c); return s; }
 float aubier_cos(float x) { float s, c; aubier_sincos(x, s, c); return c; }
-#ifndef AUBIER_DQ_AS_F32
-#define AUBIER_DQ_AS_F32
+#ifndef AUBIER_DQ_PRIMS
+#define AUBIER_DQ_PRIMS
+#define AUBIER_FN
+#define AUBIER_TABLE
+#define AUBIER_OUT16(y) out precise float y[16]
+#define AUBIER_INOUT16(y) inout precise float y[16]
+#define AUBIER_OUTU(x) out uint x
+#define aubier_ptr uint64_t
+uint aubier_b8(aubier_ptr p) { return uint(AubierBytes(p).v[0]); }
 float aubier_as_f32(uint u) { return uintBitsToFloat(u); }
 #endif
 #ifndef AUBIER_DQ_BYTES
 #define AUBIER_DQ_BYTES
-uint aubier_u16(uint64_t p) { return uint(aubier_b8(p)) | (uint(aubier_b8(p + 1)) << 8); }
-uint aubier_u32(uint64_t p) {
-  return uint(aubier_b8(p)) | (uint(aubier_b8(p + 1)) << 8) | (uint(aubier_b8(p + 2)) << 16) |
-         (uint(aubier_b8(p + 3)) << 24);
+/* Little-endian u16 / u32 at p (any alignment); a byte value 0..255 read as int8. */
+AUBIER_FN uint aubier_u16(aubier_ptr p) { return aubier_b8(p) | (aubier_b8(p + 1) << 8); }
+AUBIER_FN uint aubier_u32(aubier_ptr p) {
+  return aubier_b8(p) | (aubier_b8(p + 1) << 8) | (aubier_b8(p + 2) << 16) | (aubier_b8(p + 3) << 24);
 }
-int aubier_i8(uint x) { return int(x ^ 0x80u) - 128; }
+AUBIER_FN int aubier_i8(uint x) { return int(x ^ 0x80u) - 128; }
 #endif
 #ifndef AUBIER_DQ_F16
 #define AUBIER_DQ_F16
-float aubier_f16_bits(uint h) {
+/* IEEE binary16 bits h (0..0xffff) widened exactly to f32 (ggml GGML_FP16_TO_FP32):
+   normals rebias the exponent, subnormals are em * 2^-24 (an exact product with a normal
+   result), Inf/NaN keep their payload and NaNs come out quiet. */
+AUBIER_FN float aubier_f16_bits(uint h) {
   const uint sign = (h & 0x8000u) << 16;
   const uint em = h & 0x7fffu;
   if (em < 0x0400u) {
-    precise const float v = float(em) * 5.9604644775390625e-8f;
+    precise float v = float(em) * 5.9604644775390625e-8f;
     return sign != 0u ? -v : v;
   }
   uint mag = (em << 13) + 0x38000000u;
@@ -126,30 +137,32 @@ float aubier_f16_bits(uint h) {
   }
   return aubier_as_f32(mag | sign);
 }
-float aubier_f16(uint64_t p) { return aubier_f16_bits(aubier_u16(p)); }
+AUBIER_FN float aubier_f16(aubier_ptr p) { return aubier_f16_bits(aubier_u16(p)); }
 #endif
 #ifndef AUBIER_DQ_Q3K_SCALE
 #define AUBIER_DQ_Q3K_SCALE
-int aubier_q3k_scale(uint64_t s, int j) {
-  const uint lo = (uint(aubier_b8(s + (j & 7))) >> (4 * (j >> 3))) & 15u;
-  const uint hi = (uint(aubier_b8(s + (8 + (j & 3)))) >> (2 * (j >> 2))) & 3u;
+/* Signed scale j (0..16) of Q3_K from the 12 packed bytes at s: low 4 bits in nibble
+   j / 8 of s[j % 8], high 2 bits in pair j / 4 of s[8 + j % 4], offset by 32. */
+AUBIER_FN int aubier_q3k_scale(aubier_ptr s, int j) {
+  const uint lo = (aubier_b8(s + (j & 7)) >> (4 * (j >> 3))) & 15u;
+  const uint hi = (aubier_b8(s + (8 + (j & 3))) >> (2 * (j >> 2))) & 3u;
   return int(lo | (hi << 4)) - 32;
 }
 #endif
 /* Q3_K: hmask[32] @0, qs[64] @32, scales[12] @96, d @108 */
-void aubier_dq16_q3_k(uint64_t row, int c, out precise float dq[16]) {
-  const uint64_t b = row + uint64_t(c / 16) * 110u;
+AUBIER_FN void aubier_dq16_q3_k(aubier_ptr row, int c, AUBIER_OUT16(y)) {
+  aubier_ptr b = row + uint64_t(c / 16) * 110u;
   const int s = c % 16;
-  precise const float d_all = aubier_f16(b + 108);
-  precise const float dl = d_all * float(aubier_q3k_scale(b + 96, s));
-  const uint64_t q = b + 32 + 32 * (s >> 3) + 16 * (s & 1);
-  const uint64_t hm = b + 16 * (s & 1);
+  precise float d_all = aubier_f16(b + 108);
+  precise float dl = d_all * float(aubier_q3k_scale(b + 96, s));
+  aubier_ptr q = b + 32 + 32 * (s >> 3) + 16 * (s & 1);
+  aubier_ptr hm = b + 16 * (s & 1);
   const int shift = 2 * ((s >> 1) & 3);
   const uint m = 1u << (4 * (s >> 3) + ((s >> 1) & 3));
   for (int l = 0; l < 16; ++l) {
-    const int low = (aubier_b8(q + (l)) >> shift) & 3;
-    const int high = (aubier_b8(hm + (l)) & m) != 0u ? 0 : 4;
-    dq[l] = dl * float(low - high);
+    const int low = int((aubier_b8(q + l) >> shift) & 3u);
+    const int high = (aubier_b8(hm + l) & m) != 0u ? 0 : 4;
+    y[l] = dl * float(low - high);
   }
 }
 void main() {
@@ -168,22 +181,22 @@ void main() {
   float l_chunk[16];
   v0_lane = aubier_irem(int(gl_LocalInvocationID.x), 32);
   v1_o = ((int(gl_WorkGroupID.x) * 8) + (int(gl_LocalInvocationID.x) / 32));
-  v2_orow = min(v1_o, 255);
+  v2_orow = aubier_imin(v1_o, 255);
   v3_total = 0.0f;
   for (v4_j = 0; v4_j < 4; v4_j += 1) {
     v5_slot = ((int(gl_WorkGroupID.y) * 4) + v4_j);
-    v6_e = max(args.ids.v[v5_slot], 0);
+    v6_e = aubier_imax(args.ids.v[v5_slot], 0);
     v7_acc = 0.0f;
     for (v8_c = v0_lane; v8_c < 16; v8_c += 32) {
       aubier_dq16_q3_k(args.down.v[v6_e] + uint64_t(v2_orow) * 110ul, v8_c, l_chunk);
-      for (v9_i = 0; v9_i < min((256 - (v8_c * 16)), 16); v9_i += 1) {
+      for (v9_i = 0; v9_i < aubier_imin((256 - (v8_c * 16)), 16); v9_i += 1) {
         v7_acc = aubier_add(v7_acc, aubier_mul(l_chunk[v9_i], args.act.v[(((v5_slot * 256) + (v8_c * 16)) + v9_i)]));
       }
     }
-    for (uint o = 16u; o > 0u; o >>= 1) v7_acc = aubier_add(v7_acc, subgroupShuffleXor(v7_acc, o));
+    for (int o = 16; o > 0; o >>= 1) v7_acc = aubier_add(v7_acc, aubier_shfl_xor(v7_acc, o));
     v3_total = aubier_add(v3_total, aubier_mul(v7_acc, args.wts.v[v5_slot]));
   }
-  if (int((int(v0_lane == 0) != 0) && (int(v1_o < 256) != 0)) != 0) {
+  if (int(int(v0_lane == 0) != 0 && int(v1_o < 256) != 0) != 0) {
     args.y.v[((int(gl_WorkGroupID.y) * 256) + v1_o)] = v3_total;
   }
 }

@@ -30,9 +30,10 @@ float aubier_mul(float a, float b) { precise float r = a * b; return r; }
 float aubier_div(float a, float b) { precise float r = a / b; return r; }
 float aubier_fmax(float a, float b) { return (a > b || isnan(a)) ? a : b; }
 float aubier_fmin(float a, float b) { return b < a ? b : a; }
+int aubier_imax(int a, int b) { return max(a, b); }
+int aubier_imin(int a, int b) { return min(a, b); }
 int aubier_irem(int a, int b) { return a - (a / b) * b; }
-/* The byte at address p, as C's integer promotion of an unsigned char gives it. */
-int aubier_b8(uint64_t p) { return int(AubierBytes(p).v[0]); }
+float aubier_shfl_xor(float v, int mask) { return subgroupShuffleXor(v, uint(mask)); }
 void aubier_ld16_f32(uint64_t row, int c, int n, out float o[16]) {
   for (int i = 0; i < 16; ++i) { int j = 16 * c + i; o[i] = j < n ? AubierF32(row).v[j] : 0.0f; }
 }
@@ -58,7 +59,7 @@ float aubier_exp(float x) {
 }
 float aubier_ln(float x) {
   if (isnan(x) || x < 0.0f) return uintBitsToFloat(0x7fc00000u);
-  if (x == 0.0f) return uintBitsToFloat(0xff800000u);
+  if (x == 0.0f) return -uintBitsToFloat(0x7f800000u);
   if (x == uintBitsToFloat(0x7f800000u)) return x;
   precise double m = double(x);
   int e = 0;
@@ -145,7 +146,7 @@ void main() {
         v10_ang = aubier_mul(t_theta[(v8_j / 2)], v2_pf);
         v11_cs = aubier_mul(aubier_cos(v10_ang), 1.0f);
         v12_sn = aubier_mul(aubier_sin(v10_ang), 1.0f);
-        v9_y = ((int(aubier_irem(v8_j, 2) == 0) != 0) ? aubier_sub(aubier_mul(args.q.v[((v7_base + 32) + ((v8_j / 2) * 2))], v11_cs), aubier_mul(args.q.v[(((v7_base + 32) + ((v8_j / 2) * 2)) + 1)], v12_sn)) : aubier_add(aubier_mul(args.q.v[(((v7_base + 32) + ((v8_j / 2) * 2)) + 1)], v11_cs), aubier_mul(args.q.v[((v7_base + 32) + ((v8_j / 2) * 2))], v12_sn)));
+        v9_y = (int(aubier_irem(v8_j, 2) == 0) != 0 ? aubier_sub(aubier_mul(args.q.v[((v7_base + 32) + ((v8_j / 2) * 2))], v11_cs), aubier_mul(args.q.v[(((v7_base + 32) + ((v8_j / 2) * 2)) + 1)], v12_sn)) : aubier_add(aubier_mul(args.q.v[(((v7_base + 32) + ((v8_j / 2) * 2)) + 1)], v11_cs), aubier_mul(args.q.v[((v7_base + 32) + ((v8_j / 2) * 2))], v12_sn)));
       } else {
         v9_y = args.q.v[(v7_base + v6_d)];
       }
@@ -157,14 +158,14 @@ void main() {
   for (v15_i = int(gl_LocalInvocationID.x); v15_i < 64; v15_i += 256) {
     v14_ss = aubier_add(v14_ss, aubier_mul(args.kv_a.v[(v13_kvb + v15_i)], args.kv_a.v[(v13_kvb + v15_i)]));
   }
-  for (uint o = 16u; o > 0u; o >>= 1) v14_ss = aubier_add(v14_ss, subgroupShuffleXor(v14_ss, o));
+  for (int o = 16; o > 0; o >>= 1) v14_ss = aubier_add(v14_ss, aubier_shfl_xor(v14_ss, o));
   if (int(aubier_irem(int(gl_LocalInvocationID.x), 32) == 0) != 0) {
     s_red[(int(gl_LocalInvocationID.x) / 32)] = v14_ss;
   }
   barrier();
   if (int(int(gl_LocalInvocationID.x) < 32) != 0) {
-    v14_ss = ((int(int(gl_LocalInvocationID.x) < 8) != 0) ? s_red[int(gl_LocalInvocationID.x)] : 0.0f);
-    for (uint o = 16u; o > 0u; o >>= 1) v14_ss = aubier_add(v14_ss, subgroupShuffleXor(v14_ss, o));
+    v14_ss = (int(int(gl_LocalInvocationID.x) < 8) != 0 ? s_red[int(gl_LocalInvocationID.x)] : 0.0f);
+    for (int o = 16; o > 0; o >>= 1) v14_ss = aubier_add(v14_ss, aubier_shfl_xor(v14_ss, o));
     if (int(int(gl_LocalInvocationID.x) == 0) != 0) {
       s_red[0] = v14_ss;
     }
@@ -182,7 +183,7 @@ void main() {
       v20_ang = aubier_mul(t_theta[(v19_j / 2)], v2_pf);
       v21_cs = aubier_mul(aubier_cos(v20_ang), 1.0f);
       v22_sn = aubier_mul(aubier_sin(v20_ang), 1.0f);
-      args.cache.v[((v17_row + 64) + v19_j)] = ((int(aubier_irem(v19_j, 2) == 0) != 0) ? aubier_sub(aubier_mul(args.kv_a.v[((v13_kvb + 64) + ((v19_j / 2) * 2))], v21_cs), aubier_mul(args.kv_a.v[(((v13_kvb + 64) + ((v19_j / 2) * 2)) + 1)], v22_sn)) : aubier_add(aubier_mul(args.kv_a.v[(((v13_kvb + 64) + ((v19_j / 2) * 2)) + 1)], v21_cs), aubier_mul(args.kv_a.v[((v13_kvb + 64) + ((v19_j / 2) * 2))], v22_sn)));
+      args.cache.v[((v17_row + 64) + v19_j)] = (int(aubier_irem(v19_j, 2) == 0) != 0 ? aubier_sub(aubier_mul(args.kv_a.v[((v13_kvb + 64) + ((v19_j / 2) * 2))], v21_cs), aubier_mul(args.kv_a.v[(((v13_kvb + 64) + ((v19_j / 2) * 2)) + 1)], v22_sn)) : aubier_add(aubier_mul(args.kv_a.v[(((v13_kvb + 64) + ((v19_j / 2) * 2)) + 1)], v21_cs), aubier_mul(args.kv_a.v[((v13_kvb + 64) + ((v19_j / 2) * 2))], v22_sn)));
     } else {
       args.cache.v[((v17_row + 64) + v19_j)] = args.kv_a.v[((v13_kvb + 64) + v19_j)];
     }

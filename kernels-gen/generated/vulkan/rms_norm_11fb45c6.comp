@@ -26,9 +26,10 @@ float aubier_mul(float a, float b) { precise float r = a * b; return r; }
 float aubier_div(float a, float b) { precise float r = a / b; return r; }
 float aubier_fmax(float a, float b) { return (a > b || isnan(a)) ? a : b; }
 float aubier_fmin(float a, float b) { return b < a ? b : a; }
+int aubier_imax(int a, int b) { return max(a, b); }
+int aubier_imin(int a, int b) { return min(a, b); }
 int aubier_irem(int a, int b) { return a - (a / b) * b; }
-/* The byte at address p, as C's integer promotion of an unsigned char gives it. */
-int aubier_b8(uint64_t p) { return int(AubierBytes(p).v[0]); }
+float aubier_shfl_xor(float v, int mask) { return subgroupShuffleXor(v, uint(mask)); }
 void aubier_ld16_f32(uint64_t row, int c, int n, out float o[16]) {
   for (int i = 0; i < 16; ++i) { int j = 16 * c + i; o[i] = j < n ? AubierF32(row).v[j] : 0.0f; }
 }
@@ -54,7 +55,7 @@ float aubier_exp(float x) {
 }
 float aubier_ln(float x) {
   if (isnan(x) || x < 0.0f) return uintBitsToFloat(0x7fc00000u);
-  if (x == 0.0f) return uintBitsToFloat(0xff800000u);
+  if (x == 0.0f) return -uintBitsToFloat(0x7f800000u);
   if (x == uintBitsToFloat(0x7f800000u)) return x;
   precise double m = double(x);
   int e = 0;
@@ -110,14 +111,14 @@ void main() {
   for (v2_i = int(gl_LocalInvocationID.x); v2_i < 128; v2_i += 256) {
     v1_ss = aubier_add(v1_ss, aubier_mul(args.x.v[(v0_base + v2_i)], args.x.v[(v0_base + v2_i)]));
   }
-  for (uint o = 16u; o > 0u; o >>= 1) v1_ss = aubier_add(v1_ss, subgroupShuffleXor(v1_ss, o));
+  for (int o = 16; o > 0; o >>= 1) v1_ss = aubier_add(v1_ss, aubier_shfl_xor(v1_ss, o));
   if (int(aubier_irem(int(gl_LocalInvocationID.x), 32) == 0) != 0) {
     s_red[(int(gl_LocalInvocationID.x) / 32)] = v1_ss;
   }
   barrier();
   if (int(int(gl_LocalInvocationID.x) < 32) != 0) {
-    v1_ss = ((int(int(gl_LocalInvocationID.x) < 8) != 0) ? s_red[int(gl_LocalInvocationID.x)] : 0.0f);
-    for (uint o = 16u; o > 0u; o >>= 1) v1_ss = aubier_add(v1_ss, subgroupShuffleXor(v1_ss, o));
+    v1_ss = (int(int(gl_LocalInvocationID.x) < 8) != 0 ? s_red[int(gl_LocalInvocationID.x)] : 0.0f);
+    for (int o = 16; o > 0; o >>= 1) v1_ss = aubier_add(v1_ss, aubier_shfl_xor(v1_ss, o));
     if (int(int(gl_LocalInvocationID.x) == 0) != 0) {
       s_red[0] = v1_ss;
     }

@@ -1,37 +1,225 @@
-//! Emitters: the kernel IR printed as header-free C++ device code, in small `Display` pieces
-//! (STYLE.md §3). One emitter serves both targets; what differs between HIP and CUDA (how a thread
-//! reads its indices, the barrier, the lane shuffle, launch bounds) is the [`Dialect`] trait.
+//! The one printer of the kernel IR: every statement and expression is printed here, in small
+//! `Display` pieces (STYLE.md §3), for the three dialects — HIP and CUDA (header-free C++ device
+//! code) and Vulkan GLSL 4.60 ([`super::glsl::Glsl`]). What a dialect spells differently (how a
+//! thread reads its indices, how a parameter is reached, the barrier, f32 arithmetic that must
+//! not contract, the file's frame around the body) is the [`Dialect`] trait, whose defaults are
+//! the C++ spellings.
 //!
-//! Algorithm note. A generated source is: a header (what made it), `#pragma clang fp
-//! contract(off)` (no FMA contraction, so the GPU rounds exactly where the IR and the CPU
-//! execution round), the dialect prelude (`__global__`/`__device__`/`__shared__` as clang
-//! attributes and five `aubier_*` intrinsics), the device math ([`super::math::DEVICE_MATH`]),
-//! helpers (NaN-propagating max, the F32 chunk load), the dequant device function of each quant
-//! type the kernel reads ([`super::quant::device_fn`]), then the kernel: parameters in IR order
-//! then `int T, int S`, shared arrays, registers, per-thread arrays, body. Expressions are fully
-//! parenthesised; f32 constants print with Rust's round-tripping `{:?}` plus `f`. Both dialects
-//! print kernels built for warps of [`WARP`] = 32 lanes (CUDA's warp; on AMD the shuffle spans
-//! 32-lane groups, wave32 on gfx1201/gfx1100 and half a wave64 on gfx942); [`super::render`]
-//! refuses a kernel of another width.
+//! Algorithm note. A generated source is: the dialect's frame ([`Dialect::open`]: the header
+//! lines, the kernel's note and launch shape, the dialect prelude), the helpers (device math of
+//! [`super::math`], NaN-propagating max, the F32 chunk load), the dequant device functions of
+//! the quant types the kernel reads ([`super::quant`]), the kernel's f32 constant tables, then
+//! the kernel ([`Dialect::kernel_open`]: its signature and shared arrays), its registers and
+//! per-thread arrays, and the body. Expressions are fully parenthesised. Arrays are named
+//! `s_<name>` (shared), `l_<name>` (per thread) and `t_<name>` (constant tables) in every
+//! dialect. The C++ dialects keep every f32 operation uncontracted with `#pragma clang fp
+//! contract(off)`, the GLSL one with `precise` helpers ([`super::glsl`]). HIP and CUDA print
+//! kernels built for warps of [`WARP`] = 32 lanes (CUDA's warp; on AMD the shuffle spans 32-lane
+//! groups, wave32 on gfx1201/gfx1100 and half a wave64 on gfx942) and refuse another width; GLSL
+//! prints any width, the device's subgroup size.
 
+use super::error::GenError;
 use super::ir::{BinOp, Builtin, Expr, Kernel, ParamKind, ReduceOp, Scalar, Stmt, UnOp};
+use super::quant::{self, Lang};
 use std::fmt::{self, Display, Formatter};
 
-/// Lanes per warp of every kernel the HIP and CUDA dialects print.
-pub const WARP: u32 = 32;
+pub use super::ir::WARP;
 
-/// What one GPU dialect spells differently.
+/// What one GPU dialect spells differently. The provided methods are the C++ (HIP, CUDA)
+/// spellings.
 pub trait Dialect {
-    /// Short name (`hip`, `cuda`): the directory of the generated files.
+    /// Short name (`hip`, `cuda`, `vulkan`): the directory of the generated files.
     fn name(&self) -> &'static str;
     /// File extension without the dot.
     fn ext(&self) -> &'static str;
-    /// Defines `__global__`, `__device__`, `__shared__`, `__constant__` and the intrinsics `aubier_tid()`,
-    /// `aubier_bid_x()`, `aubier_bid_y()`, `aubier_barrier()` (block barrier with a shared-memory
-    /// fence) and `aubier_shfl_xor(float v, int mask)` (the value of lane `lane ^ mask`).
-    fn prelude(&self) -> &'static str;
-    /// The attribute bounding a kernel's block size to `block` threads.
-    fn launch_bounds(&self, block: u32) -> String;
+    /// Refuses a kernel this dialect cannot print (C++: a warp other than [`WARP`]).
+    fn check(&self, k: &Kernel) -> Result<(), GenError> {
+        if k.warp != WARP {
+            return Err(GenError::Warp {
+                kernel: k.name.clone(),
+                warp: k.warp,
+            });
+        }
+        Ok(())
+    }
+    /// The C++ prelude: defines `__global__`, `__device__`, `__shared__`, `__constant__` and the
+    /// intrinsics `aubier_tid()`, `aubier_bid_x()`, `aubier_bid_y()`, `aubier_barrier()` (block
+    /// barrier with a shared-memory fence) and `aubier_shfl_xor(float v, int mask)` (the value of
+    /// lane `lane ^ mask`). Unused by dialects that override [`Dialect::open`].
+    fn prelude(&self) -> &'static str {
+        ""
+    }
+    /// The attribute bounding a kernel's block size to `block` threads (C++).
+    fn launch_bounds(&self, _block: u32) -> String {
+        String::new()
+    }
+    /// Everything before the helpers: `header` and the kernel's note as comments, its launch
+    /// shape, the prelude.
+    fn open(&self, f: &mut Formatter<'_>, k: &Kernel, header: &[String]) -> fmt::Result {
+        comments(f, k, header)?;
+        writeln!(
+            f,
+            "// launch: grid ({}, {}), block {}",
+            k.grid[0], k.grid[1], k.block
+        )?;
+        writeln!(f, "#pragma clang fp contract(off)")?;
+        f.write_str(self.prelude())
+    }
+    /// The helpers every kernel may call: the device math, `aubier_fmax`/`fmin`/`imax`/`imin`,
+    /// `aubier_ld16_f32`.
+    fn helpers(&self) -> String {
+        format!("{}{CPP_HELPERS}", super::math::device_math(Lang::Cpp))
+    }
+    /// The language of the dequant device functions ([`super::quant`]).
+    fn lang(&self) -> Lang {
+        Lang::Cpp
+    }
+    /// The constant f32 table `name` holding `vals`, declared and initialised.
+    fn const_table(&self, f: &mut Formatter<'_>, name: &str, vals: &[f32]) -> fmt::Result {
+        write!(f, "__device__ const float {name}[{}] = {{", vals.len())?;
+        for (i, v) in vals.iter().enumerate() {
+            f.write_str(if i == 0 { "" } else { ", " })?;
+            self.f32_lit(*v, f)?;
+        }
+        writeln!(f, "}};")
+    }
+    /// The kernel's opening: its signature (parameters in IR order, then `T`, `S`) and its shared
+    /// arrays, ending inside the body.
+    fn kernel_open(&self, f: &mut Formatter<'_>, k: &Kernel) -> fmt::Result {
+        writeln!(
+            f,
+            "extern \"C\" __global__ {} void {}(",
+            self.launch_bounds(k.block),
+            k.name
+        )?;
+        for (name, kind) in &k.params {
+            let ty = match kind {
+                ParamKind::F32 { writes: true, .. } => "float* __restrict__",
+                ParamKind::F32 { writes: false, .. } => "const float* __restrict__",
+                ParamKind::I32 { writes: true, .. } => "int* __restrict__",
+                ParamKind::I32 { writes: false, .. } => "const int* __restrict__",
+                ParamKind::Weight { .. } => "const unsigned char* __restrict__",
+                ParamKind::Experts { .. } => "const unsigned long long* __restrict__",
+            };
+            writeln!(f, "    {ty} {name},")?;
+        }
+        writeln!(f, "    int T, int S) {{")?;
+        writeln!(f, "  (void)T; (void)S;")?;
+        for (name, ty, len) in &k.shared {
+            writeln!(f, "  __shared__ {} s_{name}[{len}];", Ty(*ty))?;
+        }
+        Ok(())
+    }
+    /// An f32 literal of exactly `v`.
+    fn f32_lit(&self, v: f32, f: &mut Formatter<'_>) -> fmt::Result {
+        if v.is_nan() {
+            f.write_str("__builtin_nanf(\"\")")
+        } else if v.is_infinite() {
+            f.write_str(if v > 0.0 {
+                "__builtin_inff()"
+            } else {
+                "(-__builtin_inff())"
+            })
+        } else if v.is_sign_negative() {
+            write!(f, "(-{:?}f)", -v)
+        } else {
+            write!(f, "{v:?}f")
+        }
+    }
+    /// A builtin's value, as an `int`.
+    fn builtin(&self, b: Builtin) -> &'static str {
+        match b {
+            Builtin::Thread => "aubier_tid()",
+            Builtin::BlockX => "aubier_bid_x()",
+            Builtin::BlockY => "aubier_bid_y()",
+            Builtin::Tokens => "T",
+            Builtin::Keys => "S",
+        }
+    }
+    /// The indexable elements of F32 / I32 parameter `name`.
+    fn param(&self, name: &str) -> String {
+        name.to_string()
+    }
+    /// The indexable f32 elements of an F32 weight `name` (raw bytes).
+    fn weight_f32(&self, name: &str) -> String {
+        format!("((const float*){name})")
+    }
+    /// The address of row `row` (`row_bytes` bytes each) of weight `name`, or of expert
+    /// `expert`'s stacked rows when the parameter is an expert table.
+    fn row_address(
+        &self,
+        name: &str,
+        expert: Option<String>,
+        row: String,
+        row_bytes: usize,
+    ) -> String {
+        let base = match expert {
+            Some(x) => format!("((const unsigned char*){name}[{x}])"),
+            None => name.to_string(),
+        };
+        format!("{base} + (unsigned long long){row} * {row_bytes}ull")
+    }
+    /// A function computing the f32 or i32 operation `op` where it is not an infix operator
+    /// (C++: the NaN-propagating `min`/`max` only).
+    fn call(&self, op: BinOp, float: bool) -> Option<&'static str> {
+        min_max(op, float)
+    }
+    /// The truth value "f32 `x` is NaN".
+    fn is_nan(&self, x: String) -> String {
+        format!("{x} != {x}")
+    }
+    /// The dialect's words inside expressions and statements.
+    const WORDS: Words = Words {
+        nonzero: "",
+        to_int: "(",
+        sqrt: "__builtin_sqrtf",
+        barrier: "aubier_barrier()",
+        exact_out_arrays: false,
+    };
+}
+
+/// What a dialect spells differently inside expressions and statements ([`Dialect::WORDS`]).
+pub struct Words {
+    /// Appended to an i32 to make it the dialect's truth value (C++: nothing).
+    pub nonzero: &'static str,
+    /// Opens a truth value made an i32 0/1, closed by `)` (C++: `(`).
+    pub to_int: &'static str,
+    /// The correctly rounded f32 square root function.
+    pub sqrt: &'static str,
+    /// The block barrier statement.
+    pub barrier: &'static str,
+    /// The dequant functions write `float[16]` arrays only (a per-thread array of another length
+    /// goes through a copy).
+    pub exact_out_arrays: bool,
+}
+
+/// An i32 condition `x` as `D`'s truth value.
+fn cond<D: Dialect>(x: impl Display) -> String {
+    format!("{x}{}", D::WORDS.nonzero)
+}
+
+/// A truth value `x` as `D`'s i32 0/1.
+fn to_int<D: Dialect>(x: impl Display) -> String {
+    format!("{}{x})", D::WORDS.to_int)
+}
+
+/// The NaN-propagating f32 and the i32 `min`/`max` helpers, by name.
+pub(super) fn min_max(op: BinOp, float: bool) -> Option<&'static str> {
+    match (op, float) {
+        (BinOp::Min, true) => Some("aubier_fmin"),
+        (BinOp::Max, true) => Some("aubier_fmax"),
+        (BinOp::Min, false) => Some("aubier_imin"),
+        (BinOp::Max, false) => Some("aubier_imax"),
+        _ => None,
+    }
+}
+
+/// `header` and `k`'s note as `//` lines.
+pub(super) fn comments(f: &mut Formatter<'_>, k: &Kernel, header: &[String]) -> fmt::Result {
+    for line in header.iter().map(String::as_str).chain(k.note.lines()) {
+        writeln!(f, "// {line}")?;
+    }
+    Ok(())
 }
 
 /// HIP for AMD GPUs (gfx1201, gfx1100, gfx942), header-free: clang's amdgcn builtins.
@@ -102,8 +290,8 @@ impl Dialect for Cuda {
     }
 }
 
-/// Dialect-neutral helpers every kernel may call.
-const HELPERS: &str = r#"__device__ inline float aubier_fmax(float a, float b) { return (a > b || a != a) ? a : b; }
+/// Helpers of the C++ dialects (after the device math).
+const CPP_HELPERS: &str = r#"__device__ inline float aubier_fmax(float a, float b) { return (a > b || a != a) ? a : b; }
 __device__ inline float aubier_fmin(float a, float b) { return b < a ? b : a; }
 __device__ inline int aubier_imax(int a, int b) { return a > b ? a : b; }
 __device__ inline int aubier_imin(int a, int b) { return a < b ? a : b; }
@@ -118,86 +306,76 @@ pub fn type_ident(ggml_type: &str) -> String {
     ggml_type.to_ascii_lowercase()
 }
 
-/// A complete source file for one kernel in dialect `D`, which must be built for [`WARP`] lanes
-/// ([`super::render`] checks it). `header` is printed first as `//` comment lines; `quant_tables`
-/// and `quant_fns` are the tables and the device functions of the quant types the kernel reads.
-pub struct Source<'a, D: Dialect> {
-    /// The dialect.
-    pub dialect: &'a D,
-    /// The kernel.
-    pub kernel: &'a Kernel,
-    /// Header lines (without `//`).
-    pub header: &'a [String],
-    /// Quant lookup tables ([`super::quant::device_tables`]), already rendered.
-    pub quant_tables: &'a [String],
-    /// Quant device functions ([`super::quant::device_fn`]), already rendered.
-    pub quant_fns: &'a [String],
+/// The source of kernel `k` in dialect `d`, with `header` lines on top.
+///
+/// Errors: what [`Dialect::check`] refuses ([`GenError::Warp`] for C++, [`GenError::Kernel`]
+/// for GLSL push constants); [`GenError::UnsupportedType`] when `k` reads a type without a
+/// device function.
+pub fn render<D: Dialect>(d: &D, k: &Kernel, header: &[String]) -> Result<String, GenError> {
+    d.check(k)?;
+    let mut quant = String::new();
+    let mut fns = String::new();
+    for ty in quant::quant_types(k) {
+        let unsupported = || GenError::UnsupportedType {
+            kernel: k.name.clone(),
+            ggml_type: ty.clone(),
+        };
+        let tables = quant::device_tables(&ty, d.lang()).ok_or_else(unsupported)?;
+        quant.push_str(&tables.to_string());
+        fns.push_str(
+            &quant::device_fn(&ty, d.lang())
+                .ok_or_else(unsupported)?
+                .to_string(),
+        );
+    }
+    quant.push_str(&fns);
+    Ok(Source {
+        dialect: d,
+        kernel: k,
+        header,
+        quant: &quant,
+    }
+    .to_string())
+}
+
+/// A complete source file for one kernel in dialect `D`.
+struct Source<'a, D: Dialect> {
+    dialect: &'a D,
+    kernel: &'a Kernel,
+    header: &'a [String],
+    /// The quant tables, then the dequant functions, rendered.
+    quant: &'a str,
 }
 
 impl<D: Dialect> Display for Source<'_, D> {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        for line in self.header {
-            writeln!(f, "// {line}")?;
-        }
-        let k = self.kernel;
-        for line in k.note.lines() {
-            writeln!(f, "// {line}")?;
-        }
-        writeln!(
-            f,
-            "// launch: grid ({}, {}), block {}",
-            k.grid[0], k.grid[1], k.block
-        )?;
-        writeln!(f, "#pragma clang fp contract(off)")?;
-        f.write_str(self.dialect.prelude())?;
-        f.write_str(super::math::DEVICE_MATH)?;
-        f.write_str(HELPERS)?;
-        for q in self.quant_tables {
-            writeln!(f, "{q}")?;
-        }
-        for q in self.quant_fns {
-            writeln!(f, "{q}")?;
-        }
+        let (d, k) = (self.dialect, self.kernel);
+        d.open(f, k, self.header)?;
+        f.write_str(&d.helpers())?;
+        f.write_str(self.quant)?;
         for (name, vals) in &k.tables {
-            write!(
-                f,
-                "__device__ const float {}_{name}[{}] = {{",
-                k.name,
-                vals.len()
-            )?;
-            for (i, v) in vals.iter().enumerate() {
-                write!(f, "{}{}", if i == 0 { "" } else { ", " }, F(*v))?;
-            }
-            writeln!(f, "}};")?;
+            d.const_table(f, &format!("t_{name}"), vals)?;
         }
-        writeln!(
-            f,
-            "extern \"C\" __global__ {} void {}(",
-            self.dialect.launch_bounds(k.block),
-            k.name
-        )?;
-        for (name, kind) in &k.params {
-            writeln!(f, "    {} {name},", ParamDecl(kind))?;
-        }
-        writeln!(f, "    int T, int S) {{")?;
-        for (name, ty, len) in &k.shared {
-            writeln!(f, "  __shared__ {} {name}[{len}];", Ty(*ty))?;
-        }
+        d.kernel_open(f, k)?;
         for (i, (name, ty)) in k.vars.iter().enumerate() {
-            writeln!(f, "  {} v{i}_{name} = 0;", Ty(*ty))?;
+            let zero = match ty {
+                Scalar::F32 => Expr::F(0.0),
+                Scalar::I32 => Expr::I(0),
+            };
+            writeln!(f, "  {} v{i}_{name} = {};", Ty(*ty), E { d, k, e: &zero })?;
         }
         for (name, len) in &k.locals {
-            writeln!(f, "  float {name}[{len}];")?;
+            writeln!(f, "  float l_{name}[{len}];")?;
         }
-        writeln!(f, "  (void)T; (void)S;")?;
         for s in &k.body {
-            write!(f, "{}", St { k, s, depth: 1 })?;
+            write!(f, "{}", St { d, k, s, depth: 1 })?;
         }
         writeln!(f, "}}")
     }
 }
 
-struct Ty(Scalar);
+/// A scalar type's name (the same in C++ and GLSL).
+pub(super) struct Ty(pub(super) Scalar);
 
 impl Display for Ty {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
@@ -208,152 +386,122 @@ impl Display for Ty {
     }
 }
 
-struct ParamDecl<'a>(&'a ParamKind);
-
-impl Display for ParamDecl<'_> {
-    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        f.write_str(match self.0 {
-            ParamKind::F32 { writes: true, .. } => "float* __restrict__",
-            ParamKind::F32 { writes: false, .. } => "const float* __restrict__",
-            ParamKind::I32 { writes: true, .. } => "int* __restrict__",
-            ParamKind::I32 { writes: false, .. } => "const int* __restrict__",
-            ParamKind::Weight { .. } => "const unsigned char* __restrict__",
-            ParamKind::Experts { .. } => "const unsigned long long* __restrict__",
-        })
+/// `a op b` in dialect `d` (`float`: the operands are f32).
+fn bin<D: Dialect>(
+    f: &mut Formatter<'_>,
+    d: &D,
+    op: BinOp,
+    float: bool,
+    a: &dyn Display,
+    b: &dyn Display,
+) -> fmt::Result {
+    if let Some(name) = d.call(op, float) {
+        return write!(f, "{name}({a}, {b})");
     }
-}
-
-/// An f32 constant that round-trips.
-struct F(f32);
-
-impl Display for F {
-    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        let v = self.0;
-        if v.is_nan() {
-            f.write_str("__builtin_nanf(\"\")")
-        } else if v.is_infinite() {
-            f.write_str(if v > 0.0 {
-                "__builtin_inff()"
-            } else {
-                "(-__builtin_inff())"
-            })
-        } else if v.is_sign_negative() {
-            write!(f, "(-{:?}f)", -v)
-        } else {
-            write!(f, "{v:?}f")
+    let infix = match op {
+        BinOp::Add => "+",
+        BinOp::Sub => "-",
+        BinOp::Mul => "*",
+        BinOp::Div => "/",
+        BinOp::Rem => "%",
+        BinOp::Lt => return f.write_str(&to_int::<D>(format!("{a} < {b}"))),
+        BinOp::Le => return f.write_str(&to_int::<D>(format!("{a} <= {b}"))),
+        BinOp::Eq => return f.write_str(&to_int::<D>(format!("{a} == {b}"))),
+        BinOp::And | BinOp::Or => {
+            let op = if op == BinOp::And { "&&" } else { "||" };
+            let (a, b) = (cond::<D>(a), cond::<D>(b));
+            return f.write_str(&to_int::<D>(format!("{a} {op} {b}")));
         }
-    }
+        BinOp::Min | BinOp::Max => return Err(fmt::Error),
+    };
+    write!(f, "({a} {infix} {b})")
 }
 
-struct E<'a> {
+struct E<'a, D: Dialect> {
+    d: &'a D,
     k: &'a Kernel,
     e: &'a Expr,
 }
 
-impl Display for E<'_> {
+impl<D: Dialect> Display for E<'_, D> {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        let k = self.k;
-        let e = |e| E { k, e };
+        let (d, k) = (self.d, self.k);
+        let e = |e| E { d, k, e };
         match self.e {
-            Expr::F(v) => write!(f, "{}", F(*v)),
+            Expr::F(v) => d.f32_lit(*v, f),
             Expr::I(v) if *v == i32::MIN => f.write_str("(-2147483647 - 1)"),
             Expr::I(v) if *v < 0 => write!(f, "({v})"),
             Expr::I(v) => write!(f, "{v}"),
             Expr::Var(v) => write!(f, "v{}_{}", v.0, k.vars[v.0].0),
-            Expr::Builtin(b) => f.write_str(match b {
-                Builtin::Thread => "aubier_tid()",
-                Builtin::BlockX => "aubier_bid_x()",
-                Builtin::BlockY => "aubier_bid_y()",
-                Builtin::Tokens => "T",
-                Builtin::Keys => "S",
-            }),
+            Expr::Builtin(b) => f.write_str(d.builtin(*b)),
             Expr::Load(p, i) => match &k.params[p.0] {
-                (name, ParamKind::Weight { .. }) => {
-                    write!(f, "((const float*){name})[{}]", e(i))
-                }
-                (name, _) => write!(f, "{name}[{}]", e(i)),
+                (name, ParamKind::Weight { .. }) => write!(f, "{}[{}]", d.weight_f32(name), e(i)),
+                (name, _) => write!(f, "{}[{}]", d.param(name), e(i)),
             },
-            Expr::Table(t, i) => write!(f, "{}_{}[{}]", k.name, k.tables[*t].0, e(i)),
-            Expr::LoadShared(a, i) => write!(f, "{}[{}]", k.shared[a.0].0, e(i)),
-            Expr::LoadLocal(a, i) => write!(f, "{}[{}]", k.locals[a.0].0, e(i)),
+            Expr::Table(t, i) => write!(f, "t_{}[{}]", k.tables[*t].0, e(i)),
+            Expr::LoadShared(a, i) => write!(f, "s_{}[{}]", k.shared[a.0].0, e(i)),
+            Expr::LoadLocal(a, i) => write!(f, "l_{}[{}]", k.locals[a.0].0, e(i)),
             Expr::Bin(op, a, b) => {
                 let float = matches!(k.ty(a), Ok(Scalar::F32));
-                let infix = match op {
-                    BinOp::Add => "+",
-                    BinOp::Sub => "-",
-                    BinOp::Mul => "*",
-                    BinOp::Div => "/",
-                    BinOp::Rem => "%",
-                    BinOp::Lt => "<",
-                    BinOp::Le => "<=",
-                    BinOp::Eq => "==",
-                    BinOp::And => "&&",
-                    BinOp::Or => "||",
-                    BinOp::Min | BinOp::Max => {
-                        let name = match (op, float) {
-                            (BinOp::Min, true) => "aubier_fmin",
-                            (BinOp::Min, false) => "aubier_imin",
-                            (_, true) => "aubier_fmax",
-                            _ => "aubier_imax",
-                        };
-                        return write!(f, "{name}({}, {})", e(a), e(b));
-                    }
-                };
-                write!(f, "({} {infix} {})", e(a), e(b))
+                bin(f, d, *op, float, &e(a), &e(b))
             }
             Expr::Un(op, a) => match op {
                 UnOp::Neg => write!(f, "(-{})", e(a)),
-                UnOp::Sqrt => write!(f, "__builtin_sqrtf({})", e(a)),
+                UnOp::Sqrt => write!(f, "{}({})", D::WORDS.sqrt, e(a)),
                 UnOp::Exp => write!(f, "aubier_exp({})", e(a)),
                 UnOp::Ln => write!(f, "aubier_ln({})", e(a)),
                 UnOp::Sin => write!(f, "aubier_sin({})", e(a)),
                 UnOp::Cos => write!(f, "aubier_cos({})", e(a)),
-                UnOp::ToF32 => write!(f, "((float){})", e(a)),
-                UnOp::Not => write!(f, "((int)!{})", e(a)),
-                UnOp::IsNan => write!(f, "((int)({0} != {0}))", e(a)),
+                UnOp::ToF32 => write!(f, "float({})", e(a)),
+                UnOp::Not => f.write_str(&to_int::<D>(format!("{} == 0", e(a)))),
+                UnOp::IsNan => f.write_str(&to_int::<D>(d.is_nan(e(a).to_string()))),
             },
-            Expr::Select(c, a, b) => write!(f, "({} ? {} : {})", e(c), e(a), e(b)),
+            Expr::Select(c, a, b) => {
+                write!(f, "({} ? {} : {})", cond::<D>(e(c)), e(a), e(b))
+            }
         }
     }
 }
 
-struct St<'a> {
+struct St<'a, D: Dialect> {
+    d: &'a D,
     k: &'a Kernel,
     s: &'a Stmt,
     depth: usize,
 }
 
-impl St<'_> {
+impl<D: Dialect> St<'_, D> {
     fn block(&self, f: &mut Formatter<'_>, body: &[Stmt]) -> fmt::Result {
         for s in body {
-            write!(
-                f,
-                "{}",
-                St {
-                    k: self.k,
-                    s,
-                    depth: self.depth + 1
-                }
-            )?;
+            let depth = self.depth + 1;
+            write!(f, "{}", St { s, depth, ..*self })?;
         }
         Ok(())
     }
 }
 
-impl Display for St<'_> {
+impl<D: Dialect> Display for St<'_, D> {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        let k = self.k;
-        let e = |e| E { k, e };
+        let (d, k) = (self.d, self.k);
+        let e = |e| E { d, k, e };
         let pad = "  ".repeat(self.depth);
         let var = |v: &super::ir::Var| format!("v{}_{}", v.0, k.vars[v.0].0);
         match self.s {
             Stmt::Set(v, x) => writeln!(f, "{pad}{} = {};", var(v), e(x)),
-            Stmt::Store(p, i, x) => writeln!(f, "{pad}{}[{}] = {};", k.params[p.0].0, e(i), e(x)),
+            Stmt::Store(p, i, x) => {
+                writeln!(
+                    f,
+                    "{pad}{}[{}] = {};",
+                    d.param(&k.params[p.0].0),
+                    e(i),
+                    e(x)
+                )
+            }
             Stmt::StoreShared(a, i, x) => {
-                writeln!(f, "{pad}{}[{}] = {};", k.shared[a.0].0, e(i), e(x))
+                writeln!(f, "{pad}s_{}[{}] = {};", k.shared[a.0].0, e(i), e(x))
             }
             Stmt::StoreLocal(a, i, x) => {
-                writeln!(f, "{pad}{}[{}] = {};", k.locals[a.0].0, e(i), e(x))
+                writeln!(f, "{pad}l_{}[{}] = {};", k.locals[a.0].0, e(i), e(x))
             }
             Stmt::For {
                 var: v,
@@ -373,7 +521,7 @@ impl Display for St<'_> {
                 writeln!(f, "{pad}}}")
             }
             Stmt::If(c, a, b) => {
-                writeln!(f, "{pad}if ({}) {{", e(c))?;
+                writeln!(f, "{pad}if ({}) {{", cond::<D>(e(c)))?;
                 self.block(f, a)?;
                 if !b.is_empty() {
                     writeln!(f, "{pad}}} else {{")?;
@@ -381,18 +529,21 @@ impl Display for St<'_> {
                 }
                 writeln!(f, "{pad}}}")
             }
-            Stmt::Barrier => writeln!(f, "{pad}aubier_barrier();"),
+            Stmt::Barrier => writeln!(f, "{pad}{};", D::WORDS.barrier),
             Stmt::WarpReduce(op, v) => {
                 let v = var(v);
-                let step = match op {
-                    ReduceOp::Sum => format!("{v} = {v} + aubier_shfl_xor({v}, o)"),
-                    ReduceOp::Max => format!("{v} = aubier_fmax({v}, aubier_shfl_xor({v}, o))"),
+                let other = format!("aubier_shfl_xor({v}, o)");
+                let op = match op {
+                    ReduceOp::Sum => BinOp::Add,
+                    ReduceOp::Max => BinOp::Max,
                 };
-                writeln!(
+                write!(
                     f,
-                    "{pad}for (int o = {}; o > 0; o >>= 1) {step};",
+                    "{pad}for (int o = {}; o > 0; o >>= 1) {v} = ",
                     k.warp / 2
-                )
+                )?;
+                bin(f, d, op, true, &v, &other)?;
+                writeln!(f, ";")
             }
             Stmt::Dequant16 {
                 w,
@@ -412,28 +563,34 @@ impl Display for St<'_> {
                         ggml_type,
                         row_bytes,
                         row_len,
-                    } => (ggml_type, row_bytes, row_len),
+                    } => (ggml_type, *row_bytes, row_len),
                     _ => return Err(fmt::Error),
                 };
-                let base = match expert {
-                    Some(x) => format!("((const unsigned char*){name}[{}])", e(x)),
-                    None => name.clone(),
-                };
-                let row = format!("{base} + (unsigned long long){} * {rb}ull", e(row));
-                let dst = &k.locals[dst.0].0;
-                if ty == "F32" {
-                    writeln!(
-                        f,
-                        "{pad}aubier_ld16_f32({row}, {}, {len}, {dst});",
-                        e(chunk)
-                    )
+                let expert = expert.as_ref().map(|x| e(x).to_string());
+                let row = d.row_address(name, expert, e(row).to_string(), rb);
+                let (dst, dst_len) = &k.locals[dst.0];
+                let copy = D::WORDS.exact_out_arrays && *dst_len != 16;
+                let target = if copy {
+                    "dq".to_string()
                 } else {
-                    writeln!(
-                        f,
-                        "{pad}aubier_dq16_{}({row}, {}, {dst});",
+                    format!("l_{dst}")
+                };
+                let call = if ty == "F32" {
+                    format!("aubier_ld16_f32({row}, {}, {len}, {target})", e(chunk))
+                } else {
+                    format!(
+                        "aubier_dq16_{}({row}, {}, {target})",
                         type_ident(ty),
                         e(chunk)
                     )
+                };
+                if copy {
+                    writeln!(
+                        f,
+                        "{pad}{{ float dq[16]; {call}; for (int j = 0; j < 16; ++j) l_{dst}[j] = dq[j]; }}"
+                    )
+                } else {
+                    writeln!(f, "{pad}{call};")
                 }
             }
         }

@@ -22,6 +22,8 @@ use std::ops;
 pub const MIN_WARP: u32 = 4;
 /// Widest warp (subgroup) a kernel may be built for.
 pub const MAX_WARP: u32 = 64;
+/// Lanes per warp of every kernel the HIP and CUDA dialects print.
+pub const WARP: u32 = 32;
 
 /// Scalar type of a register, shared array or expression.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,6 +1,6 @@
 //! Device math: `exp`, `ln`, `sin`, `cos` written once as a sequence of IEEE operations, in Rust
-//! (for [`super::cpu_exec`]) and as C++ source ([`DEVICE_MATH`]) for the generated kernels, so
-//! both sides compute the same bits. Header-free GPU code has no libm (NVPTX has no `exp`
+//! (for [`super::cpu_exec`]) and as device source ([`device_math`], C++ or GLSL from the same
+//! constants) for the generated kernels, so all sides compute the same bits. Header-free GPU code has no libm (NVPTX has no `exp`
 //! instruction at all, and the hardware `sin` is coarse for the large RoPE angles), hence these.
 //!
 //! Algorithm note.
@@ -12,6 +12,9 @@
 //!   `m ∈ [√½, √2)`, `ln m = 2·atanh((m−1)/(m+1))` (series to the 15th power); `sin`/`cos` by
 //!   reduction `r = x − k·π/2` in f64 (exact enough for `|x| < 2²⁴`) and Taylor series to degree
 //!   15/14 on `|r| ≤ π/4`. Error well below one f32 ulp before the final rounding.
+
+use super::quant::Lang;
+use std::fmt::{self, Display, Formatter, Write};
 
 /// `e^x` for f32, bit-identical to the device's `aubier_exp`.
 pub fn exp(x: f32) -> f32 {
@@ -145,65 +148,193 @@ pub fn cos(x: f32) -> f32 {
     sincos(x).1 as f32
 }
 
-/// The C++ text of the device math functions (dialect-neutral; needs `__device__` defined).
-pub const DEVICE_MATH: &str = r#"__device__ inline float aubier_pow2(int k) { return __builtin_bit_cast(float, (k + 127) << 23); }
-__device__ inline float aubier_exp(float x) {
-  if (x != x) return x;
-  if (x > 88.73f) return __builtin_inff();
-  if (x < -104.0f) return 0.0f;
-  float k = __builtin_rintf(x * 1.44269502f);
-  float r = (x - k * 0.693359375f) - k * -2.12194442e-4f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  int ki = (int)k;
-  int k1 = ki / 2;
-  return p * aubier_pow2(k1) * aubier_pow2(ki - k1);
+/// An f32 literal of exactly `v`, the same in C++ and GLSL: the shortest decimal when a parse
+/// through f64 gives `v` back (glslang may parse a literal to f64 and round that to f32; the
+/// shortest digits survive the double rounding almost always), else the f64 digits (exactly
+/// `v`, always). NaN and ±∞ are the quotients `0/0`, `±1/0`, which compilers fold (a constant
+/// initializer cannot call a function).
+pub(super) struct ExactF32(pub(super) f32);
+
+impl Display for ExactF32 {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        let v = self.0;
+        if v.is_nan() {
+            return f.write_str("(0.0f / 0.0f)");
+        }
+        if v.is_infinite() {
+            return f.write_str(if v > 0.0 {
+                "(1.0f / 0.0f)"
+            } else {
+                "(-1.0f / 0.0f)"
+            });
+        }
+        let (sign, m) = if v.is_sign_negative() {
+            ("-", -v)
+        } else {
+            ("", v)
+        };
+        let short = format!("{m:?}");
+        let text = if short.parse::<f64>().map(|d| d as f32) == Ok(m) {
+            short
+        } else {
+            format!("{:?}", f64::from(m))
+        };
+        if sign.is_empty() {
+            write!(f, "{text}f")
+        } else {
+            write!(f, "(-{text}f)")
+        }
+    }
 }
-__device__ inline float aubier_ln(float x) {
-  if (x != x || x < 0.0f) return __builtin_nanf("");
-  if (x == 0.0f) return -__builtin_inff();
-  if (x == __builtin_inff()) return x;
-  double m = (double)x;
-  int e = 0;
-  while (m >= 1.4142135623730951) { m *= 0.5; e += 1; }
-  while (m < 0.7071067811865476) { m *= 2.0; e -= 1; }
-  double s = (m - 1.0) / (m + 1.0);
-  double s2 = s * s;
-  double p = 1.0 / 15.0;
-  p = p * s2 + 1.0 / 13.0; p = p * s2 + 1.0 / 11.0; p = p * s2 + 1.0 / 9.0; p = p * s2 + 1.0 / 7.0;
-  p = p * s2 + 1.0 / 5.0; p = p * s2 + 1.0 / 3.0; p = p * s2 + 1.0;
-  return (float)(2.0 * s * p + (double)e * 0.6931471805599453);
+
+/// The device functions `aubier_exp`, `aubier_ln`, `aubier_sin`, `aubier_cos` (and their
+/// helpers `aubier_pow2`, `aubier_sincos`) in language `lang`: one sequence of operations,
+/// printed from the same constants as the Rust functions above, every f32 / f64 intermediate
+/// uncontracted (C++: the kernels' `#pragma clang fp contract(off)`; GLSL: `precise`).
+/// Constants written as quotients in the algorithm (`1/7!`) are folded here, in Rust, in the
+/// type the device uses, and printed exactly, so no compiler's constant folding is trusted with
+/// them. C++ needs `__device__` defined; GLSL the 64-bit integer extension.
+pub fn device_math(lang: Lang) -> String {
+    let cpp = lang == Lang::Cpp;
+    let (fn_, precise) = if cpp {
+        ("__device__ inline ", "")
+    } else {
+        ("", "precise ")
+    };
+    let s = |v: f32| ExactF32(v).to_string();
+    let d = |v: f64| {
+        if cpp {
+            format!("{v:?}")
+        } else {
+            format!("{v:?}lf")
+        }
+    };
+    let (inf, nan) = if cpp {
+        ("__builtin_inff()", "__builtin_nanf(\"\")")
+    } else {
+        (
+            "uintBitsToFloat(0x7f800000u)",
+            "uintBitsToFloat(0x7fc00000u)",
+        )
+    };
+    let (is_nan, not_finite) = if cpp {
+        ("x != x", "!(x - x == 0.0f)")
+    } else {
+        ("isnan(x)", "isnan(x) || isinf(x)")
+    };
+    let (rintf, rint) = if cpp {
+        ("__builtin_rintf", "__builtin_rint")
+    } else {
+        ("roundEven", "roundEven")
+    };
+    let mut t = String::new();
+    let pow2 = if cpp {
+        "__builtin_bit_cast(float, (k + 127) << 23)"
+    } else {
+        "intBitsToFloat((k + 127) << 23)"
+    };
+    let _ = writeln!(t, "{fn_}float aubier_pow2(int k) {{ return {pow2}; }}");
+    let _ = writeln!(t, "{fn_}float aubier_exp(float x) {{");
+    let _ = writeln!(t, "  if ({is_nan}) return x;");
+    let _ = writeln!(t, "  if (x > 88.73f) return {inf};");
+    t.push_str("  if (x < -104.0f) return 0.0f;\n");
+    let _ = writeln!(
+        t,
+        "  {precise}float k = {rintf}(x * {});",
+        s(std::f32::consts::LOG2_E)
+    );
+    let _ = writeln!(
+        t,
+        "  {precise}float r = (x - k * {}) - k * {};",
+        s(0.693_359_4),
+        s(-2.121_944_4e-4)
+    );
+    let _ = writeln!(t, "  {precise}float p = {};", s(EXP_TAYLOR[0]));
+    for &c in &EXP_TAYLOR[1..] {
+        let _ = writeln!(t, "  p = p * r + {};", s(c));
+    }
+    t.push_str("  int ki = int(k);\n  int k1 = ki / 2;\n");
+    let _ = writeln!(
+        t,
+        "  {precise}float y = p * aubier_pow2(k1) * aubier_pow2(ki - k1);\n  return y;\n}}"
+    );
+
+    let _ = writeln!(t, "{fn_}float aubier_ln(float x) {{");
+    let _ = writeln!(t, "  if ({is_nan} || x < 0.0f) return {nan};");
+    let _ = writeln!(t, "  if (x == 0.0f) return -{inf};");
+    let _ = writeln!(t, "  if (x == {inf}) return x;");
+    let _ = writeln!(t, "  {precise}double m = double(x);\n  int e = 0;");
+    let _ = writeln!(
+        t,
+        "  while (m >= {}) {{ m *= {}; e += 1; }}",
+        d(std::f64::consts::SQRT_2),
+        d(0.5)
+    );
+    let _ = writeln!(
+        t,
+        "  while (m < {}) {{ m *= {}; e -= 1; }}",
+        d(std::f64::consts::FRAC_1_SQRT_2),
+        d(2.0)
+    );
+    let one = d(1.0);
+    let _ = writeln!(t, "  {precise}double s = (m - {one}) / (m + {one});");
+    let _ = writeln!(t, "  {precise}double s2 = s * s;");
+    let _ = writeln!(t, "  {precise}double p = {};", d(1.0 / LN_DENOMINATORS[0]));
+    for &c in &LN_DENOMINATORS[1..] {
+        let _ = writeln!(t, "  p = p * s2 + {};", d(1.0 / c));
+    }
+    let _ = writeln!(
+        t,
+        "  {precise}double y = {} * s * p + double(e) * {};",
+        d(2.0),
+        d(std::f64::consts::LN_2)
+    );
+    t.push_str("  return float(y);\n}\n");
+
+    let out = if cpp { "float&" } else { "out float" };
+    let _ = writeln!(t, "{fn_}void aubier_sincos(float x, {out} so, {out} co) {{");
+    let _ = writeln!(t, "  if ({not_finite}) {{ so = {nan}; co = so; return; }}");
+    t.push_str("  if (x == 0.0f) { so = x; co = 1.0f; return; }\n");
+    let _ = writeln!(t, "  {precise}double xd = double(x);");
+    let _ = writeln!(
+        t,
+        "  {precise}double k = {rint}(xd * {});",
+        d(std::f64::consts::FRAC_2_PI)
+    );
+    let _ = writeln!(
+        t,
+        "  {precise}double r = xd - k * {};",
+        d(std::f64::consts::FRAC_PI_2)
+    );
+    let _ = writeln!(t, "  {precise}double r2 = r * r;");
+    let (s0, c0) = SINCOS_TAYLOR[0];
+    let _ = writeln!(
+        t,
+        "  {precise}double s = {};\n  {precise}double c = {};",
+        d(s0),
+        d(c0)
+    );
+    for &(sd, cd) in &SINCOS_TAYLOR[1..] {
+        let _ = writeln!(t, "  s = s * r2 + {}; c = c * r2 + {};", d(sd), d(cd));
+    }
+    t.push_str("  s = s * r;\n");
+    t.push_str(if cpp {
+        "  int q = int((long long)k & 3);\n"
+    } else {
+        "  int q = int(int64_t(k) & 3l);\n"
+    });
+    t.push_str("  so = float(q == 0 ? s : q == 1 ? c : q == 2 ? -s : -c);\n");
+    t.push_str("  co = float(q == 0 ? c : q == 1 ? -s : q == 2 ? -c : s);\n}\n");
+    let _ = writeln!(
+        t,
+        "{fn_}float aubier_sin(float x) {{ float s, c; aubier_sincos(x, s, c); return s; }}"
+    );
+    let _ = writeln!(
+        t,
+        "{fn_}float aubier_cos(float x) {{ float s, c; aubier_sincos(x, s, c); return c; }}"
+    );
+    t
 }
-__device__ inline void aubier_sincos(float x, float* so, float* co) {
-  if (!(x - x == 0.0f)) { *so = __builtin_nanf(""); *co = __builtin_nanf(""); return; }
-  if (x == 0.0f) { *so = x; *co = 1.0f; return; }
-  double xd = (double)x;
-  double k = __builtin_rint(xd * 0.6366197723675814);
-  double r = xd - k * 1.5707963267948966;
-  double r2 = r * r;
-  double s = -1.0 / 1307674368000.0, c = -1.0 / 87178291200.0;
-  s = s * r2 + 1.0 / 6227020800.0; c = c * r2 + 1.0 / 479001600.0;
-  s = s * r2 + -1.0 / 39916800.0; c = c * r2 + -1.0 / 3628800.0;
-  s = s * r2 + 1.0 / 362880.0; c = c * r2 + 1.0 / 40320.0;
-  s = s * r2 + -1.0 / 5040.0; c = c * r2 + -1.0 / 720.0;
-  s = s * r2 + 1.0 / 120.0; c = c * r2 + 1.0 / 24.0;
-  s = s * r2 + -1.0 / 6.0; c = c * r2 + -0.5;
-  s = s * r2 + 1.0; c = c * r2 + 1.0;
-  s = s * r;
-  long long q = ((long long)k) & 3;
-  double sv = q == 0 ? s : q == 1 ? c : q == 2 ? -s : -c;
-  double cv = q == 0 ? c : q == 1 ? -s : q == 2 ? -c : s;
-  *so = (float)sv; *co = (float)cv;
-}
-__device__ inline float aubier_sin(float x) { float s, c; aubier_sincos(x, &s, &c); return s; }
-__device__ inline float aubier_cos(float x) { float s, c; aubier_sincos(x, &s, &c); return c; }
-"#;
 
 #[cfg(test)]
 mod tests {

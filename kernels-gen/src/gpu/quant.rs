@@ -1,13 +1,14 @@
-//! Dequant device functions: one C++ `__device__` function per ggml type that turns 16
-//! consecutive elements of a quantized row into f32, bit-exact with ggml's `dequantize_row_*`.
+//! Dequant device functions: one function per ggml type that turns 16 consecutive elements of a
+//! quantized row into f32, bit-exact with ggml's `dequantize_row_*`, written once and emitted to
+//! the three dialects (C++ for HIP and CUDA, GLSL for Vulkan).
 //!
 //! Algorithm. Every type with a device function is a block format of `QK` elements in `B` bytes
 //! (`QK` = 1 for F32/F16/BF16, 32 for the legacy formats and IQ4_NL, 256 for the k- and
 //! i-quants; sizes from [`GgmlType`]). `QK` is 1 or a multiple of 16, and in every format each
 //! 16-element chunk of a block depends only on the block's shared fields (the f16 `d`/`dmin`)
-//! and on its own sub-block scale and quant bits. So `aubier_dq16_<type>(row, c, out)` finds
+//! and on its own sub-block scale and quant bits. So `aubier_dq16_<type>(row, c, y)` finds
 //! block `⌊16c / QK⌋` at byte `⌊16c / QK⌋·B` of `row`, chunk `s = c mod (QK/16)` inside it,
-//! decodes that chunk's scale, and writes elements `16c .. 16c + 16` to `out[0..16]`. A GPU
+//! decodes that chunk's scale, and writes elements `16c .. 16c + 16` to `y[0..16]`. A GPU
 //! mat-vec calls it with `c` = its lane's chunk, so a warp reads a row in coalesced 16-element
 //! pieces and never decodes a whole 256-element super-block per thread.
 //!
@@ -21,15 +22,31 @@
 //! `-ffp-contract`. f16 is widened by integer bit manipulation (subnormals through an exact
 //! int→float conversion), so flush-to-zero modes cannot change a value either.
 //!
-//! Emitted text. [`device_fn`] writes the helpers the type needs (each wrapped in an
-//! `#ifndef AUBIER_DQ_…` guard) and then the function; [`device_tables`] writes the grid and
-//! sign tables as `__constant__` arrays (each wrapped in `#ifndef AUBIER_TABLE_…`). So the
-//! outputs for any set of types can be concatenated into one translation unit, tables first.
-//! The text uses only builtin C++ (no headers); `__device__` and `__constant__` are macros the
-//! dialect's prelude defines. Tables come from [`crate::quant_grids`], the runtime's own.
+//! One text, two languages. The helpers and bodies are written once, in the common subset of
+//! C++ and GLSL 4.60: functional casts (`float(x)`, `uint(x)`), explicit `!= 0u` conditions,
+//! `uint` / `uint64_t` / `int` / `float` only, a byte address `aubier_ptr` advanced by integer
+//! addition and read a byte at a time by `aubier_b8(p)` (a `uint`), every f32 local `precise`.
+//! What the two languages spell differently is a short guarded block of definitions,
+//! [`Lang::prims`]: the function and table qualifiers (`AUBIER_FN`, `AUBIER_TABLE`), the output
+//! parameters (`AUBIER_OUT16(y)`: C++ `float*`, GLSL `out precise float[16]`; `AUBIER_INOUT16`,
+//! `AUBIER_OUTU`), `aubier_ptr`, `aubier_b8` and `aubier_as_f32`; in C++ `precise` is empty (the
+//! kernels are compiled without contraction, `#pragma clang fp contract(off)`), in GLSL it makes
+//! every f32 operation SPIR-V `NoContraction`.
+//!
+//! Emitted text. [`device_fn`] writes the definitions of its language and the helpers the type
+//! needs (each wrapped in an `#ifndef AUBIER_DQ_…` guard) and then the function;
+//! [`device_tables`] writes the grid and sign tables (each wrapped in `#ifndef AUBIER_TABLE_…`).
+//! So the outputs for any set of types can be concatenated into one translation unit, tables
+//! first. The text uses only builtin C++ or GLSL (no headers); in C++ `__device__` and
+//! `__constant__` are macros the dialect's prelude defines, in GLSL `AubierBytes` is the byte
+//! buffer reference of [`super::glsl`]'s prelude. Tables come from [`crate::quant_grids`], the
+//! runtime's own; GLSL tables are not `const` (glslang copies a dynamically indexed `const`
+//! array into a function variable at every use, which lavapipe compiles three to four times
+//! slower).
 
 use std::fmt::{self, Display, Formatter};
 
+use super::ir::{Kernel, ParamKind};
 use crate::ggml_type::GgmlType;
 use crate::quant_grids::{
     IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
@@ -95,15 +112,70 @@ fn lookup(ggml_type: &str) -> Option<(GgmlType, Body)> {
     Some((ty, body(ty)?))
 }
 
-/// The C++ device function of `ggml_type` (gguf-py's name, e.g. `"Q2_K"`; ASCII case ignored),
-/// preceded by the helpers it calls:
+/// The language a dialect's source is written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lang {
+    /// Header-free C++ device code (HIP, CUDA).
+    Cpp,
+    /// GLSL 4.60 (Vulkan), with the extensions of [`super::glsl`]'s prelude.
+    Glsl,
+}
+
+impl Lang {
+    /// The guarded definitions the shared dequant text needs in this language (the module note).
+    pub fn prims(self) -> &'static str {
+        match self {
+            Lang::Cpp => {
+                "#ifndef AUBIER_DQ_PRIMS
+#define AUBIER_DQ_PRIMS
+#define AUBIER_FN __device__ inline
+#define AUBIER_TABLE __constant__ const
+#define AUBIER_OUT16(y) float* y
+#define AUBIER_INOUT16(y) float* y
+#define AUBIER_OUTU(x) uint& x
+#define precise
+typedef unsigned int uint;
+typedef unsigned long uint64_t;
+typedef const unsigned char* aubier_ptr;
+__device__ inline uint aubier_b8(aubier_ptr p) { return *p; }
+/* The f32 whose IEEE bits are u. */
+__device__ inline float aubier_as_f32(uint u) {
+  union { uint u; float f; } x;
+  x.u = u;
+  return x.f;
+}
+#endif
+"
+            }
+            Lang::Glsl => {
+                "#ifndef AUBIER_DQ_PRIMS
+#define AUBIER_DQ_PRIMS
+#define AUBIER_FN
+#define AUBIER_TABLE
+#define AUBIER_OUT16(y) out precise float y[16]
+#define AUBIER_INOUT16(y) inout precise float y[16]
+#define AUBIER_OUTU(x) out uint x
+#define aubier_ptr uint64_t
+uint aubier_b8(aubier_ptr p) { return uint(AubierBytes(p).v[0]); }
+float aubier_as_f32(uint u) { return uintBitsToFloat(u); }
+#endif
+"
+            }
+        }
+    }
+}
+
+/// The device function of `ggml_type` (gguf-py's name, e.g. `"Q2_K"`; ASCII case ignored) in
+/// language `lang`, preceded by the definitions and helpers it needs:
 ///
 /// ```text
-/// __device__ inline void aubier_dq16_<type>(const unsigned char* row, int c, float* out)
+/// AUBIER_FN void aubier_dq16_<type>(aubier_ptr row, int c, AUBIER_OUT16(y))
 /// ```
 ///
-/// with `<type>` the name lower-cased (`aubier_dq16_q2_k`). It writes elements `16c .. 16c + 16`
-/// of a row (ggml `ne0` order) to `out[0..16]`, bit-exact with llama.cpp `dequantize_row_*`
+/// (C++: `__device__ inline void …(const unsigned char* row, int c, float* y)`; GLSL:
+/// `void …(uint64_t row, int c, out precise float y[16])` with `row` a device address), with
+/// `<type>` the name lower-cased (`aubier_dq16_q2_k`). It writes elements `16c .. 16c + 16`
+/// of a row (ggml `ne0` order) to `y[0..16]`, bit-exact with llama.cpp `dequantize_row_*`
 /// (`ggml/src/ggml-quants.c`) and gguf-py `gguf.quants.dequantize`. `row` is the row's first
 /// byte (no alignment needed); the caller guarantees `0 ≤ 16c` and `16c + 16 ≤` the row length,
 /// which is a whole number of blocks. The tables it reads are [`device_tables`]`(ggml_type)`,
@@ -111,65 +183,33 @@ fn lookup(ggml_type: &str) -> Option<(GgmlType, Body)> {
 ///
 /// Returns `None` for a type without a device function (see [`supported_types`]) or an
 /// unknown name.
-pub fn device_fn(ggml_type: &str) -> Option<impl Display> {
+pub fn device_fn(ggml_type: &str, lang: Lang) -> Option<impl Display> {
     let (ty, body) = lookup(ggml_type)?;
-    Some(DeviceFn { ty, body })
+    Some(DeviceFn { ty, body, lang })
 }
 
-/// The `__constant__` lookup tables that [`device_fn`]`(ggml_type)` reads, each in an
-/// `#ifndef AUBIER_TABLE_<NAME>` guard so types sharing a table can be emitted together; empty
-/// for a type that reads none. The names are `aubier_` + the llama.cpp `ggml-common.h` name
-/// (`aubier_iq2xxs_grid`, `aubier_ksigns_iq2xs`, `aubier_kvalues_iq4nl`, …); the values are
-/// [`crate::quant_grids`]'s.
+/// The lookup tables that [`device_fn`]`(ggml_type, lang)` reads (after `lang`'s definitions),
+/// each in an `#ifndef AUBIER_TABLE_<NAME>` guard so types sharing a table can be emitted
+/// together; empty for a type that reads none. The names are `aubier_` + the llama.cpp
+/// `ggml-common.h` name (`aubier_iq2xxs_grid`, `aubier_ksigns_iq2xs`, `aubier_kvalues_iq4nl`,
+/// …); the values are [`crate::quant_grids`]'s.
 ///
 /// Returns `None` exactly when [`device_fn`] does.
-pub fn device_tables(ggml_type: &str) -> Option<impl Display> {
+pub fn device_tables(ggml_type: &str, lang: Lang) -> Option<impl Display> {
     let (_, body) = lookup(ggml_type)?;
-    Some(Tables(body.tables()))
-}
-
-/// What another dialect ([`super::glsl`]) needs to print `ggml_type`'s device function: the
-/// helpers it calls in emission order (dependencies first), the block layout, the C statements
-/// of its body (block location, then decoding), and its tables' C text. `None` exactly when
-/// [`device_fn`] is.
-pub(super) struct Parts {
-    /// Helpers, dependencies first, each once.
-    pub helpers: Vec<Helper>,
-    /// The layout comment.
-    pub layout: &'static str,
-    /// The body's C statements (without the signature and braces).
-    pub body: String,
-    /// The tables, as [`device_tables`] prints them.
-    pub tables: String,
-}
-
-/// See [`Parts`].
-pub(super) fn parts(ggml_type: &str) -> Option<Parts> {
-    let (ty, body) = lookup(ggml_type)?;
-    let mut helpers = Vec::new();
-    for &h in body.helpers() {
-        h.order(&mut helpers);
-    }
-    let locate = Locate {
-        qk: ty.block_size(),
-        bytes: ty.type_size(),
-    };
-    Some(Parts {
-        helpers,
-        layout: body.layout(),
-        body: format!("{locate}{body}"),
-        tables: Tables(body.tables()).to_string(),
-    })
+    Some(Tables(body.tables(), lang))
 }
 
 /// One type's device function with its helpers.
 struct DeviceFn {
     ty: GgmlType,
     body: Body,
+    lang: Lang,
 }
 
 impl Display for DeviceFn {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        f.write_str(self.lang.prims())?;
         let mut done = Vec::new();
         for &h in self.body.helpers() {
             h.write_with_deps(f, &mut done)?;
@@ -178,7 +218,7 @@ impl Display for DeviceFn {
         writeln!(f, "/* {}: {} */", self.ty.name(), self.body.layout())?;
         writeln!(
             f,
-            "__device__ inline void aubier_dq16_{name}(const unsigned char* row, int c, float* out) {{"
+            "AUBIER_FN void aubier_dq16_{name}(aubier_ptr row, int c, AUBIER_OUT16(y)) {{"
         )?;
         write!(
             f,
@@ -218,14 +258,14 @@ impl Display for Locate {
         if self.qk == 1 {
             writeln!(
                 f,
-                "  const unsigned char* b = row + (unsigned long long)c * {}u;",
+                "  aubier_ptr b = row + uint64_t(c) * {}u;",
                 16 * self.bytes
             )
         } else {
             let chunks = self.qk / 16;
             writeln!(
                 f,
-                "  const unsigned char* b = row + (unsigned long long)(c / {chunks}) * {}u;",
+                "  aubier_ptr b = row + uint64_t(c / {chunks}) * {}u;",
                 self.bytes
             )?;
             writeln!(f, "  const int s = c % {chunks};")
@@ -233,11 +273,9 @@ impl Display for Locate {
     }
 }
 
-/// A shared C++ helper function, emitted once per translation unit behind its guard.
+/// A shared helper function, emitted once per translation unit behind its guard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Helper {
-    /// `aubier_as_f32`: the f32 with the given IEEE bits.
-    AsF32,
+enum Helper {
     /// `aubier_u16`, `aubier_u32`: little-endian loads; `aubier_i8`: a byte as int8.
     Bytes,
     /// `aubier_f16_bits`, `aubier_f16`: exact binary16 → f32 widening.
@@ -258,16 +296,14 @@ impl Helper {
     /// Helpers this one calls (emitted before it).
     fn deps(self) -> &'static [Helper] {
         match self {
-            Helper::F16 => &[Helper::AsF32, Helper::Bytes],
-            Helper::PutIq1 => &[Helper::Bytes],
+            Helper::F16 | Helper::PutIq1 => &[Helper::Bytes],
             _ => &[],
         }
     }
 
     /// The include-guard macro.
-    pub(super) fn guard(self) -> &'static str {
+    fn guard(self) -> &'static str {
         match self {
-            Helper::AsF32 => "AUBIER_DQ_AS_F32",
             Helper::Bytes => "AUBIER_DQ_BYTES",
             Helper::F16 => "AUBIER_DQ_F16",
             Helper::PutSigned => "AUBIER_DQ_PUT_SIGNED",
@@ -278,113 +314,90 @@ impl Helper {
         }
     }
 
-    /// The C++ text (without the guard).
+    /// The shared text (without the guard).
     fn code(self) -> &'static str {
         match self {
-            Helper::AsF32 => {
-                "/* The f32 whose IEEE bits are u. */
-__device__ inline float aubier_as_f32(unsigned int u) {
-  union { unsigned int u; float f; } x;
-  x.u = u;
-  return x.f;
-}
-"
-            }
             Helper::Bytes => {
                 "/* Little-endian u16 / u32 at p (any alignment); a byte value 0..255 read as int8. */
-__device__ inline unsigned int aubier_u16(const unsigned char* p) {
-  return (unsigned int)p[0] | ((unsigned int)p[1] << 8);
+AUBIER_FN uint aubier_u16(aubier_ptr p) { return aubier_b8(p) | (aubier_b8(p + 1) << 8); }
+AUBIER_FN uint aubier_u32(aubier_ptr p) {
+  return aubier_b8(p) | (aubier_b8(p + 1) << 8) | (aubier_b8(p + 2) << 16) | (aubier_b8(p + 3) << 24);
 }
-__device__ inline unsigned int aubier_u32(const unsigned char* p) {
-  return (unsigned int)p[0] | ((unsigned int)p[1] << 8) | ((unsigned int)p[2] << 16) |
-         ((unsigned int)p[3] << 24);
-}
-__device__ inline int aubier_i8(unsigned int x) { return (int)(x ^ 0x80u) - 128; }
+AUBIER_FN int aubier_i8(uint x) { return int(x ^ 0x80u) - 128; }
 "
             }
             Helper::F16 => {
                 "/* IEEE binary16 bits h (0..0xffff) widened exactly to f32 (ggml GGML_FP16_TO_FP32):
    normals rebias the exponent, subnormals are em * 2^-24 (an exact product with a normal
    result), Inf/NaN keep their payload and NaNs come out quiet. */
-__device__ inline float aubier_f16_bits(unsigned int h) {
-  const unsigned int sign = (h & 0x8000u) << 16;
-  const unsigned int em = h & 0x7fffu;
+AUBIER_FN float aubier_f16_bits(uint h) {
+  const uint sign = (h & 0x8000u) << 16;
+  const uint em = h & 0x7fffu;
   if (em < 0x0400u) {
-    const float v = (float)em * 5.9604644775390625e-8f;
-    return sign ? -v : v;
+    precise float v = float(em) * 5.9604644775390625e-8f;
+    return sign != 0u ? -v : v;
   }
-  unsigned int mag = (em << 13) + 0x38000000u;
+  uint mag = (em << 13) + 0x38000000u;
   if (em >= 0x7c00u) {
     mag = 0x7f800000u | ((em & 0x03ffu) << 13) | (em > 0x7c00u ? 0x00400000u : 0u);
   }
   return aubier_as_f32(mag | sign);
 }
-__device__ inline float aubier_f16(const unsigned char* p) { return aubier_f16_bits(aubier_u16(p)); }
+AUBIER_FN float aubier_f16(aubier_ptr p) { return aubier_f16_bits(aubier_u16(p)); }
 "
             }
             Helper::PutSigned => {
-                "/* y[j] = db * (byte j of grid), negated where bit j of signs is set, for j < n. */
-__device__ inline void aubier_put_signed(float* y, int n, float db, unsigned long long grid,
-                                         unsigned int signs) {
+                "/* y[at + j] = db * (byte j of grid), negated where bit j of signs is set, for j < n. */
+AUBIER_FN void aubier_put_signed(AUBIER_INOUT16(y), int at, int n, float db, uint64_t grid,
+                                 uint signs) {
   for (int j = 0; j < n; ++j) {
-    const float v = db * (float)(unsigned int)((grid >> (8 * j)) & 0xffull);
-    y[j] = ((signs >> j) & 1u) ? -v : v;
+    precise float v = db * float(uint((grid >> (8 * j)) & 0xfful));
+    y[at + j] = ((signs >> j) & 1u) != 0u ? -v : v;
   }
 }
 "
             }
             Helper::IqScale => {
                 "/* The i-quant sub-block scale d * (0.5 + s) * k, in ggml's order. */
-__device__ inline float aubier_iq_db(float d, unsigned int s, float k) {
-  return d * (0.5f + (float)s) * k;
+AUBIER_FN float aubier_iq_db(float d, uint s, float k) {
+  precise float r = d * (0.5f + float(s)) * k;
+  return r;
 }
 "
             }
             Helper::PutIq1 => {
-                "/* y[j] = dl * ((int8 byte j of grid) + delta), j < 8 (IQ1_S, IQ1_M). */
-__device__ inline void aubier_put_iq1(float* y, float dl, unsigned long long grid, float delta) {
+                "/* y[at + j] = dl * ((int8 byte j of grid) + delta), j < 8 (IQ1_S, IQ1_M). */
+AUBIER_FN void aubier_put_iq1(AUBIER_INOUT16(y), int at, float dl, uint64_t grid, float delta) {
   for (int j = 0; j < 8; ++j) {
-    y[j] = dl * ((float)aubier_i8((unsigned int)((grid >> (8 * j)) & 0xffull)) + delta);
+    y[at + j] = dl * (float(aubier_i8(uint((grid >> (8 * j)) & 0xfful))) + delta);
   }
 }
 "
             }
             Helper::ScaleMinK4 => {
-                "/* Scale and min j (0..8) of Q4_K/Q5_K from the 12 packed bytes q (get_scale_min_k4). */
-__device__ inline void aubier_scale_min_k4(int j, const unsigned char* q, unsigned int* sc,
-                                           unsigned int* m) {
+                "/* Scale and min j (0..8) of Q4_K/Q5_K from the 12 packed bytes at q (get_scale_min_k4). */
+AUBIER_FN void aubier_scale_min_k4(int j, aubier_ptr q, AUBIER_OUTU(sc), AUBIER_OUTU(m)) {
   if (j < 4) {
-    *sc = q[j] & 63u;
-    *m = q[j + 4] & 63u;
+    sc = aubier_b8(q + j) & 63u;
+    m = aubier_b8(q + (j + 4)) & 63u;
   } else {
-    *sc = (q[j + 4] & 15u) | ((unsigned int)(q[j - 4] >> 6) << 4);
-    *m = ((unsigned int)q[j + 4] >> 4) | ((unsigned int)(q[j] >> 6) << 4);
+    sc = (aubier_b8(q + (j + 4)) & 15u) | ((aubier_b8(q + (j - 4)) >> 6) << 4);
+    m = (aubier_b8(q + (j + 4)) >> 4) | ((aubier_b8(q + j) >> 6) << 4);
   }
 }
 "
             }
             Helper::Q3kScale => {
-                "/* Signed scale j (0..16) of Q3_K from the 12 packed bytes s: low 4 bits in nibble
+                "/* Signed scale j (0..16) of Q3_K from the 12 packed bytes at s: low 4 bits in nibble
    j / 8 of s[j % 8], high 2 bits in pair j / 4 of s[8 + j % 4], offset by 32. */
-__device__ inline int aubier_q3k_scale(const unsigned char* s, int j) {
-  const unsigned int lo = ((unsigned int)s[j & 7] >> (4 * (j >> 3))) & 15u;
-  const unsigned int hi = ((unsigned int)s[8 + (j & 3)] >> (2 * (j >> 2))) & 3u;
-  return (int)(lo | (hi << 4)) - 32;
+AUBIER_FN int aubier_q3k_scale(aubier_ptr s, int j) {
+  const uint lo = (aubier_b8(s + (j & 7)) >> (4 * (j >> 3))) & 15u;
+  const uint hi = (aubier_b8(s + (8 + (j & 3))) >> (2 * (j >> 2))) & 3u;
+  return int(lo | (hi << 4)) - 32;
 }
 "
             }
         }
-    }
-
-    /// Appends the helpers this one needs that are not in `done`, then itself.
-    fn order(self, done: &mut Vec<Helper>) {
-        if done.contains(&self) {
-            return;
-        }
-        for &d in self.deps() {
-            d.order(done);
-        }
-        done.push(self);
     }
 
     /// Writes the helpers this one needs that are not in `done`, then itself, in guards.
@@ -421,7 +434,7 @@ impl Body {
     /// The helpers the body calls.
     fn helpers(self) -> &'static [Helper] {
         match self {
-            Body::Float(Float::F32) => &[Helper::AsF32, Helper::Bytes],
+            Body::Float(Float::F32) => &[Helper::Bytes],
             Body::Float(_) | Body::Legacy(_) | Body::Iq4Xs => &[Helper::F16],
             Body::KQuant(KQuant::Q3_K) => &[Helper::F16, Helper::Q3kScale],
             Body::KQuant(KQuant::Q4_K | KQuant::Q5_K) => &[Helper::F16, Helper::ScaleMinK4],
@@ -511,7 +524,7 @@ impl Display for Float {
             Float::F16 => "aubier_f16(b + 2 * j)",
             Float::BF16 => "aubier_as_f32(aubier_u16(b + 2 * j) << 16)",
         };
-        writeln!(f, "  for (int j = 0; j < 16; ++j) out[j] = {value};")
+        writeln!(f, "  for (int j = 0; j < 16; ++j) y[j] = {value};")
     }
 }
 
@@ -530,27 +543,27 @@ enum Legacy {
 
 impl Display for Legacy {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        f.write_str("  const float d = aubier_f16(b);\n")?;
+        f.write_str("  precise float d = aubier_f16(b);\n")?;
         if matches!(self, Legacy::Q4_1 | Legacy::Q5_1) {
-            f.write_str("  const float m = aubier_f16(b + 2);\n")?;
+            f.write_str("  precise float m = aubier_f16(b + 2);\n")?;
         }
         match self {
-            Legacy::Q5_0 => f.write_str("  const unsigned int qh = aubier_u32(b + 2);\n")?,
-            Legacy::Q5_1 => f.write_str("  const unsigned int qh = aubier_u32(b + 4);\n")?,
+            Legacy::Q5_0 => f.write_str("  const uint qh = aubier_u32(b + 2);\n")?,
+            Legacy::Q5_1 => f.write_str("  const uint qh = aubier_u32(b + 4);\n")?,
             _ => {}
         }
         // The nibble of element j of this chunk, and (Q5) its fifth bit `qh` bit j + 16s.
-        let nibble = |at: usize| format!("(((unsigned int)b[{at} + j] >> (4 * s)) & 15u)");
+        let nibble = |at: usize| format!("((aubier_b8(b + {at} + j) >> (4 * s)) & 15u)");
         let fifth = "(((qh >> (j + 16 * s)) & 1u) << 4)";
         let value = match self {
-            Legacy::Q4_0 => format!("(float)((int){} - 8) * d", nibble(2)),
-            Legacy::Q4_1 => format!("(float){} * d + m", nibble(4)),
-            Legacy::Q5_0 => format!("(float)((int)({} | {fifth}) - 16) * d", nibble(6)),
-            Legacy::Q5_1 => format!("(float)({} | {fifth}) * d + m", nibble(8)),
-            Legacy::Q8_0 => "(float)aubier_i8(b[2 + 16 * s + j]) * d".to_string(),
-            Legacy::IQ4_NL => format!("d * (float)aubier_kvalues_iq4nl[{}]", nibble(2)),
+            Legacy::Q4_0 => format!("float(int({}) - 8) * d", nibble(2)),
+            Legacy::Q4_1 => format!("float({}) * d + m", nibble(4)),
+            Legacy::Q5_0 => format!("float(int({} | {fifth}) - 16) * d", nibble(6)),
+            Legacy::Q5_1 => format!("float({} | {fifth}) * d + m", nibble(8)),
+            Legacy::Q8_0 => "float(aubier_i8(aubier_b8(b + 2 + 16 * s + j))) * d".to_string(),
+            Legacy::IQ4_NL => format!("d * float(aubier_kvalues_iq4nl[{}])", nibble(2)),
         };
-        writeln!(f, "  for (int j = 0; j < 16; ++j) out[j] = {value};")
+        writeln!(f, "  for (int j = 0; j < 16; ++j) y[j] = {value};")
     }
 }
 
@@ -572,79 +585,79 @@ impl Display for KQuant {
             // Half n = s / 8 of the super-block reads qs[32n ..]; inside it, bit plane
             // j = (s / 2) % 4 (shift 2j) of byte run h = s % 2 (16 bytes).
             KQuant::Q2_K => {
-                "  const float d = aubier_f16(b + 80);
-  const float dmin = aubier_f16(b + 82);
-  const unsigned int sc = b[s];
-  const float dl = d * (float)(sc & 15u);
-  const float ml = dmin * (float)(sc >> 4);
-  const unsigned char* q = b + 16 + 32 * (s >> 3) + 16 * (s & 1);
+                "  precise float d = aubier_f16(b + 80);
+  precise float dmin = aubier_f16(b + 82);
+  const uint sc = aubier_b8(b + s);
+  precise float dl = d * float(sc & 15u);
+  precise float ml = dmin * float(sc >> 4);
+  aubier_ptr q = b + 16 + 32 * (s >> 3) + 16 * (s & 1);
   const int shift = 2 * ((s >> 1) & 3);
-  for (int l = 0; l < 16; ++l) out[l] = dl * (float)((q[l] >> shift) & 3) - ml;
+  for (int l = 0; l < 16; ++l) y[l] = dl * float((aubier_b8(q + l) >> shift) & 3u) - ml;
 "
             }
             // As Q2_K for the low two bits; the third comes from hmask bit 4n + j (set: +0,
             // clear: −4).
             KQuant::Q3_K => {
-                "  const float d_all = aubier_f16(b + 108);
-  const float dl = d_all * (float)aubier_q3k_scale(b + 96, s);
-  const unsigned char* q = b + 32 + 32 * (s >> 3) + 16 * (s & 1);
-  const unsigned char* hm = b + 16 * (s & 1);
+                "  precise float d_all = aubier_f16(b + 108);
+  precise float dl = d_all * float(aubier_q3k_scale(b + 96, s));
+  aubier_ptr q = b + 32 + 32 * (s >> 3) + 16 * (s & 1);
+  aubier_ptr hm = b + 16 * (s & 1);
   const int shift = 2 * ((s >> 1) & 3);
-  const unsigned int m = 1u << (4 * (s >> 3) + ((s >> 1) & 3));
+  const uint m = 1u << (4 * (s >> 3) + ((s >> 1) & 3));
   for (int l = 0; l < 16; ++l) {
-    const int low = (q[l] >> shift) & 3;
-    const int high = (hm[l] & m) ? 0 : 4;
-    out[l] = dl * (float)(low - high);
+    const int low = int((aubier_b8(q + l) >> shift) & 3u);
+    const int high = (aubier_b8(hm + l) & m) != 0u ? 0 : 4;
+    y[l] = dl * float(low - high);
   }
 "
             }
             // Run r = s / 4 of 64 elements: low nibbles of qs[32r ..] then their high nibbles;
             // hi = (s / 2) % 2 picks the nibble and the scale 2r + hi.
             KQuant::Q4_K => {
-                "  const float d = aubier_f16(b);
-  const float dmin = aubier_f16(b + 2);
+                "  precise float d = aubier_f16(b);
+  precise float dmin = aubier_f16(b + 2);
   const int r = s >> 2;
   const int hi = (s >> 1) & 1;
-  unsigned int sc;
-  unsigned int mn;
-  aubier_scale_min_k4(2 * r + hi, b + 4, &sc, &mn);
-  const float dl = d * (float)sc;
-  const float ml = dmin * (float)mn;
-  const unsigned char* q = b + 16 + 32 * r + 16 * (s & 1);
-  for (int l = 0; l < 16; ++l) out[l] = dl * (float)((q[l] >> (4 * hi)) & 15) - ml;
+  uint sc;
+  uint mn;
+  aubier_scale_min_k4(2 * r + hi, b + 4, sc, mn);
+  precise float dl = d * float(sc);
+  precise float ml = dmin * float(mn);
+  aubier_ptr q = b + 16 + 32 * r + 16 * (s & 1);
+  for (int l = 0; l < 16; ++l) y[l] = dl * float((aubier_b8(q + l) >> (4 * hi)) & 15u) - ml;
 "
             }
             // Q4_K plus the fifth bit 2r + hi of qh[l].
             KQuant::Q5_K => {
-                "  const float d = aubier_f16(b);
-  const float dmin = aubier_f16(b + 2);
+                "  precise float d = aubier_f16(b);
+  precise float dmin = aubier_f16(b + 2);
   const int r = s >> 2;
   const int hi = (s >> 1) & 1;
-  unsigned int sc;
-  unsigned int mn;
-  aubier_scale_min_k4(2 * r + hi, b + 4, &sc, &mn);
-  const float dl = d * (float)sc;
-  const float ml = dmin * (float)mn;
-  const unsigned char* qh = b + 16 + 16 * (s & 1);
-  const unsigned char* ql = b + 48 + 32 * r + 16 * (s & 1);
-  const unsigned int bit = 1u << (2 * r + hi);
+  uint sc;
+  uint mn;
+  aubier_scale_min_k4(2 * r + hi, b + 4, sc, mn);
+  precise float dl = d * float(sc);
+  precise float ml = dmin * float(mn);
+  aubier_ptr qh = b + 16 + 16 * (s & 1);
+  aubier_ptr ql = b + 48 + 32 * r + 16 * (s & 1);
+  const uint bit = 1u << (2 * r + hi);
   for (int l = 0; l < 16; ++l) {
-    const int q = ((ql[l] >> (4 * hi)) & 15) + ((qh[l] & bit) ? 16 : 0);
-    out[l] = dl * (float)q - ml;
+    const int q = int((aubier_b8(ql + l) >> (4 * hi)) & 15u) + ((aubier_b8(qh + l) & bit) != 0u ? 16 : 0);
+    y[l] = dl * float(q) - ml;
   }
 "
             }
             // Half n = s / 8; quarter k = (s % 8) / 2 takes nibble k / 2 of ql[32(k % 2) ..]
             // and bit pair k of qh; the int8 scale is scales[s]; y = (d·sc)·(q − 32).
             KQuant::Q6_K => {
-                "  const float d = aubier_f16(b + 208);
+                "  precise float d = aubier_f16(b + 208);
   const int k = (s & 7) >> 1;
-  const float dsc = d * (float)aubier_i8(b[192 + s]);
-  const unsigned char* ql = b + 64 * (s >> 3) + 32 * (k & 1) + 16 * (s & 1);
-  const unsigned char* qh = b + 128 + 32 * (s >> 3) + 16 * (s & 1);
+  precise float dsc = d * float(aubier_i8(aubier_b8(b + 192 + s)));
+  aubier_ptr ql = b + 64 * (s >> 3) + 32 * (k & 1) + 16 * (s & 1);
+  aubier_ptr qh = b + 128 + 32 * (s >> 3) + 16 * (s & 1);
   for (int l = 0; l < 16; ++l) {
-    const int q = (int)(((ql[l] >> (4 * (k >> 1))) & 15) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
-    out[l] = dsc * (float)q;
+    const int q = int(((aubier_b8(ql + l) >> (4 * (k >> 1))) & 15u) | (((aubier_b8(qh + l) >> (2 * k)) & 3u) << 4)) - 32;
+    y[l] = dsc * float(q);
   }
 "
             }
@@ -654,7 +667,7 @@ impl Display for KQuant {
 
 /// Opening lines shared by the i-quants with an f16 `d` @0 and 32-element sub-blocks: the
 /// sub-block `ib` of chunk `s` and its half `h` (groups `2h`, `2h + 1` of 8 elements).
-const IQ_SUBBLOCK: &str = "  const float d = aubier_f16(b);
+const IQ_SUBBLOCK: &str = "  precise float d = aubier_f16(b);
   const int ib = s >> 1;
   const int h = s & 1;
 ";
@@ -675,25 +688,25 @@ impl Display for Iq2 {
         // The sub-block scale, then per group l the grid row and the sign byte.
         let (scale, grid, signs) = match self {
             Iq2::IQ2_XXS => (
-                "  const unsigned char* q = b + 2 + 8 * ib;
-  const unsigned int aux = aubier_u32(q + 4);
-  const float db = aubier_iq_db(d, aux >> 28, 0.25f);
+                "  aubier_ptr q = b + 2 + 8 * ib;
+  const uint aux = aubier_u32(q + 4);
+  precise float db = aubier_iq_db(d, aux >> 28, 0.25f);
 ",
-                "aubier_iq2xxs_grid[q[l]]",
-                "(unsigned int)aubier_ksigns_iq2xs[(aux >> (7 * l)) & 127u]",
+                "aubier_iq2xxs_grid[aubier_b8(q + l)]",
+                "aubier_ksigns_iq2xs[(aux >> (7 * l)) & 127u]",
             ),
             Iq2::IQ2_XS => (
-                "  const float db = aubier_iq_db(d, ((unsigned int)b[66 + ib] >> (4 * h)) & 15u, 0.25f);
+                "  precise float db = aubier_iq_db(d, (aubier_b8(b + 66 + ib) >> (4 * h)) & 15u, 0.25f);
 ",
                 "aubier_iq2xs_grid[aubier_u16(b + 2 + 2 * (4 * ib + l)) & 511u]",
-                "(unsigned int)aubier_ksigns_iq2xs[aubier_u16(b + 2 + 2 * (4 * ib + l)) >> 9]",
+                "aubier_ksigns_iq2xs[aubier_u16(b + 2 + 2 * (4 * ib + l)) >> 9]",
             ),
             Iq2::IQ2_S => (
-                "  const float db = aubier_iq_db(d, ((unsigned int)b[74 + ib] >> (4 * h)) & 15u, 0.25f);
-  const unsigned int qh = b[66 + ib];
+                "  precise float db = aubier_iq_db(d, (aubier_b8(b + 74 + ib) >> (4 * h)) & 15u, 0.25f);
+  const uint qh = aubier_b8(b + 66 + ib);
 ",
-                "aubier_iq2s_grid[b[2 + 4 * ib + l] | ((qh << (8 - 2 * l)) & 0x300u)]",
-                "(unsigned int)b[34 + 4 * ib + l]",
+                "aubier_iq2s_grid[aubier_b8(b + 2 + 4 * ib + l) | ((qh << (8 - 2 * l)) & 0x300u)]",
+                "aubier_b8(b + 34 + 4 * ib + l)",
             ),
         };
         f.write_str(scale)?;
@@ -701,7 +714,7 @@ impl Display for Iq2 {
         writeln!(f, "    const int l = 2 * h + g;")?;
         writeln!(
             f,
-            "    aubier_put_signed(out + 8 * g, 8, db, {grid}, {signs});"
+            "    aubier_put_signed(y, 8 * g, 8, db, {grid}, {signs});"
         )?;
         writeln!(f, "  }}")
     }
@@ -722,40 +735,40 @@ impl Display for Iq3 {
         let (scale, rows, signs) = match self {
             // db = d·(0.5 + s)·0.5 with s the top 4 bits of the sub-block's u32.
             Iq3::IQ3_XXS => (
-                "  const unsigned int aux = aubier_u32(b + 66 + 4 * ib);
-  const float db = aubier_iq_db(d, aux >> 28, 0.5f);
+                "  const uint aux = aubier_u32(b + 66 + 4 * ib);
+  precise float db = aubier_iq_db(d, aux >> 28, 0.5f);
 ",
                 [
-                    "aubier_iq3xxs_grid[b[2 + 8 * ib + 2 * l]]",
-                    "aubier_iq3xxs_grid[b[3 + 8 * ib + 2 * l]]",
+                    "aubier_iq3xxs_grid[aubier_b8(b + 2 + 8 * ib + 2 * l)]",
+                    "aubier_iq3xxs_grid[aubier_b8(b + 3 + 8 * ib + 2 * l)]",
                 ],
-                "(unsigned int)aubier_ksigns_iq2xs[(aux >> (7 * l)) & 127u]",
+                "aubier_ksigns_iq2xs[(aux >> (7 * l)) & 127u]",
             ),
             // db = d·(1 + 2s); the ninth index bit of row 2l + t is qh bit 2l + t.
             Iq3::IQ3_S => (
-                "  const unsigned int sc = ((unsigned int)b[106 + (ib >> 1)] >> (4 * (ib & 1))) & 15u;
-  const float db = d * (float)(1 + 2 * (int)sc);
-  const unsigned int qh = b[66 + ib];
+                "  const uint sc = (aubier_b8(b + 106 + (ib >> 1)) >> (4 * (ib & 1))) & 15u;
+  precise float db = d * float(1 + 2 * int(sc));
+  const uint qh = aubier_b8(b + 66 + ib);
 ",
                 [
-                    "aubier_iq3s_grid[b[2 + 8 * ib + 2 * l] | ((qh << (8 - 2 * l)) & 256u)]",
-                    "aubier_iq3s_grid[b[3 + 8 * ib + 2 * l] | ((qh << (7 - 2 * l)) & 256u)]",
+                    "aubier_iq3s_grid[aubier_b8(b + 2 + 8 * ib + 2 * l) | ((qh << (8 - 2 * l)) & 256u)]",
+                    "aubier_iq3s_grid[aubier_b8(b + 3 + 8 * ib + 2 * l) | ((qh << (7 - 2 * l)) & 256u)]",
                 ],
-                "(unsigned int)b[74 + 4 * ib + l]",
+                "aubier_b8(b + 74 + 4 * ib + l)",
             ),
         };
         f.write_str(scale)?;
         writeln!(f, "  for (int g = 0; g < 2; ++g) {{")?;
         writeln!(f, "    const int l = 2 * h + g;")?;
-        writeln!(f, "    const unsigned int signs = {signs};")?;
+        writeln!(f, "    const uint signs = {signs};")?;
         writeln!(
             f,
-            "    aubier_put_signed(out + 8 * g, 4, db, {}, signs);",
+            "    aubier_put_signed(y, 8 * g, 4, db, {}, signs);",
             rows[0]
         )?;
         writeln!(
             f,
-            "    aubier_put_signed(out + 8 * g + 4, 4, db, {}, signs >> 4);",
+            "    aubier_put_signed(y, 8 * g + 4, 4, db, {}, signs >> 4);",
             rows[1]
         )?;
         writeln!(f, "  }}")
@@ -777,16 +790,16 @@ impl Display for Iq1 {
             // qh u16 per sub-block: 3 high index bits per group, scale bits 12..15, delta sign
             // bit 15.
             Iq1::IQ1_S => {
-                "  const float d = aubier_f16(b);
+                "  precise float d = aubier_f16(b);
   const int ib = s >> 1;
   const int h = s & 1;
-  const unsigned int qh = aubier_u16(b + 34 + 2 * ib);
-  const float dl = d * (float)(2 * (int)((qh >> 12) & 7u) + 1);
-  const float delta = (qh & 0x8000u) ? -0.125f : 0.125f;
+  const uint qh = aubier_u16(b + 34 + 2 * ib);
+  precise float dl = d * float(2 * int((qh >> 12) & 7u) + 1);
+  precise float delta = (qh & 0x8000u) != 0u ? -0.125f : 0.125f;
   for (int g = 0; g < 2; ++g) {
     const int l = 2 * h + g;
-    const unsigned int idx = b[2 + 4 * ib + l] | (((qh >> (3 * l)) & 7u) << 8);
-    aubier_put_iq1(out + 8 * g, dl, aubier_iq1s_grid[idx], delta);
+    const uint idx = aubier_b8(b + 2 + 4 * ib + l) | (((qh >> (3 * l)) & 7u) << 8);
+    aubier_put_iq1(y, 8 * g, dl, aubier_iq1s_grid[idx], delta);
   }
 "
             }
@@ -794,19 +807,19 @@ impl Display for Iq1 {
             // scale of half h of sub-block ib is bits 6(ib % 2) + 3h of word ib / 2; group l's
             // qh nibble holds 3 high index bits and the delta sign (bit 3).
             Iq1::IQ1_M => {
-                "  const unsigned int d_bits = (aubier_u16(b + 48) >> 12) | ((aubier_u16(b + 50) >> 8) & 0x00f0u) |
-                              ((aubier_u16(b + 52) >> 4) & 0x0f00u) | (aubier_u16(b + 54) & 0xf000u);
-  const float d = aubier_f16_bits(d_bits);
+                "  const uint d_bits = (aubier_u16(b + 48) >> 12) | ((aubier_u16(b + 50) >> 8) & 0x00f0u) |
+                      ((aubier_u16(b + 52) >> 4) & 0x0f00u) | (aubier_u16(b + 54) & 0xf000u);
+  precise float d = aubier_f16_bits(d_bits);
   const int ib = s >> 1;
   const int h = s & 1;
-  const unsigned int sw = aubier_u16(b + 48 + 2 * (ib >> 1)) >> (6 * (ib & 1));
-  const float dl = d * (float)(2 * (int)((sw >> (3 * h)) & 7u) + 1);
+  const uint sw = aubier_u16(b + 48 + 2 * (ib >> 1)) >> (6 * (ib & 1));
+  precise float dl = d * float(2 * int((sw >> (3 * h)) & 7u) + 1);
   for (int g = 0; g < 2; ++g) {
     const int l = 2 * h + g;
-    const unsigned int nib = ((unsigned int)b[32 + 2 * ib + h] >> (4 * g)) & 15u;
-    const unsigned int idx = b[4 * ib + l] | ((nib & 7u) << 8);
-    const float delta = (nib & 8u) ? -0.125f : 0.125f;
-    aubier_put_iq1(out + 8 * g, dl, aubier_iq1s_grid[idx], delta);
+    const uint nib = (aubier_b8(b + 32 + 2 * ib + h) >> (4 * g)) & 15u;
+    const uint idx = aubier_b8(b + 4 * ib + l) | ((nib & 7u) << 8);
+    precise float delta = (nib & 8u) != 0u ? -0.125f : 0.125f;
+    aubier_put_iq1(y, 8 * g, dl, aubier_iq1s_grid[idx], delta);
   }
 "
             }
@@ -816,18 +829,18 @@ impl Display for Iq1 {
 
 /// IQ4_XS: sub-block `ib` scale `(lo | hi << 4) − 32` from `scales_l` nibble `ib % 2` of byte
 /// `ib / 2` and `scales_h` bit pair `ib`; half `h` reads nibble `h` of `qs[16ib ..]`.
-const IQ4_XS_BODY: &str = "  const float d = aubier_f16(b);
+const IQ4_XS_BODY: &str = "  precise float d = aubier_f16(b);
   const int ib = s >> 1;
   const int h = s & 1;
-  const unsigned int lo = ((unsigned int)b[4 + (ib >> 1)] >> (4 * (ib & 1))) & 15u;
-  const unsigned int hi = (aubier_u16(b + 2) >> (2 * ib)) & 3u;
-  const float dl = d * (float)((int)(lo | (hi << 4)) - 32);
+  const uint lo = (aubier_b8(b + 4 + (ib >> 1)) >> (4 * (ib & 1))) & 15u;
+  const uint hi = (aubier_u16(b + 2) >> (2 * ib)) & 3u;
+  precise float dl = d * float(int(lo | (hi << 4)) - 32);
   for (int j = 0; j < 16; ++j) {
-    out[j] = dl * (float)aubier_kvalues_iq4nl[((unsigned int)b[8 + 16 * ib + j] >> (4 * h)) & 15u];
+    y[j] = dl * float(aubier_kvalues_iq4nl[(aubier_b8(b + 8 + 16 * ib + j) >> (4 * h)) & 15u]);
   }
 ";
 
-/// A lookup table of [`crate::quant_grids`], emitted as a `__constant__` C++ array.
+/// A lookup table of [`crate::quant_grids`], emitted as an `AUBIER_TABLE` array.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Table {
     Iq2xxsGrid,
@@ -855,18 +868,23 @@ impl Display for Table {
     }
 }
 
-/// The tables of one type, in order.
-struct Tables(&'static [Table]);
+/// The tables of one type, in order, after the definitions of the language (none when the type
+/// reads no table).
+struct Tables(&'static [Table], Lang);
 
 impl Display for Tables {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        if !self.0.is_empty() {
+            f.write_str(self.1.prims())?;
+        }
         self.0.iter().try_for_each(|t| Display::fmt(t, f))
     }
 }
 
-/// An integer element type of a C++ table and how its literals are spelled.
+/// An integer element type of a table and how its literals are spelled (the same in C++ and
+/// GLSL).
 trait CElem: Copy {
-    /// The C++ type.
+    /// The element type.
     const C_TYPE: &'static str;
     /// Values per line.
     const PER_LINE: usize;
@@ -875,15 +893,15 @@ trait CElem: Copy {
 }
 
 impl CElem for u64 {
-    const C_TYPE: &'static str = "unsigned long long";
+    const C_TYPE: &'static str = "uint64_t";
     const PER_LINE: usize = 4;
     fn write(self, f: &mut Formatter<'_>) -> fmt::Result {
-        write!(f, "0x{self:016x}ull")
+        write!(f, "0x{self:016x}ul")
     }
 }
 
 impl CElem for u32 {
-    const C_TYPE: &'static str = "unsigned int";
+    const C_TYPE: &'static str = "uint";
     const PER_LINE: usize = 8;
     fn write(self, f: &mut Formatter<'_>) -> fmt::Result {
         write!(f, "0x{self:08x}u")
@@ -891,7 +909,7 @@ impl CElem for u32 {
 }
 
 impl CElem for u8 {
-    const C_TYPE: &'static str = "unsigned char";
+    const C_TYPE: &'static str = "uint";
     const PER_LINE: usize = 16;
     fn write(self, f: &mut Formatter<'_>) -> fmt::Result {
         write!(f, "{self}")
@@ -899,14 +917,14 @@ impl CElem for u8 {
 }
 
 impl CElem for i8 {
-    const C_TYPE: &'static str = "signed char";
+    const C_TYPE: &'static str = "int";
     const PER_LINE: usize = 16;
     fn write(self, f: &mut Formatter<'_>) -> fmt::Result {
         write!(f, "{self}")
     }
 }
 
-/// `__constant__ const T aubier_<name>[N] = {…};` in its `AUBIER_TABLE_<NAME>` guard.
+/// `AUBIER_TABLE T aubier_<name>[N] = {…};` in its `AUBIER_TABLE_<NAME>` guard.
 struct CArray<'a, T>(&'a str, &'a [T]);
 
 impl<T: CElem> Display for CArray<'_, T> {
@@ -917,7 +935,7 @@ impl<T: CElem> Display for CArray<'_, T> {
         writeln!(f, "#define AUBIER_TABLE_{guard}")?;
         writeln!(
             f,
-            "__constant__ const {} aubier_{name}[{}] = {{",
+            "AUBIER_TABLE {} aubier_{name}[{}] = {{",
             T::C_TYPE,
             values.len()
         )?;
@@ -935,6 +953,25 @@ impl<T: CElem> Display for CArray<'_, T> {
     }
 }
 
+/// The quant types `k` reads, sorted, without F32 (read inline).
+pub(crate) fn quant_types(k: &Kernel) -> Vec<String> {
+    let mut tys: Vec<String> = k
+        .params
+        .iter()
+        .filter_map(|(_, kind)| match kind {
+            ParamKind::Weight { ggml_type, .. } | ParamKind::Experts { ggml_type, .. }
+                if ggml_type != "F32" =>
+            {
+                Some(ggml_type.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    tys.sort();
+    tys.dedup();
+    tys
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -943,13 +980,16 @@ mod tests {
     fn every_supported_type_has_a_function_and_tables() {
         for &name in supported_types() {
             let ty = GgmlType::from_name(name).expect("a ggml type name");
-            let text = device_fn(name).expect("supported").to_string();
-            let signature = format!(
-                "__device__ inline void aubier_dq16_{}(const unsigned char* row, int c, float* out) {{",
-                name.to_ascii_lowercase()
-            );
-            assert!(text.contains(&signature), "{name}:\n{text}");
-            assert!(device_tables(name).is_some(), "{name}");
+            for lang in [Lang::Cpp, Lang::Glsl] {
+                let text = device_fn(name, lang).expect("supported").to_string();
+                let signature = format!(
+                    "AUBIER_FN void aubier_dq16_{}(aubier_ptr row, int c, AUBIER_OUT16(y)) {{",
+                    name.to_ascii_lowercase()
+                );
+                assert!(text.starts_with(lang.prims()), "{name}:\n{text}");
+                assert!(text.contains(&signature), "{name}:\n{text}");
+                assert!(device_tables(name, lang).is_some(), "{name}");
+            }
             // Block sizes are 1 or whole multiples of the 16-element chunk.
             assert!(
                 ty.block_size() == 1 || ty.block_size().is_multiple_of(16),
@@ -961,26 +1001,34 @@ mod tests {
     #[test]
     fn names_are_matched_ignoring_ascii_case_and_unknown_ones_are_none() {
         assert_eq!(
-            device_fn("iq2_xxs").map(|t| t.to_string()),
-            device_fn("IQ2_XXS").map(|t| t.to_string())
+            device_fn("iq2_xxs", Lang::Cpp).map(|t| t.to_string()),
+            device_fn("IQ2_XXS", Lang::Cpp).map(|t| t.to_string())
         );
         for name in [
             "Q8_K", "Q8_1", "TQ1_0", "MXFP4", "I32", "F64", "", "Q2K", "q2_k ",
         ] {
-            assert!(device_fn(name).is_none(), "{name:?}");
-            assert!(device_tables(name).is_none(), "{name:?}");
+            assert!(device_fn(name, Lang::Glsl).is_none(), "{name:?}");
+            assert!(device_tables(name, Lang::Glsl).is_none(), "{name:?}");
         }
     }
 
     #[test]
     fn types_without_tables_emit_none_and_shared_tables_are_guarded() {
-        assert_eq!(device_tables("Q2_K").expect("supported").to_string(), "");
-        let text = device_tables("IQ2_XXS").expect("supported").to_string();
+        assert_eq!(
+            device_tables("Q2_K", Lang::Cpp)
+                .expect("supported")
+                .to_string(),
+            ""
+        );
+        let text = device_tables("IQ2_XXS", Lang::Cpp)
+            .expect("supported")
+            .to_string();
         assert!(
             text.contains("#ifndef AUBIER_TABLE_KSIGNS_IQ2XS\n"),
             "{text}"
         );
-        assert!(text.contains("__constant__ const unsigned long long aubier_iq2xxs_grid[256] = {"));
+        assert!(text.starts_with(Lang::Cpp.prims()), "{text}");
+        assert!(text.contains("AUBIER_TABLE uint64_t aubier_iq2xxs_grid[256] = {"));
     }
 
     /// The emitted literals read back as the runtime's tables, entry for entry.
@@ -996,7 +1044,7 @@ mod tests {
                 .map(str::trim)
                 .filter(|s| !s.is_empty())
                 .map(|s| {
-                    let s = s.trim_end_matches("ull").trim_end_matches('u');
+                    let s = s.trim_end_matches("ul").trim_end_matches('u');
                     match s.strip_prefix("0x") {
                         Some(hex) => i64::from_str_radix(hex, 16)
                             .or_else(|_| u64::from_str_radix(hex, 16).map(|v| v as i64))
@@ -1007,23 +1055,37 @@ mod tests {
                 .collect()
         }
         let as_i64 = |v: &[u64]| v.iter().map(|&x| x as i64).collect::<Vec<_>>();
-        let iq2 = device_tables("IQ2_XXS").expect("supported").to_string();
+        let iq2 = device_tables("IQ2_XXS", Lang::Glsl)
+            .expect("supported")
+            .to_string();
         assert_eq!(values(&iq2, "iq2xxs_grid"), as_i64(&IQ2XXS_GRID));
         let ksigns: Vec<i64> = KSIGNS_IQ2XS.iter().map(|&x| i64::from(x)).collect();
         assert_eq!(values(&iq2, "ksigns_iq2xs"), ksigns);
-        let xs = device_tables("IQ2_XS").expect("supported").to_string();
+        let xs = device_tables("IQ2_XS", Lang::Glsl)
+            .expect("supported")
+            .to_string();
         assert_eq!(values(&xs, "iq2xs_grid"), as_i64(&IQ2XS_GRID));
-        let s = device_tables("IQ2_S").expect("supported").to_string();
+        let s = device_tables("IQ2_S", Lang::Glsl)
+            .expect("supported")
+            .to_string();
         assert_eq!(values(&s, "iq2s_grid"), as_i64(&IQ2S_GRID));
-        let iq3 = device_tables("IQ3_XXS").expect("supported").to_string();
+        let iq3 = device_tables("IQ3_XXS", Lang::Glsl)
+            .expect("supported")
+            .to_string();
         let want: Vec<i64> = IQ3XXS_GRID.iter().map(|&x| i64::from(x)).collect();
         assert_eq!(values(&iq3, "iq3xxs_grid"), want);
-        let iq3s = device_tables("IQ3_S").expect("supported").to_string();
+        let iq3s = device_tables("IQ3_S", Lang::Glsl)
+            .expect("supported")
+            .to_string();
         let want: Vec<i64> = IQ3S_GRID.iter().map(|&x| i64::from(x)).collect();
         assert_eq!(values(&iq3s, "iq3s_grid"), want);
-        let iq1 = device_tables("IQ1_M").expect("supported").to_string();
+        let iq1 = device_tables("IQ1_M", Lang::Glsl)
+            .expect("supported")
+            .to_string();
         assert_eq!(values(&iq1, "iq1s_grid"), as_i64(&IQ1S_GRID));
-        let nl = device_tables("IQ4_XS").expect("supported").to_string();
+        let nl = device_tables("IQ4_XS", Lang::Glsl)
+            .expect("supported")
+            .to_string();
         let want: Vec<i64> = KVALUES_IQ4NL.iter().map(|&x| i64::from(x)).collect();
         assert_eq!(values(&nl, "kvalues_iq4nl"), want);
     }
@@ -1032,8 +1094,10 @@ mod tests {
     /// helpers it calls.
     #[test]
     fn helpers_come_once_and_after_their_dependencies() {
-        let text = device_fn("IQ1_M").expect("supported").to_string();
-        for guard in ["AUBIER_DQ_BYTES", "AUBIER_DQ_AS_F32", "AUBIER_DQ_F16"] {
+        let text = device_fn("IQ1_M", Lang::Cpp)
+            .expect("supported")
+            .to_string();
+        for guard in ["AUBIER_DQ_PRIMS", "AUBIER_DQ_BYTES", "AUBIER_DQ_F16"] {
             assert_eq!(
                 text.matches(&format!("#ifndef {guard}\n")).count(),
                 1,
