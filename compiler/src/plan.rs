@@ -171,6 +171,10 @@ pub struct PlanError {
     pub detail: String,
 }
 
+/// Name prefix of the expert predictions' outputs, `predicted_ids.{L}`
+/// ([`crate::passes::predict_experts`] writes them, [`Plan::predicted_ids`] reads them).
+pub const PREDICTED_IDS_PREFIX: &str = "predicted_ids.";
+
 impl Plan {
     /// The expert predictions of [`crate::passes::predict_experts`]: `(L, value)` for every
     /// output `predicted_ids.L` ([T, k] i32, the top-k of layer `L`'s router applied to the
@@ -181,10 +185,7 @@ impl Plan {
             .outputs
             .iter()
             .filter_map(|(name, v)| {
-                let layer = name
-                    .strip_prefix(crate::passes::predict_experts::OUTPUT_PREFIX)?
-                    .parse()
-                    .ok()?;
+                let layer = name.strip_prefix(PREDICTED_IDS_PREFIX)?.parse().ok()?;
                 Some((layer, *v))
             })
             .collect();

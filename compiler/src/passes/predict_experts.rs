@@ -18,10 +18,8 @@ use super::{add_typed, args_of, op_of, weight_of};
 use crate::error::CompileError;
 use crate::ir::{Graph, NodeId};
 use crate::ops::Op;
+use crate::plan::PREDICTED_IDS_PREFIX;
 use crate::types::Attrs;
-
-/// Name prefix of the prediction outputs: `predicted_ids.{L}`.
-pub const OUTPUT_PREFIX: &str = "predicted_ids.";
 
 /// Stage name of the pass.
 const STAGE: &str = "predict_experts";
@@ -78,7 +76,7 @@ pub fn run(g: &mut Graph) -> Result<usize, CompileError> {
             &[logits],
             format!("blk.{l}.pred_router_probs"),
         )?;
-        let name = format!("{OUTPUT_PREFIX}{l}");
+        let name = format!("{PREDICTED_IDS_PREFIX}{l}");
         let ids = add_typed(g, STAGE, Op::TopK, r.top_k, &[probs], name.clone())?;
         g.outputs.push((name, ids));
         for n in [r.norm.1, r.gate.1, norm, logits, probs, ids] {
