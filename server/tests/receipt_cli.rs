@@ -200,11 +200,20 @@ fn replay_receipt_matches_the_printed_table_and_the_json() {
     check_common(&r, "replay", &["--sweep 2,4", &t_arg], &before, &after);
     assert_eq!(r["model"], format!("synthetic {spec}").as_str());
     assert!(r["backend"].is_null() && r["peer"].is_null());
-    // The table's rows: slots, then the served fraction of each default policy to 4 decimals.
+    // The table's `served` rows: slots, `served`, then the served fraction of each default
+    // policy to 4 decimals (the loads and MiB rows below each are not the receipt's figures).
     let policies = ["2q", "lru", "lfu", "static", "min"];
     let rows: Vec<Vec<f64>> = table
         .lines()
-        .filter_map(|l| l.split_whitespace().map(|w| w.parse().ok()).collect())
+        .filter_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            (words.get(1) == Some(&"served")).then(|| {
+                std::iter::once(words[0])
+                    .chain(words[2..].iter().copied())
+                    .map(|w| w.parse().expect("a number"))
+                    .collect()
+            })
+        })
         .collect();
     let figures = r["figures"].as_array().expect("a sweep is a list");
     assert_eq!(rows.len(), 2);
