@@ -2,11 +2,14 @@
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_buffer_reference2 : require
 #extension GL_EXT_shader_8bit_storage : require
+#extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
 #extension GL_EXT_spirv_intrinsics : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 spirv_execution_mode(extensions = ["SPV_KHR_float_controls"], capabilities = [4466], 4461, 32);
 layout(buffer_reference, std430, buffer_reference_align = 1) readonly buffer AubierBytes { uint8_t v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 2) readonly buffer AubierU16 { uint16_t v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer AubierU32 { uint v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer AubierF32 { float v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer AubierI32 { int v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer AubierU64 { uint64_t v[]; };

@@ -28,8 +28,10 @@
 //! - [`Stmt::WarpReduce`] is the IR's xor butterfly over `subgroupShuffleXor` with offsets
 //!   `warp/2 … 1`: the result is the IR's (and [`super::cpu_exec`]'s) only when the device's
 //!   subgroup size equals the kernel's reduction width, which the executor checks.
-//! - device features: `bufferDeviceAddress`, `storageBuffer8BitAccess` (quant blocks are read a
-//!   byte at a time, at any alignment, never past a tensor's end), `shaderInt64` (addresses),
+//! - device features: `bufferDeviceAddress`, `storageBuffer8BitAccess` and
+//!   `storageBuffer16BitAccess` (quant blocks are read in bytes, aligned 16-bit and aligned 32-bit
+//!   words, never past a tensor's end: a weight's rows start 2-byte aligned, 4-byte aligned for
+//!   the types whose block size is a multiple of 4, see [`super::quant`]), `shaderInt64` (addresses),
 //!   `shaderFloat64` (`ln`, `sin`, `cos`), subgroup shuffles, and the float-controls property
 //!   `shaderSignedZeroInfNanPreserveFloat32`; lavapipe, NVIDIA and AMD (RADV, AMDVLK) have them.
 //!
@@ -196,11 +198,14 @@ const PRELUDE: &str = r#"#version 460
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_buffer_reference2 : require
 #extension GL_EXT_shader_8bit_storage : require
+#extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
 #extension GL_EXT_spirv_intrinsics : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 spirv_execution_mode(extensions = ["SPV_KHR_float_controls"], capabilities = [4466], 4461, 32);
 layout(buffer_reference, std430, buffer_reference_align = 1) readonly buffer AubierBytes { uint8_t v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 2) readonly buffer AubierU16 { uint16_t v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer AubierU32 { uint v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer AubierF32 { float v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer AubierI32 { int v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer AubierU64 { uint64_t v[]; };

@@ -6,10 +6,16 @@
 //! [`KQKV_TILE`]) are multiples of every such width.
 //! - Mat-vec ([`mat_vec`]; serves `mat_mul`, `head_mat_mul` and both WKB directions): one warp
 //!   per output row, [`rows_per_block`]` = 256 / W` warps per block,
-//!   `grid = (ceil(out / (256 / W)), heads)`. Lane `l` dequantizes 16-element chunks
-//!   `l, l + W, …` of the row ([`Stmt::Dequant16`](super::ir::Stmt)), sums `w·x` over them in
-//!   order, then the warp butterfly adds the `W` partials. Tokens are an inner loop, so a block
-//!   reads its rows once per token from cache, never from a dequantized copy.
+//!   `grid = (ceil(out / (256 / W)), heads)`. The block first copies its activation row
+//!   `x[t, h, 0..n_in]` into shared memory (when it fits [`MAT_VEC_STAGE_BYTES`]; else lanes read
+//!   it from global memory), so its `256 / W` rows read `x` from there. Lane `l` dequantizes
+//!   16-element chunks `l, l + W, …` of the row ([`Stmt::Dequant16`](super::ir::Stmt): quant
+//!   blocks read as 16- or 32-bit words and unpacked in registers, see [`super::quant`]), sums
+//!   `w·x` over them in order, then the warp butterfly adds the `W` partials; the staging copies
+//!   values, so each output's sum is the same as reading `x` in place. Learned from ggml's Vulkan
+//!   mat-vec shaders (`vulkan-shaders/mul_mat_vec_q*_k.comp`, llama.cpp PR #10387: 16-bit
+//!   aliases of the quant blocks, words unpacked with byte masks); ggml reads the activations as
+//!   vec4 loads and keeps several rows per thread, which would change the summation order here.
 //! - Row kernels (RMSNorm, softmax, rope, copies): one block per row, threads stride the row;
 //!   reductions are [`block_reduce`] (warp butterflies, then shared-memory rounds).
 //! - KQKV ([`kqkv_split`] + [`kqkv_merge`]): flash-decoding. Keys are cut into splits of
@@ -22,8 +28,8 @@
 //!   sum, so the result is the same for any cache contents past the window.
 
 use super::ir::{
-    block_reduce, bx, by, ci, keys, tid, tokens, Expr, IrError, Kb, Kernel, ParamKind, ReduceOp,
-    Scalar, Size,
+    block_reduce, bx, by, ci, keys, tid, tokens, Expr, IrError, Kb, Kernel, Param, ParamKind,
+    ReduceOp, Scalar, Size, Var,
 };
 use crate::ggml_type::GgmlType;
 use aubier_compiler::config::{QueryTemperature, YarnParams};
@@ -142,6 +148,55 @@ pub struct MatVecShape {
     pub rows: Size,
 }
 
+/// Bytes of shared memory a mat-vec stages its activation row in (at most): the 16 KiB every
+/// Vulkan device has (`maxComputeSharedMemorySize` ≥ 16384), so rows up to 4096 elements.
+pub const MAT_VEC_STAGE_BYTES: usize = 16384;
+
+/// Where a mat-vec block reads its activation row of `n` elements from.
+#[derive(Clone, Copy)]
+pub(crate) enum RowSource {
+    /// Shared memory, filled by [`stage_row`].
+    Shared(super::ir::Shared),
+    /// Global memory: `x[base + i]`.
+    Global(Param, Var),
+}
+
+impl RowSource {
+    /// Element `i` of the row.
+    pub(crate) fn read(self, kb: &Kb, i: Expr) -> Expr {
+        match self {
+            RowSource::Shared(xs) => kb.lds(xs, i),
+            RowSource::Global(x, base) => kb.load(x, Expr::from(base) + i),
+        }
+    }
+}
+
+/// Stages `x[base .. base + n]` (the same for every thread of the block) in shared memory when it
+/// fits [`MAT_VEC_STAGE_BYTES`]: the threads copy it in strides of the block, then a barrier. The
+/// copy is exact, so sums over it are the sums over `x`. Else the row is read in place.
+pub(crate) fn stage_row(kb: &mut Kb, x: Param, base: Var, n: usize) -> RowSource {
+    if n * 4 > MAT_VEC_STAGE_BYTES {
+        return RowSource::Global(x, base);
+    }
+    let xs = kb.shared("xrow", Scalar::F32, n);
+    kb.for_("j", tid(), ci(n), BLOCK as i32, |kb, j| {
+        let v = kb.load(x, Expr::from(base) + j.clone());
+        kb.sts(xs, j, v);
+    });
+    kb.barrier();
+    RowSource::Shared(xs)
+}
+
+/// Elements of 16-element chunk `c` inside a row of `n`: the constant 16 when `n` is a multiple
+/// of 16 (every quantized row; the loop then unrolls), else `min(n − 16c, 16)`.
+pub(crate) fn chunk_len(n: usize, c: Expr) -> Expr {
+    if n.is_multiple_of(16) {
+        ci(16)
+    } else {
+        (ci(n) - c * 16).min(16)
+    }
+}
+
 /// Warps (output rows) per mat-vec block of warps of `warp` lanes (at least 1).
 pub fn rows_per_block(warp: u32) -> usize {
     (BLOCK / warp.max(1)).max(1) as usize
@@ -157,7 +212,12 @@ pub fn mat_vec(s: &MatVecShape, warp: u32) -> R {
     let rows = rows_per_block(warp);
     let note = format!(
         "mat-vec: y[t,h,o] = W[h*{n}+o,:] . x[t,h,0..{n_in}] ({ty}), {heads} head(s){tail}; one warp per row,\n\
-         lanes take 16-element chunks l, l+{warp}, ..., then a butterfly sum; one block row per (token, head).",
+         lanes take 16-element chunks l, l+{warp}, ..., then a butterfly sum; one block row per (token, head){stage}.",
+        stage = if n_in * 4 <= MAT_VEC_STAGE_BYTES {
+            "; x staged in shared memory"
+        } else {
+            ""
+        },
         n = s.n_out,
         ty = s.w.ggml_type,
         heads = s.heads,
@@ -190,12 +250,12 @@ pub fn mat_vec(s: &MatVecShape, warp: u32) -> R {
     let n_chunks = n_in.div_ceil(16);
     // `by` is `t·heads + h`: the row of x and y that this block reads and writes.
     let xb = kb.let_("xb", by() * ci(xw));
+    let staged = stage_row(&mut kb, x, xb, n_in);
     let acc = kb.let_("acc", 0.0f32);
     kb.for_("c", lane, ci(n_chunks), w32, |kb, c| {
         kb.dequant16(w, None, row, c.clone(), buf);
-        let m = (ci(n_in) - c.clone() * 16).min(16);
-        kb.for_("i", 0, m, 1, |kb, i| {
-            let xv = kb.load(x, Expr::from(xb) + c.clone() * 16 + i.clone());
+        kb.for_("i", 0, chunk_len(n_in, c.clone()), 1, |kb, i| {
+            let xv = staged.read(kb, c.clone() * 16 + i.clone());
             let wv = kb.ldl(buf, i);
             kb.set(acc, Expr::from(acc) + wv * xv);
         });

@@ -22,14 +22,29 @@
 //! `-ffp-contract`. f16 is widened by integer bit manipulation (subnormals through an exact
 //! int→float conversion), so flush-to-zero modes cannot change a value either.
 //!
+//! Loads. Quant bytes are read as words and unpacked in registers, never from a repacked copy:
+//! the 16 bytes a chunk reads (Q2_K's two-bit planes, Q6_K's `ql` and `qh` runs, a legacy
+//! block's nibbles, …) are four words, loaded by `aubier_load16_a4` (four 32-bit loads) where the
+//! type's block size and the run's offset in it are multiples of 4 (Q2_K 84 B, Q4_K 144 B, Q5_K
+//! 176 B, Q4_1, Q5_1, IQ4_XS) and by `aubier_load16_a2` (eight 16-bit loads) where a block is only
+//! 2-byte aligned (Q3_K 110 B, Q6_K 210 B, Q4_0 18 B, Q8_0 34 B, …: 32-bit loads there are
+//! undefined on hardware); `aubier_byte(w, l)` takes byte `l` out of them. Every f16 scale is one
+//! 16-bit load (a `d`, `dmin` pair at a 4-byte offset of a 4-byte block one 32-bit load). Every
+//! block size is even and every word sits at an even offset of its block, so this needs `row` to
+//! be 2-byte aligned, 4-byte aligned for the types of 4-byte blocks; ggml's tensor data
+//! alignment (32 bytes) and whole-block rows give both. Single scale bytes stay byte loads.
+//! Words are little-endian, as every GPU and the host harness of `tests/kernels_quant.rs` are.
+//!
 //! One text, two languages. The helpers and bodies are written once, in the common subset of
 //! C++ and GLSL 4.60: functional casts (`float(x)`, `uint(x)`), explicit `!= 0u` conditions,
 //! `uint` / `uint64_t` / `int` / `float` only, a byte address `aubier_ptr` advanced by integer
-//! addition and read a byte at a time by `aubier_b8(p)` (a `uint`), every f32 local `precise`.
+//! addition, every f32 local `precise`.
 //! What the two languages spell differently is a short guarded block of definitions,
-//! [`Lang::prims`]: the function and table qualifiers (`AUBIER_FN`, `AUBIER_TABLE`), the output
+//! [`Lang::prims`]: the function and table qualifiers (`AUBIER_FN`, `AUBIER_TABLE`), the array
 //! parameters (`AUBIER_OUT16(y)`: C++ `float*`, GLSL `out precise float[16]`; `AUBIER_INOUT16`,
-//! `AUBIER_OUTU`), `aubier_ptr`, `aubier_b8` and `aubier_as_f32`; in C++ `precise` is empty (the
+//! `AUBIER_OUTU`, `AUBIER_OUT4` / `AUBIER_IN4` for four words), `aubier_ptr`, the loads
+//! (`aubier_b8` a byte, `aubier_ld16` an aligned little-endian 16-bit word, `aubier_ld32` an
+//! aligned 32-bit word, each returned as a `uint`) and `aubier_as_f32`; in C++ `precise` is empty (the
 //! kernels are compiled without contraction, `#pragma clang fp contract(off)`), in GLSL it makes
 //! every f32 operation SPIR-V `NoContraction`.
 //!
@@ -137,7 +152,13 @@ impl Lang {
 typedef unsigned int uint;
 typedef unsigned long uint64_t;
 typedef const unsigned char* aubier_ptr;
+#define AUBIER_OUT4(w) uint* w
+#define AUBIER_IN4(w) const uint* w
+typedef unsigned short __attribute__((may_alias)) aubier_h16;
+typedef unsigned int __attribute__((may_alias)) aubier_w32;
 __device__ inline uint aubier_b8(aubier_ptr p) { return *p; }
+__device__ inline uint aubier_ld16(aubier_ptr p) { return *(const aubier_h16*)p; }
+__device__ inline uint aubier_ld32(aubier_ptr p) { return *(const aubier_w32*)p; }
 /* The f32 whose IEEE bits are u. */
 __device__ inline float aubier_as_f32(uint u) {
   union { uint u; float f; } x;
@@ -155,8 +176,12 @@ __device__ inline float aubier_as_f32(uint u) {
 #define AUBIER_OUT16(y) out precise float y[16]
 #define AUBIER_INOUT16(y) inout precise float y[16]
 #define AUBIER_OUTU(x) out uint x
+#define AUBIER_OUT4(w) out uint w[4]
+#define AUBIER_IN4(w) uint w[4]
 #define aubier_ptr uint64_t
 uint aubier_b8(aubier_ptr p) { return uint(AubierBytes(p).v[0]); }
+uint aubier_ld16(aubier_ptr p) { return uint(AubierU16(p).v[0]); }
+uint aubier_ld32(aubier_ptr p) { return AubierU32(p).v[0]; }
 float aubier_as_f32(uint u) { return uintBitsToFloat(u); }
 #endif
 "
@@ -177,7 +202,8 @@ float aubier_as_f32(uint u) { return uintBitsToFloat(u); }
 /// `<type>` the name lower-cased (`aubier_dq16_q2_k`). It writes elements `16c .. 16c + 16`
 /// of a row (ggml `ne0` order) to `y[0..16]`, bit-exact with llama.cpp `dequantize_row_*`
 /// (`ggml/src/ggml-quants.c`) and gguf-py `gguf.quants.dequantize`. `row` is the row's first
-/// byte (no alignment needed); the caller guarantees `0 ≤ 16c` and `16c + 16 ≤` the row length,
+/// byte, 2-byte aligned, 4-byte aligned when the type's block size is a multiple of 4 (the module
+/// note's loads); the caller guarantees `0 ≤ 16c` and `16c + 16 ≤` the row length,
 /// which is a whole number of blocks. The tables it reads are [`device_tables`]`(ggml_type)`,
 /// which must come earlier in the translation unit.
 ///
@@ -318,12 +344,21 @@ impl Helper {
     fn code(self) -> &'static str {
         match self {
             Helper::Bytes => {
-                "/* Little-endian u16 / u32 at p (any alignment); a byte value 0..255 read as int8. */
-AUBIER_FN uint aubier_u16(aubier_ptr p) { return aubier_b8(p) | (aubier_b8(p + 1) << 8); }
-AUBIER_FN uint aubier_u32(aubier_ptr p) {
-  return aubier_b8(p) | (aubier_b8(p + 1) << 8) | (aubier_b8(p + 2) << 16) | (aubier_b8(p + 3) << 24);
-}
+                "/* Little-endian u16 / u32 at a 2-byte aligned p (one / two 16-bit loads); a byte value
+   0..255 read as int8. */
+AUBIER_FN uint aubier_u16(aubier_ptr p) { return aubier_ld16(p); }
+AUBIER_FN uint aubier_u32(aubier_ptr p) { return aubier_ld16(p) | (aubier_ld16(p + 2) << 16); }
 AUBIER_FN int aubier_i8(uint x) { return int(x ^ 0x80u) - 128; }
+/* The 16 bytes at p as four little-endian words: eight 16-bit loads where p is only 2-byte
+   aligned (_a2), four 32-bit loads where it is 4-byte aligned (_a4). */
+AUBIER_FN void aubier_load16_a2(aubier_ptr p, AUBIER_OUT4(w)) {
+  for (int i = 0; i < 4; ++i) w[i] = aubier_ld16(p + 4 * i) | (aubier_ld16(p + (4 * i + 2)) << 16);
+}
+AUBIER_FN void aubier_load16_a4(aubier_ptr p, AUBIER_OUT4(w)) {
+  for (int i = 0; i < 4; ++i) w[i] = aubier_ld32(p + 4 * i);
+}
+/* Byte l (0..15) of the 16 bytes held in w, unpacked in registers. */
+AUBIER_FN uint aubier_byte(AUBIER_IN4(w), int l) { return (w[l >> 2] >> (8 * (l & 3))) & 255u; }
 "
             }
             Helper::F16 => {
@@ -541,6 +576,20 @@ enum Legacy {
     IQ4_NL,
 }
 
+impl Legacy {
+    /// The ggml type.
+    fn ty(self) -> GgmlType {
+        match self {
+            Legacy::Q4_0 => GgmlType::Q4_0,
+            Legacy::Q4_1 => GgmlType::Q4_1,
+            Legacy::Q5_0 => GgmlType::Q5_0,
+            Legacy::Q5_1 => GgmlType::Q5_1,
+            Legacy::Q8_0 => GgmlType::Q8_0,
+            Legacy::IQ4_NL => GgmlType::IQ4_NL,
+        }
+    }
+}
+
 impl Display for Legacy {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
         f.write_str("  precise float d = aubier_f16(b);\n")?;
@@ -552,18 +601,43 @@ impl Display for Legacy {
             Legacy::Q5_1 => f.write_str("  const uint qh = aubier_u32(b + 4);\n")?,
             _ => {}
         }
-        // The nibble of element j of this chunk, and (Q5) its fifth bit `qh` bit j + 16s.
-        let nibble = |at: usize| format!("((aubier_b8(b + {at} + j) >> (4 * s)) & 15u)");
+        // The 16 quant bytes of the chunk (Q8_0: bytes 16s ..) in four words; the nibble of
+        // element j, and (Q5) its fifth bit `qh` bit j + 16s.
+        let at = match self {
+            Legacy::Q4_0 | Legacy::IQ4_NL | Legacy::Q8_0 => 2,
+            Legacy::Q4_1 => 4,
+            Legacy::Q5_0 => 6,
+            Legacy::Q5_1 => 8,
+        };
+        let load = load16(self.ty().type_size(), at);
+        let first = if matches!(self, Legacy::Q8_0) {
+            format!("b + {at} + 16 * s")
+        } else {
+            format!("b + {at}")
+        };
+        writeln!(f, "  uint w[4];\n  {load}({first}, w);")?;
+        let nibble = "((aubier_byte(w, j) >> (4 * s)) & 15u)";
         let fifth = "(((qh >> (j + 16 * s)) & 1u) << 4)";
         let value = match self {
-            Legacy::Q4_0 => format!("float(int({}) - 8) * d", nibble(2)),
-            Legacy::Q4_1 => format!("float({}) * d + m", nibble(4)),
-            Legacy::Q5_0 => format!("float(int({} | {fifth}) - 16) * d", nibble(6)),
-            Legacy::Q5_1 => format!("float({} | {fifth}) * d + m", nibble(8)),
-            Legacy::Q8_0 => "float(aubier_i8(aubier_b8(b + 2 + 16 * s + j))) * d".to_string(),
-            Legacy::IQ4_NL => format!("d * float(aubier_kvalues_iq4nl[{}])", nibble(2)),
+            Legacy::Q4_0 => format!("float(int({nibble}) - 8) * d"),
+            Legacy::Q4_1 => format!("float({nibble}) * d + m"),
+            Legacy::Q5_0 => format!("float(int({nibble} | {fifth}) - 16) * d"),
+            Legacy::Q5_1 => format!("float({nibble} | {fifth}) * d + m"),
+            Legacy::Q8_0 => "float(aubier_i8(aubier_byte(w, j))) * d".to_string(),
+            Legacy::IQ4_NL => format!("d * float(aubier_kvalues_iq4nl[{nibble}])"),
         };
         writeln!(f, "  for (int j = 0; j < 16; ++j) y[j] = {value};")
+    }
+}
+
+/// The helper that loads 16 quant bytes starting `at` bytes (plus a multiple of 16) into a block
+/// of `block_bytes`: 32-bit loads when both are multiples of 4 (the block, and so every block
+/// of a row, starts 4-byte aligned), else 16-bit loads (every block size is even).
+fn load16(block_bytes: usize, at: usize) -> &'static str {
+    if block_bytes.is_multiple_of(4) && at.is_multiple_of(4) {
+        "aubier_load16_a4"
+    } else {
+        "aubier_load16_a2"
     }
 }
 
@@ -584,38 +658,42 @@ impl Display for KQuant {
         f.write_str(match self {
             // Half n = s / 8 of the super-block reads qs[32n ..]; inside it, bit plane
             // j = (s / 2) % 4 (shift 2j) of byte run h = s % 2 (16 bytes).
+            // d and dmin are one 32-bit word, the 16 quant bytes four.
             KQuant::Q2_K => {
-                "  precise float d = aubier_f16(b + 80);
-  precise float dmin = aubier_f16(b + 82);
+                "  const uint dd = aubier_ld32(b + 80);
+  precise float d = aubier_f16_bits(dd & 0xffffu);
+  precise float dmin = aubier_f16_bits(dd >> 16);
   const uint sc = aubier_b8(b + s);
   precise float dl = d * float(sc & 15u);
   precise float ml = dmin * float(sc >> 4);
-  aubier_ptr q = b + 16 + 32 * (s >> 3) + 16 * (s & 1);
+  uint w[4];
+  aubier_load16_a4(b + 16 + 32 * (s >> 3) + 16 * (s & 1), w);
   const int shift = 2 * ((s >> 1) & 3);
-  for (int l = 0; l < 16; ++l) y[l] = dl * float((aubier_b8(q + l) >> shift) & 3u) - ml;
+  for (int i = 0; i < 4; ++i) w[i] = (w[i] >> shift) & 0x03030303u;
+  for (int l = 0; l < 16; ++l) y[l] = dl * float(aubier_byte(w, l)) - ml;
 "
             }
             // As Q2_K for the low two bits; the third comes from hmask bit 4n + j (set: +0,
-            // clear: −4).
+            // clear: −4): q = (low | hbit << 2) − 4, unpacked four bytes to a word.
             KQuant::Q3_K => {
                 "  precise float d_all = aubier_f16(b + 108);
   precise float dl = d_all * float(aubier_q3k_scale(b + 96, s));
-  aubier_ptr q = b + 32 + 32 * (s >> 3) + 16 * (s & 1);
-  aubier_ptr hm = b + 16 * (s & 1);
+  uint q[4];
+  aubier_load16_a2(b + 32 + 32 * (s >> 3) + 16 * (s & 1), q);
+  uint hm[4];
+  aubier_load16_a2(b + 16 * (s & 1), hm);
   const int shift = 2 * ((s >> 1) & 3);
-  const uint m = 1u << (4 * (s >> 3) + ((s >> 1) & 3));
-  for (int l = 0; l < 16; ++l) {
-    const int low = int((aubier_b8(q + l) >> shift) & 3u);
-    const int high = (aubier_b8(hm + l) & m) != 0u ? 0 : 4;
-    y[l] = dl * float(low - high);
-  }
+  const int hb = 4 * (s >> 3) + ((s >> 1) & 3);
+  for (int i = 0; i < 4; ++i) q[i] = ((q[i] >> shift) & 0x03030303u) | (((hm[i] >> hb) & 0x01010101u) << 2);
+  for (int l = 0; l < 16; ++l) y[l] = dl * float(int(aubier_byte(q, l)) - 4);
 "
             }
             // Run r = s / 4 of 64 elements: low nibbles of qs[32r ..] then their high nibbles;
             // hi = (s / 2) % 2 picks the nibble and the scale 2r + hi.
             KQuant::Q4_K => {
-                "  precise float d = aubier_f16(b);
-  precise float dmin = aubier_f16(b + 2);
+                "  const uint dd = aubier_ld32(b);
+  precise float d = aubier_f16_bits(dd & 0xffffu);
+  precise float dmin = aubier_f16_bits(dd >> 16);
   const int r = s >> 2;
   const int hi = (s >> 1) & 1;
   uint sc;
@@ -623,14 +701,17 @@ impl Display for KQuant {
   aubier_scale_min_k4(2 * r + hi, b + 4, sc, mn);
   precise float dl = d * float(sc);
   precise float ml = dmin * float(mn);
-  aubier_ptr q = b + 16 + 32 * r + 16 * (s & 1);
-  for (int l = 0; l < 16; ++l) y[l] = dl * float((aubier_b8(q + l) >> (4 * hi)) & 15u) - ml;
+  uint w[4];
+  aubier_load16_a4(b + 16 + 32 * r + 16 * (s & 1), w);
+  for (int i = 0; i < 4; ++i) w[i] = (w[i] >> (4 * hi)) & 0x0f0f0f0fu;
+  for (int l = 0; l < 16; ++l) y[l] = dl * float(aubier_byte(w, l)) - ml;
 "
             }
-            // Q4_K plus the fifth bit 2r + hi of qh[l].
+            // Q4_K plus the fifth bit 2r + hi of qh[l], merged four bytes to a word.
             KQuant::Q5_K => {
-                "  precise float d = aubier_f16(b);
-  precise float dmin = aubier_f16(b + 2);
+                "  const uint dd = aubier_ld32(b);
+  precise float d = aubier_f16_bits(dd & 0xffffu);
+  precise float dmin = aubier_f16_bits(dd >> 16);
   const int r = s >> 2;
   const int hi = (s >> 1) & 1;
   uint sc;
@@ -638,27 +719,31 @@ impl Display for KQuant {
   aubier_scale_min_k4(2 * r + hi, b + 4, sc, mn);
   precise float dl = d * float(sc);
   precise float ml = dmin * float(mn);
-  aubier_ptr qh = b + 16 + 16 * (s & 1);
-  aubier_ptr ql = b + 48 + 32 * r + 16 * (s & 1);
-  const uint bit = 1u << (2 * r + hi);
-  for (int l = 0; l < 16; ++l) {
-    const int q = int((aubier_b8(ql + l) >> (4 * hi)) & 15u) + ((aubier_b8(qh + l) & bit) != 0u ? 16 : 0);
-    y[l] = dl * float(q) - ml;
+  uint qh[4];
+  aubier_load16_a4(b + 16 + 16 * (s & 1), qh);
+  uint ql[4];
+  aubier_load16_a4(b + 48 + 32 * r + 16 * (s & 1), ql);
+  for (int i = 0; i < 4; ++i) {
+    ql[i] = ((ql[i] >> (4 * hi)) & 0x0f0f0f0fu) | (((qh[i] >> (2 * r + hi)) & 0x01010101u) << 4);
   }
+  for (int l = 0; l < 16; ++l) y[l] = dl * float(aubier_byte(ql, l)) - ml;
 "
             }
             // Half n = s / 8; quarter k = (s % 8) / 2 takes nibble k / 2 of ql[32(k % 2) ..]
-            // and bit pair k of qh; the int8 scale is scales[s]; y = (d·sc)·(q − 32).
+            // and bit pair k of qh (merged four bytes to a word); the int8 scale is scales[s];
+            // y = (d·sc)·(q − 32).
             KQuant::Q6_K => {
                 "  precise float d = aubier_f16(b + 208);
   const int k = (s & 7) >> 1;
   precise float dsc = d * float(aubier_i8(aubier_b8(b + 192 + s)));
-  aubier_ptr ql = b + 64 * (s >> 3) + 32 * (k & 1) + 16 * (s & 1);
-  aubier_ptr qh = b + 128 + 32 * (s >> 3) + 16 * (s & 1);
-  for (int l = 0; l < 16; ++l) {
-    const int q = int(((aubier_b8(ql + l) >> (4 * (k >> 1))) & 15u) | (((aubier_b8(qh + l) >> (2 * k)) & 3u) << 4)) - 32;
-    y[l] = dsc * float(q);
+  uint ql[4];
+  aubier_load16_a2(b + 64 * (s >> 3) + 32 * (k & 1) + 16 * (s & 1), ql);
+  uint qh[4];
+  aubier_load16_a2(b + 128 + 32 * (s >> 3) + 16 * (s & 1), qh);
+  for (int i = 0; i < 4; ++i) {
+    ql[i] = ((ql[i] >> (4 * (k >> 1))) & 0x0f0f0f0fu) | (((qh[i] >> (2 * k)) & 0x03030303u) << 4);
   }
+  for (int l = 0; l < 16; ++l) y[l] = dsc * float(int(aubier_byte(ql, l)) - 32);
 "
             }
         })
@@ -691,8 +776,9 @@ impl Display for Iq2 {
                 "  aubier_ptr q = b + 2 + 8 * ib;
   const uint aux = aubier_u32(q + 4);
   precise float db = aubier_iq_db(d, aux >> 28, 0.25f);
+  const uint gi = aubier_u16(q + 2 * h);
 ",
-                "aubier_iq2xxs_grid[aubier_b8(q + l)]",
+                "aubier_iq2xxs_grid[(gi >> (8 * g)) & 255u]",
                 "aubier_ksigns_iq2xs[(aux >> (7 * l)) & 127u]",
             ),
             Iq2::IQ2_XS => (
@@ -835,8 +921,10 @@ const IQ4_XS_BODY: &str = "  precise float d = aubier_f16(b);
   const uint lo = (aubier_b8(b + 4 + (ib >> 1)) >> (4 * (ib & 1))) & 15u;
   const uint hi = (aubier_u16(b + 2) >> (2 * ib)) & 3u;
   precise float dl = d * float(int(lo | (hi << 4)) - 32);
+  uint w[4];
+  aubier_load16_a4(b + 8 + 16 * ib, w);
   for (int j = 0; j < 16; ++j) {
-    y[j] = dl * float(aubier_kvalues_iq4nl[(aubier_b8(b + 8 + 16 * ib + j) >> (4 * h)) & 15u]);
+    y[j] = dl * float(aubier_kvalues_iq4nl[(aubier_byte(w, j) >> (4 * h)) & 15u]);
   }
 ";
 
@@ -996,6 +1084,29 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    /// 32-bit loads only in the types whose blocks are a multiple of 4 bytes (elsewhere they
+    /// would be misaligned on every other block), and in the 4-byte k-quants.
+    #[test]
+    fn word_loads_follow_the_block_alignment() {
+        for &name in supported_types() {
+            let ty = GgmlType::from_name(name).expect("a ggml type name");
+            let text = device_fn(name, Lang::Glsl).expect("supported").to_string();
+            let body = &text[text
+                .find(&format!("aubier_dq16_{}(", name.to_ascii_lowercase()))
+                .expect("the function")..];
+            let wide = body.contains("aubier_load16_a4") || body.contains("aubier_ld32");
+            assert!(!wide || ty.type_size().is_multiple_of(4), "{name}");
+            if matches!(name, "Q2_K" | "Q4_K" | "Q5_K") {
+                assert!(wide, "{name}");
+            }
+        }
+        assert_eq!(load16(84, 16), "aubier_load16_a4");
+        assert_eq!(load16(20, 4), "aubier_load16_a4");
+        assert_eq!(load16(24, 6), "aubier_load16_a2");
+        assert_eq!(load16(34, 2), "aubier_load16_a2");
+        assert_eq!(load16(210, 128), "aubier_load16_a2");
     }
 
     #[test]

@@ -16,8 +16,9 @@ use super::ir::{
     block_reduce, bx, by, ci, tid, Expr, IrError, Kb, Kernel, Param, ReduceOp, Scalar, Size,
 };
 use super::kernels::{
-    bad, check_dims, kqkv_merge, kqkv_split, mat_vec, phase, rope_elem, rows_per_block, size_expr,
-    temperature_factor, KqkvShape, MatVecShape, PhaseShape, WeightSpec, BLOCK, R,
+    bad, check_dims, chunk_len, kqkv_merge, kqkv_split, mat_vec, phase, rope_elem, rows_per_block,
+    size_expr, stage_row, temperature_factor, KqkvShape, MatVecShape, PhaseShape, WeightSpec,
+    BLOCK, R,
 };
 use super::GenError;
 use aubier_compiler::config::{ExpertLayout, QueryTemperature, YarnParams};
@@ -67,8 +68,7 @@ pub fn embed(name: &str, w: &WeightSpec, rows: &Size, warp: u32) -> R {
     let id = kb.let_("id", kb.load(ids, bx()));
     kb.for_("c", tid(), ci(d.div_ceil(16)), BLOCK as i32, |kb, c| {
         kb.dequant16(wp, None, id, c.clone(), buf);
-        let m = (ci(d) - c.clone() * 16).min(16);
-        kb.for_("i", 0, m, 1, |kb, i| {
+        kb.for_("i", 0, chunk_len(d, c.clone()), 1, |kb, i| {
             let v = kb.ldl(buf, i.clone());
             kb.store(y, bx() * ci(d) + c.clone() * 16 + i, v);
         });
@@ -492,6 +492,7 @@ pub fn moe_gate_up(
     let fr = kb.let_("fr", Expr::from(f).min(ci(n_ff - 1)));
     let e = kb.let_("e", expert_id(&kb, ids, by()));
     let hb = kb.let_("hb", (by() / ci(k)) * ci(d));
+    let staged = stage_row(&mut kb, h, hb, d);
     let g = kb.let_("g", 0.0f32);
     let u = kb.let_("u", 0.0f32);
     kb.for_("c", lane, ci(d.div_ceil(16)), warp as i32, |kb, c| {
@@ -503,12 +504,8 @@ pub fn moe_gate_up(
             c.clone(),
             ub,
         );
-        let m = (ci(d) - c.clone() * 16).min(16);
-        kb.for_("i", 0, m, 1, |kb, i| {
-            let xv = kb.let_(
-                "xv",
-                kb.load(h, Expr::from(hb) + c.clone() * 16 + i.clone()),
-            );
+        kb.for_("i", 0, chunk_len(d, c.clone()), 1, |kb, i| {
+            let xv = kb.let_("xv", staged.read(kb, c.clone() * 16 + i.clone()));
             kb.set(g, Expr::from(g) + kb.ldl(gb, i.clone()) * xv);
             kb.set(u, Expr::from(u) + kb.ldl(ub, i) * xv);
         });
@@ -554,8 +551,7 @@ pub fn moe_down(name: &str, down: &WeightSpec, d: usize, k: usize, warp: u32) ->
         let acc = kb.let_("acc", 0.0f32);
         kb.for_("c", lane, ci(n_ff.div_ceil(16)), warp as i32, |kb, c| {
             kb.dequant16(wd, Some(e.into()), orow, c.clone(), buf);
-            let m = (ci(n_ff) - c.clone() * 16).min(16);
-            kb.for_("i", 0, m, 1, |kb, i| {
+            kb.for_("i", 0, chunk_len(n_ff, c.clone()), 1, |kb, i| {
                 let av = kb.load(
                     act,
                     Expr::from(slot) * ci(n_ff) + c.clone() * 16 + i.clone(),
