@@ -162,6 +162,11 @@ pub(crate) enum RowSource {
 }
 
 impl RowSource {
+    /// Whether the row is in shared memory.
+    pub(crate) fn is_shared(self) -> bool {
+        matches!(self, RowSource::Shared(_))
+    }
+
     /// Element `i` of the row.
     pub(crate) fn read(self, kb: &Kb, i: Expr) -> Expr {
         match self {

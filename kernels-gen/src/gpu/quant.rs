@@ -790,9 +790,11 @@ impl Display for Iq2 {
             Iq2::IQ2_S => (
                 "  precise float db = aubier_iq_db(d, (aubier_b8(b + 74 + ib) >> (4 * h)) & 15u, 0.25f);
   const uint qh = aubier_b8(b + 66 + ib);
+  const uint gi = aubier_u16(b + 2 + 4 * ib + 2 * h);
+  const uint sg = aubier_u16(b + 34 + 4 * ib + 2 * h);
 ",
-                "aubier_iq2s_grid[aubier_b8(b + 2 + 4 * ib + l) | ((qh << (8 - 2 * l)) & 0x300u)]",
-                "aubier_b8(b + 34 + 4 * ib + l)",
+                "aubier_iq2s_grid[((gi >> (8 * g)) & 255u) | ((qh << (8 - 2 * l)) & 0x300u)]",
+                "(sg >> (8 * g)) & 255u",
             ),
         };
         f.write_str(scale)?;
@@ -825,8 +827,8 @@ impl Display for Iq3 {
   precise float db = aubier_iq_db(d, aux >> 28, 0.5f);
 ",
                 [
-                    "aubier_iq3xxs_grid[aubier_b8(b + 2 + 8 * ib + 2 * l)]",
-                    "aubier_iq3xxs_grid[aubier_b8(b + 3 + 8 * ib + 2 * l)]",
+                    "aubier_iq3xxs_grid[gi & 255u]",
+                    "aubier_iq3xxs_grid[gi >> 8]",
                 ],
                 "aubier_ksigns_iq2xs[(aux >> (7 * l)) & 127u]",
             ),
@@ -837,8 +839,8 @@ impl Display for Iq3 {
   const uint qh = aubier_b8(b + 66 + ib);
 ",
                 [
-                    "aubier_iq3s_grid[aubier_b8(b + 2 + 8 * ib + 2 * l) | ((qh << (8 - 2 * l)) & 256u)]",
-                    "aubier_iq3s_grid[aubier_b8(b + 3 + 8 * ib + 2 * l) | ((qh << (7 - 2 * l)) & 256u)]",
+                    "aubier_iq3s_grid[(gi & 255u) | ((qh << (8 - 2 * l)) & 256u)]",
+                    "aubier_iq3s_grid[(gi >> 8) | ((qh << (7 - 2 * l)) & 256u)]",
                 ],
                 "aubier_b8(b + 74 + 4 * ib + l)",
             ),
@@ -846,6 +848,8 @@ impl Display for Iq3 {
         f.write_str(scale)?;
         writeln!(f, "  for (int g = 0; g < 2; ++g) {{")?;
         writeln!(f, "    const int l = 2 * h + g;")?;
+        // The group's two grid-row indices, one 16-bit load.
+        writeln!(f, "    const uint gi = aubier_u16(b + 2 + 8 * ib + 2 * l);")?;
         writeln!(f, "    const uint signs = {signs};")?;
         writeln!(
             f,
@@ -882,9 +886,10 @@ impl Display for Iq1 {
   const uint qh = aubier_u16(b + 34 + 2 * ib);
   precise float dl = d * float(2 * int((qh >> 12) & 7u) + 1);
   precise float delta = (qh & 0x8000u) != 0u ? -0.125f : 0.125f;
+  const uint gi = aubier_u16(b + 2 + 4 * ib + 2 * h);
   for (int g = 0; g < 2; ++g) {
     const int l = 2 * h + g;
-    const uint idx = aubier_b8(b + 2 + 4 * ib + l) | (((qh >> (3 * l)) & 7u) << 8);
+    const uint idx = ((gi >> (8 * g)) & 255u) | (((qh >> (3 * l)) & 7u) << 8);
     aubier_put_iq1(y, 8 * g, dl, aubier_iq1s_grid[idx], delta);
   }
 "
@@ -900,10 +905,10 @@ impl Display for Iq1 {
   const int h = s & 1;
   const uint sw = aubier_u16(b + 48 + 2 * (ib >> 1)) >> (6 * (ib & 1));
   precise float dl = d * float(2 * int((sw >> (3 * h)) & 7u) + 1);
+  const uint gi = aubier_u16(b + 4 * ib + 2 * h);
   for (int g = 0; g < 2; ++g) {
-    const int l = 2 * h + g;
     const uint nib = (aubier_b8(b + 32 + 2 * ib + h) >> (4 * g)) & 15u;
-    const uint idx = aubier_b8(b + 4 * ib + l) | ((nib & 7u) << 8);
+    const uint idx = ((gi >> (8 * g)) & 255u) | ((nib & 7u) << 8);
     precise float delta = (nib & 8u) != 0u ? -0.125f : 0.125f;
     aubier_put_iq1(y, 8 * g, dl, aubier_iq1s_grid[idx], delta);
   }

@@ -18,7 +18,7 @@ use super::ir::{
 use super::kernels::{
     bad, check_dims, chunk_len, kqkv_merge, kqkv_split, mat_vec, phase, rope_elem, rows_per_block,
     size_expr, stage_row, temperature_factor, KqkvShape, MatVecShape, PhaseShape, WeightSpec,
-    BLOCK, R,
+    BLOCK, MAT_VEC_STAGE_BYTES, R,
 };
 use super::GenError;
 use aubier_compiler::config::{ExpertLayout, QueryTemperature, YarnParams};
@@ -470,8 +470,13 @@ pub fn moe_gate_up(
     check_dims(name, &[d, n_ff, k])?;
     let up_off = if up.is_none() { n_ff } else { 0 };
     let note = format!(
-        "moe gate/up: act[s,f] = silu(gate_e[f].h[t]) * (up_e[f].h[t]) over the selected experts ({}); one warp per f",
-        gate.ggml_type
+        "moe gate/up: act[s,f] = silu(gate_e[f].h[t]) * (up_e[f].h[t]) over the selected experts ({}); one warp per f{}",
+        gate.ggml_type,
+        if d * 4 <= MAT_VEC_STAGE_BYTES {
+            ", h[t] staged in shared memory"
+        } else {
+            ""
+        }
     );
     let rows = rows_per_block(warp);
     let slots = Size::prod(Size::Tokens, Size::Const(k));
@@ -528,8 +533,13 @@ pub fn moe_down(name: &str, down: &WeightSpec, d: usize, k: usize, warp: u32) ->
     let n_ff = down.row_len;
     check_dims(name, &[d, n_ff, k])?;
     let note = format!(
-        "moe down: y[t,o] = sum_j w[t,j] (down_e[o].act[t,j]) ({}); one warp per o",
-        down.ggml_type
+        "moe down: y[t,o] = sum_j w[t,j] (down_e[o].act[t,j]) ({}); one warp per o{}",
+        down.ggml_type,
+        if n_ff * 4 <= MAT_VEC_STAGE_BYTES {
+            ", each slot's act row staged in shared memory"
+        } else {
+            ""
+        }
     );
     let rows = rows_per_block(warp);
     let slots = Size::prod(Size::Tokens, Size::Const(k));
@@ -548,17 +558,20 @@ pub fn moe_down(name: &str, down: &WeightSpec, d: usize, k: usize, warp: u32) ->
     kb.for_("j", 0, ci(k), 1, |kb, j| {
         let slot = kb.let_("slot", by() * ci(k) + j);
         let e = kb.let_("e", expert_id(kb, ids, slot.into()));
+        let ab = kb.let_("ab", Expr::from(slot) * ci(n_ff));
+        let staged = stage_row(kb, act, ab, n_ff);
         let acc = kb.let_("acc", 0.0f32);
         kb.for_("c", lane, ci(n_ff.div_ceil(16)), warp as i32, |kb, c| {
             kb.dequant16(wd, Some(e.into()), orow, c.clone(), buf);
             kb.for_("i", 0, chunk_len(n_ff, c.clone()), 1, |kb, i| {
-                let av = kb.load(
-                    act,
-                    Expr::from(slot) * ci(n_ff) + c.clone() * 16 + i.clone(),
-                );
+                let av = staged.read(kb, c.clone() * 16 + i.clone());
                 kb.set(acc, Expr::from(acc) + kb.ldl(buf, i) * av);
             });
         });
+        if staged.is_shared() {
+            // Every warp is done with this slot's row before the next slot overwrites it.
+            kb.barrier();
+        }
         kb.warp_reduce(ReduceOp::Sum, acc);
         let wv = kb.load(wts, slot);
         kb.set(total, Expr::from(total) + Expr::from(acc) * wv);
