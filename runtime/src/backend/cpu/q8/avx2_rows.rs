@@ -22,7 +22,9 @@
 //!
 //! While a group is computed, the next group's bytes are prefetched, one block's share per block
 //! step, into L1 when two groups fit it, else into L2. Rows that do not fill a group go one at a
-//! time through the same code (`R = 1`).
+//! time through the same code (`R = 1`). Q2_K and Q3_K take this module's row loop and its
+//! one-row groups only: their groups of eight rows are `avx2_lanes.rs`'s (the rows in the
+//! lanes, no reduction per block).
 
 #![allow(non_snake_case)] // ggml's type names
 
@@ -63,15 +65,13 @@ macro_rules! rows_kernel {
 }
 pub(super) use rows_kernel;
 
-/// The AVX2 decode kernel of `ty` (Q2_K, Q3_K, Q6_K), or None (no kernel for `ty`, or the CPU
-/// lacks AVX2, FMA or F16C).
+/// The AVX2 decode kernel of `ty` (Q6_K; Q2_K and Q3_K have `avx2_lanes.rs`'s), or None (no
+/// kernel for `ty`, or the CPU lacks AVX2, FMA or F16C).
 pub(super) fn rows_fn(ty: GgmlType) -> Option<Q8RowsFn> {
     if !super::avx2::detected() {
         return None;
     }
     Some(match ty {
-        GgmlType::Q2_K => rows_kernel!("avx2,fma,f16c", 84, q2_group),
-        GgmlType::Q3_K => rows_kernel!("avx2,fma,f16c", 110, q3_group),
         GgmlType::Q6_K => rows_kernel!("avx2,fma,f16c", 210, q6_group),
         _ => return None,
     })
@@ -233,7 +233,7 @@ fn group_blocks<const B: usize, const R: usize, const P: usize>(
 
 /// Q2_K, `R` rows × `P` planes (`R·P ≤ 8`).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q2_group<const R: usize, const P: usize>(
+pub(super) fn q2_group<const R: usize, const P: usize>(
     w: &[u8],
     rb: usize,
     x: &[BlockQ8K],
@@ -270,7 +270,7 @@ fn q2_group<const R: usize, const P: usize>(
 
 /// Q3_K, `R` rows × `P` planes: codes `q3 = q + 4·hbit`, scales `sc − 32`, offset `−4·s`.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q3_group<const R: usize, const P: usize>(
+pub(super) fn q3_group<const R: usize, const P: usize>(
     w: &[u8],
     rb: usize,
     x: &[BlockQ8K],

@@ -27,7 +27,8 @@
 //! (no FMA contraction: Rust never fuses `a·b + c`), so all give the scalar kernel's bits: the
 //! scalar (`scalar.rs`) and AVX2 (`avx2.rs`) single-row kernels; [`q8_dot_many_fn`]'s one
 //! weight row against several activation rows (prefill; `avx512/vnni.rs` and, on AVX2,
-//! `avx2_many.rs` unpack each weight block once for all of them: Q2_K to Q6_K); the decode kernels of [`q8_rows_fn`] (`avx512/rows.rs`, `avx512/lanes.rs`:
+//! `avx2_many.rs` unpack each weight block once for all of them: Q2_K to Q6_K); the decode kernels of [`q8_rows_fn`] (`avx512/rows.rs`, `avx512/lanes.rs`, `avx2_rows.rs`,
+//! `avx2_lanes.rs`:
 //! the planes' values added in plane order); and [`q8_grid_fn`]'s many weight rows against many
 //! activation rows packed as [`Q8Tiles`] (`tiles.rs`; Q2_K, Q3_K; sums by AMX's `tdpbusd` in
 //! `avx512/amx.rs` or by VNNI in `avx512/grid.rs`). The result differs from the f32 oracle
@@ -44,6 +45,8 @@ mod types;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_grid;
+#[cfg(target_arch = "x86_64")]
+mod avx2_lanes;
 #[cfg(target_arch = "x86_64")]
 mod avx2_many;
 #[cfg(target_arch = "x86_64")]
@@ -298,7 +301,9 @@ pub fn q8_grid_cost_rows(rows: usize) -> usize {
 pub fn q8_rows_fn(ty: GgmlType) -> Option<Q8RowsFn> {
     #[cfg(target_arch = "x86_64")]
     if let Some(f) = rows::rows_fn(ty).or_else(|| {
-        avx2_rows::rows_fn(ty).filter(|_| std::env::var_os("AUBIER_NO_AVX2_ROWS").is_none())
+        avx2_lanes::rows_fn(ty)
+            .or_else(|| avx2_rows::rows_fn(ty))
+            .filter(|_| std::env::var_os("AUBIER_NO_AVX2_ROWS").is_none())
     }) {
         return Some(f);
     }
@@ -895,7 +900,10 @@ mod tests {
     /// when this CPU lacks its features) and the dispatched one.
     fn rows_kernels(ty: GgmlType) -> Vec<Q8RowsFn> {
         #[cfg(target_arch = "x86_64")]
-        let (own, avx2) = (rows::rows_fn(ty), avx2_rows::rows_fn(ty));
+        let (own, avx2) = (
+            rows::rows_fn(ty),
+            avx2_lanes::rows_fn(ty).or_else(|| avx2_rows::rows_fn(ty)),
+        );
         #[cfg(not(target_arch = "x86_64"))]
         let (own, avx2): (Option<Q8RowsFn>, Option<Q8RowsFn>) = (None, None);
         if matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K) {
