@@ -150,6 +150,10 @@ impl SlotMemory for SeamSlots {
         self.arenas.iter().map(|a| a.len() as u64).sum()
     }
 
+    fn slot_bytes(&self) -> u64 {
+        self.moe.iter().map(|l| l.expert_bytes() as u64).sum()
+    }
+
     fn fill(&mut self, layer: usize, slot: usize, expert: u32) -> Result<(), StoreError> {
         let bad = |reason: &str| StoreError::Slot {
             layer,

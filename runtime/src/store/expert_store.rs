@@ -277,7 +277,7 @@ impl ExpertStore {
             .moe_layers()
             .map_err(|e| StoreError::Plan(e.to_string()))?;
         let n_expert = moe.first().map_or(0, |l| l.n_expert);
-        let per_slot: u64 = moe.iter().map(|l| l.expert_bytes() as u64).sum();
+        let per_slot = slots.memory.slot_bytes();
         let capacity = slots.memory.slots();
         let n_res = opts.budget.slots(per_slot, n_expert, || capacity)?;
         if n_res > capacity {

@@ -33,6 +33,10 @@ pub trait SlotMemory: std::fmt::Debug + Send {
     /// Bytes allocated for the slots, all layers (what the budget bounds).
     fn bytes(&self) -> u64;
 
+    /// Bytes of one slot in every layer, the backend's padding included: what one more slot per
+    /// layer adds to [`SlotMemory::bytes`] (the divisor of a byte budget).
+    fn slot_bytes(&self) -> u64;
+
     /// Writes expert `expert` of MoE layer `layer` into slot `slot` of that layer: the file's
     /// bytes of every tensor of the expert, in the backend's layout.
     ///
@@ -62,8 +66,8 @@ pub enum FastBudget {
     Auto,
     /// `n` slots per layer, `0..=n_expert`.
     Slots(usize),
-    /// At most this many bytes in all: `n_res = bytes ÷ Σ_layers expert bytes`, at most
-    /// `n_expert`.
+    /// At most this many bytes in all: `n_res = bytes ÷ Σ_layers slot bytes` (an expert's bytes
+    /// and the backend's padding, [`SlotMemory::slot_bytes`]), at most `n_expert`.
     Bytes(u64),
 }
 

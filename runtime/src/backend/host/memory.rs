@@ -166,6 +166,10 @@ impl SlotMemory for HostSlots {
         self.arena.as_ref().map_or(0, |a| a.len() as u64)
     }
 
+    fn slot_bytes(&self) -> u64 {
+        self.layers.iter().map(|l| l.slot_bytes as u64).sum()
+    }
+
     fn fill(&mut self, layer: usize, slot: usize, expert: u32) -> Result<(), StoreError> {
         let bad = |reason: String| StoreError::Slot {
             layer,

@@ -4,8 +4,10 @@
 //! Algorithm. Loading makes the bound plan ready on the device ([`DevicePlan`]: the binding's
 //! kernels as pipelines, the dense weights in device buffers, the stacked experts in the host
 //! store, read in place) and allocates `n_res` slots per MoE layer in device-local buffers of
-//! whole slots, each slot one expert's slice of every stacked tensor of its layer, back to back;
-//! `n_res` comes from the budget, by default what the device heap has left ([`Room`]). Before
+//! whole slots, each slot one expert's slice of every stacked tensor of its layer, in order, each
+//! at an offset a multiple of [`SLOT_ALIGN`] bytes and the slot padded to one ([`slot_layout`]:
+//! the kernels load quant blocks as 16/32-bit words, so a weight row must start 4-byte aligned);
+//! the budget counts the padded slots. `n_res` comes from the budget, by default what the device heap has left ([`Room`]). Before
 //! each step the run writes the expert tables: the slot of every expert the store holds
 //! resident, the host store's address of every other one; the step's command buffer copies them
 //! to the device before its first launch. Filling a slot (a promotion) is a copy from the host
@@ -81,7 +83,7 @@ pub(super) fn load(
         .moe_layers()
         .map_err(|e| VulkanError::Invalid(e.to_string()))?;
     let n_expert = moe.first().map_or(0, |l| l.n_expert);
-    let per_slot: u64 = moe.iter().map(|l| l.expert_bytes() as u64).sum();
+    let per_slot: u64 = moe.iter().map(|l| slot_layout(l).1 as u64).sum();
     let staged = dp.host().mode() == HostMode::Stage;
     let stage = staged.then(|| Stage::of(&moe, max));
     let room = Room::of(&dp, plan, stage);
@@ -123,7 +125,7 @@ pub(super) fn load(
 /// The sizes of a staged host store's buffers ([`HostMode::Stage`]).
 #[derive(Clone, Copy, Debug)]
 struct Stage {
-    /// Bytes of one stage slot: the largest layer's expert.
+    /// Bytes of one stage slot: the largest layer's slot ([`slot_layout`]).
     slot_bytes: u64,
     /// Bytes of the host-visible staging buffer: 64 MiB, at least one expert's largest tensor,
     /// at most the largest buffer.
@@ -132,7 +134,7 @@ struct Stage {
 
 impl Stage {
     fn of(moe: &[MoeLayer], max_bytes: u64) -> Stage {
-        let slot_bytes = moe.iter().map(MoeLayer::expert_bytes).max().unwrap_or(0) as u64;
+        let slot_bytes = moe.iter().map(|l| slot_layout(l).1).max().unwrap_or(0) as u64;
         let tensor = moe
             .iter()
             .flat_map(|l| &l.tensors)
@@ -545,12 +547,31 @@ impl WholeSlots {
     }
 }
 
+/// Alignment in bytes of every tensor inside a slot and of every slot: the generated kernels load
+/// quant blocks as 32-bit words (16-bit for the types whose blocks are only 2-byte aligned), so
+/// every weight row must start at least 4-byte aligned; 16 also suits 128-bit loads.
+const SLOT_ALIGN: usize = 16;
+
+/// The layout of one slot of MoE layer `l`: per stacked tensor, in operand order, its weight, the
+/// bytes of one expert's slice and its offset within the slot (a multiple of [`SLOT_ALIGN`]); and
+/// the slot's bytes (the tensors and their padding, a multiple of [`SLOT_ALIGN`]).
+fn slot_layout(l: &MoeLayer) -> (Vec<(usize, usize, usize)>, usize) {
+    let mut tensors = Vec::with_capacity(l.tensors.len());
+    let mut offset = 0;
+    for t in &l.tensors {
+        tensors.push((t.weight, t.expert_bytes, offset));
+        offset += t.expert_bytes.next_multiple_of(SLOT_ALIGN);
+    }
+    (tensors, offset)
+}
+
 /// The slots of one MoE layer.
 struct SlotLayer {
     memory: WholeSlots,
     /// The layer's `moe_ffn` step: the first to read its slots.
     step: usize,
-    /// Per stacked tensor: its weight, bytes of one expert, offset within a slot.
+    /// Per stacked tensor: its weight, bytes of one expert, offset within a slot
+    /// ([`slot_layout`]).
     tensors: Vec<(usize, usize, usize)>,
 }
 
@@ -615,13 +636,7 @@ impl VulkanSlots {
         let ctx = dp.context();
         let mut layers = Vec::with_capacity(moe.len());
         for l in moe {
-            let slot_bytes = l.expert_bytes();
-            let mut tensors = Vec::with_capacity(l.tensors.len());
-            let mut offset = 0;
-            for t in &l.tensors {
-                tensors.push((t.weight, t.expert_bytes, offset));
-                offset += t.expert_bytes;
-            }
+            let (tensors, slot_bytes) = slot_layout(l);
             if slot_bytes as u64 > max_bytes {
                 return Err(VulkanError::Unsupported {
                     device: ctx.info().index,
@@ -867,6 +882,10 @@ impl SlotMemory for VulkanSlots {
             .sum()
     }
 
+    fn slot_bytes(&self) -> u64 {
+        self.layers.iter().map(|l| l.memory.slot_bytes as u64).sum()
+    }
+
     fn fill(&mut self, layer: usize, slot: usize, expert: u32) -> Result<(), StoreError> {
         let bad = |reason: String| StoreError::Slot {
             layer,
@@ -911,5 +930,68 @@ impl SlotMemory for VulkanSlots {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aubier_compiler::plan::ExpertTensor;
+
+    /// A MoE layer whose stacked tensors take `bytes` per expert each.
+    fn layer(bytes: &[usize]) -> MoeLayer {
+        MoeLayer {
+            step: 0,
+            layer: 0,
+            n_expert: 8,
+            tensors: bytes
+                .iter()
+                .enumerate()
+                .map(|(i, &expert_bytes)| ExpertTensor {
+                    arg: i + 1,
+                    weight: i,
+                    expert_bytes,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn every_tensor_of_every_slot_starts_16_byte_aligned() {
+        // Expert bytes that are not multiples of 4: Q3_K (110 B blocks), Q6_K (210 B), Q4_0
+        // (18 B) rows of odd counts, and a 1-byte tensor.
+        for bytes in [
+            vec![110 * 3, 210 * 5, 18 * 7],
+            vec![1, 2, 3],
+            vec![210, 210],
+            vec![16, 33, 64],
+        ] {
+            let l = layer(&bytes);
+            let (tensors, slot_bytes) = slot_layout(&l);
+            assert_eq!(
+                slot_bytes % SLOT_ALIGN,
+                0,
+                "{bytes:?}: slot of {slot_bytes}"
+            );
+            assert!(slot_bytes >= l.expert_bytes());
+            assert_eq!(tensors.len(), bytes.len());
+            for (j, &(w, n, offset)) in tensors.iter().enumerate() {
+                assert_eq!((w, n), (j, bytes[j]));
+                for slot in 0..5 {
+                    let at = slot * slot_bytes + offset;
+                    assert_eq!(
+                        at % SLOT_ALIGN,
+                        0,
+                        "{bytes:?}: slot {slot} tensor {j} at {at}"
+                    );
+                }
+                let end = tensors.get(j + 1).map_or(slot_bytes, |t| t.2);
+                assert!(offset + n <= end, "{bytes:?}: tensor {j} overlaps the next");
+                assert!(
+                    end - (offset + n) < SLOT_ALIGN,
+                    "{bytes:?}: more padding than needed"
+                );
+            }
+        }
     }
 }
