@@ -121,6 +121,7 @@ fn options() -> impl Strategy<Value = (StoreOptions, bool)> {
                     max_promotions,
                     admission: TwoQParams::DEFAULT_ADMISSION,
                     reset: ResetMode::Exact,
+                    ..StoreOptions::default()
                 };
                 (opts, interleave)
             },

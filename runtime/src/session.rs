@@ -41,7 +41,9 @@
 //! Expert prediction (a plan compiled with `predict_experts`: [`Model::load_predicting`]): the
 //! plan's `predicted_ids.L` outputs (layer `L`'s router applied before its attention) are read
 //! back with the routed ids, and [`Session::prediction_report`] counts their recall of the
-//! routed top-k over the computed tokens since the last reset.
+//! routed top-k over the computed tokens since the last reset. With a read-ahead budget
+//! ([`StoreOptions::prefetch_budget`]) the host backends also hand each one-token step's
+//! predictions to the store mid-step, which loads predicted experts ahead of their layer.
 
 use crate::backend::{ExecError, Experts, Output, Run, RunCounters, StepInput};
 use crate::engine::Model;

@@ -113,6 +113,19 @@ pub struct BenchArgs {
     pub backend: BackendArgs,
 }
 
+/// What the store's read-ahead did in the last rep (`--prefetch-budget`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ReadAhead {
+    /// Experts loaded into the fast store ahead of their layer.
+    pub loads: u64,
+    /// Bytes of those loads per decoded token.
+    pub bytes_per_token: f64,
+    /// Routed slots a load served.
+    pub served: u64,
+    /// Routed slots whose load was not done when their kernel read the layer.
+    pub late: u64,
+}
+
 /// Median, minimum and maximum of one measure over the reps.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Spread {
@@ -422,6 +435,10 @@ pub struct BenchReport {
     /// Bytes of routed experts read from the host store per computed token of the last rep
     /// (over the bus on a GPU; `Session::store_report`).
     pub host_bytes_per_token: f64,
+    /// With `--prefetch-budget`: the read-ahead's loads of the last rep
+    /// (`StoreReport::prefetches`, `prefetch_served`, `prefetch_late`); absent without.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_ahead: Option<ReadAhead>,
     /// With `--predict-experts`: the predictor's recall of the routed experts over the last rep
     /// (`Session::prediction_report`); absent without.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -501,7 +518,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         prompt_ids: None,
         prompt: Some(text),
     }
-    .load(&spec, args.store.budget(), args.predict_experts)?;
+    .load(
+        &spec,
+        args.store.budget(),
+        args.predict_experts || args.store.prefetch_budget > 0,
+    )?;
     let prompt = fit_prompt(
         &prompt,
         args.n_prompt,
@@ -614,6 +635,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         served_fraction: session.store_report().served_fraction,
         host_bytes_per_token: session.store_report().host_bytes as f64
             / (prompt.len() + args.n_gen - 1) as f64,
+        read_ahead: (args.store.prefetch_budget > 0).then(|| {
+            let r = session.store_report();
+            ReadAhead {
+                loads: r.prefetches,
+                bytes_per_token: r.prefetch_bytes as f64 / args.n_gen.max(1) as f64,
+                served: r.prefetch_served,
+                late: r.prefetch_late,
+            }
+        }),
         prediction_recall: session.prediction_report().map(|p| p.recall),
     };
     if let Some((name, spec)) = grammar {
@@ -846,6 +876,16 @@ fn print_text(r: &BenchReport) -> anyhow::Result<()> {
         r.served_fraction,
         r.host_bytes_per_token / 1e6
     );
+    if let Some(a) = &r.read_ahead {
+        outln!(
+            "read-ahead {} loads ({:.1} MB per decoded token), {} routed slots served by them, {} \
+             late (last rep)",
+            a.loads,
+            a.bytes_per_token / 1e6,
+            a.served,
+            a.late
+        );
+    }
     if let Some(recall) = r.prediction_recall {
         outln!("expert prediction recall {recall:.4} (last rep)");
     }

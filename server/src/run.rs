@@ -9,7 +9,7 @@ use aubier_runtime::placement::hotset::HotSet;
 use aubier_runtime::placement::policy::{Admission, PolicyKind, TwoQParams};
 use aubier_runtime::sampler::SamplingParams;
 use aubier_runtime::session::SessionOptions;
-use aubier_runtime::store::expert_store::{ResetMode, StoreOptions};
+use aubier_runtime::store::expert_store::{ReadAheadMode, ResetMode, StoreOptions};
 use aubier_runtime::store::FastBudget;
 use aubier_runtime::text::tokenizer::Tokenizer;
 use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
@@ -283,6 +283,15 @@ pub struct StoreArgs {
     /// keeps them.
     #[arg(long, default_value = "exact")]
     pub reset: ResetMode,
+    /// Read-ahead: per one-token step, load up to this many of each MoE layer's predicted
+    /// experts (its router applied before its attention; the plan gains the prediction) into
+    /// the fast store before its experts run (0: demand paging only; host backends).
+    #[arg(long, default_value_t = 0)]
+    pub prefetch_budget: usize,
+    /// How the read-ahead copies run: `background` (a thread beside the step, never waited for)
+    /// or `sync` (in the step, before its next kernel: counts that do not depend on timing).
+    #[arg(long, default_value = "background")]
+    pub read_ahead: ReadAheadMode,
 }
 
 impl StoreArgs {
@@ -315,6 +324,8 @@ impl StoreArgs {
             max_promotions: self.max_promotions,
             admission: self.admission,
             reset: self.reset,
+            prefetch_budget: self.prefetch_budget,
+            read_ahead: self.read_ahead,
         })
     }
 }
@@ -417,7 +428,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     } = args.input.load(
         &args.backend.spec()?,
         args.store.budget(),
-        args.predict_experts,
+        args.predict_experts || args.store.prefetch_budget > 0,
     )?;
     if let Some(choice) = model.loaded().fast_store_choice() {
         eprintln!("{choice}");
@@ -511,6 +522,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             report.reset_ms,
             report.host_bytes as f64 / 1e6 / (prompt.len() + out.ids.len()).max(1) as f64
         );
+        if report.prefetches > 0 {
+            eprintln!(
+                "read-ahead: {} experts loaded ahead of their layer ({:.1} MB per token), {} \
+                 routed slots served by them, {} late (read from the host store)",
+                report.prefetches,
+                report.prefetch_bytes as f64 / 1e6 / out.ids.len().max(1) as f64,
+                report.prefetch_served,
+                report.prefetch_late
+            );
+        }
         if let Some(p) = session.prediction_report() {
             eprintln!(
                 "expert prediction: recall {:.4} ({} of {} routed slots of layers 1.. predicted \

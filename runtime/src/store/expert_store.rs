@@ -12,6 +12,17 @@
 //! admitted at token 3 serves token 5 of the same prefill from the host store; one token per step
 //! (decode) serves exactly as `aubier replay` counts.
 //!
+//! Read-ahead (`--prefetch-budget b`, a plan with the `predict_experts` outputs): in a one-token
+//! step, once layer `L`'s predicted experts are known (its router applied before its
+//! attention), [`ExpertStore::read_ahead`] sends up to `b` of those not resident to the layer's
+//! policy as prefetches, as `aubier replay` models them, frees the slots of the experts it
+//! evicts and hands back the copies to make; the backend makes them beside the step (or at once
+//! in [`ReadAheadMode::Sync`]) and publishes each when done ([`ExpertStore::publish`]). The
+//! step's `moe_ffn` reads the slot map as it is when its tables are built
+//! ([`ExpertStore::step_slots`]), and the step's routed ids count as served against that map: a
+//! copy not done by then is read from the host store and counted late. The membership lives
+//! under a per-layer lock, taken only while a step runs.
+//!
 //! Budget: `n_res` slots per layer, at most the slots the loaded model's memory has
 //! ([`StoreOptions::budget`]). `n_res = 0` keeps every expert in the host store (no policy runs);
 //! `n_res = n_expert` keeps every expert resident (nothing rotates).
@@ -31,8 +42,8 @@ use crate::placement::hotset::HotSet;
 use crate::placement::lecar::LeCaR;
 use crate::placement::lrfu::Lrfu;
 use crate::placement::policy::{
-    Access, Admission, Lfu, Lru, Policy, PolicyError, PolicyKind, Snapshot, StaticSet, TwoQ,
-    TwoQParams,
+    Access, Admission, Lfu, Lru, Policy, PolicyError, PolicyKind, Prefetch, Snapshot, StaticSet,
+    TwoQ, TwoQParams,
 };
 use crate::progress::{Count, Progress, Quiet};
 use aubier_compiler::plan::Plan;
@@ -102,11 +113,60 @@ pub struct StoreOptions {
     pub admission: Admission,
     /// Between requests.
     pub reset: ResetMode,
+    /// Read-ahead: at most this many of a layer's predicted experts loaded per one-token step
+    /// ahead of its `moe_ffn` ([`ExpertStore::read_ahead`]); 0 = demand paging only. Needs a plan
+    /// with the `predict_experts` outputs.
+    pub prefetch_budget: usize,
+    /// How the read-ahead's copies run.
+    pub read_ahead: ReadAheadMode,
+}
+
+/// How the read-ahead's copies into the fast store run (`--read-ahead`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ReadAheadMode {
+    /// On a thread beside the step's kernels, never waited for by them: an expert whose copy is
+    /// not done when its layer's kernel reads it is read from the host store.
+    #[default]
+    Background,
+    /// In the step, before it goes on: every copy is done when its kernel reads it (tests, so
+    /// that their counts do not depend on timing).
+    Sync,
+}
+
+impl ReadAheadMode {
+    /// The command-line name: `background` or `sync`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadAheadMode::Background => "background",
+            ReadAheadMode::Sync => "sync",
+        }
+    }
+}
+
+impl fmt::Display for ReadAheadMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ReadAheadMode {
+    type Err = String;
+
+    /// Parses `background` or `sync`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "background" => Ok(ReadAheadMode::Background),
+            "sync" => Ok(ReadAheadMode::Sync),
+            _ => Err(format!(
+                "unknown read-ahead mode `{s}` (known: background, sync)"
+            )),
+        }
+    }
 }
 
 impl Default for StoreOptions {
     /// Every slot of the model, identity seed, 2Q with the default knobs
-    /// ([`TwoQParams::DEFAULT_A1IN`] and the others), no cap, exact reset.
+    /// ([`TwoQParams::DEFAULT_A1IN`] and the others), no cap, exact reset, no read-ahead.
     fn default() -> Self {
         StoreOptions {
             budget: FastBudget::Auto,
@@ -117,6 +177,8 @@ impl Default for StoreOptions {
             max_promotions: None,
             admission: TwoQParams::DEFAULT_ADMISSION,
             reset: ResetMode::Exact,
+            prefetch_budget: 0,
+            read_ahead: ReadAheadMode::Background,
         }
     }
 }
@@ -146,6 +208,15 @@ pub struct StoreReport {
     pub promoted_bytes: u64,
     /// Time the reset before this request took (ms; 0 with `--reset none`).
     pub reset_ms: f64,
+    /// Experts the read-ahead copied into the fast store ahead of their layer.
+    pub prefetches: u64,
+    /// Bytes of those copies.
+    pub prefetch_bytes: u64,
+    /// Routed slots served by a read-ahead copy (counted in `fast_hits` too).
+    pub prefetch_served: u64,
+    /// Routed slots whose read-ahead copy was not done when their kernel read the layer: read
+    /// from the host store (counted as misses).
+    pub prefetch_late: u64,
 }
 
 /// A loaded model's slot memory, shared by the stores of its sessions (the module note): the
@@ -200,6 +271,35 @@ struct Layer {
     /// Membership and policy state at boot.
     boot_members: Vec<u32>,
     boot_policy: Option<Snapshot>,
+    /// The slot of each expert as the step's kernel read them ([`ExpertStore::step_slots`]),
+    /// what the step's routed ids count against; `None`: the membership now.
+    step_map: Option<Vec<Option<u32>>>,
+    /// The read-ahead copies of the current step ([`ExpertStore::read_ahead`]).
+    ahead: Vec<Ahead>,
+    /// The first read-ahead copy of the step that failed, reported by the next observation.
+    ahead_error: Option<StoreError>,
+}
+
+/// One read-ahead copy of a step: its slot is taken (no other expert is written there) but not
+/// read until the copy is published ([`ExpertStore::publish`]).
+#[derive(Clone, Copy, Debug)]
+struct Ahead {
+    expert: u32,
+    slot: u32,
+    /// Whether the copy is done and the slot published.
+    done: bool,
+}
+
+/// A copy the read-ahead asks of the slot memory: expert `expert` of the `layer`-th MoE layer
+/// into `slot`, which no kernel reads until [`ExpertStore::publish`] makes it resident.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AheadCopy {
+    /// MoE layer (plan order).
+    pub layer: usize,
+    /// The slot.
+    pub slot: usize,
+    /// The expert.
+    pub expert: u32,
 }
 
 impl fmt::Debug for Layer {
@@ -215,7 +315,9 @@ impl fmt::Debug for Layer {
 /// layer, driving the loaded model's slot memory.
 pub struct ExpertStore {
     id: u64,
-    layers: Vec<Layer>,
+    /// Locked only while a step runs (the read-ahead changes a layer's membership then); every
+    /// `&mut self` method reaches them without locking.
+    layers: Vec<Mutex<Layer>>,
     /// Per MoE layer, the bytes of one expert.
     expert_bytes: Vec<u64>,
     n_res: usize,
@@ -225,6 +327,19 @@ pub struct ExpertStore {
     report: StoreReport,
     access: Vec<Access>,
     token_ids: Vec<u32>,
+    prefetch_budget: usize,
+    read_ahead: ReadAheadMode,
+}
+
+/// A layer through its lock; a poisoned lock (a panic elsewhere) still holds a consistent layer,
+/// since every change to it is made under the lock without unwinding in between.
+fn lock(l: &Mutex<Layer>) -> MutexGuard<'_, Layer> {
+    l.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A layer reached through `&mut`.
+fn layer_mut(l: &mut Mutex<Layer>) -> &mut Layer {
+    l.get_mut().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl fmt::Debug for ExpertStore {
@@ -273,6 +388,9 @@ impl ExpertStore {
         if opts.policy == PolicyKind::Min {
             return Err(StoreError::OfflinePolicy);
         }
+        if opts.prefetch_budget > 0 && plan.predicted_ids().is_empty() {
+            return Err(StoreError::NoPrediction);
+        }
         let moe = plan
             .moe_layers()
             .map_err(|e| StoreError::Plan(e.to_string()))?;
@@ -301,6 +419,8 @@ impl ExpertStore {
             },
             access: Vec::new(),
             token_ids: Vec::new(),
+            prefetch_budget: opts.prefetch_budget,
+            read_ahead: opts.read_ahead,
         };
         for l in &moe {
             let identity: Vec<u32>;
@@ -317,22 +437,25 @@ impl ExpertStore {
                     source,
                 }
             })?;
-            store.layers.push(Layer {
+            store.layers.push(Mutex::new(Layer {
                 layer: l.layer,
                 slot_of: vec![None; n_expert],
                 expert_in: vec![None; n_res],
                 boot_members: seed.to_vec(),
                 boot_policy: policy.as_ref().map(|p| p.snapshot()),
                 policy,
-            });
+                step_map: None,
+                ahead: Vec::new(),
+                ahead_error: None,
+            }));
         }
         slots.filled_by = Some(store.id);
-        let seeded = (store.layers.iter().zip(&store.expert_bytes))
-            .map(|(l, &bytes)| l.boot_members.len() as u64 * bytes)
+        let seeded = (store.layers.iter_mut().zip(&store.expert_bytes))
+            .map(|(l, &bytes)| layer_mut(l).boot_members.len() as u64 * bytes)
             .sum();
         progress.step("filling the fast store", Count::Bytes(seeded));
         for li in 0..store.layers.len() {
-            let seed = store.layers[li].boot_members.clone();
+            let seed = layer_mut(&mut store.layers[li]).boot_members.clone();
             for e in seed {
                 store.admit(li, e, slots)?;
                 progress.advance(store.expert_bytes[li]);
@@ -360,6 +483,7 @@ impl ExpertStore {
         }
         slots.filled_by = None;
         for (li, l) in self.layers.iter().enumerate() {
+            let l = lock(l);
             for (slot, e) in l.expert_in.iter().enumerate() {
                 if let Some(e) = e {
                     slots.memory.fill(li, slot, *e)?;
@@ -372,8 +496,109 @@ impl ExpertStore {
 
     /// The slot of expert `expert` of the `layer`-th MoE layer (plan order), when resident.
     pub fn slot_of(&self, layer: usize, expert: usize) -> Option<usize> {
-        let s = (*self.layers.get(layer)?.slot_of.get(expert)?)?;
+        let s = (*lock(self.layers.get(layer)?).slot_of.get(expert)?)?;
         Some(s as usize)
+    }
+
+    /// `[n_expert]`: the slot of every expert of the `layer`-th MoE layer (plan order) that is
+    /// resident now, for a step's kernel to read; the step's routed ids of that layer count as
+    /// served against this map ([`ExpertStore::observe`]). Empty past the last layer.
+    pub fn step_slots(&self, layer: usize) -> Vec<Option<u32>> {
+        let Some(l) = self.layers.get(layer) else {
+            return Vec::new();
+        };
+        let mut l = lock(l);
+        let map = l.slot_of.clone();
+        l.step_map = Some(map.clone());
+        map
+    }
+
+    /// Read-ahead ([`StoreOptions::prefetch_budget`]) for a one-token step, called once the
+    /// `layer`-th MoE layer's predicted experts (`predicted`, best first: the plan's
+    /// `predicted_ids` of that layer) are known and before its `moe_ffn` runs. As `aubier
+    /// replay`'s prefetch does: up to the budget of predicted experts that are not resident go
+    /// to the layer's policy as prefetches ([`Policy::prefetch`], pinned until the step's
+    /// accesses), the slots of the experts it evicts are freed at once, and each loaded expert
+    /// takes one; the copies to make are returned, and each is read by kernels only after
+    /// [`ExpertStore::publish`]. Nothing without a policy, a budget, or for an id out of range.
+    pub fn read_ahead(&self, layer: usize, predicted: &[i32]) -> Vec<AheadCopy> {
+        let mut copies = Vec::new();
+        let Some(l) = self.layers.get(layer) else {
+            return copies;
+        };
+        let mut l = lock(l);
+        let l = &mut *l;
+        if self.prefetch_budget == 0 || l.policy.is_none() {
+            return copies;
+        }
+        for &id in predicted {
+            if copies.len() == self.prefetch_budget {
+                break;
+            }
+            if id < 0 || id as usize >= self.n_expert || l.expert_in.contains(&Some(id as u32)) {
+                continue;
+            }
+            let e = id as u32;
+            let Some(policy) = l.policy.as_mut() else {
+                break;
+            };
+            match policy.prefetch(e) {
+                Ok(Prefetch::Loaded { evict }) => {
+                    if let Some(v) = evict {
+                        free_slot(l, v);
+                    }
+                    let Some(slot) = l.expert_in.iter().position(Option::is_none) else {
+                        break;
+                    };
+                    l.expert_in[slot] = Some(e);
+                    l.ahead.push(Ahead {
+                        expert: e,
+                        slot: slot as u32,
+                        done: false,
+                    });
+                    copies.push(AheadCopy {
+                        layer,
+                        slot,
+                        expert: e,
+                    });
+                }
+                Ok(Prefetch::Resident) => {}
+                Ok(Prefetch::Refused) | Err(_) => break,
+            }
+        }
+        copies
+    }
+
+    /// Ends a read-ahead copy: with `done` `Ok` its expert becomes resident in its slot (kernels
+    /// that build their tables after this read it there); with an error the slot is freed and
+    /// the error is reported by the next observation.
+    pub fn publish(&self, copy: AheadCopy, done: Result<(), StoreError>) {
+        let Some(l) = self.layers.get(copy.layer) else {
+            return;
+        };
+        let mut l = lock(l);
+        let Some(a) = l
+            .ahead
+            .iter_mut()
+            .find(|a| a.expert == copy.expert && a.slot as usize == copy.slot && !a.done)
+        else {
+            return;
+        };
+        a.done = true;
+        match done {
+            Ok(()) => l.slot_of[copy.expert as usize] = Some(copy.slot as u32),
+            Err(e) => {
+                l.expert_in[copy.slot] = None;
+                l.ahead.retain(|a| a.slot as usize != copy.slot);
+                l.ahead_error.get_or_insert(e);
+            }
+        }
+    }
+
+    /// How the read-ahead's copies run; `None` when the store does not read ahead (no budget,
+    /// or no slots).
+    pub fn read_ahead_mode(&self) -> Option<ReadAheadMode> {
+        (self.prefetch_budget > 0 && self.n_res > 0).then_some(self.read_ahead)
     }
 
     /// Fast-store slots per layer.
@@ -404,7 +629,7 @@ impl ExpertStore {
     /// The resident experts of the `i`-th MoE layer, ascending (empty past the last layer).
     pub fn resident(&self, i: usize) -> Vec<u32> {
         self.layers.get(i).map_or_else(Vec::new, |l| {
-            let mut v: Vec<u32> = l.expert_in.iter().flatten().copied().collect();
+            let mut v: Vec<u32> = lock(l).expert_in.iter().flatten().copied().collect();
             v.sort_unstable();
             v
         })
@@ -414,7 +639,7 @@ impl ExpertStore {
     pub fn policy_snapshot(&self, i: usize) -> Option<Snapshot> {
         self.layers
             .get(i)
-            .and_then(|l| l.policy.as_ref().map(|p| p.snapshot()))
+            .and_then(|l| lock(l).policy.as_ref().map(|p| p.snapshot()))
     }
 
     /// Every resident expert of the `i`-th MoE layer as `(expert, tensor, bytes)`: each of its
@@ -432,6 +657,7 @@ impl ExpertStore {
         let Some(l) = self.layers.get(i) else {
             return Ok(Vec::new());
         };
+        let l = lock(l);
         let mut out = Vec::new();
         for (slot, e) in l.expert_in.iter().enumerate() {
             if let Some(e) = e {
@@ -460,7 +686,8 @@ impl ExpertStore {
         self.claim(slots)?;
         if self.reset == ResetMode::Exact {
             for li in 0..self.layers.len() {
-                let l = &mut self.layers[li];
+                let l = layer_mut(&mut self.layers[li]);
+                l.step_map = None;
                 if let (Some(p), Some(s)) = (l.policy.as_mut(), l.boot_policy.as_ref()) {
                     p.reset_to(s).map_err(|source| StoreError::Policy {
                         layer: l.layer,
@@ -533,7 +760,11 @@ impl ExpertStore {
         }
         self.claim(slots)?;
         for (li, ids) in router_ids.iter().enumerate() {
-            let layer = self.layers[li].layer;
+            let l = layer_mut(&mut self.layers[li]);
+            let layer = l.layer;
+            if let Some(e) = l.ahead_error.take() {
+                return Err(e);
+            }
             if t == 0 || ids.len() % t != 0 {
                 return Err(StoreError::Plan(format!(
                     "layer {layer}: {} routed ids for {t} tokens",
@@ -550,15 +781,33 @@ impl ExpertStore {
                     });
                 }
             }
-            let l = &self.layers[li];
-            let hits = ids
-                .iter()
-                .filter(|&&e| l.slot_of[e as usize].is_some())
-                .count() as u64;
-            self.report.routed += ids.len() as u64;
-            self.report.fast_hits += hits;
-            self.report.host_bytes += (ids.len() as u64 - hits) * self.expert_bytes[li];
-            let Some(policy) = self.layers[li].policy.as_mut() else {
+            let l = layer_mut(&mut self.layers[li]);
+            let map = l.step_map.take();
+            let resident = |e: i32| match &map {
+                Some(m) => m[e as usize].is_some(),
+                None => l.slot_of[e as usize].is_some(),
+            };
+            let hits = ids.iter().filter(|&&e| resident(e)).count() as u64;
+            let bytes = self.expert_bytes[li];
+            let r = &mut self.report;
+            r.routed += ids.len() as u64;
+            r.fast_hits += hits;
+            r.host_bytes += (ids.len() as u64 - hits) * bytes;
+            for a in &l.ahead {
+                let routed = ids.iter().filter(|&&e| e as u32 == a.expert).count() as u64;
+                if resident(a.expert as i32) {
+                    r.prefetch_served += routed;
+                } else {
+                    r.prefetch_late += routed;
+                }
+            }
+            r.prefetches += l.ahead.len() as u64;
+            r.prefetch_bytes += l.ahead.len() as u64 * bytes;
+            for a in std::mem::take(&mut l.ahead).into_iter().filter(|a| !a.done) {
+                // A copy nobody published (the step failed before it ran): its slot is free.
+                l.expert_in[a.slot as usize] = None;
+            }
+            let Some(policy) = l.policy.as_mut() else {
                 continue;
             };
             let k = ids.len() / t;
@@ -602,7 +851,7 @@ impl ExpertStore {
         target: &[u32],
         slots: &mut HeldSlots,
     ) -> Result<(usize, usize), StoreError> {
-        let l = &mut self.layers[li];
+        let l = layer_mut(&mut self.layers[li]);
         let mut keep = vec![false; self.n_expert];
         for &e in target {
             keep[e as usize] = true;
@@ -619,7 +868,8 @@ impl ExpertStore {
         }
         let mut writes = 0;
         for &e in target {
-            if self.layers[li].slot_of[e as usize].is_none() && self.admit(li, e, slots)? {
+            let resident = layer_mut(&mut self.layers[li]).slot_of[e as usize].is_some();
+            if !resident && self.admit(li, e, slots)? {
                 writes += 1;
             }
         }
@@ -628,7 +878,7 @@ impl ExpertStore {
 
     /// Writes expert `e` of layer `li` into a free slot; false when none is free.
     fn admit(&mut self, li: usize, e: u32, slots: &mut HeldSlots) -> Result<bool, StoreError> {
-        let l = &mut self.layers[li];
+        let l = layer_mut(&mut self.layers[li]);
         let Some(slot) = l.expert_in.iter().position(Option::is_none) else {
             return Ok(false);
         };
@@ -636,6 +886,13 @@ impl ExpertStore {
         l.expert_in[slot] = Some(e);
         l.slot_of[e as usize] = Some(slot as u32);
         Ok(true)
+    }
+}
+
+/// Frees the slot of expert `e` in `l`, if it holds one.
+fn free_slot(l: &mut Layer, e: u32) {
+    if let Some(s) = l.slot_of[e as usize].take() {
+        l.expert_in[s as usize] = None;
     }
 }
 

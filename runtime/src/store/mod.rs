@@ -148,6 +148,12 @@ pub enum StoreError {
         /// What the policy said.
         source: PolicyError,
     },
+    /// A read-ahead budget for a plan that does not predict experts.
+    #[error(
+        "--prefetch-budget needs the plan's expert predictions (the predict_experts pass: \
+         --predict-experts)"
+    )]
+    NoPrediction,
     /// The plan's MoE steps are not what the store expects (layers, expert counts).
     #[error("plan: {0}")]
     Plan(String),

@@ -425,6 +425,9 @@ fn run_choice(
                     n_res = r.n_res,
                     fast_bytes = r.fast_bytes,
                     reset_ms = r.reset_ms,
+                    prefetches = r.prefetches,
+                    prefetch_served = r.prefetch_served,
+                    prefetch_late = r.prefetch_late,
                     "expert store, request done"
                 );
                 metrics.record_store(&r);

@@ -230,8 +230,10 @@ fn load_engine(path: &Path, args: &ServeArgs) -> Result<Loaded, ServeError> {
                 .and_then(|spec| Ok(spec.make()?))
                 .map_err(|e| load_err(crate::error_text::error_text(&e)))?;
             let mut progress = crate::progress::Steps::load(path);
-            let model = Model::load_observed(path, backend, args.store.budget(), &mut progress)
-                .map_err(|e| load_err(e.to_string()))?;
+            let predicts = args.store.prefetch_budget > 0;
+            let model =
+                Model::load_predicting(path, backend, args.store.budget(), predicts, &mut progress)
+                    .map_err(|e| load_err(e.to_string()))?;
             progress.done("loaded");
             let text = TextModel::from_gguf(&model.file).map_err(|e| load_err(e.to_string()))?;
             let kv_max = args

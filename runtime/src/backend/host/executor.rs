@@ -27,12 +27,13 @@ use super::kernel::{HostKernel, StepIo, StepKernel, WeightRows};
 use super::memory::{DenseCopies, HostSlots};
 use crate::backend::ExecError;
 use crate::kv_cache::LatentKvCache;
-use crate::store::expert_store::ExpertStore;
+use crate::store::expert_store::{AheadCopy, ExpertStore};
 use aubier_compiler::ops::Op;
 use aubier_compiler::plan::{MoeLayer, Operand, Plan, Storage, ValueId};
 use aubier_compiler::types::{DType, Dim};
 use aubier_kernels_gen::cpu::{CpuProgram, Extent, IndexBound, Kernel, StepArgs};
 use rayon::prelude::*;
+use std::sync::mpsc::Sender;
 use std::time::Instant;
 
 /// Rows of an `embed` step read from the file per run of its kernels ([`embed_from_file`]).
@@ -54,6 +55,17 @@ pub(crate) struct Placement<'a> {
     pub store: &'a ExpertStore,
     /// The slots.
     pub slots: &'a HostSlots,
+    /// Where the read-ahead's copies go; `None`: no read-ahead.
+    pub ahead: Option<AheadSink<'a>>,
+}
+
+/// Who makes the read-ahead's copies ([`ExpertStore::read_ahead`]) of a one-token run.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum AheadSink<'a> {
+    /// The executor, at once, before the next step.
+    Sync,
+    /// The thread at the other end, beside the run.
+    Background(&'a Sender<AheadCopy>),
 }
 
 /// What a run executes: the plan, the program compiled from it, the backend's kernel of every
@@ -114,6 +126,8 @@ pub(crate) struct Executor<K: StepKernel> {
     times: Vec<StepTime>,
     /// Successful runs since then.
     runs: u64,
+    /// `(value, L)`: the plan's `predicted_ids.L` outputs ([`Plan::predicted_ids`]).
+    predicted: Vec<(ValueId, usize)>,
 }
 
 /// Wall time spent in one plan step, split by the kind of run (`T > 1`: prefill, `T = 1`: decode).
@@ -196,6 +210,11 @@ impl<K: StepKernel> Executor<K> {
             embed_rows: EmbedRows::default(),
             times: vec![StepTime::default(); plan.steps.len()],
             runs: 0,
+            predicted: plan
+                .predicted_ids()
+                .into_iter()
+                .map(|(l, v)| (v, l))
+                .collect(),
         })
     }
 
@@ -265,7 +284,13 @@ impl<K: StepKernel> Executor<K> {
         for i in 0..plan.steps.len() {
             self.check_indices(plan, program, i, t, s)?;
             let started = Instant::now();
+            if t == 1 {
+                self.read_routed_ahead(&bound, i, s)?;
+            }
             self.run_step(&bound, cache, i, t, s)?;
+            if t == 1 {
+                self.read_ahead(&bound, i, s)?;
+            }
             let spent = started.elapsed().as_secs_f64();
             let time = &mut self.times[i];
             if t > 1 {
@@ -276,6 +301,92 @@ impl<K: StepKernel> Executor<K> {
             time.runs += 1;
         }
         self.runs += 1;
+        Ok(())
+    }
+
+    /// After step `i` of a one-token run: when it made a layer's `predicted_ids` and the
+    /// placement reads ahead, asks the store which predicted experts to load into that layer's
+    /// slots ([`ExpertStore::read_ahead`]) and has the copies made: at once
+    /// ([`AheadSink::Sync`]) or by the thread beside the run ([`AheadSink::Background`]), which
+    /// publishes each when done. A copy that cannot be sent is published as failed. The other
+    /// predicted experts that are not resident are read ahead from the file into the page cache
+    /// ([`HostSlots::read_ahead_host`]), so that the disk reads them while the layer's
+    /// attention runs.
+    ///
+    /// Errors: [`ExecError::Value`] when the predicted ids are not an i32 value in a slot.
+    fn read_ahead(&self, bound: &Bound<'_, K>, i: usize, s: usize) -> Result<(), ExecError> {
+        let Some(p) = bound.experts else {
+            return Ok(());
+        };
+        let (Some(sink), Some(&(value, layer))) = (
+            p.ahead,
+            self.predicted
+                .iter()
+                .find(|(v, _)| *v == bound.plan.steps[i].out),
+        ) else {
+            return Ok(());
+        };
+        let Some(li) = bound.moe.iter().position(|l| l.layer == layer) else {
+            return Ok(());
+        };
+        let ids = self.i32_view(bound.plan, value, 1, s)?;
+        let copies = p.store.read_ahead(li, &ids);
+        for &e in &ids {
+            let loaded = copies.iter().any(|c| c.expert as i32 == e);
+            if e >= 0 && !loaded && p.store.slot_of(li, e as usize).is_none() {
+                p.slots.read_ahead_host(li, e as u32);
+            }
+        }
+        for copy in copies {
+            match sink {
+                AheadSink::Sync => {
+                    // SAFETY: the store took this slot for the copy and publishes it after;
+                    // the steps run one after the other, so no kernel reads it meanwhile.
+                    let done = unsafe { p.slots.fill_unread(copy.layer, copy.slot, copy.expert) };
+                    p.store.publish(copy, done);
+                }
+                AheadSink::Background(tx) => {
+                    if let Err(e) = tx.send(copy) {
+                        let reason = format!("the read-ahead thread is gone ({e})");
+                        let err = crate::store::StoreError::Slot {
+                            layer: copy.layer,
+                            slot: copy.slot,
+                            reason,
+                        };
+                        p.store.publish(copy, Err(err));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Before step `i` of a one-token run, when it is a `moe_ffn` and the placement reads
+    /// ahead: starts reading every routed expert that is not resident from the file into the
+    /// page cache at once ([`HostSlots::read_ahead_host`]), so that the disk serves them in
+    /// parallel rather than as the kernel faults them in, one page run after another.
+    ///
+    /// Errors: [`ExecError::Value`] when the step's ids are not an i32 value in a slot.
+    fn read_routed_ahead(&self, bound: &Bound<'_, K>, i: usize, s: usize) -> Result<(), ExecError> {
+        let Some(p) = bound.experts.filter(|p| p.ahead.is_some()) else {
+            return Ok(());
+        };
+        let Some(li) = bound.moe.iter().position(|l| l.step == i) else {
+            return Ok(());
+        };
+        let plan = bound.plan;
+        let ids = plan.steps[i].args.iter().find_map(|a| match a {
+            Operand::Value(v) if plan.values[*v].dtype == DType::I32 => Some(*v),
+            _ => None,
+        });
+        let Some(ids) = ids else {
+            return Ok(());
+        };
+        for e in self.i32_view(plan, ids, 1, s)? {
+            if e >= 0 && p.store.slot_of(li, e as usize).is_none() {
+                p.slots.read_ahead_host(li, e as u32);
+            }
+        }
         Ok(())
     }
 
@@ -463,6 +574,8 @@ impl<K: StepKernel> Executor<K> {
             self.tables.resize(layer.tensors.len(), Vec::new());
         }
         let mut all = Vec::new();
+        // The slots as the store holds them now, one map for every tensor of the step.
+        let map = bound.experts.map(|p| p.store.step_slots(li));
         for (tj, (table, spec)) in self.tables.iter_mut().zip(&layer.tensors).enumerate() {
             let bad = |detail: String| ExecError::ExpertTable {
                 step: i,
@@ -481,9 +594,9 @@ impl<K: StepKernel> Executor<K> {
             table.clear();
             let mut rows = Vec::new();
             for (e, slice) in host.chunks_exact(spec.expert_bytes.max(1)).enumerate() {
-                let copy = bound.experts.and_then(|p| {
-                    let slot = p.store.slot_of(li, e)?;
-                    p.slots.copy(li, slot, tj)
+                let copy = bound.experts.zip(map.as_ref()).and_then(|(p, map)| {
+                    let slot = (*map.get(e)?)?;
+                    p.slots.copy(li, slot as usize, tj)
                 });
                 let (src, own) = match copy {
                     Some((bytes, own)) if bytes.len() == spec.expert_bytes => (bytes, own),

@@ -81,8 +81,20 @@ pub(crate) struct HostSlots {
     weights: Arc<Weights>,
     layers: Vec<SlotLayer>,
     slots: usize,
+    /// Owns the mapping; its bytes are reached only through `base`.
     arena: Option<MmapMut>,
+    /// The mapping's first byte, taken once from `&mut` so that a read-ahead copy may write a
+    /// slot no kernel reads while the step reads others ([`HostSlots::fill_unread`]).
+    base: *mut u8,
 }
+
+// SAFETY: `base` points into `arena`, which the struct owns and never remaps. Slot bytes are
+// written with `&mut self` (`fill`) or through `fill_unread`, whose contract is that nothing
+// reads or writes that slot meanwhile; readers (`copy`) borrow `&self`. So sharing a `&HostSlots`
+// between threads races on no byte.
+unsafe impl Send for HostSlots {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for HostSlots {}
 
 impl HostSlots {
     /// `slots` slots for every layer of `moe` (one expert each), the copies of tensor `j` of
@@ -122,7 +134,7 @@ impl HostSlots {
                     reason: "the fast store's size overflows".into(),
                 })?;
         }
-        let arena = if total > 0 {
+        let mut arena = if total > 0 {
             let map = anon_arena(total)?;
             if let Err(e) = map.lock() {
                 tracing::warn!(
@@ -135,12 +147,96 @@ impl HostSlots {
         } else {
             None
         };
+        let base = arena
+            .as_mut()
+            .map_or(std::ptr::null_mut(), |a| a.as_mut_ptr());
         Ok(HostSlots {
             weights,
             layers,
             slots,
             arena,
+            base,
         })
+    }
+
+    /// The bytes `start .. start + len` of the arena; `None` past its end.
+    fn arena_bytes(&self, start: usize, len: usize) -> Option<&[u8]> {
+        let end = start.checked_add(len)?;
+        if self.base.is_null() || end > self.arena.as_ref()?.len() {
+            return None;
+        }
+        // SAFETY: in bounds of the mapping `base` points into (checked above); no write to
+        // these bytes runs while `&self` is borrowed except through `fill_unread`, whose
+        // caller guarantees that nobody reads its slot meanwhile.
+        Some(unsafe { std::slice::from_raw_parts(self.base.add(start), len) })
+    }
+
+    /// Starts reading expert `expert` of MoE layer `layer` from the file into the page cache
+    /// (`madvise(MADV_WILLNEED)` over each of its tensors' slices, [`Weights::prefetch_pages`]),
+    /// so that a kernel reading it from the host store later finds it there instead of faulting
+    /// it in page by page. Returns the bytes advised (0 for an expert out of range).
+    pub(crate) fn read_ahead_host(&self, layer: usize, expert: u32) -> usize {
+        let Some(l) = self.layers.get(layer) else {
+            return 0;
+        };
+        l.parts
+            .iter()
+            .filter_map(|p| {
+                self.weights
+                    .view(p.weight)?
+                    .get(expert as usize * p.expert_bytes..)?
+                    .get(..p.expert_bytes)
+            })
+            .map(|src| self.weights.prefetch_pages(src))
+            .sum()
+    }
+
+    /// Writes expert `expert` of MoE layer `layer` into slot `slot`, as [`SlotMemory::fill`]
+    /// does, through a shared reference: the read-ahead's copy beside a running step.
+    ///
+    /// # Safety
+    /// Nothing reads or writes slot `slot` of layer `layer` until this returns: the expert store
+    /// took the slot for this copy ([`crate::store::expert_store::ExpertStore::read_ahead`]) and
+    /// publishes it only afterwards.
+    ///
+    /// Errors: [`StoreError::Slot`] out of range, or when the layout refuses the bytes.
+    pub(crate) unsafe fn fill_unread(
+        &self,
+        layer: usize,
+        slot: usize,
+        expert: u32,
+    ) -> Result<(), StoreError> {
+        let bad = |reason: String| StoreError::Slot {
+            layer,
+            slot,
+            reason,
+        };
+        let l = crate::store::slot_layer(&self.layers, self.slots, layer, slot)?;
+        let arena_len = self.arena.as_ref().map_or(0, |a| a.len());
+        for p in &l.parts {
+            let src = self
+                .weights
+                .view(p.weight)
+                .and_then(|v| v.get(expert as usize * p.expert_bytes..))
+                .and_then(|v| v.get(..p.expert_bytes))
+                .ok_or_else(|| bad(format!("expert {expert} is outside its tensor")))?;
+            let start = l.base + slot * l.slot_bytes + p.offset;
+            if self.base.is_null() || start + p.expert_bytes > arena_len {
+                return Err(bad("the fast store has no memory for this slot".into()));
+            }
+            // SAFETY: in bounds (checked above); the caller guarantees this slot's bytes are
+            // neither read nor written by anyone else until we return.
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut(self.base.add(start), p.expert_bytes) };
+            // The whole expert read from the disk at once, not page by page as the copy faults.
+            self.weights.prefetch_pages(src);
+            match &p.layout {
+                Some(layout) => layout.write(src, dst).map_err(bad)?,
+                None => dst.copy_from_slice(src),
+            }
+            self.weights.release_pages(src);
+        }
+        Ok(())
     }
 
     /// The copy of tensor `tensor` of the expert in slot `slot` of MoE layer `layer`, and
@@ -152,7 +248,7 @@ impl HostSlots {
             return None;
         }
         let start = l.base + slot * l.slot_bytes + p.offset;
-        let bytes = self.arena.as_ref()?.get(start..start + p.expert_bytes)?;
+        let bytes = self.arena_bytes(start, p.expert_bytes)?;
         Some((bytes, p.layout.is_some()))
     }
 }
@@ -171,32 +267,8 @@ impl SlotMemory for HostSlots {
     }
 
     fn fill(&mut self, layer: usize, slot: usize, expert: u32) -> Result<(), StoreError> {
-        let bad = |reason: String| StoreError::Slot {
-            layer,
-            slot,
-            reason,
-        };
-        let l = crate::store::slot_layer(&self.layers, self.slots, layer, slot)?;
-        let arena = self
-            .arena
-            .as_mut()
-            .ok_or_else(|| bad("the fast store has no memory".into()))?;
-        for p in &l.parts {
-            let src = self
-                .weights
-                .view(p.weight)
-                .and_then(|v| v.get(expert as usize * p.expert_bytes..))
-                .and_then(|v| v.get(..p.expert_bytes))
-                .ok_or_else(|| bad(format!("expert {expert} is outside its tensor")))?;
-            let start = l.base + slot * l.slot_bytes + p.offset;
-            let dst = &mut arena[start..start + p.expert_bytes];
-            match &p.layout {
-                Some(layout) => layout.write(src, dst).map_err(bad)?,
-                None => dst.copy_from_slice(src),
-            }
-            self.weights.release_pages(src);
-        }
-        Ok(())
+        // SAFETY: `&mut self`: nothing else reads or writes any slot now.
+        unsafe { self.fill_unread(layer, slot, expert) }
     }
 
     fn read_back(&self, layer: usize, slot: usize, tensor: usize) -> Result<Vec<u8>, StoreError> {

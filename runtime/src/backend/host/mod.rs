@@ -22,16 +22,18 @@ use super::{
 use crate::gguf::quant::host_symbols;
 use crate::kv_cache::LatentKvCache;
 use crate::progress::{Count, Progress};
+use crate::store::expert_store::{AheadCopy, ReadAheadMode};
 use crate::store::{available_memory, slots_within};
 use crate::weights::Weights;
 use aubier_compiler::ops::Op;
 use aubier_compiler::plan::{MoeLayer, Operand, Plan};
 use aubier_compiler::types::DType;
 use aubier_kernels_gen::cpu::{CpuProgram, LowerError, Lowering};
-use executor::{Bound, Executor};
+use executor::{AheadSink, Bound, Executor};
 pub(crate) use kernel::{HostBinding, HostKernel, NoKernel, StepIo, StepKernel, WeightRows};
 pub(crate) use memory::{CopyLayout, HostLayout};
 use memory::{DenseCopies, HostSlots};
+use std::sync::mpsc;
 use std::sync::Arc;
 
 /// Loads a plan bound to the host kernels `K` ([`HostBinding`]) for the backend `backend`:
@@ -221,31 +223,56 @@ impl<K: StepKernel> Run for HostRun<K> {
         let slots = experts.slots_as::<HostSlots>("host")?;
         let weights = m.weights.views();
         let (exec, cache) = (&mut self.exec, &mut self.cache);
-        // On a worker of the rayon pool, so that the run's parallel steps fork from a worker
-        // (its own deque) rather than inject each step from outside the pool and block the
-        // caller on a latch; the other workers spin for the run's length (`pool::run_hot`).
-        crate::pool::run_hot(|| {
-            let bound = Bound {
-                plan: &m.plan,
-                program: &m.program,
-                kernels: &m.kernels,
-                weights: &weights,
-                copies: &m.copies,
-                moe: &m.moe,
-                experts: Some(executor::Placement {
-                    store: experts.store,
-                    slots,
-                }),
-                file: Some(&*m.weights),
+        let store = experts.store;
+        // The read-ahead's copies of a one-token run, when the store reads ahead: made by a
+        // thread beside the run, which ends (and is joined) when the run has ended.
+        std::thread::scope(|scope| {
+            let (tx, rx) = mpsc::channel::<AheadCopy>();
+            let ahead = match store.read_ahead_mode() {
+                Some(_) if input.tokens != 1 => None,
+                Some(ReadAheadMode::Sync) => Some(AheadSink::Sync),
+                Some(ReadAheadMode::Background) => {
+                    scope.spawn(move || {
+                        for copy in rx {
+                            // SAFETY: the store took this slot for the copy and publishes it
+                            // only after it; no kernel reads an unpublished slot.
+                            let done =
+                                unsafe { slots.fill_unread(copy.layer, copy.slot, copy.expert) };
+                            store.publish(copy, done);
+                        }
+                    });
+                    Some(AheadSink::Background(&tx))
+                }
+                None => None,
             };
-            exec.run_rows(
-                bound,
-                cache,
-                input.inputs,
-                input.tokens,
-                input.keys,
-                input.last_only,
-            )
+            // On a worker of the rayon pool, so that the run's parallel steps fork from a
+            // worker (its own deque) rather than inject each step from outside the pool and
+            // block the caller on a latch; the other workers spin for the run's length
+            // (`pool::run_hot`).
+            crate::pool::run_hot(|| {
+                let bound = Bound {
+                    plan: &m.plan,
+                    program: &m.program,
+                    kernels: &m.kernels,
+                    weights: &weights,
+                    copies: &m.copies,
+                    moe: &m.moe,
+                    experts: Some(executor::Placement {
+                        store,
+                        slots,
+                        ahead,
+                    }),
+                    file: Some(&*m.weights),
+                };
+                exec.run_rows(
+                    bound,
+                    cache,
+                    input.inputs,
+                    input.tokens,
+                    input.keys,
+                    input.last_only,
+                )
+            })
         })?;
         input
             .outputs

@@ -383,6 +383,14 @@ impl Run for VulkanRun {
     ) -> Result<Vec<Output>, BackendError> {
         let m = &*self.model;
         let slots = experts.slots_as::<VulkanSlots>("vulkan")?;
+        if experts.store.read_ahead_mode().is_some() {
+            return Err(BackendError::Binding {
+                backend: "vulkan".into(),
+                detail: "the read-ahead (--prefetch-budget) runs on the host backends; the GPU \
+                         store reads ahead in a later version"
+                    .into(),
+            });
+        }
         m.dp.write_tables(|w| {
             let Some((li, tj)) = m.table_of.get(w).copied().flatten() else {
                 return Vec::new();

@@ -1,0 +1,169 @@
+//! The store's read-ahead (`--prefetch-budget`, issue 34 item 3) on the bundled model, on the
+//! `oracle` and `cpu` backends (the `cpu` backend's slots hold its interleaved layout): a fast
+//! store of 4 of 16 slots, a 28-token prefill, then one-token decode steps of the greedy
+//! continuation, with a budget of 2 loads per layer per step.
+//! * the logits are those of the run without read-ahead, bit for bit, in either mode;
+//! * sync mode: the experts loaded are, per step and predicted layer, the first predicted ids
+//!   that were not resident before the step (at most the budget), and the routed slots they
+//!   served are |loaded ∩ routed|, both recounted here from the residents, predictions and
+//!   routing the session exposes; none is late;
+//! * background mode makes the same decisions (prefetches, promotions, evictions), and each
+//!   routed slot of a loaded expert is served or late: its hits plus its late slots are sync's
+//!   hits;
+//! * every resident expert's slot holds the file's bytes afterwards;
+//! * a budget on a plan without predictions is refused by name.
+
+use aubier_runtime::backend::registry::BackendSpec;
+use aubier_runtime::engine::Model;
+use aubier_runtime::error::EngineError;
+use aubier_runtime::progress::Quiet;
+use aubier_runtime::session::{Session, SessionOptions};
+use aubier_runtime::store::expert_store::{ReadAheadMode, StoreOptions, StoreReport};
+use aubier_runtime::store::{FastBudget, StoreError};
+use aubier_tests::{models_dir, shared_prompt, slots};
+use std::sync::Arc;
+
+const BUDGET: usize = 2;
+const DECODE: usize = 10;
+
+fn model(backend: &str, predict: bool) -> Arc<Model> {
+    let path = models_dir().join("ms4-tiny256-q2k.gguf");
+    let b = BackendSpec::named(backend).make().expect("backend");
+    Model::load_predicting(&path, b, FastBudget::Slots(4), predict, &mut Quiet)
+        .unwrap_or_else(|e| panic!("bundled model on {backend}: {e}"))
+}
+
+/// What one request did: every step's logits bits, the store's report, and the loads and
+/// prefetch-served slots recounted from what the session exposes (sync mode's expectation).
+struct Request {
+    logits: Vec<Vec<u32>>,
+    report: StoreReport,
+    loads: u64,
+    served: u64,
+}
+
+fn request(model: &Arc<Model>, opts: &StoreOptions) -> Request {
+    let mut s = Session::open_with_store(Arc::clone(model), SessionOptions { kv_max: 64 }, opts)
+        .expect("session");
+    let n_vocab = model.config.n_vocab;
+    let mut out = Request {
+        logits: Vec::new(),
+        report: StoreReport::default(),
+        loads: 0,
+        served: 0,
+    };
+    let mut next = shared_prompt()[..28].to_vec();
+    for _ in 0..=DECODE {
+        let before: Vec<Vec<u32>> = (0..s.expert_store().n_layers())
+            .map(|i| s.expert_store().resident(i))
+            .collect();
+        let logits = s.step(&next).expect("step");
+        out.logits
+            .push(logits.iter().map(|x| x.to_bits()).collect());
+        if next.len() == 1 {
+            for (l, predicted) in s.predicted_ids() {
+                let loaded: Vec<i32> = predicted
+                    .iter()
+                    .copied()
+                    .filter(|&e| !before[*l].contains(&(e as u32)))
+                    .take(opts.prefetch_budget)
+                    .collect();
+                out.loads += loaded.len() as u64;
+                let routed = &s.router_ids()[*l];
+                out.served += routed.iter().filter(|e| loaded.contains(e)).count() as u64;
+            }
+        }
+        let last = &logits[logits.len() - n_vocab..];
+        next = vec![aubier_runtime::sampler::argmax(last).expect("finite logits")];
+    }
+    out.report = s.store_report();
+    check_copies(model, &s);
+    out
+}
+
+/// Every resident expert's slot holds the file's bytes of each of its tensors.
+fn check_copies(model: &Arc<Model>, s: &Session) {
+    let moe = model.plan.moe_layers().expect("moe layers");
+    for (i, layer) in moe.iter().enumerate() {
+        let n = layer.tensors.len();
+        let copies = s
+            .expert_store()
+            .copies(i, &mut model.slots().lock(), n)
+            .expect("read back");
+        assert_eq!(copies.len(), n * s.expert_store().resident(i).len());
+        for (e, t, fast) in copies {
+            let tensor = layer.tensors[t];
+            let view = model.weight_view(tensor.weight).expect("view");
+            let at = e as usize * tensor.expert_bytes;
+            assert!(
+                fast.as_slice() == &view[at..at + tensor.expert_bytes],
+                "layer {i} expert {e} tensor {t}: the slot differs from the file"
+            );
+        }
+    }
+}
+
+#[test]
+fn read_ahead_keeps_the_logits_and_counts_what_it_loads() {
+    for backend in ["oracle", "cpu"] {
+        let model = model(backend, true);
+        let base = request(&model, &slots(4));
+        assert_eq!(
+            base.report.prefetches, 0,
+            "{backend}: no budget, no read-ahead"
+        );
+        let with = |read_ahead| StoreOptions {
+            prefetch_budget: BUDGET,
+            read_ahead,
+            ..slots(4)
+        };
+        let sync = request(&model, &with(ReadAheadMode::Sync));
+        let bg = request(&model, &with(ReadAheadMode::Background));
+        assert!(
+            sync.logits == base.logits,
+            "{backend}: sync read-ahead changed the logits"
+        );
+        assert!(
+            bg.logits == base.logits,
+            "{backend}: background read-ahead changed the logits"
+        );
+
+        let r = sync.report;
+        assert!(sync.loads > 0, "{backend}: the read-ahead loaded nothing");
+        assert_eq!(r.prefetches, sync.loads, "{backend}: sync loads");
+        assert_eq!(r.prefetch_served, sync.served, "{backend}: sync served");
+        assert_eq!(r.prefetch_late, 0, "{backend}: a sync copy was late");
+        let moe = model.plan.moe_layers().expect("moe layers");
+        let expert_bytes = moe[0].expert_bytes() as u64;
+        assert!(moe.iter().all(|l| l.expert_bytes() as u64 == expert_bytes));
+        assert_eq!(r.prefetch_bytes, r.prefetches * expert_bytes);
+        assert!(r.fast_hits >= r.prefetch_served);
+        println!(
+            "{backend}: served {:.3} without read-ahead, {:.3} with ({} loads, {} of their \
+             routed slots served)",
+            base.report.served_fraction, r.served_fraction, r.prefetches, r.prefetch_served
+        );
+
+        let b = bg.report;
+        assert_eq!(
+            (b.prefetches, b.promotions, b.evictions, b.routed),
+            (r.prefetches, r.promotions, r.evictions, r.routed),
+            "{backend}: background made other decisions than sync"
+        );
+        assert_eq!(b.prefetch_served + b.prefetch_late, r.prefetch_served);
+        assert_eq!(b.fast_hits + b.prefetch_late, r.fast_hits);
+    }
+}
+
+#[test]
+fn a_budget_needs_the_plans_predictions() {
+    let model = model("oracle", false);
+    let opts = StoreOptions {
+        prefetch_budget: 1,
+        ..slots(4)
+    };
+    match Session::open_with_store(model, SessionOptions { kv_max: 64 }, &opts) {
+        Err(EngineError::Store(StoreError::NoPrediction)) => {}
+        other => panic!("expected the NoPrediction refusal, got {:?}", other.err()),
+    }
+}
