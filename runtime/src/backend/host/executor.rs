@@ -68,6 +68,25 @@ pub(crate) enum AheadSink<'a> {
     Background(&'a Sender<AheadCopy>),
 }
 
+/// Makes a read-ahead copy ([`ExpertStore::read_ahead`]) and publishes it, done or failed.
+pub(crate) fn make_copy(store: &ExpertStore, slots: &HostSlots, copy: AheadCopy) {
+    // SAFETY: the store took this slot for the copy and publishes it only after it, and no
+    // kernel reads an unpublished slot.
+    let done = unsafe { slots.fill_unread(copy.layer, copy.slot, copy.expert) };
+    store.publish(copy, done);
+}
+
+/// Starts reading each expert of `ids` that is not resident in MoE layer `li`'s slots, and is
+/// not one of `loading`, from the file into the page cache ([`HostSlots::read_ahead_host`]).
+fn read_host_ahead(p: Placement<'_>, li: usize, ids: &[i32], loading: &[AheadCopy]) {
+    for &e in ids {
+        let loaded = loading.iter().any(|c| c.expert as i32 == e);
+        if e >= 0 && !loaded && p.store.slot_of(li, e as usize).is_none() {
+            p.slots.read_ahead_host(li, e as u32);
+        }
+    }
+}
+
 /// What a run executes: the plan, the program compiled from it, the backend's kernel of every
 /// step, and the raw GGUF bytes of every plan weight (`weights[w]` for `plan.weights[w]`).
 #[derive(Debug)]
@@ -315,15 +334,11 @@ impl<K: StepKernel> Executor<K> {
     ///
     /// Errors: [`ExecError::Value`] when the predicted ids are not an i32 value in a slot.
     fn read_ahead(&self, bound: &Bound<'_, K>, i: usize, s: usize) -> Result<(), ExecError> {
-        let Some(p) = bound.experts else {
+        let Some((p, sink)) = bound.experts.and_then(|p| Some((p, p.ahead?))) else {
             return Ok(());
         };
-        let (Some(sink), Some(&(value, layer))) = (
-            p.ahead,
-            self.predicted
-                .iter()
-                .find(|(v, _)| *v == bound.plan.steps[i].out),
-        ) else {
+        let out = bound.plan.steps[i].out;
+        let Some(&(value, layer)) = self.predicted.iter().find(|(v, _)| *v == out) else {
             return Ok(());
         };
         let Some(li) = bound.moe.iter().position(|l| l.layer == layer) else {
@@ -331,20 +346,10 @@ impl<K: StepKernel> Executor<K> {
         };
         let ids = self.i32_view(bound.plan, value, 1, s)?;
         let copies = p.store.read_ahead(li, &ids);
-        for &e in &ids {
-            let loaded = copies.iter().any(|c| c.expert as i32 == e);
-            if e >= 0 && !loaded && p.store.slot_of(li, e as usize).is_none() {
-                p.slots.read_ahead_host(li, e as u32);
-            }
-        }
+        read_host_ahead(p, li, &ids, &copies);
         for copy in copies {
             match sink {
-                AheadSink::Sync => {
-                    // SAFETY: the store took this slot for the copy and publishes it after;
-                    // the steps run one after the other, so no kernel reads it meanwhile.
-                    let done = unsafe { p.slots.fill_unread(copy.layer, copy.slot, copy.expert) };
-                    p.store.publish(copy, done);
-                }
+                AheadSink::Sync => make_copy(p.store, p.slots, copy),
                 AheadSink::Background(tx) => {
                     if let Err(e) = tx.send(copy) {
                         let reason = format!("the read-ahead thread is gone ({e})");
@@ -382,11 +387,7 @@ impl<K: StepKernel> Executor<K> {
         let Some(ids) = ids else {
             return Ok(());
         };
-        for e in self.i32_view(plan, ids, 1, s)? {
-            if e >= 0 && p.store.slot_of(li, e as usize).is_none() {
-                p.slots.read_ahead_host(li, e as u32);
-            }
-        }
+        read_host_ahead(p, li, &self.i32_view(plan, ids, 1, s)?, &[]);
         Ok(())
     }
 

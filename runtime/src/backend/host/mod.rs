@@ -234,11 +234,7 @@ impl<K: StepKernel> Run for HostRun<K> {
                 Some(ReadAheadMode::Background) => {
                     scope.spawn(move || {
                         for copy in rx {
-                            // SAFETY: the store took this slot for the copy and publishes it
-                            // only after it; no kernel reads an unpublished slot.
-                            let done =
-                                unsafe { slots.fill_unread(copy.layer, copy.slot, copy.expert) };
-                            store.publish(copy, done);
+                            executor::make_copy(store, slots, copy);
                         }
                     });
                     Some(AheadSink::Background(&tx))
