@@ -201,17 +201,63 @@ fn grid<const B: usize, const MINS: bool, const WIDE: bool>(
     let Some(n) = grid_rows(w, x, y, B) else {
         return;
     };
-    let (rows, nb, groups) = (x.rows(), x.blocks(), x.groups());
+    let (nb, groups) = (x.blocks(), x.groups());
     if y.is_empty() {
         return;
     }
+    SCRATCH.with_borrow_mut(|s| {
+        s.fit(nb, groups);
+        grid_in::<B, MINS, WIDE>(w, x, y, n, &mut unpack, s);
+    });
+}
+
+/// A thread's buffers of [`grid`], kept from call to call (a fresh 90 KiB per call cost 3–4 %
+/// of the kernel's time in `memset` and `memcpy`).
+struct Scratch {
+    codes: Vec<Unpacked>,
+    sc: Vec<[RowScales; GROUP]>,
+    acc: Vec<[[__m256; 2]; GROUP]>,
+}
+
+impl Scratch {
+    /// At least `nb` blocks of codes and scales and `groups` groups of accumulators.
+    fn fit(&mut self, nb: usize, groups: usize) {
+        if self.codes.len() < nb {
+            self.codes.resize(nb, Unpacked([0; GROUP * 256]));
+            self.sc.resize(nb, [RowScales::ZERO; GROUP]);
+        }
+        if self.acc.len() < groups {
+            // SAFETY: an all-zero `__m256` is eight `+0.0` (a plain value, no feature needed).
+            self.acc
+                .resize(groups, [[unsafe { std::mem::zeroed() }; 2]; GROUP]);
+        }
+    }
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = const {
+        std::cell::RefCell::new(Scratch { codes: Vec::new(), sc: Vec::new(), acc: Vec::new() })
+    };
+}
+
+/// [`grid`]'s loop for its `n` weight rows, in the buffers `s` (fitted to the call).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn grid_in<const B: usize, const MINS: bool, const WIDE: bool>(
+    w: &[u8],
+    x: &Q8Tiles,
+    y: &mut [f32],
+    n: usize,
+    unpack: &mut impl FnMut(&[u8; B], &mut [u8; 256]) -> RowScales,
+    s: &mut Scratch,
+) {
+    let (rows, nb, groups) = (x.rows(), x.blocks(), x.groups());
     // The 16 rows of a row group unpacked whole (sequential reads of the weights): block `b` of
     // row `r` at `codes[b]`'s row `r`, its scales at `sc[b][r]` (block-major, so that a block's
-    // 16 rows are 4 KiB in a row). Rows past a last group's end keep stale codes, whose pairs
-    // are computed and never stored.
-    let mut codes = vec![Unpacked([0; GROUP * 256]); nb];
-    let mut sc = vec![[RowScales::ZERO; GROUP]; nb];
-    let mut acc = vec![[[_mm256_setzero_ps(); 2]; GROUP]; groups];
+    // 16 rows are 4 KiB in a row). Rows past a last group's end keep stale codes (of this call
+    // or an earlier one), whose pairs are computed and never stored.
+    let (codes, sc) = (&mut s.codes[..nb], &mut s.sc[..nb]);
+    let acc = &mut s.acc[..groups];
     for r0 in (0..n).step_by(GROUP) {
         let nr = GROUP.min(n - r0);
         for g in acc.iter_mut() {
