@@ -32,7 +32,8 @@
 //!   to the compiler's vectorizer (no reassociation: each element is its own two products).
 //!
 //! Vectors are AVX-512 where the CPU has it, else `[f32; 16]` arrays with the same operations
-//! ([`V16`]), compiled for AVX2 where the CPU has that ([`Width`]): all give the same bits.
+//! ([`V16`]), compiled for AVX2 where the CPU has that, `exp` there by intrinsics ([`Width`]):
+//! all give the same bits.
 
 use aubier_kernels_gen::cpu::expf::expf;
 use rayon::prelude::*;
@@ -278,10 +279,134 @@ mod avx512 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use crate::backend::cpu::exact::V16;
+    use aubier_kernels_gen::cpu::expf::{
+        EXP_C2, EXP_C3, EXP_C4, EXP_HI, EXP_INV_LN2_N, EXP_LN2_N, EXP_LO, EXP_TABLE,
+    };
+    use std::arch::x86_64::*;
+
+    /// `expf`'s f64 path on four lanes (inputs inside `[EXP_LO, EXP_HI]`): the same operations
+    /// in the same order (no fused multiply-add), the table read by a gather, the exponent's
+    /// `k >> 5` and `k & 31` in i32 (`|k| ≤ 5910`, so the same as the scalar's i64).
+    #[inline(always)]
+    fn exp4(xd: __m256d) -> __m256d {
+        // SAFETY: (every intrinsic here) the CPU has AVX2 (the module's contract); the gather
+        // reads entries `k & 31` of the 32 of `EXP_TABLE`.
+        unsafe {
+            let c = _mm256_set1_pd;
+            // Round to nearest, ties to even, no exceptions (`round_ties_even`).
+            let kd = _mm256_round_pd::<0x08>(_mm256_mul_pd(xd, c(EXP_INV_LN2_N)));
+            let r = _mm256_sub_pd(xd, _mm256_mul_pd(kd, c(EXP_LN2_N)));
+            let mut p = _mm256_add_pd(_mm256_mul_pd(r, c(EXP_C4)), c(EXP_C3));
+            p = _mm256_add_pd(_mm256_mul_pd(p, r), c(EXP_C2));
+            p = _mm256_add_pd(_mm256_mul_pd(p, r), c(1.0));
+            p = _mm256_add_pd(_mm256_mul_pd(p, r), c(1.0));
+            let k = _mm256_cvtpd_epi32(kd);
+            let j = _mm_and_si128(k, _mm_set1_epi32(31));
+            let tj = _mm256_i32gather_pd::<8>(EXP_TABLE.as_ptr(), j);
+            let e = _mm_add_epi32(_mm_srai_epi32::<5>(k), _mm_set1_epi32(1023));
+            let s = _mm256_castsi256_pd(_mm256_slli_epi64::<52>(_mm256_cvtepi32_epi64(e)));
+            _mm256_mul_pd(_mm256_mul_pd(p, tj), s)
+        }
+    }
+
+    /// `expf` on eight lanes: NaN stays, above `EXP_HI` +∞, below `EXP_LO` `+0.0`, the rest by
+    /// [`exp4`] on the two halves (inputs clamped first so that no lane leaves the table's
+    /// range), each rounded once to f32.
+    #[inline(always)]
+    fn exp8(x: __m256) -> __m256 {
+        // SAFETY: (every intrinsic here) the CPU has AVX2 (the module's contract).
+        unsafe {
+            let (hi, lo) = (_mm256_set1_ps(EXP_HI), _mm256_set1_ps(EXP_LO));
+            let xc = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+            let ylo = _mm256_cvtpd_ps(exp4(_mm256_cvtps_pd(_mm256_castps256_ps128(xc))));
+            let yhi = _mm256_cvtpd_ps(exp4(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(xc))));
+            let y = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(ylo), yhi);
+            let y = _mm256_blendv_ps(
+                y,
+                _mm256_set1_ps(f32::INFINITY),
+                _mm256_cmp_ps::<_CMP_GT_OQ>(x, hi),
+            );
+            let y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo));
+            _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
+        }
+    }
+
+    /// Sixteen lanes as the arrays (which the compiler vectorizes 256 bits wide) but for `exp`,
+    /// which is [`exp8`] twice: only constructed inside functions compiled with AVX2, on a CPU
+    /// that has it.
+    #[derive(Clone, Copy)]
+    pub(super) struct Y([f32; 16]);
+
+    impl V16 for Y {
+        #[inline(always)]
+        fn zero() -> Self {
+            Y(<[f32; 16]>::zero())
+        }
+        #[inline(always)]
+        fn splat(x: f32) -> Self {
+            Y(<[f32; 16]>::splat(x))
+        }
+        #[inline(always)]
+        fn load(s: &[f32]) -> Self {
+            Y(<[f32; 16]>::load(s))
+        }
+        #[inline(always)]
+        fn add(self, o: Self) -> Self {
+            Y(self.0.add(o.0))
+        }
+        #[inline(always)]
+        fn sub(self, o: Self) -> Self {
+            Y(self.0.sub(o.0))
+        }
+        #[inline(always)]
+        fn mul(self, o: Self) -> Self {
+            Y(self.0.mul(o.0))
+        }
+        #[inline(always)]
+        fn neg(self) -> Self {
+            Y(self.0.neg())
+        }
+        #[inline(always)]
+        fn div(self, o: Self) -> Self {
+            Y(self.0.div(o.0))
+        }
+        #[inline(always)]
+        fn max(self, o: Self) -> Self {
+            Y(self.0.max(o.0))
+        }
+        #[inline(always)]
+        fn has_nan(self) -> bool {
+            self.0.has_nan()
+        }
+        #[inline(always)]
+        fn store(self, d: &mut [f32]) {
+            self.0.store(d)
+        }
+        #[inline(always)]
+        fn exp(self) -> Self {
+            let mut y = [0f32; 16];
+            for (src, dst) in self
+                .0
+                .as_chunks::<8>()
+                .0
+                .iter()
+                .zip(y.as_chunks_mut::<8>().0)
+            {
+                // SAFETY: eight f32 read from and written to arrays of eight.
+                unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), exp8(_mm256_loadu_ps(src.as_ptr()))) };
+            }
+            Y(y)
+        }
+    }
+}
+
 /// What the lane kernels compile to: AVX-512 vectors ([`avx512::Z`]) where [`crate::isa`]
 /// reports AVX-512F; else `[f32; 16]` arrays inside a function compiled for AVX2 (the compiler
-/// vectorizes them 256 bits wide) where it reports AVX2; else the arrays at the target's
-/// baseline. Every width computes each lane's IEEE operations, so the same bits.
+/// vectorizes them 256 bits wide; `exp` by AVX2 intrinsics, [`avx2::Y`]) where it reports AVX2;
+/// else the arrays at the target's baseline. Every width computes each lane's IEEE operations, so the same bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Width {
     Arrays,
@@ -327,7 +452,7 @@ impl Width {
 }
 
 /// `$generic::<lanes>(args)` at `$width` ([`Width`]): with the AVX-512 lanes inside a function
-/// compiled for AVX-512F, with arrays inside one compiled for AVX2, or with arrays.
+/// compiled for AVX-512F, with the AVX2 lanes inside one compiled for AVX2, or with arrays.
 macro_rules! lanes_call {
     ($width:expr, $generic:ident $(::<$($c:tt),*>)?, ($($a:ident: $t:ty),* $(,)?)) => {{
         #[cfg(target_arch = "x86_64")]
@@ -338,7 +463,7 @@ macro_rules! lanes_call {
             }
             #[target_feature(enable = "avx2,fma,f16c")]
             fn with_avx2($($a: $t),*) {
-                $generic::<[f32; 16] $($(, $c)*)?>($($a),*)
+                $generic::<avx2::Y $($(, $c)*)?>($($a),*)
             }
             match $width {
                 // SAFETY: `Width::Avx512` only where the CPU has AVX-512F (`Width::detected`).
@@ -1123,9 +1248,9 @@ mod tests {
         }
     }
 
-    /// The vector `exp` (AVX-512 where the CPU has it, and the array lanes) gives `expf`'s bits:
-    /// every 61st f32 bit pattern (all signs, NaNs, infinities, subnormals, both clamps) and the
-    /// edges of the clamps and of the table's range.
+    /// The vector `exp` (AVX-512 and AVX2 where the CPU has them, and the array lanes) gives
+    /// `expf`'s bits: every 61st f32 bit pattern (all signs, NaNs, infinities, subnormals, both
+    /// clamps) and the edges of the clamps and of the table's range.
     #[test]
     fn vector_exp_has_expf_bits() {
         let mut x: Vec<f32> = (0..=u32::MAX).step_by(61).map(f32::from_bits).collect();
