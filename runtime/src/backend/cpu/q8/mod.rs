@@ -148,6 +148,12 @@ pub fn quantize_row_q8k(x: &[f32], y: &mut [BlockQ8K]) -> Result<(), QuantError>
         unsafe { quantize_blocks_avx512(xs, y) };
         return Ok(());
     }
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa::isa().avx2 {
+        // SAFETY: the feature `quantize_blocks_avx2` enables was just detected.
+        unsafe { quantize_blocks_avx2(xs, y) };
+        return Ok(());
+    }
     quantize_blocks(xs, y);
     Ok(())
 }
@@ -165,6 +171,13 @@ fn quantize_blocks(xs: &[[f32; QK_K]], y: &mut [BlockQ8K]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
 fn quantize_blocks_avx512(xs: &[[f32; QK_K]], y: &mut [BlockQ8K]) {
+    quantize_blocks(xs, y);
+}
+
+/// [`quantize_blocks`] compiled for AVX2 (as [`quantize_blocks_avx512`]: the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn quantize_blocks_avx2(xs: &[[f32; QK_K]], y: &mut [BlockQ8K]) {
     quantize_blocks(xs, y);
 }
 
@@ -683,8 +696,9 @@ mod tests {
         assert_eq!(round_half_away(f32::NAN), -128);
     }
 
-    /// The dispatched quantization (AVX-512 where the CPU has it) gives the portable loop's
-    /// bits: random blocks, a block with NaN, one with infinity, subnormals, zeros, ±ties.
+    /// The dispatched quantization (AVX-512 or AVX2 where the CPU has it) and the AVX2 one
+    /// give the portable loop's bits: random blocks, a block with NaN, one with infinity,
+    /// subnormals, zeros, ±ties.
     #[test]
     fn quantization_is_the_same_on_every_path() {
         let mut rng = ChaCha8Rng::seed_from_u64(9);
@@ -701,10 +715,20 @@ mod tests {
         let (xs, _) = x.as_chunks::<QK_K>();
         let mut want = vec![BlockQ8K::ZERO; 8];
         quantize_blocks(xs, &mut want);
-        let got = quantize(&x);
-        for (b, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.d.to_bits(), w.d.to_bits(), "block {b}");
-            assert_eq!((g.qs, g.bsums), (w.qs, w.bsums), "block {b}");
+        let mut paths = vec![("dispatched", quantize(&x))];
+        if crate::isa::isa().avx2 {
+            let mut got = vec![BlockQ8K::ZERO; 8];
+            // SAFETY: the CPU has AVX2 (just checked).
+            unsafe { quantize_blocks_avx2(xs, &mut got) };
+            paths.push(("avx2", got));
+        } else {
+            println!("note: no AVX2 on this CPU: its quantization path unchecked");
+        }
+        for (path, got) in paths {
+            for (b, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.d.to_bits(), w.d.to_bits(), "{path} block {b}");
+                assert_eq!((g.qs, g.bsums), (w.qs, w.bsums), "{path} block {b}");
+            }
         }
     }
 
