@@ -858,23 +858,26 @@ fn scatter_tokens(ys: &[f32], r0: usize, t: usize, stride: usize, out: &SharedOu
         "cpu backend scatter of {rows} x {t} at {r0} (stride {stride}) outside {}",
         out.1
     );
-    let wide = exact::Width::detected() == exact::Width::Avx512;
+    let width = exact::Width::detected();
     let mut tile = [[0f32; SCATTER_BLOCK]; SCATTER_BLOCK];
     for t0 in (0..t).step_by(SCATTER_BLOCK) {
         let tn = SCATTER_BLOCK.min(t - t0);
         for i0 in (0..rows).step_by(SCATTER_BLOCK) {
             let rn = SCATTER_BLOCK.min(rows - i0);
-            if wide && rn == SCATTER_BLOCK && tn == SCATTER_BLOCK {
+            if width != exact::Width::Arrays && rn == SCATTER_BLOCK && tn == SCATTER_BLOCK {
+                let (src, dst) = (
+                    ys.as_ptr().wrapping_add(i0 * t + t0),
+                    out.0.wrapping_add(t0 * stride + r0 + i0),
+                );
                 // SAFETY: rows `i0 .. i0 + 16` of `ys` hold tokens `t0 .. t0 + 16`
                 // (`t0 + 16 ≤ T`); the destination runs are those of the tile path below,
-                // inside `out` and this work item's own; AVX-512F detected.
+                // inside `out` and this work item's own; the width's features detected.
                 unsafe {
-                    transpose16(
-                        ys.as_ptr().add(i0 * t + t0),
-                        t,
-                        out.0.add(t0 * stride + r0 + i0),
-                        stride,
-                    )
+                    if width == exact::Width::Avx512 {
+                        transpose16(src, t, dst, stride)
+                    } else {
+                        transpose16_avx2(src, t, dst, stride)
+                    }
                 };
                 continue;
             }
@@ -953,9 +956,58 @@ unsafe fn transpose16(src: *const f32, ld: usize, dst: *mut f32, stride: usize) 
     }
 }
 
+/// [`transpose16`] with AVX2: four 8 × 8 blocks, each by 32-bit interleaves, 64-bit shuffles
+/// within 128-bit lanes and a round of 128-bit lane permutes (24 shuffles for 8 loads and 8
+/// stores).
+///
+/// # Safety
+/// The CPU has AVX2; the runs as [`transpose16`]'s.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose16_avx2(src: *const f32, ld: usize, dst: *mut f32, stride: usize) {
+    use std::arch::x86_64::*;
+    for (i0, k0) in [(0, 0), (0, 8), (8, 0), (8, 8)] {
+        // SAFETY: the caller's contract (every load and store below is inside one of the runs).
+        unsafe {
+            let r: [__m256; 8] =
+                std::array::from_fn(|i| _mm256_loadu_ps(src.add((i0 + i) * ld + k0)));
+            // a[2j], a[2j + 1]: rows 2j, 2j + 1 interleaved by 32 bits.
+            let a: [__m256; 8] = std::array::from_fn(|n| {
+                let (x, y) = (r[n & !1], r[n | 1]);
+                if n % 2 == 0 {
+                    _mm256_unpacklo_ps(x, y)
+                } else {
+                    _mm256_unpackhi_ps(x, y)
+                }
+            });
+            // b[4g + c]: rows 4g .. 4g + 4 of columns c (low lane) and c + 4 (high lane).
+            let b: [__m256; 8] = std::array::from_fn(|n| {
+                let (g, c) = (n / 4, n % 4);
+                let (x, y) = (a[4 * g + c / 2], a[4 * g + c / 2 + 2]);
+                if c % 2 == 0 {
+                    _mm256_shuffle_ps::<0x44>(x, y)
+                } else {
+                    _mm256_shuffle_ps::<0xee>(x, y)
+                }
+            });
+            for c in 0..4 {
+                let lo = _mm256_permute2f128_ps::<0x20>(b[c], b[4 + c]);
+                let hi = _mm256_permute2f128_ps::<0x31>(b[c], b[4 + c]);
+                _mm256_storeu_ps(dst.add((k0 + c) * stride + i0), lo);
+                _mm256_storeu_ps(dst.add((k0 + c + 4) * stride + i0), hi);
+            }
+        }
+    }
+}
+
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn transpose16(_: *const f32, _: usize, _: *mut f32, _: usize) {
     unreachable!("no AVX-512 width off x86_64")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn transpose16_avx2(_: *const f32, _: usize, _: *mut f32, _: usize) {
+    unreachable!("no AVX2 width off x86_64")
 }
 
 /// `y = Σ_j w_j · part_j` per element, `j` in order from `+0.0` (each product rounded, then
@@ -1441,6 +1493,39 @@ mod tests {
                 }
             }
             assert_eq!(y, want, "{rows} x {t} at {r0}, stride {stride}");
+        }
+    }
+
+    /// Both register transposes (where the CPU has their features) put element `(i, k)` of a
+    /// 16 × 16 block read with leading dimension `ld` at `k·stride + i`, and nothing else.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn register_transposes_are_the_element_transpose() {
+        let (ld, stride) = (37, 21);
+        let src: Vec<f32> = (0..16 * ld).map(|v| v as f32 + 0.25).collect();
+        let mut want = vec![-1.0f32; 16 * stride];
+        for i in 0..16 {
+            for k in 0..16 {
+                want[k * stride + i] = src[i * ld + k];
+            }
+        }
+        let isa = crate::isa::isa();
+        for (name, has, f) in [
+            (
+                "avx2",
+                isa.avx2,
+                transpose16_avx2 as unsafe fn(*const f32, usize, *mut f32, usize),
+            ),
+            ("avx512", isa.avx512f, transpose16),
+        ] {
+            if !has {
+                println!("note: no {name} on this CPU: its transpose unchecked");
+                continue;
+            }
+            let mut dst = vec![-1.0f32; 16 * stride];
+            // SAFETY: the CPU has the features (just checked); 16 runs of 16 inside each buffer.
+            unsafe { f(src.as_ptr(), ld, dst.as_mut_ptr(), stride) };
+            assert_eq!(dst, want, "{name}");
         }
     }
 
