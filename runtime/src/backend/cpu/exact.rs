@@ -31,15 +31,19 @@
 //!   [`crate::gguf::quant::dot_f32`] (the oracle's eight lanes), rows in parallel, element loops left
 //!   to the compiler's vectorizer (no reassociation: each element is its own two products).
 //!
-//! Vectors are AVX-512 where the CPU has it, else `[f32; 16]` arrays with the same operations
-//! ([`V16`]), compiled for AVX2 where the CPU has that, `exp` there by intrinsics ([`Width`]):
-//! all give the same bits.
+//! Vectors are AVX-512 where the CPU has it, else two AVX2 vectors where it has that, else
+//! `[f32; 16]` arrays, all with the same operations ([`V16`], [`Width`]): all give the same
+//! bits.
 
 use aubier_kernels_gen::cpu::expf::expf;
 use rayon::prelude::*;
 
 /// Sixteen f32 lanes: the operations the kernels use, each the IEEE operation per lane.
 trait V16: Copy {
+    /// Whether there are registers for [`KEYS`] keys' eight partial sums at once (AVX-512's 32
+    /// registers of 16 lanes); else `scores_qk` takes one key at a time (AVX2's 16 registers of
+    /// 8 lanes hold one key's sums: two keys spilled them, and ran slower).
+    const WIDE: bool = false;
     fn zero() -> Self;
     fn splat(x: f32) -> Self;
     /// The first `min(16, s.len())` elements of `s`, the rest `0.0`.
@@ -199,6 +203,7 @@ mod avx512 {
     }
 
     impl V16 for Z {
+        const WIDE: bool = true;
         #[inline(always)]
         fn zero() -> Self {
             // SAFETY: (every intrinsic here) the CPU has AVX-512F (the type's contract).
@@ -334,79 +339,124 @@ mod avx2 {
         }
     }
 
-    /// Sixteen lanes as the arrays (which the compiler vectorizes 256 bits wide) but for `exp`,
-    /// which is [`exp8`] twice: only constructed inside functions compiled with AVX2, on a CPU
-    /// that has it.
+    /// Sixteen lanes as two AVX2 vectors; only constructed inside functions compiled with AVX2,
+    /// on a CPU that has it. (The `[f32; 16]` arrays compiled for AVX2 went through the stack
+    /// between operations: `scores_qk` ran at 7 GFLOP/s a core.)
     #[derive(Clone, Copy)]
-    pub(super) struct Y([f32; 16]);
+    pub(super) struct Y([__m256; 2]);
+
+    impl Y {
+        /// `f` on both halves.
+        #[inline(always)]
+        fn each(self, f: impl Fn(__m256) -> __m256) -> Y {
+            Y([f(self.0[0]), f(self.0[1])])
+        }
+        /// `f` on both halves of `self` and `o`.
+        #[inline(always)]
+        fn zip(self, o: Y, f: impl Fn(__m256, __m256) -> __m256) -> Y {
+            Y([f(self.0[0], o.0[0]), f(self.0[1], o.0[1])])
+        }
+    }
 
     impl V16 for Y {
         #[inline(always)]
         fn zero() -> Self {
-            Y(<[f32; 16]>::zero())
+            // SAFETY: (every intrinsic in this impl) the CPU has AVX2 (the type's contract).
+            let z = unsafe { _mm256_setzero_ps() };
+            Y([z, z])
         }
         #[inline(always)]
         fn splat(x: f32) -> Self {
-            Y(<[f32; 16]>::splat(x))
+            // SAFETY: see `zero`.
+            let v = unsafe { _mm256_set1_ps(x) };
+            Y([v, v])
         }
         #[inline(always)]
         fn load(s: &[f32]) -> Self {
-            Y(<[f32; 16]>::load(s))
+            let mut a = [0f32; 16];
+            let src = if s.len() >= 16 {
+                &s[..16]
+            } else {
+                let n = s.len();
+                a[..n].copy_from_slice(s);
+                &a[..]
+            };
+            // SAFETY: 16 readable f32 (`src` has 16); see `zero`.
+            unsafe {
+                Y([
+                    _mm256_loadu_ps(src.as_ptr()),
+                    _mm256_loadu_ps(src.as_ptr().add(8)),
+                ])
+            }
         }
         #[inline(always)]
         fn add(self, o: Self) -> Self {
-            Y(self.0.add(o.0))
+            // SAFETY: see `zero`.
+            self.zip(o, |a, b| unsafe { _mm256_add_ps(a, b) })
         }
         #[inline(always)]
         fn sub(self, o: Self) -> Self {
-            Y(self.0.sub(o.0))
+            // SAFETY: see `zero`.
+            self.zip(o, |a, b| unsafe { _mm256_sub_ps(a, b) })
         }
         #[inline(always)]
         fn mul(self, o: Self) -> Self {
-            Y(self.0.mul(o.0))
+            // SAFETY: see `zero`.
+            self.zip(o, |a, b| unsafe { _mm256_mul_ps(a, b) })
         }
         #[inline(always)]
         fn neg(self) -> Self {
-            Y(self.0.neg())
+            // SAFETY: see `zero`.
+            self.each(|a| unsafe { _mm256_xor_ps(a, _mm256_set1_ps(-0.0)) })
         }
         #[inline(always)]
         fn div(self, o: Self) -> Self {
-            Y(self.0.div(o.0))
+            // SAFETY: see `zero`.
+            self.zip(o, |a, b| unsafe { _mm256_div_ps(a, b) })
         }
         #[inline(always)]
         fn max(self, o: Self) -> Self {
-            Y(self.0.max(o.0))
+            // `maxps` returns its second operand where either is NaN or they are equal: the
+            // arrays' `self > o ? self : o`.
+            // SAFETY: see `zero`.
+            self.zip(o, |a, b| unsafe { _mm256_max_ps(a, b) })
         }
         #[inline(always)]
         fn has_nan(self) -> bool {
-            self.0.has_nan()
+            // SAFETY: see `zero`.
+            unsafe {
+                let u = _mm256_or_ps(
+                    _mm256_cmp_ps::<_CMP_UNORD_Q>(self.0[0], self.0[0]),
+                    _mm256_cmp_ps::<_CMP_UNORD_Q>(self.0[1], self.0[1]),
+                );
+                _mm256_movemask_ps(u) != 0
+            }
         }
         #[inline(always)]
         fn store(self, d: &mut [f32]) {
-            self.0.store(d)
+            let mut a = [0f32; 16];
+            let n = d.len().min(16);
+            let dst = if n == 16 { &mut d[..16] } else { &mut a[..] };
+            // SAFETY: 16 writable f32 (`dst` has 16); see `zero`.
+            unsafe {
+                _mm256_storeu_ps(dst.as_mut_ptr(), self.0[0]);
+                _mm256_storeu_ps(dst.as_mut_ptr().add(8), self.0[1]);
+            }
+            if n < 16 {
+                d[..n].copy_from_slice(&a[..n]);
+            }
         }
         #[inline(always)]
         fn exp(self) -> Self {
-            let mut y = [0f32; 16];
-            for (src, dst) in self
-                .0
-                .as_chunks::<8>()
-                .0
-                .iter()
-                .zip(y.as_chunks_mut::<8>().0)
-            {
-                // SAFETY: eight f32 read from and written to arrays of eight.
-                unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), exp8(_mm256_loadu_ps(src.as_ptr()))) };
-            }
-            Y(y)
+            self.each(exp8)
         }
     }
 }
 
 /// What the lane kernels compile to: AVX-512 vectors ([`avx512::Z`]) where [`crate::isa`]
-/// reports AVX-512F; else `[f32; 16]` arrays inside a function compiled for AVX2 (the compiler
-/// vectorizes them 256 bits wide; `exp` by AVX2 intrinsics, [`avx2::Y`]) where it reports AVX2;
-/// else the arrays at the target's baseline. Every width computes each lane's IEEE operations, so the same bits.
+/// reports AVX-512F; else two AVX2 vectors ([`avx2::Y`]) where it reports AVX2; else `[f32; 16]`
+/// arrays at the target's baseline. Every width computes each lane's IEEE operations, so the
+/// same bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Width {
     Arrays,
@@ -483,7 +533,7 @@ macro_rules! lanes_call {
 
 /// Query rows per group of `scores_qk`: the lanes.
 const ROWS: usize = 16;
-/// Keys per pass over a group's transposed rows.
+/// Keys per pass over a group's transposed rows where the lanes are wide ([`V16::WIDE`]).
 const KEYS: usize = 2;
 /// Rows and 16-column vectors per work item of `weighted_sum`.
 const WS_ROWS: usize = 4;
@@ -599,16 +649,34 @@ fn scores_group<V: V16>(
             unsafe { out.put((r0 + r) * s + j, v) };
         }
     };
+    if V::WIDE {
+        key_steps::<V, KEYS>(&qt, k, w, n8, (j0, j1), &mut put);
+    } else {
+        key_steps::<V, 1>(&qt, k, w, n8, (j0, j1), &mut put);
+    }
+}
+
+/// [`dots`] of the transposed rows `qt` with keys `j0 .. j1` of `k` (rows of `w`), `N` keys at
+/// a time and the rest one by one, each key's lanes handed to `put`.
+#[inline(always)]
+fn key_steps<V: V16, const N: usize>(
+    qt: &[V],
+    k: &[f32],
+    w: usize,
+    n8: usize,
+    (j0, j1): (usize, usize),
+    put: &mut impl FnMut(usize, V),
+) {
     let mut j = j0;
-    while j + KEYS <= j1 {
-        let ks: [&[f32]; KEYS] = std::array::from_fn(|c| &k[(j + c) * w..(j + c + 1) * w]);
-        for (c, d) in dots::<V, KEYS>(&qt, ks, n8).into_iter().enumerate() {
+    while j + N <= j1 {
+        let ks: [&[f32]; N] = std::array::from_fn(|c| &k[(j + c) * w..(j + c + 1) * w]);
+        for (c, d) in dots::<V, N>(qt, ks, n8).into_iter().enumerate() {
             put(j + c, d);
         }
-        j += KEYS;
+        j += N;
     }
     for j in j..j1 {
-        let [d] = dots::<V, 1>(&qt, [&k[j * w..(j + 1) * w]], n8);
+        let [d] = dots::<V, 1>(qt, [&k[j * w..(j + 1) * w]], n8);
         put(j, d);
     }
 }
