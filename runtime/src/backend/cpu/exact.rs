@@ -295,10 +295,10 @@ mod avx2 {
     /// `expf`'s f64 path on four lanes (inputs inside `[EXP_LO, EXP_HI]`): the same operations
     /// in the same order (no fused multiply-add), the table read by a gather, the exponent's
     /// `k >> 5` and `k & 31` in i32 (`|k| ≤ 5910`, so the same as the scalar's i64).
-    #[inline(always)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
     fn exp4(xd: __m256d) -> __m256d {
-        // SAFETY: (every intrinsic here) the CPU has AVX2 (the module's contract); the gather
-        // reads entries `k & 31` of the 32 of `EXP_TABLE`.
+        // SAFETY: the gather reads entries `k & 31` of the 32 of `EXP_TABLE`.
         unsafe {
             let c = _mm256_set1_pd;
             // Round to nearest, ties to even, no exceptions (`round_ties_even`).
@@ -320,23 +320,21 @@ mod avx2 {
     /// `expf` on eight lanes: NaN stays, above `EXP_HI` +∞, below `EXP_LO` `+0.0`, the rest by
     /// [`exp4`] on the two halves (inputs clamped first so that no lane leaves the table's
     /// range), each rounded once to f32.
-    #[inline(always)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
     fn exp8(x: __m256) -> __m256 {
-        // SAFETY: (every intrinsic here) the CPU has AVX2 (the module's contract).
-        unsafe {
-            let (hi, lo) = (_mm256_set1_ps(EXP_HI), _mm256_set1_ps(EXP_LO));
-            let xc = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
-            let ylo = _mm256_cvtpd_ps(exp4(_mm256_cvtps_pd(_mm256_castps256_ps128(xc))));
-            let yhi = _mm256_cvtpd_ps(exp4(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(xc))));
-            let y = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(ylo), yhi);
-            let y = _mm256_blendv_ps(
-                y,
-                _mm256_set1_ps(f32::INFINITY),
-                _mm256_cmp_ps::<_CMP_GT_OQ>(x, hi),
-            );
-            let y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo));
-            _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
-        }
+        let (hi, lo) = (_mm256_set1_ps(EXP_HI), _mm256_set1_ps(EXP_LO));
+        let xc = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+        let ylo = _mm256_cvtpd_ps(exp4(_mm256_cvtps_pd(_mm256_castps256_ps128(xc))));
+        let yhi = _mm256_cvtpd_ps(exp4(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(xc))));
+        let y = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(ylo), yhi);
+        let y = _mm256_blendv_ps(
+            y,
+            _mm256_set1_ps(f32::INFINITY),
+            _mm256_cmp_ps::<_CMP_GT_OQ>(x, hi),
+        );
+        let y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo));
+        _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
     }
 
     /// Sixteen lanes as two AVX2 vectors; only constructed inside functions compiled with AVX2,
@@ -344,19 +342,6 @@ mod avx2 {
     /// between operations: `scores_qk` ran at 7 GFLOP/s a core.)
     #[derive(Clone, Copy)]
     pub(super) struct Y([__m256; 2]);
-
-    impl Y {
-        /// `f` on both halves.
-        #[inline(always)]
-        fn each(self, f: impl Fn(__m256) -> __m256) -> Y {
-            Y([f(self.0[0]), f(self.0[1])])
-        }
-        /// `f` on both halves of `self` and `o`.
-        #[inline(always)]
-        fn zip(self, o: Y, f: impl Fn(__m256, __m256) -> __m256) -> Y {
-            Y([f(self.0[0], o.0[0]), f(self.0[1], o.0[1])])
-        }
-    }
 
     impl V16 for Y {
         #[inline(always)]
@@ -392,34 +377,65 @@ mod avx2 {
         #[inline(always)]
         fn add(self, o: Self) -> Self {
             // SAFETY: see `zero`.
-            self.zip(o, |a, b| unsafe { _mm256_add_ps(a, b) })
+            unsafe {
+                Y([
+                    _mm256_add_ps(self.0[0], o.0[0]),
+                    _mm256_add_ps(self.0[1], o.0[1]),
+                ])
+            }
         }
         #[inline(always)]
         fn sub(self, o: Self) -> Self {
             // SAFETY: see `zero`.
-            self.zip(o, |a, b| unsafe { _mm256_sub_ps(a, b) })
+            unsafe {
+                Y([
+                    _mm256_sub_ps(self.0[0], o.0[0]),
+                    _mm256_sub_ps(self.0[1], o.0[1]),
+                ])
+            }
         }
         #[inline(always)]
         fn mul(self, o: Self) -> Self {
             // SAFETY: see `zero`.
-            self.zip(o, |a, b| unsafe { _mm256_mul_ps(a, b) })
+            unsafe {
+                Y([
+                    _mm256_mul_ps(self.0[0], o.0[0]),
+                    _mm256_mul_ps(self.0[1], o.0[1]),
+                ])
+            }
         }
         #[inline(always)]
         fn neg(self) -> Self {
             // SAFETY: see `zero`.
-            self.each(|a| unsafe { _mm256_xor_ps(a, _mm256_set1_ps(-0.0)) })
+            unsafe {
+                let sign = _mm256_set1_ps(-0.0);
+                Y([
+                    _mm256_xor_ps(self.0[0], sign),
+                    _mm256_xor_ps(self.0[1], sign),
+                ])
+            }
         }
         #[inline(always)]
         fn div(self, o: Self) -> Self {
             // SAFETY: see `zero`.
-            self.zip(o, |a, b| unsafe { _mm256_div_ps(a, b) })
+            unsafe {
+                Y([
+                    _mm256_div_ps(self.0[0], o.0[0]),
+                    _mm256_div_ps(self.0[1], o.0[1]),
+                ])
+            }
         }
         #[inline(always)]
         fn max(self, o: Self) -> Self {
             // `maxps` returns its second operand where either is NaN or they are equal: the
             // arrays' `self > o ? self : o`.
             // SAFETY: see `zero`.
-            self.zip(o, |a, b| unsafe { _mm256_max_ps(a, b) })
+            unsafe {
+                Y([
+                    _mm256_max_ps(self.0[0], o.0[0]),
+                    _mm256_max_ps(self.0[1], o.0[1]),
+                ])
+            }
         }
         #[inline(always)]
         fn has_nan(self) -> bool {
@@ -448,7 +464,8 @@ mod avx2 {
         }
         #[inline(always)]
         fn exp(self) -> Self {
-            self.each(exp8)
+            // SAFETY: see `zero`.
+            unsafe { Y([exp8(self.0[0]), exp8(self.0[1])]) }
         }
     }
 }
