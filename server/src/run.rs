@@ -525,11 +525,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         if report.prefetches > 0 {
             eprintln!(
                 "read-ahead: {} experts loaded ahead of their layer ({:.1} MB per token), {} \
-                 routed slots served by them, {} late (read from the host store)",
+                 routed slots served by them, {} late and {} in later steps while still copying \
+                 (read from the host store)",
                 report.prefetches,
                 report.prefetch_bytes as f64 / 1e6 / out.ids.len().max(1) as f64,
                 report.prefetch_served,
-                report.prefetch_late
+                report.prefetch_late,
+                report.prefetch_pending
             );
         }
         if let Some(p) = session.prediction_report() {
