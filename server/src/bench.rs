@@ -439,7 +439,8 @@ pub struct BenchReport {
     /// (over the bus on a GPU; `Session::store_report`).
     pub host_bytes_per_token: f64,
     /// With `--prefetch-budget`: the read-ahead's loads of the last rep
-    /// (`StoreReport::prefetches`, `prefetch_served`, `prefetch_late`); absent without.
+    /// (`StoreReport::prefetches`, `prefetch_served`, `prefetch_late`, `prefetch_pending`);
+    /// absent without.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub read_ahead: Option<ReadAhead>,
     /// With `--predict-experts`: the predictor's recall of the routed experts over the last rep

@@ -288,8 +288,9 @@ pub struct StoreArgs {
     /// the fast store before its experts run (0: demand paging only; host backends).
     #[arg(long, default_value_t = 0)]
     pub prefetch_budget: usize,
-    /// How the read-ahead copies run: `background` (a thread beside the step, never waited for)
-    /// or `sync` (in the step, before its next kernel: counts that do not depend on timing).
+    /// How the read-ahead copies run: `background` (the loaded model's copy thread, beside the
+    /// step and past its end, never waited for) or `sync` (in the step, before its next kernel:
+    /// counts that do not depend on timing).
     #[arg(long, default_value = "background")]
     pub read_ahead: ReadAheadMode,
 }
