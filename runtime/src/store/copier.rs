@@ -71,6 +71,11 @@ impl CopyTicket {
         }
     }
 
+    /// Whether the worker is making the copy now (a write of its slot would wait for it).
+    pub fn running(&self) -> bool {
+        matches!(*self.state(), CopyState::Running)
+    }
+
     /// Cancels the copy unless it started.
     fn cancel(&self) {
         let mut s = self.state();

@@ -994,17 +994,19 @@ impl ExpertStore {
 }
 
 impl Layer {
-    /// A free slot: one that no expert takes and no read-ahead copy is in flight into, else one
-    /// that no expert takes; `None` when every slot is taken.
+    /// A free slot (one that no expert takes), best first: one no read-ahead copy is in flight
+    /// into, else one whose copies are all still queued (a write from the step cancels them
+    /// rather than wait), else any; `None` when every slot is taken.
     fn open_slot(&self) -> Option<usize> {
-        let idle = |s: usize| !self.ahead.iter().any(|a| a.slot as usize == s);
-        let free = |s: &usize| self.expert_in[*s].is_none();
-        let mut slots = 0..self.expert_in.len();
-        slots
-            .clone()
-            .filter(free)
-            .find(|&s| idle(s))
-            .or_else(|| slots.find(free))
+        let copies = |s: usize| self.ahead.iter().filter(move |a| a.slot as usize == s);
+        let running = |s: usize| copies(s).any(|a| a.ticket.as_ref().is_some_and(|t| t.running()));
+        (0..self.expert_in.len())
+            .filter(|&s| self.expert_in[s].is_none())
+            .min_by_key(|&s| match (copies(s).next().is_some(), running(s)) {
+                (false, _) => 0,
+                (true, false) => 1,
+                (true, true) => 2,
+            })
     }
 
     /// Takes the expert in slot `s` out of the membership: the slot is free, and a read-ahead
