@@ -65,7 +65,8 @@ if 'served_fraction' in r:
     if r.get('read_ahead'):
         a = r['read_ahead']
         line += (f"; read-ahead {a['loads']} loads ({a['bytes_per_token'] / 1e6:.0f} MB per "
-                 f"decoded token), {a['served']} routed slots served by them, {a['late']} late")
+                 f"decoded token), {a['served']} routed slots served by them, {a['late']} late, "
+                 f"{a.get('pending', 0)} pending in later steps")
     if r.get('prediction_recall') is not None:
         line += f"; recall {r['prediction_recall']:.3f}"
     ms = r['decode_ms_per_token_by_component']

@@ -16,8 +16,8 @@ use crate::backend::{Backend, Binding, LoadInput, LoadedModel};
 use crate::error::EngineError;
 use crate::gguf::GgufFile;
 use crate::progress::{Count, Progress, Quiet};
-use crate::store::expert_store::SharedSlots;
-use crate::store::FastBudget;
+use crate::store::expert_store::{ExpertStore, SharedSlots};
+use crate::store::{FastBudget, StoreError};
 use crate::weights::Weights;
 use aubier_compiler::config::Mistral4Config;
 use aubier_compiler::plan::Plan;
@@ -223,5 +223,42 @@ impl Model {
     /// Byte views of every plan weight in the map, indexed by `WeightId` (zero-copy).
     pub fn weight_views(&self) -> Vec<&[u8]> {
         self.weights.views()
+    }
+
+    /// Where `store`'s member experts' slots in this model's memory differ from the file: every
+    /// `(MoE layer, expert, tensor)` whose bytes, read back from the slot
+    /// ([`ExpertStore::copies`], which waits for the read-ahead copies in flight), are not the
+    /// file's slice, and `(layer, u32::MAX, 0)` for a layer whose read-back does not cover each
+    /// member's tensors once. Empty when the store keeps its contract (for checking it).
+    ///
+    /// Errors: [`StoreError::Plan`] for the plan's MoE steps; [`StoreError::Slot`] when a slot
+    /// cannot be read back.
+    pub fn slot_mismatches(
+        &self,
+        store: &ExpertStore,
+    ) -> Result<Vec<(usize, u32, usize)>, StoreError> {
+        let moe = self
+            .plan
+            .moe_layers()
+            .map_err(|e| StoreError::Plan(e.to_string()))?;
+        let mut bad = Vec::new();
+        for (i, layer) in moe.iter().enumerate() {
+            let n = layer.tensors.len();
+            let copies = store.copies(i, &mut self.slots.lock(), n)?;
+            if copies.len() != n * store.resident(i).len() {
+                bad.push((i, u32::MAX, 0));
+            }
+            for (e, t, fast) in copies {
+                let tensor = layer.tensors[t];
+                let at = e as usize * tensor.expert_bytes;
+                let file = self
+                    .weight_view(tensor.weight)
+                    .and_then(|v| v.get(at..at + tensor.expert_bytes));
+                if file != Some(fast.as_slice()) {
+                    bad.push((i, e, t));
+                }
+            }
+        }
+        Ok(bad)
     }
 }

@@ -124,6 +124,9 @@ pub struct ReadAhead {
     pub served: u64,
     /// Routed slots whose load was not done when their kernel read the layer.
     pub late: u64,
+    /// Routed slots, in a later step than the load's, whose load was still not done when their
+    /// kernel read the layer (`StoreReport::prefetch_pending`).
+    pub pending: u64,
 }
 
 /// Median, minimum and maximum of one measure over the reps.
@@ -436,7 +439,8 @@ pub struct BenchReport {
     /// (over the bus on a GPU; `Session::store_report`).
     pub host_bytes_per_token: f64,
     /// With `--prefetch-budget`: the read-ahead's loads of the last rep
-    /// (`StoreReport::prefetches`, `prefetch_served`, `prefetch_late`); absent without.
+    /// (`StoreReport::prefetches`, `prefetch_served`, `prefetch_late`, `prefetch_pending`);
+    /// absent without.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub read_ahead: Option<ReadAhead>,
     /// With `--predict-experts`: the predictor's recall of the routed experts over the last rep
@@ -642,6 +646,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 bytes_per_token: r.prefetch_bytes as f64 / args.n_gen.max(1) as f64,
                 served: r.prefetch_served,
                 late: r.prefetch_late,
+                pending: r.prefetch_pending,
             }
         }),
         prediction_recall: session.prediction_report().map(|p| p.recall),
@@ -879,11 +884,12 @@ fn print_text(r: &BenchReport) -> anyhow::Result<()> {
     if let Some(a) = &r.read_ahead {
         outln!(
             "read-ahead {} loads ({:.1} MB per decoded token), {} routed slots served by them, {} \
-             late (last rep)",
+             late, {} in later steps while still copying (last rep)",
             a.loads,
             a.bytes_per_token / 1e6,
             a.served,
-            a.late
+            a.late,
+            a.pending
         );
     }
     if let Some(recall) = r.prediction_recall {

@@ -288,8 +288,9 @@ pub struct StoreArgs {
     /// the fast store before its experts run (0: demand paging only; host backends).
     #[arg(long, default_value_t = 0)]
     pub prefetch_budget: usize,
-    /// How the read-ahead copies run: `background` (a thread beside the step, never waited for)
-    /// or `sync` (in the step, before its next kernel: counts that do not depend on timing).
+    /// How the read-ahead copies run: `background` (the loaded model's copy thread, beside the
+    /// step and past its end, never waited for) or `sync` (in the step, before its next kernel:
+    /// counts that do not depend on timing).
     #[arg(long, default_value = "background")]
     pub read_ahead: ReadAheadMode,
 }
@@ -525,11 +526,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         if report.prefetches > 0 {
             eprintln!(
                 "read-ahead: {} experts loaded ahead of their layer ({:.1} MB per token), {} \
-                 routed slots served by them, {} late (read from the host store)",
+                 routed slots served by them, {} late and {} in later steps while still copying \
+                 (read from the host store)",
                 report.prefetches,
                 report.prefetch_bytes as f64 / 1e6 / out.ids.len().max(1) as f64,
                 report.prefetch_served,
-                report.prefetch_late
+                report.prefetch_late,
+                report.prefetch_pending
             );
         }
         if let Some(p) = session.prediction_report() {

@@ -14,14 +14,35 @@
 //!
 //! Read-ahead (`--prefetch-budget b`, a plan with the `predict_experts` outputs): in a one-token
 //! step, once layer `L`'s predicted experts are known (its router applied before its
-//! attention), [`ExpertStore::read_ahead`] sends up to `b` of those not resident to the layer's
+//! attention), [`ExpertStore::read_ahead`] sends up to `b` of those not members to the layer's
 //! policy as prefetches, as `aubier replay` models them, frees the slots of the experts it
-//! evicts and hands back the copies to make; the backend makes them beside the step (or at once
-//! in [`ReadAheadMode::Sync`]) and publishes each when done ([`ExpertStore::publish`]). The
-//! step's `moe_ffn` reads the slot map as it is when its tables are built
-//! ([`ExpertStore::step_slots`]), and the step's routed ids count as served against that map: a
-//! copy not done by then is read from the host store and counted late. The membership lives
-//! under a per-layer lock, taken only while a step runs.
+//! evicts and hands back the copies to make, each into a slot it takes. In
+//! [`ReadAheadMode::Sync`] the step makes each at once and publishes it
+//! ([`ExpertStore::publish`]); in [`ReadAheadMode::Background`] the backend queues each on its
+//! slot memory's copy worker (`crate::store::copier`), which lives as long as the memory, and
+//! hands the store the copy's ticket ([`ExpertStore::queued`]): the step never waits for a
+//! copy, and a copy may end steps later. The store publishes a copy whose ticket says done the
+//! next time it looks at the layer ([`ExpertStore::step_slots`], the observation). The step's
+//! `moe_ffn` reads the slot map as it is when its tables are built ([`ExpertStore::step_slots`]),
+//! and the step's routed ids count as served against that map: a copy not done by then is read
+//! from the host store and counted late (in its own step) or pending (in a later one). The
+//! membership lives under a per-layer lock, taken only while a step runs.
+//!
+//! A copy in flight owns its slot's bytes until it ends; the store keeps the rest off them:
+//! * its expert is a member (no second copy of it: the policy's rotation does not write it
+//!   again) and its slot is taken; no kernel reads the slot before it is published;
+//! * an expert evicted while its copy is in flight leaves the membership at once, but its
+//!   slot is reused by a write from the step ([`SlotMemory::fill`]: promotions, reset, claim)
+//!   only after the memory cleared it of the copy (cancelled when not started, else waited
+//!   for); a read-ahead copy may take it at once, queued behind the old one on the same
+//!   worker, which makes copies in order;
+//! * a store that claims memory another store filled ([`ExpertStore::claim`], a new store)
+//!   first cancels the copies in flight in it and waits for the one being made; the store
+//!   whose copies were cancelled rewrites its members, those included, when it claims back;
+//! * a store dropped with copies in flight leaves them to the worker, which writes slots no
+//!   store reads until the next store claims them (cancelling or waiting as above); a memory
+//!   dropped with copies in flight cancels them and joins the worker after the copy it is
+//!   making.
 //!
 //! Budget: `n_res` slots per layer, at most the slots the loaded model's memory has
 //! ([`StoreOptions::budget`]). `n_res = 0` keeps every expert in the host store (no policy runs);
@@ -36,6 +57,7 @@
 //! [`ResetMode::Exact`] [`ExpertStore::reset`] restores both before each request (writing back
 //! the experts that left) and reports how long it took; [`ResetMode::None`] keeps them.
 
+use super::copier::{CopyEnd, CopyTicket};
 use super::{FastBudget, SlotMemory, StoreError};
 use crate::placement::arc::ArcCache;
 use crate::placement::hotset::HotSet;
@@ -50,7 +72,7 @@ use aubier_compiler::plan::Plan;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 /// What happens to the store between requests (`--reset`).
@@ -124,8 +146,9 @@ pub struct StoreOptions {
 /// How the read-ahead's copies into the fast store run (`--read-ahead`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ReadAheadMode {
-    /// On a thread beside the step's kernels, never waited for by them: an expert whose copy is
-    /// not done when its layer's kernel reads it is read from the host store.
+    /// On the slot memory's copy worker, beside the step's kernels and past the step's end,
+    /// never waited for by the step: an expert whose copy is not done when its layer's kernel
+    /// reads it is read from the host store.
     #[default]
     Background,
     /// In the step, before it goes on: every copy is done when its kernel reads it (tests, so
@@ -214,9 +237,14 @@ pub struct StoreReport {
     pub prefetch_bytes: u64,
     /// Routed slots served by a read-ahead copy (counted in `fast_hits` too).
     pub prefetch_served: u64,
-    /// Routed slots whose read-ahead copy was not done when their kernel read the layer: read
-    /// from the host store (counted as misses).
+    /// Routed slots whose read-ahead copy was not done when their kernel read the layer, in the
+    /// step that issued it: read from the host store (counted as misses).
     pub prefetch_late: u64,
+    /// Routed slots, in a step after the one that issued it, of an expert whose read-ahead copy
+    /// was still in flight when their kernel read the layer (a copy outlives its step): read
+    /// from the host store (counted as misses; 0 in sync mode, where every copy ends within
+    /// its step).
+    pub prefetch_pending: u64,
 }
 
 /// A loaded model's slot memory, shared by the stores of its sessions (the module note): the
@@ -274,20 +302,29 @@ struct Layer {
     /// The slot of each expert as the step's kernel read them ([`ExpertStore::step_slots`]),
     /// what the step's routed ids count against; `None`: the membership now.
     step_map: Option<Vec<Option<u32>>>,
-    /// The read-ahead copies of the current step ([`ExpertStore::read_ahead`]).
+    /// The experts the read-ahead loaded in the current step ([`ExpertStore::read_ahead`]),
+    /// counted by its observation.
+    issued: Vec<u32>,
+    /// The read-ahead copies not yet published, of this step or earlier ones.
     ahead: Vec<Ahead>,
-    /// The first read-ahead copy of the step that failed, reported by the next observation.
+    /// The first read-ahead copy that failed, reported by the next observation.
     ahead_error: Option<StoreError>,
 }
 
-/// One read-ahead copy of a step: its slot is taken (no other expert is written there) but not
-/// read until the copy is published ([`ExpertStore::publish`]).
-#[derive(Clone, Copy, Debug)]
+/// A read-ahead copy not yet published: while the expert is a member its slot is taken (no
+/// other expert is written there), and no kernel reads the slot until the copy ends
+/// ([`ExpertStore::publish`], or [`Layer::settle`] once its ticket says so).
+#[derive(Debug)]
 struct Ahead {
     expert: u32,
     slot: u32,
-    /// Whether the copy is done and the slot published.
-    done: bool,
+    /// The copy's ticket on the slot memory's worker ([`ExpertStore::queued`]); `None` while
+    /// the step makes it itself (sync) or has not queued it yet.
+    ticket: Option<Arc<CopyTicket>>,
+    /// The expert left the membership while its copy was in flight: the slot is free for the
+    /// read-ahead (whose copies the worker makes in order) but a write from the step clears it
+    /// of the copy first ([`SlotMemory::fill`]); the entry goes when the copy ends.
+    evicted: bool,
 }
 
 /// A copy the read-ahead asks of the slot memory: expert `expert` of the `layer`-th MoE layer
@@ -445,10 +482,13 @@ impl ExpertStore {
                 boot_policy: policy.as_ref().map(|p| p.snapshot()),
                 policy,
                 step_map: None,
+                issued: Vec::new(),
                 ahead: Vec::new(),
                 ahead_error: None,
             }));
         }
+        // Another store's read-ahead copies may still be in flight in this memory.
+        slots.memory.settle_copies(true);
         slots.filled_by = Some(store.id);
         let seeded = (store.layers.iter_mut().zip(&store.expert_bytes))
             .map(|(l, &bytes)| layer_mut(l).boot_members.len() as u64 * bytes)
@@ -474,16 +514,26 @@ impl ExpertStore {
     }
 
     /// Makes `slots` hold this store's resident experts: when another store filled them last,
-    /// writes every resident expert back into its slot.
+    /// cancels the read-ahead copies still in flight in the memory (the other store's: it
+    /// rewrites its slots when it claims them back) and writes every expert of this store's
+    /// membership into its slot, those whose read-ahead copy had not ended included (they are
+    /// published by the rewrite).
     ///
     /// Errors: [`StoreError::Slot`] when the memory cannot be filled.
     pub fn claim(&self, slots: &mut HeldSlots) -> Result<(), StoreError> {
         if slots.filled_by == Some(self.id) {
             return Ok(());
         }
+        slots.memory.settle_copies(true);
         slots.filled_by = None;
         for (li, l) in self.layers.iter().enumerate() {
-            let l = lock(l);
+            let mut l = lock(l);
+            let l = &mut *l;
+            for a in std::mem::take(&mut l.ahead) {
+                if !a.evicted {
+                    l.slot_of[a.expert as usize] = Some(a.slot);
+                }
+            }
             for (slot, e) in l.expert_in.iter().enumerate() {
                 if let Some(e) = e {
                     slots.memory.fill(li, slot, *e)?;
@@ -501,13 +551,16 @@ impl ExpertStore {
     }
 
     /// `[n_expert]`: the slot of every expert of the `layer`-th MoE layer (plan order) that is
-    /// resident now, for a step's kernel to read; the step's routed ids of that layer count as
-    /// served against this map ([`ExpertStore::observe`]). Empty past the last layer.
+    /// resident now, for a step's kernel to read: the read-ahead copies whose tickets say done
+    /// are published first, those still in flight are not in it. The step's
+    /// routed ids of that layer count as served against this map ([`ExpertStore::observe`]).
+    /// Empty past the last layer.
     pub fn step_slots(&self, layer: usize) -> Vec<Option<u32>> {
         let Some(l) = self.layers.get(layer) else {
             return Vec::new();
         };
         let mut l = lock(l);
+        l.settle();
         let map = l.slot_of.clone();
         l.step_map = Some(map.clone());
         map
@@ -516,11 +569,15 @@ impl ExpertStore {
     /// Read-ahead ([`StoreOptions::prefetch_budget`]) for a one-token step, called once the
     /// `layer`-th MoE layer's predicted experts (`predicted`, best first: the plan's
     /// `predicted_ids` of that layer) are known and before its `moe_ffn` runs. As `aubier
-    /// replay`'s prefetch does: up to the budget of predicted experts that are not resident go
-    /// to the layer's policy as prefetches ([`Policy::prefetch`], pinned until the step's
-    /// accesses), the slots of the experts it evicts are freed at once, and each loaded expert
-    /// takes one; the copies to make are returned, and each is read by kernels only after
-    /// [`ExpertStore::publish`]. Nothing without a policy, a budget, or for an id out of range.
+    /// replay`'s prefetch does: up to the budget of predicted experts that are not members
+    /// (resident, or with a copy in flight) go to the layer's policy as prefetches
+    /// ([`Policy::prefetch`], pinned until the step's accesses), the slots of the experts it
+    /// evicts are freed at once, and each loaded expert takes a free slot (one with no copy in
+    /// flight when there is one; else the new copy is made after the one in flight, the slot
+    /// memory's worker making them in order). The copies to make are returned; each is read by
+    /// kernels only once published ([`ExpertStore::publish`], or its ticket
+    /// ([`ExpertStore::queued`]) saying done). Nothing without a policy, a budget, or for an id
+    /// out of range.
     pub fn read_ahead(&self, layer: usize, predicted: &[i32]) -> Vec<AheadCopy> {
         let mut copies = Vec::new();
         let Some(l) = self.layers.get(layer) else {
@@ -545,16 +602,20 @@ impl ExpertStore {
             match policy.prefetch(e) {
                 Ok(Prefetch::Loaded { evict }) => {
                     if let Some(v) = evict {
-                        free_slot(l, v);
+                        if let Some(s) = l.expert_in.iter().position(|&x| x == Some(v)) {
+                            l.leave(s);
+                        }
                     }
-                    let Some(slot) = l.expert_in.iter().position(Option::is_none) else {
+                    let Some(slot) = l.open_slot() else {
                         break;
                     };
                     l.expert_in[slot] = Some(e);
+                    l.issued.push(e);
                     l.ahead.push(Ahead {
                         expert: e,
                         slot: slot as u32,
-                        done: false,
+                        ticket: None,
+                        evicted: false,
                     });
                     copies.push(AheadCopy {
                         layer,
@@ -569,29 +630,37 @@ impl ExpertStore {
         copies
     }
 
-    /// Ends a read-ahead copy: with `done` `Ok` its expert becomes resident in its slot (kernels
-    /// that build their tables after this read it there); with an error the slot is freed and
-    /// the error is reported by the next observation.
+    /// Ends a read-ahead copy the step made itself ([`ReadAheadMode::Sync`]): with `done` `Ok`
+    /// its expert becomes resident in its slot (kernels that build their tables after this read
+    /// it there); with an error the slot is freed and the error is reported by the next
+    /// observation.
     pub fn publish(&self, copy: AheadCopy, done: Result<(), StoreError>) {
         let Some(l) = self.layers.get(copy.layer) else {
             return;
         };
         let mut l = lock(l);
-        let Some(a) = l
-            .ahead
-            .iter_mut()
-            .find(|a| a.expert == copy.expert && a.slot as usize == copy.slot && !a.done)
-        else {
+        let Some(i) = l.ahead.iter().position(|a| a.unqueued(copy)) else {
             return;
         };
-        a.done = true;
-        match done {
-            Ok(()) => l.slot_of[copy.expert as usize] = Some(copy.slot as u32),
-            Err(e) => {
-                l.expert_in[copy.slot] = None;
-                l.ahead.retain(|a| a.slot as usize != copy.slot);
-                l.ahead_error.get_or_insert(e);
-            }
+        let a = l.ahead.swap_remove(i);
+        let end = match done {
+            Ok(()) => CopyEnd::Done,
+            Err(e) => CopyEnd::Failed(Some(e)),
+        };
+        l.end_copy(&a, end);
+    }
+
+    /// Hands the store the ticket of a read-ahead copy queued on the slot memory's worker
+    /// ([`ReadAheadMode::Background`]): the copy is published once the ticket says done, by the
+    /// first [`ExpertStore::step_slots`] (or observation) after that, however many steps later;
+    /// a failed or cancelled copy frees its slot, the failure reported by the next observation.
+    pub fn queued(&self, copy: AheadCopy, ticket: Arc<CopyTicket>) {
+        let Some(l) = self.layers.get(copy.layer) else {
+            return;
+        };
+        let mut l = lock(l);
+        if let Some(a) = l.ahead.iter_mut().find(|a| a.unqueued(copy)) {
+            a.ticket = Some(ticket);
         }
     }
 
@@ -599,6 +668,19 @@ impl ExpertStore {
     /// or no slots).
     pub fn read_ahead_mode(&self) -> Option<ReadAheadMode> {
         (self.prefetch_budget > 0 && self.n_res > 0).then_some(self.read_ahead)
+    }
+
+    /// The read-ahead copies of the `i`-th MoE layer not yet published: expert, whether it was
+    /// evicted meanwhile, and its ticket once queued.
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self, i: usize) -> Vec<(u32, bool, Option<Arc<CopyTicket>>)> {
+        self.layers.get(i).map_or_else(Vec::new, |l| {
+            let l = lock(l);
+            l.ahead
+                .iter()
+                .map(|a| (a.expert, a.evicted, a.ticket.clone()))
+                .collect()
+        })
     }
 
     /// Fast-store slots per layer.
@@ -644,7 +726,8 @@ impl ExpertStore {
 
     /// Every resident expert of the `i`-th MoE layer as `(expert, tensor, bytes)`: each of its
     /// tensors read back from its slot in the file's layout ([`SlotMemory::read_back`]), for
-    /// checking that each equals the file.
+    /// checking that each equals the file. Waits for the read-ahead copies in flight first and
+    /// publishes them.
     ///
     /// Errors: [`StoreError::Slot`] when a slot cannot be read back.
     pub fn copies(
@@ -654,10 +737,12 @@ impl ExpertStore {
         tensors: usize,
     ) -> Result<Vec<(u32, usize, Vec<u8>)>, StoreError> {
         self.claim(slots)?;
+        slots.memory.settle_copies(false);
         let Some(l) = self.layers.get(i) else {
             return Ok(Vec::new());
         };
-        let l = lock(l);
+        let mut l = lock(l);
+        l.settle();
         let mut out = Vec::new();
         for (slot, e) in l.expert_in.iter().enumerate() {
             if let Some(e) = e {
@@ -688,6 +773,7 @@ impl ExpertStore {
             for li in 0..self.layers.len() {
                 let l = layer_mut(&mut self.layers[li]);
                 l.step_map = None;
+                l.issued.clear();
                 if let (Some(p), Some(s)) = (l.policy.as_mut(), l.boot_policy.as_ref()) {
                     p.reset_to(s).map_err(|source| StoreError::Policy {
                         layer: l.layer,
@@ -793,19 +879,31 @@ impl ExpertStore {
             r.routed += ids.len() as u64;
             r.fast_hits += hits;
             r.host_bytes += (ids.len() as u64 - hits) * bytes;
-            for a in &l.ahead {
-                let routed = ids.iter().filter(|&&e| e as u32 == a.expert).count() as u64;
-                if resident(a.expert as i32) {
+            for &e in &l.issued {
+                let routed = ids.iter().filter(|&&id| id as u32 == e).count() as u64;
+                if resident(e as i32) {
                     r.prefetch_served += routed;
                 } else {
                     r.prefetch_late += routed;
                 }
             }
-            r.prefetches += l.ahead.len() as u64;
-            r.prefetch_bytes += l.ahead.len() as u64 * bytes;
-            for a in std::mem::take(&mut l.ahead).into_iter().filter(|a| !a.done) {
-                // A copy nobody published (the step failed before it ran): its slot is free.
-                l.expert_in[a.slot as usize] = None;
+            for a in l
+                .ahead
+                .iter()
+                .filter(|a| !a.evicted && !l.issued.contains(&a.expert))
+            {
+                if !resident(a.expert as i32) {
+                    let routed = ids.iter().filter(|&&id| id as u32 == a.expert).count() as u64;
+                    r.prefetch_pending += routed;
+                }
+            }
+            r.prefetches += l.issued.len() as u64;
+            r.prefetch_bytes += l.issued.len() as u64 * bytes;
+            l.issued.clear();
+            // A copy neither made nor queued (the step failed before): it ends unmade.
+            while let Some(i) = l.ahead.iter().position(|a| a.ticket.is_none()) {
+                let a = l.ahead.swap_remove(i);
+                l.end_copy(&a, CopyEnd::Cancelled);
             }
             let Some(policy) = l.policy.as_mut() else {
                 continue;
@@ -842,9 +940,11 @@ impl ExpertStore {
         Ok(())
     }
 
-    /// Makes layer `li`'s slots hold exactly `target` (at most `n_res` distinct ids below
-    /// `n_expert`, as policies keep them): frees the slots of experts not in it, then writes in
-    /// the missing ones. Returns the number of writes and of experts dropped.
+    /// Makes layer `li`'s membership exactly `target` (at most `n_res` distinct ids below
+    /// `n_expert`, as policies keep them): publishes the read-ahead copies that ended, frees the
+    /// slots of experts not in the target (a copy in flight into one goes on, its expert no
+    /// longer a member), then writes in the missing ones; an expert whose read-ahead copy is in
+    /// flight is a member already. Returns the number of writes and of experts dropped.
     fn follow(
         &mut self,
         li: usize,
@@ -852,6 +952,7 @@ impl ExpertStore {
         slots: &mut HeldSlots,
     ) -> Result<(usize, usize), StoreError> {
         let l = layer_mut(&mut self.layers[li]);
+        l.settle();
         let mut keep = vec![false; self.n_expert];
         for &e in target {
             keep[e as usize] = true;
@@ -860,39 +961,113 @@ impl ExpertStore {
         for s in 0..l.expert_in.len() {
             if let Some(e) = l.expert_in[s] {
                 if !keep[e as usize] {
-                    l.expert_in[s] = None;
-                    l.slot_of[e as usize] = None;
+                    l.leave(s);
                     dropped += 1;
                 }
             }
         }
         let mut writes = 0;
         for &e in target {
-            let resident = layer_mut(&mut self.layers[li]).slot_of[e as usize].is_some();
-            if !resident && self.admit(li, e, slots)? {
+            let member = layer_mut(&mut self.layers[li]).expert_in.contains(&Some(e));
+            if !member && self.admit(li, e, slots)? {
                 writes += 1;
             }
         }
         Ok((writes, dropped))
     }
 
-    /// Writes expert `e` of layer `li` into a free slot; false when none is free.
+    /// Writes expert `e` of layer `li` into a free slot ([`Layer::open_slot`]); false when none
+    /// is free. A slot that still takes an evicted expert's read-ahead copy is cleared of it by
+    /// the memory first (the copy cancelled when it has not started, else waited for).
     fn admit(&mut self, li: usize, e: u32, slots: &mut HeldSlots) -> Result<bool, StoreError> {
         let l = layer_mut(&mut self.layers[li]);
-        let Some(slot) = l.expert_in.iter().position(Option::is_none) else {
+        let Some(slot) = l.open_slot() else {
             return Ok(false);
         };
         slots.memory.fill(li, slot, e)?;
+        // Only evicted experts' copies were left on this slot, and they have ended.
+        l.ahead.retain(|a| a.slot as usize != slot);
         l.expert_in[slot] = Some(e);
         l.slot_of[e as usize] = Some(slot as u32);
         Ok(true)
     }
 }
 
-/// Frees the slot of expert `e` in `l`, if it holds one.
-fn free_slot(l: &mut Layer, e: u32) {
-    if let Some(s) = l.slot_of[e as usize].take() {
-        l.expert_in[s as usize] = None;
+impl Layer {
+    /// A free slot (one that no expert takes), best first: one no read-ahead copy is in flight
+    /// into, else one whose copies are all still queued (a write from the step cancels them
+    /// rather than wait), else any; `None` when every slot is taken.
+    fn open_slot(&self) -> Option<usize> {
+        let copies = |s: usize| self.ahead.iter().filter(move |a| a.slot as usize == s);
+        let running = |s: usize| copies(s).any(|a| a.ticket.as_ref().is_some_and(|t| t.running()));
+        (0..self.expert_in.len())
+            .filter(|&s| self.expert_in[s].is_none())
+            .min_by_key(|&s| match (copies(s).next().is_some(), running(s)) {
+                (false, _) => 0,
+                (true, false) => 1,
+                (true, true) => 2,
+            })
+    }
+
+    /// Takes the expert in slot `s` out of the membership: the slot is free, and a read-ahead
+    /// copy in flight into it goes on for nobody.
+    fn leave(&mut self, s: usize) {
+        if let Some(e) = self.expert_in[s].take() {
+            self.slot_of[e as usize] = None;
+        }
+        for a in self.ahead.iter_mut().filter(|a| a.slot as usize == s) {
+            a.evicted = true;
+        }
+    }
+
+    /// Publishes every read-ahead copy whose ticket says done, frees the slot of each that
+    /// failed or was cancelled (the first failure kept for the next observation), and forgets
+    /// them; the copies still in flight stay as they are. Never waits.
+    fn settle(&mut self) {
+        let mut i = 0;
+        while i < self.ahead.len() {
+            let end = match &self.ahead[i].ticket {
+                Some(t) => t.poll(),
+                None => CopyEnd::Pending,
+            };
+            if matches!(end, CopyEnd::Pending) {
+                i += 1;
+                continue;
+            }
+            let a = self.ahead.swap_remove(i);
+            self.end_copy(&a, end);
+        }
+    }
+
+    /// Applies how copy `a` (no longer in `ahead`) ended: done, its expert, if still a member,
+    /// becomes resident; failed or cancelled, a member's slot is freed; a failure is kept for
+    /// the next observation.
+    fn end_copy(&mut self, a: &Ahead, end: CopyEnd) {
+        match end {
+            CopyEnd::Pending => {}
+            CopyEnd::Done if !a.evicted => self.slot_of[a.expert as usize] = Some(a.slot),
+            CopyEnd::Done => {}
+            CopyEnd::Failed(error) => {
+                if !a.evicted {
+                    self.expert_in[a.slot as usize] = None;
+                }
+                if let Some(e) = error {
+                    self.ahead_error.get_or_insert(e);
+                }
+            }
+            CopyEnd::Cancelled if !a.evicted => self.expert_in[a.slot as usize] = None,
+            CopyEnd::Cancelled => {}
+        }
+    }
+}
+
+impl Ahead {
+    /// Whether this is `copy`, not yet queued nor evicted.
+    fn unqueued(&self, copy: AheadCopy) -> bool {
+        self.expert == copy.expert
+            && self.slot as usize == copy.slot
+            && self.ticket.is_none()
+            && !self.evicted
     }
 }
 

@@ -16,6 +16,7 @@
 //! Every expert's bytes are the file's, whichever store serves them, so the logits never depend on
 //! the placement.
 
+pub mod copier;
 pub mod expert_store;
 
 use crate::placement::hotset::HotSetError;
@@ -51,6 +52,12 @@ pub trait SlotMemory: std::fmt::Debug + Send {
     ///
     /// Errors: [`StoreError::Slot`] out of range, or when it cannot be read back.
     fn read_back(&self, layer: usize, slot: usize, tensor: usize) -> Result<Vec<u8>, StoreError>;
+
+    /// Ends the read-ahead's copies into this memory that outlived their step (a backend that
+    /// makes them on a worker of its own, [`copier::Copier`]): with `cancel` those not started
+    /// are dropped, else made; returns once none is being made. Nothing to do for a memory
+    /// whose copies all end within their step (the default).
+    fn settle_copies(&self, _cancel: bool) {}
 
     /// The memory as [`Any`], so the backend that allocated it reads its own type at each step.
     fn as_any(&self) -> &dyn Any;

@@ -428,6 +428,7 @@ fn run_choice(
                     prefetches = r.prefetches,
                     prefetch_served = r.prefetch_served,
                     prefetch_late = r.prefetch_late,
+                    prefetch_pending = r.prefetch_pending,
                     "expert store, request done"
                 );
                 metrics.record_store(&r);

@@ -33,7 +33,6 @@ use aubier_compiler::plan::{MoeLayer, Operand, Plan, Storage, ValueId};
 use aubier_compiler::types::{DType, Dim};
 use aubier_kernels_gen::cpu::{CpuProgram, Extent, IndexBound, Kernel, StepArgs};
 use rayon::prelude::*;
-use std::sync::mpsc::Sender;
 use std::time::Instant;
 
 /// Rows of an `embed` step read from the file per run of its kernels ([`embed_from_file`]).
@@ -56,24 +55,17 @@ pub(crate) struct Placement<'a> {
     /// The slots.
     pub slots: &'a HostSlots,
     /// Where the read-ahead's copies go; `None`: no read-ahead.
-    pub ahead: Option<AheadSink<'a>>,
+    pub ahead: Option<AheadSink>,
 }
 
 /// Who makes the read-ahead's copies ([`ExpertStore::read_ahead`]) of a one-token run.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum AheadSink<'a> {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AheadSink {
     /// The executor, at once, before the next step.
     Sync,
-    /// The thread at the other end, beside the run.
-    Background(&'a Sender<AheadCopy>),
-}
-
-/// Makes a read-ahead copy ([`ExpertStore::read_ahead`]) and publishes it, done or failed.
-pub(crate) fn make_copy(store: &ExpertStore, slots: &HostSlots, copy: AheadCopy) {
-    // SAFETY: the store took this slot for the copy and publishes it only after it, and no
-    // kernel reads an unpublished slot.
-    let done = unsafe { slots.fill_unread(copy.layer, copy.slot, copy.expert) };
-    store.publish(copy, done);
+    /// The slot memory's copy worker ([`HostSlots::copy_later`]), beside the run and past its
+    /// end.
+    Background,
 }
 
 /// Starts reading each expert of `ids` that is not resident in MoE layer `li`'s slots, and is
@@ -325,9 +317,10 @@ impl<K: StepKernel> Executor<K> {
 
     /// After step `i` of a one-token run: when it made a layer's `predicted_ids` and the
     /// placement reads ahead, asks the store which predicted experts to load into that layer's
-    /// slots ([`ExpertStore::read_ahead`]) and has the copies made: at once
-    /// ([`AheadSink::Sync`]) or by the thread beside the run ([`AheadSink::Background`]), which
-    /// publishes each when done. A copy that cannot be sent is published as failed. The other
+    /// slots ([`ExpertStore::read_ahead`]) and has the copies made: at once, each published when
+    /// made ([`AheadSink::Sync`]), or queued on the slot memory's worker, the store holding each
+    /// copy's ticket and publishing it once the ticket says done ([`AheadSink::Background`]);
+    /// the step never waits for them. The other
     /// predicted experts that are not resident are read ahead from the file into the page cache
     /// ([`HostSlots::read_ahead_host`]), so that the disk reads them while the layer's
     /// attention runs.
@@ -349,17 +342,17 @@ impl<K: StepKernel> Executor<K> {
         read_host_ahead(p, li, &ids, &copies);
         for copy in copies {
             match sink {
-                AheadSink::Sync => make_copy(p.store, p.slots, copy),
-                AheadSink::Background(tx) => {
-                    if let Err(e) = tx.send(copy) {
-                        let reason = format!("the read-ahead thread is gone ({e})");
-                        let err = crate::store::StoreError::Slot {
-                            layer: copy.layer,
-                            slot: copy.slot,
-                            reason,
-                        };
-                        p.store.publish(copy, Err(err));
-                    }
+                AheadSink::Sync => {
+                    // SAFETY: the store took this slot for the copy and publishes it only after
+                    // it; no kernel reads an unpublished slot.
+                    let done = unsafe { p.slots.fill_unread(copy) };
+                    p.store.publish(copy, done);
+                }
+                AheadSink::Background => {
+                    // SAFETY: as above: the store publishes the slot only once the ticket says
+                    // the copy ended.
+                    let ticket = unsafe { p.slots.copy_later(copy) };
+                    p.store.queued(copy, ticket);
                 }
             }
         }

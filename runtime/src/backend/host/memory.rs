@@ -6,9 +6,14 @@
 //! warning naming the reason and the byte count where not). A slot holds one expert: its slice of
 //! every stacked tensor of the layer, back to back (the plan's [`MoeLayer::tensors`] order). The
 //! file's pages of a copied slice are released after the copy, so copies replace the file's
-//! pages in the resident set instead of doubling them.
+//! pages in the resident set instead of doubling them. The read-ahead's copies into the slots
+//! are made by the memory's own worker ([`Copier`]), which lives as long as the memory and
+//! holds the mapping ([`SlotArena`]) for as long as it runs, so a copy may outlive the step that
+//! issued it; every other write of a slot first clears it of the worker's copies.
 
 use crate::progress::{Count, Progress};
+use crate::store::copier::{Copier, CopyTicket};
+use crate::store::expert_store::AheadCopy;
 use crate::store::{SlotMemory, StoreError};
 use crate::weights::Weights;
 use aubier_compiler::plan::{MoeLayer, WeightId};
@@ -75,26 +80,35 @@ struct SlotLayer {
     base: usize,
 }
 
-/// The fast store's slots in host memory.
+/// The fast store's slots in host memory: the mapping, and the worker that makes the
+/// read-ahead's copies into it.
 #[derive(Debug)]
 pub(crate) struct HostSlots {
+    arena: Arc<SlotArena>,
+    copier: Copier,
+}
+
+/// The slots' mapping and what a copy into it needs, shared with the copy worker's queued
+/// copies (so the mapping outlives every copy into it).
+#[derive(Debug)]
+pub(crate) struct SlotArena {
     weights: Arc<Weights>,
     layers: Vec<SlotLayer>,
     slots: usize,
     /// Owns the mapping; its bytes are reached only through `base`.
     arena: Option<MmapMut>,
     /// The mapping's first byte, taken once from `&mut` so that a read-ahead copy may write a
-    /// slot no kernel reads while the step reads others ([`HostSlots::fill_unread`]).
+    /// slot no kernel reads while the step reads others ([`SlotArena::fill_unread`]).
     base: *mut u8,
 }
 
 // SAFETY: `base` points into `arena`, which the struct owns and never remaps. Slot bytes are
-// written with `&mut self` (`fill`) or through `fill_unread`, whose contract is that nothing
-// reads or writes that slot meanwhile; readers (`copy`) borrow `&self`. So sharing a `&HostSlots`
-// between threads races on no byte.
-unsafe impl Send for HostSlots {}
+// written only through `fill_unread`, whose contract is that nothing else reads or writes that
+// slot meanwhile; readers (`copy`) borrow `&self` and read published slots only. So sharing a
+// `&SlotArena` between threads races on no byte.
+unsafe impl Send for SlotArena {}
 // SAFETY: as for `Send`.
-unsafe impl Sync for HostSlots {}
+unsafe impl Sync for SlotArena {}
 
 impl HostSlots {
     /// `slots` slots for every layer of `moe` (one expert each), the copies of tensor `j` of
@@ -107,6 +121,87 @@ impl HostSlots {
         slots: usize,
         layouts: &[Vec<Option<Arc<dyn CopyLayout>>>],
     ) -> Result<HostSlots, StoreError> {
+        Ok(HostSlots {
+            arena: Arc::new(SlotArena::new(weights, moe, slots, layouts)?),
+            copier: Copier::new(),
+        })
+    }
+
+    /// Starts reading expert `expert` of MoE layer `layer` from the file into the page cache
+    /// ([`SlotArena::read_ahead_host`]); returns the bytes advised.
+    pub(crate) fn read_ahead_host(&self, layer: usize, expert: u32) -> usize {
+        self.arena.read_ahead_host(layer, expert)
+    }
+
+    /// Makes the read-ahead copy `copy` now, on the caller's thread ([`SlotArena::fill_unread`]).
+    ///
+    /// # Safety
+    /// As [`SlotArena::fill_unread`]'s, for `copy`'s slot.
+    ///
+    /// Errors: those of [`SlotArena::fill_unread`].
+    pub(crate) unsafe fn fill_unread(&self, copy: AheadCopy) -> Result<(), StoreError> {
+        self.copier.clear((copy.layer, copy.slot));
+        // SAFETY: the caller's contract; the worker's copies into the slot are cleared.
+        unsafe { self.arena.fill_unread(copy.layer, copy.slot, copy.expert) }
+    }
+
+    /// Queues the read-ahead copy `copy` on the memory's worker, after every copy queued before
+    /// (so an older copy into the same slot is made first), and returns its ticket, which says
+    /// when the slot holds the expert.
+    ///
+    /// # Safety
+    /// Nothing reads slot `copy.slot` of MoE layer `copy.layer` until the ticket says the copy
+    /// ended: the expert store took the slot for this copy
+    /// ([`crate::store::expert_store::ExpertStore::read_ahead`]) and publishes it only then.
+    /// (Writers need no promise: every other write of a slot clears it of the worker's copies
+    /// first.)
+    pub(crate) unsafe fn copy_later(&self, copy: AheadCopy) -> Arc<CopyTicket> {
+        let arena = Arc::clone(&self.arena);
+        self.copier.queue(
+            (copy.layer, copy.slot),
+            Box::new(move || {
+                // SAFETY: nobody reads the slot until the ticket ends (the caller's contract);
+                // the worker is its only writer until then (others clear it first, which waits
+                // for this copy), and `arena` keeps the mapping alive.
+                unsafe { arena.fill_unread(copy.layer, copy.slot, copy.expert) }
+            }),
+        )
+    }
+
+    /// The copy of tensor `tensor` of the expert in slot `slot` of MoE layer `layer`
+    /// ([`SlotArena::copy`]).
+    pub(crate) fn copy(&self, layer: usize, slot: usize, tensor: usize) -> Option<(&[u8], bool)> {
+        self.arena.copy(layer, slot, tensor)
+    }
+}
+
+#[cfg(test)]
+impl HostSlots {
+    /// Holds the copy worker until `gate` receives (or 30 s pass): a copy queued now that
+    /// waits for it, so the copies queued after it stay queued until then.
+    pub(crate) fn hold_worker(&self, gate: std::sync::mpsc::Receiver<()>) {
+        self.copier.queue(
+            (usize::MAX, usize::MAX),
+            Box::new(move || {
+                let _ = gate.recv_timeout(std::time::Duration::from_secs(30));
+                Ok(())
+            }),
+        );
+    }
+
+    /// The mapping, not kept alive: for checking that it goes with the memory.
+    pub(crate) fn arena_weak(&self) -> std::sync::Weak<SlotArena> {
+        Arc::downgrade(&self.arena)
+    }
+}
+
+impl SlotArena {
+    fn new(
+        weights: Arc<Weights>,
+        moe: &[MoeLayer],
+        slots: usize,
+        layouts: &[Vec<Option<Arc<dyn CopyLayout>>>],
+    ) -> Result<SlotArena, StoreError> {
         let mut layers = Vec::with_capacity(moe.len());
         let mut total = 0usize;
         for (i, l) in moe.iter().enumerate() {
@@ -150,7 +245,7 @@ impl HostSlots {
         let base = arena
             .as_mut()
             .map_or(std::ptr::null_mut(), |a| a.as_mut_ptr());
-        Ok(HostSlots {
+        Ok(SlotArena {
             weights,
             layers,
             slots,
@@ -192,12 +287,13 @@ impl HostSlots {
     }
 
     /// Writes expert `expert` of MoE layer `layer` into slot `slot`, as [`SlotMemory::fill`]
-    /// does, through a shared reference: the read-ahead's copy beside a running step.
+    /// does, through a shared reference: a read-ahead copy beside a running step.
     ///
     /// # Safety
-    /// Nothing reads or writes slot `slot` of layer `layer` until this returns: the expert store
-    /// took the slot for this copy ([`crate::store::expert_store::ExpertStore::read_ahead`]) and
-    /// publishes it only afterwards.
+    /// Nothing else reads or writes slot `slot` of layer `layer` until this returns: the expert
+    /// store took the slot for this copy ([`crate::store::expert_store::ExpertStore::read_ahead`])
+    /// and publishes it only afterwards, and every other writer cleared the slot of the copy
+    /// worker's copies ([`Copier::clear`]) or is the worker itself.
     ///
     /// Errors: [`StoreError::Slot`] out of range, or when the layout refuses the bytes.
     pub(crate) unsafe fn fill_unread(
@@ -255,20 +351,22 @@ impl HostSlots {
 
 impl SlotMemory for HostSlots {
     fn slots(&self) -> usize {
-        self.slots
+        self.arena.slots
     }
 
     fn bytes(&self) -> u64 {
-        self.arena.as_ref().map_or(0, |a| a.len() as u64)
+        self.arena.arena.as_ref().map_or(0, |a| a.len() as u64)
     }
 
     fn slot_bytes(&self) -> u64 {
-        self.layers.iter().map(|l| l.slot_bytes as u64).sum()
+        self.arena.layers.iter().map(|l| l.slot_bytes as u64).sum()
     }
 
     fn fill(&mut self, layer: usize, slot: usize, expert: u32) -> Result<(), StoreError> {
-        // SAFETY: `&mut self`: nothing else reads or writes any slot now.
-        unsafe { self.fill_unread(layer, slot, expert) }
+        self.copier.clear((layer, slot));
+        // SAFETY: `&mut self`: no kernel reads a slot now (they borrow `&self`), and the slot
+        // was just cleared of the worker's copies, which take no other slot's bytes.
+        unsafe { self.arena.fill_unread(layer, slot, expert) }
     }
 
     fn read_back(&self, layer: usize, slot: usize, tensor: usize) -> Result<Vec<u8>, StoreError> {
@@ -282,13 +380,17 @@ impl SlotMemory for HostSlots {
             .ok_or_else(|| bad(format!("no tensor {tensor} in this slot")))?;
         let mut out = bytes.to_vec();
         if own {
-            let layout = self.layers[layer].parts[tensor]
+            let layout = self.arena.layers[layer].parts[tensor]
                 .layout
                 .as_ref()
                 .ok_or_else(|| bad("no layout".into()))?;
             layout.read(bytes, &mut out).map_err(bad)?;
         }
         Ok(out)
+    }
+
+    fn settle_copies(&self, cancel: bool) {
+        self.copier.settle(cancel);
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -14,6 +14,8 @@
 pub(crate) mod executor;
 pub(crate) mod kernel;
 pub(crate) mod memory;
+#[cfg(test)]
+mod read_ahead_tests;
 
 use super::{
     BackendError, ExecError, Experts, KernelTime, LoadInput, Loaded, LoadedModel, MemoryUse,
@@ -22,7 +24,7 @@ use super::{
 use crate::gguf::quant::host_symbols;
 use crate::kv_cache::LatentKvCache;
 use crate::progress::{Count, Progress};
-use crate::store::expert_store::{AheadCopy, ReadAheadMode};
+use crate::store::expert_store::ReadAheadMode;
 use crate::store::{available_memory, slots_within};
 use crate::weights::Weights;
 use aubier_compiler::ops::Op;
@@ -33,7 +35,6 @@ use executor::{AheadSink, Bound, Executor};
 pub(crate) use kernel::{HostBinding, HostKernel, NoKernel, StepIo, StepKernel, WeightRows};
 pub(crate) use memory::{CopyLayout, HostLayout};
 use memory::{DenseCopies, HostSlots};
-use std::sync::mpsc;
 use std::sync::Arc;
 
 /// Loads a plan bound to the host kernels `K` ([`HostBinding`]) for the backend `backend`:
@@ -224,51 +225,40 @@ impl<K: StepKernel> Run for HostRun<K> {
         let weights = m.weights.views();
         let (exec, cache) = (&mut self.exec, &mut self.cache);
         let store = experts.store;
-        // The read-ahead's copies of a one-token run, when the store reads ahead: made by a
-        // thread beside the run, which ends (and is joined) when the run has ended.
-        std::thread::scope(|scope| {
-            let (tx, rx) = mpsc::channel::<AheadCopy>();
-            let ahead = match store.read_ahead_mode() {
-                Some(_) if input.tokens != 1 => None,
-                Some(ReadAheadMode::Sync) => Some(AheadSink::Sync),
-                Some(ReadAheadMode::Background) => {
-                    scope.spawn(move || {
-                        for copy in rx {
-                            executor::make_copy(store, slots, copy);
-                        }
-                    });
-                    Some(AheadSink::Background(&tx))
-                }
-                None => None,
+        // The read-ahead's copies of a one-token run, when the store reads ahead: made at once
+        // in sync mode, else by the slot memory's worker, which the run does not wait for.
+        let ahead = match store.read_ahead_mode() {
+            Some(_) if input.tokens != 1 => None,
+            Some(ReadAheadMode::Sync) => Some(AheadSink::Sync),
+            Some(ReadAheadMode::Background) => Some(AheadSink::Background),
+            None => None,
+        };
+        // On a worker of the rayon pool, so that the run's parallel steps fork from a worker
+        // (its own deque) rather than inject each step from outside the pool and block the
+        // caller on a latch; the other workers spin for the run's length (`pool::run_hot`).
+        crate::pool::run_hot(|| {
+            let bound = Bound {
+                plan: &m.plan,
+                program: &m.program,
+                kernels: &m.kernels,
+                weights: &weights,
+                copies: &m.copies,
+                moe: &m.moe,
+                experts: Some(executor::Placement {
+                    store,
+                    slots,
+                    ahead,
+                }),
+                file: Some(&*m.weights),
             };
-            // On a worker of the rayon pool, so that the run's parallel steps fork from a
-            // worker (its own deque) rather than inject each step from outside the pool and
-            // block the caller on a latch; the other workers spin for the run's length
-            // (`pool::run_hot`).
-            crate::pool::run_hot(|| {
-                let bound = Bound {
-                    plan: &m.plan,
-                    program: &m.program,
-                    kernels: &m.kernels,
-                    weights: &weights,
-                    copies: &m.copies,
-                    moe: &m.moe,
-                    experts: Some(executor::Placement {
-                        store,
-                        slots,
-                        ahead,
-                    }),
-                    file: Some(&*m.weights),
-                };
-                exec.run_rows(
-                    bound,
-                    cache,
-                    input.inputs,
-                    input.tokens,
-                    input.keys,
-                    input.last_only,
-                )
-            })
+            exec.run_rows(
+                bound,
+                cache,
+                input.inputs,
+                input.tokens,
+                input.keys,
+                input.last_only,
+            )
         })?;
         input
             .outputs
