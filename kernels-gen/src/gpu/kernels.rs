@@ -333,7 +333,9 @@ pub fn mat_mat_tokens(warp: u32) -> usize {
 /// Algorithm: one warp per output row as in [`mat_vec`]; block row `by = tb·heads + h` takes
 /// tokens `tb·TT .. tb·TT + TT` of head `h`. K is cut into slices of [`mat_mat_slice`] elements;
 /// per slice the block copies the slice of its `TT` activation rows into shared memory (zeros
-/// past the last token), then lane `l` dequantizes each of its chunks of the slice (chunks
+/// past the last token), element `16·c + i` of a token's slice at `i·(slice / 16) + c` so that
+/// the lanes of a warp, each on its own chunk `c`, read consecutive words (no gather on a
+/// SIMD CPU, no bank conflicts on a GPU), then lane `l` dequantizes each of its chunks of the slice (chunks
 /// `l, l + W, …` of the row, as in the mat-vec) once into registers and adds `w·x` of its 16
 /// elements, in order, into one accumulator per token. So each token's accumulator in each
 /// lane sums the same products in the same order as the mat-vec's single accumulator, and the
@@ -381,9 +383,15 @@ pub fn mat_mat(s: &MatVecShape, warp: u32) -> R {
         .map(|j| kb.let_(&format!("acc{j}"), 0.0f32))
         .collect();
     kb.for_("k0", 0, ci(n_in), slice as i32, |kb, k0| {
+        // Token `j / slice`'s element `16·cl + i` of the slice goes to `i·(slice / 16) + cl`
+        // of its part, so the lanes of a warp read consecutive words for each element `i`.
         kb.for_("j", tid(), ci(tt * slice), BLOCK as i32, |kb, j| {
             let t = kb.let_("t", Expr::from(t0) + j.clone() / ci(slice));
-            let k = kb.let_("k", k0.clone() + j.clone() % ci(slice));
+            let p = kb.let_("p", j.clone() % ci(slice));
+            let k = kb.let_(
+                "k",
+                k0.clone() + (Expr::from(p) % ci(slice / 16)) * 16 + Expr::from(p) / ci(slice / 16),
+            );
             kb.if_else(
                 Expr::from(t).lt(n_rows).and(Expr::from(k).lt(ci(n_in))),
                 |kb| {
@@ -399,11 +407,12 @@ pub fn mat_mat(s: &MatVecShape, warp: u32) -> R {
         let c_end = ((k0.clone() + ci(slice)).min(ci(n_in)) + 15) / 16;
         kb.for_("c", Expr::from(c0) + lane, c_end, w32, |kb, c| {
             kb.dequant16(w, None, row, c.clone(), buf);
-            let at = kb.let_("at", (c.clone() - c0) * 16);
+            let cl = kb.let_("cl", c.clone() - c0);
             kb.for_("i", 0, chunk_len(n_in, c.clone()), 1, |kb, i| {
                 let wv = kb.let_("wv", kb.ldl(buf, i.clone()));
+                let at = kb.let_("at", i * ci(slice / 16) + cl);
                 for (j, &acc) in accs.iter().enumerate() {
-                    let xv = kb.lds(xs, ci(j * slice) + Expr::from(at) + i.clone());
+                    let xv = kb.lds(xs, ci(j * slice) + Expr::from(at));
                     kb.set(acc, Expr::from(acc) + Expr::from(wv) * xv);
                 }
             });

@@ -9,17 +9,12 @@
 #define __device__ __attribute__((device))
 #define __shared__ __attribute__((shared))
 #define __constant__ __attribute__((constant))
-__device__ inline int aubier_tid() { return (int)__builtin_amdgcn_workitem_id_x(); }
-__device__ inline int aubier_bid_x() { return (int)__builtin_amdgcn_workgroup_id_x(); }
-__device__ inline int aubier_bid_y() { return (int)__builtin_amdgcn_workgroup_id_y(); }
-__device__ inline void aubier_barrier() {
-  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
-  __builtin_amdgcn_s_barrier();
-  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
-}
+__device__ inline int aubier_tid() { return __nvvm_read_ptx_sreg_tid_x(); }
+__device__ inline int aubier_bid_x() { return __nvvm_read_ptx_sreg_ctaid_x(); }
+__device__ inline int aubier_bid_y() { return __nvvm_read_ptx_sreg_ctaid_y(); }
+__device__ inline void aubier_barrier() { __nvvm_bar_sync(0); }
 __device__ inline float aubier_shfl_xor(float v, int mask) {
-  int lane = (int)__builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
-  return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute((lane ^ mask) << 2, __builtin_bit_cast(int, v)));
+  return __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, mask, 31);
 }
 __device__ inline float aubier_pow2(int k) { return __builtin_bit_cast(float, (k + 127) << 23); }
 __device__ inline float aubier_exp(float x) {
@@ -93,7 +88,7 @@ __device__ inline void aubier_ld16_f32(const unsigned char* row, int c, int n, f
   const float* r = (const float*)row;
   for (int i = 0; i < 16; ++i) { int j = 16 * c + i; out[i] = j < n ? r[j] : 0.0f; }
 }
-extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, 256))) void mat_mul_mm_4b370eb4(
+extern "C" __global__ __attribute__((launch_bounds(256))) void mat_mul_mm_55a9891c(
     const unsigned char* __restrict__ w,
     const float* __restrict__ x,
     float* __restrict__ y,
@@ -117,12 +112,14 @@ extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, 256))) void 
   int v14_k0 = 0;
   int v15_j = 0;
   int v16_t = 0;
-  int v17_k = 0;
-  int v18_c0 = 0;
-  int v19_c = 0;
-  int v20_at = 0;
-  int v21_i = 0;
-  float v22_wv = 0.0f;
+  int v17_p = 0;
+  int v18_k = 0;
+  int v19_c0 = 0;
+  int v20_c = 0;
+  int v21_cl = 0;
+  int v22_i = 0;
+  float v23_wv = 0.0f;
+  int v24_at = 0;
   float l_chunk[16];
   v0_n_rows = T;
   v1_lane = (aubier_tid() % 32);
@@ -141,28 +138,30 @@ extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, 256))) void 
   for (v14_k0 = 0; v14_k0 < 256; v14_k0 += 256) {
     for (v15_j = aubier_tid(); v15_j < 2048; v15_j += 256) {
       v16_t = (v4_t0 + (v15_j / 256));
-      v17_k = (v14_k0 + (v15_j % 256));
-      if (((v16_t < v0_n_rows) && (v17_k < 256))) {
-        s_xtile[v15_j] = x[((((v16_t * 1) + v3_h) * 256) + v17_k)];
+      v17_p = (v15_j % 256);
+      v18_k = ((v14_k0 + ((v17_p % 16) * 16)) + (v17_p / 16));
+      if (((v16_t < v0_n_rows) && (v18_k < 256))) {
+        s_xtile[v15_j] = x[((((v16_t * 1) + v3_h) * 256) + v18_k)];
       } else {
         s_xtile[v15_j] = 0.0f;
       }
     }
     aubier_barrier();
-    v18_c0 = (v14_k0 / 16);
-    for (v19_c = (v18_c0 + v1_lane); v19_c < ((aubier_imin((v14_k0 + 256), 256) + 15) / 16); v19_c += 32) {
-      aubier_ld16_f32(w + (unsigned long long)v5_row * 1024ull, v19_c, 256, l_chunk);
-      v20_at = ((v19_c - v18_c0) * 16);
-      for (v21_i = 0; v21_i < 16; v21_i += 1) {
-        v22_wv = l_chunk[v21_i];
-        v6_acc0 = (v6_acc0 + (v22_wv * s_xtile[((0 + v20_at) + v21_i)]));
-        v7_acc1 = (v7_acc1 + (v22_wv * s_xtile[((256 + v20_at) + v21_i)]));
-        v8_acc2 = (v8_acc2 + (v22_wv * s_xtile[((512 + v20_at) + v21_i)]));
-        v9_acc3 = (v9_acc3 + (v22_wv * s_xtile[((768 + v20_at) + v21_i)]));
-        v10_acc4 = (v10_acc4 + (v22_wv * s_xtile[((1024 + v20_at) + v21_i)]));
-        v11_acc5 = (v11_acc5 + (v22_wv * s_xtile[((1280 + v20_at) + v21_i)]));
-        v12_acc6 = (v12_acc6 + (v22_wv * s_xtile[((1536 + v20_at) + v21_i)]));
-        v13_acc7 = (v13_acc7 + (v22_wv * s_xtile[((1792 + v20_at) + v21_i)]));
+    v19_c0 = (v14_k0 / 16);
+    for (v20_c = (v19_c0 + v1_lane); v20_c < ((aubier_imin((v14_k0 + 256), 256) + 15) / 16); v20_c += 32) {
+      aubier_ld16_f32(w + (unsigned long long)v5_row * 1024ull, v20_c, 256, l_chunk);
+      v21_cl = (v20_c - v19_c0);
+      for (v22_i = 0; v22_i < 16; v22_i += 1) {
+        v23_wv = l_chunk[v22_i];
+        v24_at = ((v22_i * 16) + v21_cl);
+        v6_acc0 = (v6_acc0 + (v23_wv * s_xtile[(0 + v24_at)]));
+        v7_acc1 = (v7_acc1 + (v23_wv * s_xtile[(256 + v24_at)]));
+        v8_acc2 = (v8_acc2 + (v23_wv * s_xtile[(512 + v24_at)]));
+        v9_acc3 = (v9_acc3 + (v23_wv * s_xtile[(768 + v24_at)]));
+        v10_acc4 = (v10_acc4 + (v23_wv * s_xtile[(1024 + v24_at)]));
+        v11_acc5 = (v11_acc5 + (v23_wv * s_xtile[(1280 + v24_at)]));
+        v12_acc6 = (v12_acc6 + (v23_wv * s_xtile[(1536 + v24_at)]));
+        v13_acc7 = (v13_acc7 + (v23_wv * s_xtile[(1792 + v24_at)]));
       }
     }
     aubier_barrier();
