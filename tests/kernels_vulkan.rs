@@ -21,7 +21,9 @@
 //!   up to the sign of a zero. The tiled mat-mat form gives its mat-vec's bits at T = 2, 5 and
 //!   64 (`steps::mat_mat_matches_mat_vec`). Every step kind (`exec::kind`: the kernel's name and weight types)
 //!   of the bundled model's plans — the GPU target with its fusions, each fusion flag off, the
-//!   oracle target — must have run on the device, so a new step kind cannot go untested. With
+//!   oracle target — must have run on the device with a grid of work (a weight product's
+//!   mat-vec runs at T = 1, its mat-mat at T > 1: each form counts apart), so a new step kind
+//!   cannot go untested. With
 //!   `--nocapture` the test prints per group its time and per step kind its kernel runs,
 //!   pipelines made and device seconds.
 //!
@@ -326,7 +328,9 @@ fn groups() -> Vec<Group> {
     });
     for ty in types {
         let f = move || {
+            // One-hot rows: T = n tokens, the mat-mat form; one token: the mat-vec form.
             steps::gguf_py_weights_through_mat_vec(x, ty, x.widths()[0]);
+            steps::mat_mul_gguf_py(x, ty, (1, 11, x.widths()[0]));
             prop(1, steps::every_type_cases(x), |c| {
                 steps::mat_mul_gguf_py(x, ty, c)
             })
@@ -364,9 +368,11 @@ fn groups() -> Vec<Group> {
     add(
         "wkb at the bundled model's shapes",
         Box::new(|| {
-            fused::wkb_bundled_shapes(x)
-                .into_iter()
-                .for_each(|c| fused::wkb(x, c))
+            // At T = 2 (the mat-mat forms) and T = 1 (the mat-vec forms).
+            for c in fused::wkb_bundled_shapes(x) {
+                fused::wkb(x, c);
+                fused::wkb(x, fused::WkbCase { t: 1, ..c });
+            }
         }),
     );
     add(
@@ -391,7 +397,19 @@ fn groups() -> Vec<Group> {
     );
     add(
         "mat_mul f32",
-        Box::new(|| prop(3, steps::mat_mul_f32_cases(x), |c| steps::mat_mul(x, c))),
+        Box::new(|| {
+            // One token (the mat-vec form), then the sampled cases (mostly the mat-mat form).
+            let one = steps::MatMulCase {
+                ty: "F32",
+                n_in: 37,
+                n_out: 9,
+                t: 1,
+                seed: 3,
+                warp: x.widths()[0],
+            };
+            steps::mat_mul(x, one);
+            prop(3, steps::mat_mul_f32_cases(x), |c| steps::mat_mul(x, c))
+        }),
     );
     add(
         "rms_norm and softmax",
