@@ -63,6 +63,17 @@ fn mat_vec_gives_back_gguf_py_weights() {
     }
 }
 
+/// The mat-mat form computes its mat-vec's bits at T = 2, 5 and 64, for every type of
+/// [`MAT_MAT_TYPES`] at every width of [`WARPS`].
+#[test]
+fn mat_mat_matches_mat_vec_bit_for_bit() {
+    for ty in MAT_MAT_TYPES {
+        for warp in WARPS {
+            mat_mat_matches_mat_vec(&Cpu, ty, warp);
+        }
+    }
+}
+
 #[test]
 fn moe_ffn_matches_oracle() {
     moe_ffn(&Cpu);
@@ -123,13 +134,22 @@ fn generate_on_the_bundled_model() {
         );
         let has = |p: &str| a.iter().any(|f| f.path.starts_with(&format!("hip/{p}_")));
         let fused = target == Target::Gpu;
-        for p in ["phase", "wkb_in", "wkb_out", "kqkv_split", "kqkv_merge"] {
+        for p in [
+            "phase",
+            "wkb_in",
+            "wkb_in_mm",
+            "wkb_out",
+            "wkb_out_mm",
+            "kqkv_split",
+            "kqkv_merge",
+        ] {
             assert_eq!(has(p), fused, "{p} kernels in a {target:?} plan");
         }
         for p in [
             "embed",
             "rms_norm",
             "mat_mul",
+            "mat_mul_mm",
             "softmax",
             "top_k",
             "gather_renorm",

@@ -18,9 +18,12 @@
 //!   source and lane) and the fixed cases (the real shapes, KQKV over 1 key and over 262 144
 //!   keys). gguf-py's blocks of every block type run through their mat-vec kernel on one-hot
 //!   rows first, which gives back every weight: the dequant functions bit for bit with gguf-py
-//!   up to the sign of a zero. Every step kind (`exec::kind`: the kernel's name and weight types)
+//!   up to the sign of a zero. The tiled mat-mat form gives its mat-vec's bits at T = 2, 5 and
+//!   64 (`steps::mat_mat_matches_mat_vec`). Every step kind (`exec::kind`: the kernel's name and weight types)
 //!   of the bundled model's plans — the GPU target with its fusions, each fusion flag off, the
-//!   oracle target — must have run on the device, so a new step kind cannot go untested. With
+//!   oracle target — must have run on the device with a grid of work (a weight product's
+//!   mat-vec runs at T = 1, its mat-mat at T > 1: each form counts apart), so a new step kind
+//!   cannot go untested. With
 //!   `--nocapture` the test prints per group its time and per step kind its kernel runs,
 //!   pipelines made and device seconds.
 //!
@@ -278,6 +281,16 @@ fn device_math_matches_the_cpu_bit_for_bit() {
     }
 }
 
+/// The tiled mat-mat form computes its mat-vec's bits on the device at T = 2, 5 and 64, for
+/// the dense weight types of the synth mixes and the float types, at the device's subgroup size.
+#[test]
+fn mat_mat_matches_mat_vec_bit_for_bit_on_the_device() {
+    let x = device();
+    for ty in steps::MAT_MAT_TYPES {
+        steps::mat_mat_matches_mat_vec(x, ty, x.widths()[0]);
+    }
+}
+
 /// Runs the property `f` on `cases` cases of `strategy` (a short shrink: each step compiles new
 /// kernels), panicking with the smallest failing case.
 fn prop<S: Strategy>(cases: u32, strategy: S, f: impl Fn(S::Value)) {
@@ -315,7 +328,9 @@ fn groups() -> Vec<Group> {
     });
     for ty in types {
         let f = move || {
+            // One-hot rows: T = n tokens, the mat-mat form; one token: the mat-vec form.
             steps::gguf_py_weights_through_mat_vec(x, ty, x.widths()[0]);
+            steps::mat_mul_gguf_py(x, ty, (1, 11, x.widths()[0]));
             prop(1, steps::every_type_cases(x), |c| {
                 steps::mat_mul_gguf_py(x, ty, c)
             })
@@ -353,9 +368,11 @@ fn groups() -> Vec<Group> {
     add(
         "wkb at the bundled model's shapes",
         Box::new(|| {
-            fused::wkb_bundled_shapes(x)
-                .into_iter()
-                .for_each(|c| fused::wkb(x, c))
+            // At T = 2 (the mat-mat forms) and T = 1 (the mat-vec forms).
+            for c in fused::wkb_bundled_shapes(x) {
+                fused::wkb(x, c);
+                fused::wkb(x, fused::WkbCase { t: 1, ..c });
+            }
         }),
     );
     add(
@@ -380,7 +397,19 @@ fn groups() -> Vec<Group> {
     );
     add(
         "mat_mul f32",
-        Box::new(|| prop(3, steps::mat_mul_f32_cases(x), |c| steps::mat_mul(x, c))),
+        Box::new(|| {
+            // One token (the mat-vec form), then the sampled cases (mostly the mat-mat form).
+            let one = steps::MatMulCase {
+                ty: "F32",
+                n_in: 37,
+                n_out: 9,
+                t: 1,
+                seed: 3,
+                warp: x.widths()[0],
+            };
+            steps::mat_mul(x, one);
+            prop(3, steps::mat_mul_f32_cases(x), |c| steps::mat_mul(x, c))
+        }),
     );
     add(
         "rms_norm and softmax",
@@ -482,7 +511,11 @@ fn every_step_kind_against_the_oracle_on_the_device() {
         "failed on the device:\n{}",
         failed.join("\n\n")
     );
-    let ran: BTreeSet<String> = stats.into_keys().collect();
+    let ran: BTreeSet<String> = stats
+        .into_iter()
+        .filter(|(_, s)| s.runs > 0)
+        .map(|(kind, _)| kind)
+        .collect();
     let missing: Vec<String> = planned.difference(&ran).cloned().collect();
     assert!(
         missing.is_empty(),

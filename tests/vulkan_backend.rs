@@ -232,6 +232,33 @@ fn a_nan_router_on_the_device_is_an_expert_id_error() {
     );
 }
 
+/// A prefill (its weight products in the tiled mat-mat form) gives the bits of the same tokens
+/// stepped one at a time (the mat-vec form) at every position, on the bundled quantized model:
+/// the binding's `one_token_matches_prefill` holds on the device.
+#[test]
+fn vulkan_prefill_logits_equal_one_token_steps_bit_for_bit() {
+    let file = "ms4-tiny256-q2k.gguf";
+    let on = (Fusion::Auto, Fusion::Auto, Fusion::Auto);
+    let dir = data_dir().join("models");
+    let prompt = json_ids(&read_json(&dir.join("prompt-shared.json")), "ids");
+    let prompt = &prompt[..13];
+    let m = model(file, on);
+    let all = session(Arc::clone(&m)).step(prompt).expect("prefill");
+    let mut s = session(m);
+    for (p, &id) in prompt.iter().enumerate() {
+        let one = s.step(&[id]).expect("decode");
+        let want = &all[p * N_VOCAB..(p + 1) * N_VOCAB];
+        assert_eq!(one.len(), N_VOCAB);
+        for (i, (a, b)) in one.iter().zip(want).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "position {p} id {i}: one token {a:e}, prefill {b:e}"
+            );
+        }
+    }
+}
+
 /// With the device's timestamps on, every launch names the plan weights bound to it (what
 /// `aubier bench` turns into each kernel's GB/s): each one a weight operand of its own step, and
 /// together every weight the plan's steps read.

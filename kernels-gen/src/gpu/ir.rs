@@ -47,6 +47,11 @@ pub enum Size {
     Mul(Box<Size>, Box<Size>),
     /// `ceil(a / n)`, `n > 0`.
     CeilDiv(Box<Size>, usize),
+    /// `a` when `T = 1`, else 0: the launch of a step's decode form (a grid of no blocks
+    /// launches nothing).
+    OneToken(Box<Size>),
+    /// `a` when `T > 1`, else 0: the launch of a step's prefill form.
+    ManyTokens(Box<Size>),
 }
 
 impl Size {
@@ -60,6 +65,16 @@ impl Size {
         Size::CeilDiv(Box::new(a), n.max(1))
     }
 
+    /// `a` at `T = 1`, 0 at `T > 1`.
+    pub fn one_token(a: Size) -> Size {
+        Size::OneToken(Box::new(a))
+    }
+
+    /// `a` at `T > 1`, 0 at `T = 1`.
+    pub fn many_tokens(a: Size) -> Size {
+        Size::ManyTokens(Box::new(a))
+    }
+
     /// The extent at `T = t`, `S = s`; `None` on overflow.
     pub fn eval(&self, t: usize, s: usize) -> Option<usize> {
         match self {
@@ -68,6 +83,8 @@ impl Size {
             Size::Keys => Some(s),
             Size::Mul(a, b) => a.eval(t, s)?.checked_mul(b.eval(t, s)?),
             Size::CeilDiv(a, n) => Some(a.eval(t, s)?.div_ceil(*n)),
+            Size::OneToken(a) => Some(if t == 1 { a.eval(t, s)? } else { 0 }),
+            Size::ManyTokens(a) => Some(if t > 1 { a.eval(t, s)? } else { 0 }),
         }
     }
 }
@@ -80,6 +97,8 @@ impl fmt::Display for Size {
             Size::Keys => f.write_str("S"),
             Size::Mul(a, b) => write!(f, "{a}·{b}"),
             Size::CeilDiv(a, n) => write!(f, "ceil({a}/{n})"),
+            Size::OneToken(a) => write!(f, "(T = 1 ? {a} : 0)"),
+            Size::ManyTokens(a) => write!(f, "(T > 1 ? {a} : 0)"),
         }
     }
 }

@@ -16,6 +16,15 @@
 //!   mat-vec shaders (`vulkan-shaders/mul_mat_vec_q*_k.comp`, llama.cpp PR #10387: 16-bit
 //!   aliases of the quant blocks, words unpacked with byte masks); ggml reads the activations as
 //!   vec4 loads and keeps several rows per thread, which would change the summation order here.
+//! - Mat-mat ([`mat_mat`]; the same products for a run of `T > 1` tokens): the mat-vec's warp
+//!   per row and lane partition of K, with [`mat_mat_tokens`] tokens per block; K is walked in
+//!   slices whose activations for the block's tokens are staged in shared memory, each lane
+//!   dequantizes a chunk once and adds it into one accumulator per token, and each token's `W`
+//!   partials take the mat-vec's butterfly, so every output has the mat-vec's bits while a
+//!   weight is read once per block of tokens instead of once per token (ggml's
+//!   `vulkan-shaders/mul_mm.comp` tiles the same way, with a different order of summation).
+//!   [`super::steps::for_step`] gives a weight product both forms, the mat-vec's grid gated to
+//!   `T = 1` and the mat-mat's to `T > 1` ([`Size::OneToken`], [`Size::ManyTokens`]).
 //! - Row kernels (RMSNorm, softmax, rope, copies): one block per row, threads stride the row;
 //!   reductions are [`block_reduce`] (warp butterflies, then shared-memory rounds).
 //! - KQKV ([`kqkv_split`] + [`kqkv_merge`]): flash-decoding. Keys are cut into splits of
@@ -109,6 +118,8 @@ pub fn size_expr(s: &Size) -> Expr {
         Size::Keys => keys(),
         Size::Mul(a, b) => size_expr(a) * size_expr(b),
         Size::CeilDiv(a, n) => (size_expr(a) + ci(n - 1)) / ci(*n),
+        Size::OneToken(a) => tokens().eq(1).select(size_expr(a), 0),
+        Size::ManyTokens(a) => ci(1).lt(tokens()).select(size_expr(a), 0),
     }
 }
 
@@ -146,6 +157,37 @@ pub struct MatVecShape {
     pub tail: usize,
     /// Rows of `x` per head (`T` for the model's projections).
     pub rows: Size,
+}
+
+impl MatVecShape {
+    /// What the product computes, for a kernel's note.
+    fn what(&self) -> String {
+        format!(
+            "y[t,h,o] = W[h*{}+o,:] . x[t,h,0..{}] ({}), {} head(s){}",
+            self.n_out,
+            self.w.row_len,
+            self.w.ggml_type,
+            self.heads,
+            if self.tail > 0 {
+                format!(", then the {} trailing inputs copied", self.tail)
+            } else {
+                String::new()
+            }
+        )
+    }
+
+    /// The product's parameters `w`, `x` `[rows, heads, n_in + tail]`, `y`
+    /// `[rows, heads, n_out + tail]`.
+    ///
+    /// Errors: [`IrError`] for an unusable weight.
+    fn params(&self, kb: &mut Kb) -> Result<(Param, Param, Param), IrError> {
+        let (xw, yw) = (self.w.row_len + self.tail, self.n_out + self.tail);
+        let w = kb.param("w", self.w.kind(&self.name, false)?);
+        let per_row = |n: usize| Size::prod(self.rows.clone(), Size::Const(self.heads * n));
+        let x = kb.input_f32("x", per_row(xw));
+        let y = kb.output_f32("y", Some(per_row(yw)));
+        Ok((w, x, y))
+    }
 }
 
 /// Bytes of shared memory a mat-vec stages its activation row in (at most): the 16 KiB every
@@ -216,33 +258,21 @@ pub fn mat_vec(s: &MatVecShape, warp: u32) -> R {
     let (xw, yw) = (n_in + s.tail, s.n_out + s.tail);
     let rows = rows_per_block(warp);
     let note = format!(
-        "mat-vec: y[t,h,o] = W[h*{n}+o,:] . x[t,h,0..{n_in}] ({ty}), {heads} head(s){tail}; one warp per row,\n\
+        "mat-vec: {what}; one warp per row,\n\
          lanes take 16-element chunks l, l+{warp}, ..., then a butterfly sum; one block row per (token, head){stage}.",
+        what = s.what(),
         stage = if n_in * 4 <= MAT_VEC_STAGE_BYTES {
             "; x staged in shared memory"
         } else {
             ""
         },
-        n = s.n_out,
-        ty = s.w.ggml_type,
-        heads = s.heads,
-        tail = if s.tail > 0 {
-            format!(", then the {} trailing inputs copied", s.tail)
-        } else {
-            String::new()
-        }
     );
     let grid = [
         Size::Const(s.n_out.div_ceil(rows)),
         Size::prod(s.rows.clone(), Size::Const(s.heads)),
     ];
     let mut kb = Kb::new(&s.name, note, grid, BLOCK, warp);
-    let w = kb.param("w", s.w.kind(&s.name, false)?);
-    let x = kb.input_f32("x", Size::prod(s.rows.clone(), Size::Const(s.heads * xw)));
-    let y = kb.output_f32(
-        "y",
-        Some(Size::prod(s.rows.clone(), Size::Const(s.heads * yw))),
-    );
+    let (w, x, y) = s.params(&mut kb)?;
     let buf = kb.local("chunk", 16);
     let w32 = warp as i32;
     let lane = kb.let_("lane", tid() % w32);
@@ -276,6 +306,144 @@ pub fn mat_vec(s: &MatVecShape, warp: u32) -> R {
             kb.for_("j", tid(), ci(s.tail), BLOCK as i32, |kb, j| {
                 let v = kb.load(x, Expr::from(xb) + ci(n_in) + j.clone());
                 kb.store(y, Expr::from(yb) + ci(s.n_out) + j, v);
+            });
+        });
+    }
+    kb.finish()
+}
+
+/// Elements of `x` a mat-mat block stages per token and K slice for warps of `warp` lanes:
+/// `16 · max(32, W)`, so every lane takes the same number of 16-element chunks of a slice
+/// (`max(32, W) / W`) and a slice starts at chunk `l` of lane `l`'s sequence.
+fn mat_mat_slice(warp: u32) -> usize {
+    16 * (warp.max(32) as usize)
+}
+
+/// Tokens per mat-mat block for warps of `warp` lanes: the tokens whose K slices
+/// ([`mat_mat_slice`]) fill [`MAT_VEC_STAGE_BYTES`] of shared memory (8 for `W ≤ 32`, 4 for 64).
+pub fn mat_mat_tokens(warp: u32) -> usize {
+    (MAT_VEC_STAGE_BYTES / (4 * mat_mat_slice(warp))).max(1)
+}
+
+/// Builds the matrix-matrix form of [`mat_vec`] for warps of `warp` lanes: the same parameters
+/// (`w`, `x`, `y`), the same outputs bit for bit, each weight chunk dequantized once per block of
+/// [`mat_mat_tokens`] tokens instead of once per token. `grid = (ceil(out / (256 / W)),
+/// ceil(rows / TT)·heads)`.
+///
+/// Algorithm: one warp per output row as in [`mat_vec`]; block row `by = tb·heads + h` takes
+/// tokens `tb·TT .. tb·TT + TT` of head `h`. K is cut into slices of [`mat_mat_slice`] elements;
+/// per slice the block copies the slice of its `TT` activation rows into shared memory (zeros
+/// past the last token), element `16·c + i` of a token's slice at `i·(slice / 16) + c` so that
+/// the lanes of a warp, each on its own chunk `c`, read consecutive words (no gather on a
+/// SIMD CPU, no bank conflicts on a GPU), then lane `l` dequantizes each of its chunks of the slice (chunks
+/// `l, l + W, …` of the row, as in the mat-vec) once into registers and adds `w·x` of its 16
+/// elements, in order, into one accumulator per token. So each token's accumulator in each
+/// lane sums the same products in the same order as the mat-vec's single accumulator, and the
+/// same butterfly then reduces each token's `W` partials: every output has the mat-vec's bits.
+/// Learned from ggml's Vulkan `vulkan-shaders/mul_mm.comp`, which tiles outputs by rows ×
+/// tokens and walks K in shared-memory slices so a weight is read once per tile; ggml keeps a
+/// register tile of several rows and tokens per thread and sums each output along K within one
+/// thread, which would change the order of every sum here, so the lane partition of K and the
+/// butterfly stay the mat-vec's.
+///
+/// Errors: [`IrError`] for an unusable weight, extent or warp width.
+pub fn mat_mat(s: &MatVecShape, warp: u32) -> R {
+    let n_in = s.w.row_len;
+    check_dims(&s.name, &[n_in, s.n_out, s.heads, s.tail + 1])?;
+    let (xw, yw) = (n_in + s.tail, s.n_out + s.tail);
+    let rows = rows_per_block(warp);
+    let tt = mat_mat_tokens(warp);
+    let slice = mat_mat_slice(warp).min(n_in.next_multiple_of(16));
+    let note = format!(
+        "mat-mat: {what}; one warp per row,\n\
+         {tt} tokens per block; per K slice of {slice} the block stages x of its tokens in shared memory, lanes\n\
+         dequantize chunks l, l+{warp}, ... once and accumulate each token in order, then a butterfly per token\n\
+         (each output's sum in the mat-vec's order).",
+        what = s.what(),
+    );
+    let grid = [
+        Size::Const(s.n_out.div_ceil(rows)),
+        Size::prod(Size::ceil_div(s.rows.clone(), tt), Size::Const(s.heads)),
+    ];
+    let mut kb = Kb::new(&s.name, note, grid, BLOCK, warp);
+    let (w, x, y) = s.params(&mut kb)?;
+    let buf = kb.local("chunk", 16);
+    let xs = kb.shared("xtile", Scalar::F32, tt * slice);
+    let w32 = warp as i32;
+    let n_rows = kb.let_("n_rows", size_expr(&s.rows));
+    let lane = kb.let_("lane", tid() % w32);
+    let o = kb.let_("o", bx() * ci(rows) + tid() / w32);
+    let h = kb.let_("h", by() % ci(s.heads));
+    let t0 = kb.let_("t0", (by() / ci(s.heads)) * ci(tt));
+    let row = kb.let_(
+        "row",
+        Expr::from(h) * ci(s.n_out) + Expr::from(o).min(ci(s.n_out - 1)),
+    );
+    let accs: Vec<Var> = (0..tt)
+        .map(|j| kb.let_(&format!("acc{j}"), 0.0f32))
+        .collect();
+    kb.for_("k0", 0, ci(n_in), slice as i32, |kb, k0| {
+        // Token `j / slice`'s element `16·cl + i` of the slice goes to `i·(slice / 16) + cl`
+        // of its part, so the lanes of a warp read consecutive words for each element `i`.
+        kb.for_("j", tid(), ci(tt * slice), BLOCK as i32, |kb, j| {
+            let t = kb.let_("t", Expr::from(t0) + j.clone() / ci(slice));
+            let p = kb.let_("p", j.clone() % ci(slice));
+            let k = kb.let_(
+                "k",
+                k0.clone() + (Expr::from(p) % ci(slice / 16)) * 16 + Expr::from(p) / ci(slice / 16),
+            );
+            kb.if_else(
+                Expr::from(t).lt(n_rows).and(Expr::from(k).lt(ci(n_in))),
+                |kb| {
+                    let src = (Expr::from(t) * ci(s.heads) + h) * ci(xw) + k;
+                    let v = kb.load(x, src);
+                    kb.sts(xs, j.clone(), v);
+                },
+                |kb| kb.sts(xs, j.clone(), 0.0f32),
+            );
+        });
+        kb.barrier();
+        let c0 = kb.let_("c0", k0.clone() / 16);
+        let c_end = ((k0.clone() + ci(slice)).min(ci(n_in)) + 15) / 16;
+        kb.for_("c", Expr::from(c0) + lane, c_end, w32, |kb, c| {
+            kb.dequant16(w, None, row, c.clone(), buf);
+            let cl = kb.let_("cl", c.clone() - c0);
+            kb.for_("i", 0, chunk_len(n_in, c.clone()), 1, |kb, i| {
+                let wv = kb.let_("wv", kb.ldl(buf, i.clone()));
+                let at = kb.let_("at", i * ci(slice / 16) + cl);
+                for (j, &acc) in accs.iter().enumerate() {
+                    let xv = kb.lds(xs, ci(j * slice) + Expr::from(at));
+                    kb.set(acc, Expr::from(acc) + Expr::from(wv) * xv);
+                }
+            });
+        });
+        // Every warp is done with this slice before the next one overwrites it.
+        kb.barrier();
+    });
+    for (j, &acc) in accs.iter().enumerate() {
+        kb.warp_reduce(ReduceOp::Sum, acc);
+        let t = Expr::from(t0) + ci(j);
+        kb.if_(
+            Expr::from(lane)
+                .eq(0)
+                .and(Expr::from(o).lt(ci(s.n_out)))
+                .and(t.clone().lt(n_rows)),
+            |kb| {
+                let yb = (t * ci(s.heads) + h) * ci(yw);
+                kb.store(y, yb + o, acc);
+            },
+        );
+    }
+    if s.tail > 0 {
+        kb.if_(bx().eq(0), |kb| {
+            kb.for_("j", tid(), ci(tt * s.tail), BLOCK as i32, |kb, j| {
+                let t = kb.let_("t", Expr::from(t0) + j.clone() / ci(s.tail));
+                let jj = kb.let_("jj", j % ci(s.tail));
+                kb.if_(Expr::from(t).lt(n_rows), |kb| {
+                    let b = Expr::from(t) * ci(s.heads) + h;
+                    let v = kb.load(x, b.clone() * ci(xw) + ci(n_in) + jj);
+                    kb.store(y, b * ci(yw) + ci(s.n_out) + jj, v);
+                });
             });
         });
     }

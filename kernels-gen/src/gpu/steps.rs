@@ -7,7 +7,8 @@
 //! `scores_qk` / `causal_mask`, one thread per row for `top_k` / `gather_renorm` (E = 128 is too
 //! short to share), and the warp-per-row mat-vec ([`super::kernels::mat_vec`]) for every product
 //! with a weight, the routed experts included (`moe_gate_up`, `moe_down`, reading expert rows
-//! through the per-expert address table). Every builder and [`for_step`] take the warp width
+//! through the per-expert address table); a dense weight's product also gets the mat-vec's tiled
+//! form for `T > 1` ([`super::kernels::mat_mat`], launched by [`both_forms`]). Every builder and [`for_step`] take the warp width
 //! (a power of two in 4..=64) the kernels are built for; only the reductions and the mat-vecs'
 //! lane-to-row mapping depend on it. Sums whose order the oracle fixes as a plain left-to-
 //! right loop (`weighted_sum`, `gather_renorm`, the slot sum of the experts) keep that order.
@@ -16,9 +17,9 @@ use super::ir::{
     block_reduce, bx, by, ci, tid, Expr, IrError, Kb, Kernel, Param, ReduceOp, Scalar, Size,
 };
 use super::kernels::{
-    bad, check_dims, chunk_len, kqkv_merge, kqkv_split, mat_vec, phase, rope_elem, rows_per_block,
-    size_expr, stage_row, temperature_factor, KqkvShape, MatVecShape, PhaseShape, WeightSpec,
-    BLOCK, MAT_VEC_STAGE_BYTES, R,
+    bad, check_dims, chunk_len, kqkv_merge, kqkv_split, mat_mat, mat_vec, phase, rope_elem,
+    rows_per_block, size_expr, stage_row, temperature_factor, KqkvShape, MatVecShape, PhaseShape,
+    WeightSpec, BLOCK, MAT_VEC_STAGE_BYTES, R,
 };
 use super::GenError;
 use aubier_compiler::config::{ExpertLayout, QueryTemperature, YarnParams};
@@ -716,6 +717,24 @@ fn wdim(w: &WeightRef, i: usize) -> usize {
     w.ne.get(i).copied().unwrap_or(1)
 }
 
+/// A weight product's two forms: the mat-vec ([`mat_vec`], named `s.name`) launched at `T = 1`
+/// and the mat-mat ([`super::kernels::mat_mat`], named `<s.name>_mm`) at `T > 1`; each grid is
+/// empty at the other's `T`, so a backend launches both and one of them runs. They compute the
+/// same bits, so a one-token run computes what a prefill would.
+///
+/// Errors: [`IrError`] from either builder.
+pub fn both_forms(s: &MatVecShape, warp: u32) -> Result<Vec<Kernel>, IrError> {
+    let mut mv = mat_vec(s, warp)?;
+    mv.grid[0] = Size::one_token(mv.grid[0].clone());
+    let mm_shape = MatVecShape {
+        name: format!("{}_mm", s.name),
+        ..s.clone()
+    };
+    let mut mm = mat_mat(&mm_shape, warp)?;
+    mm.grid[0] = Size::many_tokens(mm.grid[0].clone());
+    Ok(vec![mv, mm])
+}
+
 /// The kernels that implement step `idx` of `plan` for warps of `warp` lanes, in launch order
 /// (empty for a `reshape` that stays in its slot). Kernel names are the op's name;
 /// [`super::plan_kernels`] makes them unique.
@@ -748,7 +767,7 @@ pub fn for_step(plan: &Plan, idx: usize, warp: u32) -> Result<Vec<Kernel>, GenEr
         (Op::MatMul, _) => {
             let w = at.wt(0)?;
             let (rows, _) = at.rows_fixed(at.val(1)?)?;
-            one(mat_vec(
+            Ok(both_forms(
                 &MatVecShape {
                     name: name.into(),
                     w: spec(w),
@@ -758,7 +777,7 @@ pub fn for_step(plan: &Plan, idx: usize, warp: u32) -> Result<Vec<Kernel>, GenEr
                     rows,
                 },
                 warp,
-            ))
+            )?)
         }
         (Op::HeadMatMul, _) => {
             let w = at.wt(0)?;
@@ -775,7 +794,7 @@ pub fn for_step(plan: &Plan, idx: usize, warp: u32) -> Result<Vec<Kernel>, GenEr
                     )))
                 }
             };
-            one(mat_vec(
+            Ok(both_forms(
                 &MatVecShape {
                     name: name.into(),
                     w: spec(w),
@@ -785,7 +804,7 @@ pub fn for_step(plan: &Plan, idx: usize, warp: u32) -> Result<Vec<Kernel>, GenEr
                     rows,
                 },
                 warp,
-            ))
+            )?)
         }
         (
             Op::Wkb,
@@ -795,7 +814,7 @@ pub fn for_step(plan: &Plan, idx: usize, warp: u32) -> Result<Vec<Kernel>, GenEr
                 rope_tail,
                 ..
             },
-        ) => one(mat_vec(
+        ) => Ok(both_forms(
             &MatVecShape {
                 name: format!("wkb_{}", if *rope_tail > 0 { "in" } else { "out" }),
                 w: spec(at.wt(1)?),
@@ -805,7 +824,7 @@ pub fn for_step(plan: &Plan, idx: usize, warp: u32) -> Result<Vec<Kernel>, GenEr
                 rows: Size::Tokens,
             },
             warp,
-        )),
+        )?),
         (Op::Slice, Attrs::Slice { offset, len }) => {
             let (rows, n) = at.rows_fixed(at.val(0)?)?;
             one(copy_rows(name, &rows, n, *offset, *len, 0, warp))

@@ -126,34 +126,173 @@ fn every_kernel(warp: u32) -> Vec<Kernel> {
         "F32", "F16", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS",
         "IQ3_XXS", "IQ4_XS", "IQ1_S",
     ] {
-        out.push(mat_vec(
-            &MatVecShape {
-                name: format!("mat_mul_{}", ty.to_ascii_lowercase()),
-                w: w(ty, 4096),
-                n_out: 1024,
-                heads: 1,
-                tail: 0,
-                rows: Size::Tokens,
-            },
-            warp,
-        ));
-    }
-    out.push(mat_vec(
-        &MatVecShape {
-            name: "wkb_in".into(),
-            w: w("Q8_0", 64),
-            n_out: 256,
-            heads: 32,
-            tail: 64,
+        let s = MatVecShape {
+            name: format!("mat_mul_{}", ty.to_ascii_lowercase()),
+            w: w(ty, 4096),
+            n_out: 1024,
+            heads: 1,
+            tail: 0,
             rows: Size::Tokens,
-        },
-        warp,
-    ));
+        };
+        out.push(mat_vec(&s, warp));
+        out.push(mat_mat(&s, warp));
+    }
+    let wkb_in = MatVecShape {
+        name: "wkb_in".into(),
+        w: w("Q8_0", 64),
+        n_out: 256,
+        heads: 32,
+        tail: 64,
+        rows: Size::Tokens,
+    };
+    out.push(mat_vec(&wkb_in, warp));
+    out.push(mat_mat(&wkb_in, warp));
     out.into_iter().map(|k| k.expect("builder")).collect()
 }
 
 /// The warp widths a kernel may be built for.
 const WIDTHS: [u32; 5] = [4, 8, 16, 32, 64];
+
+/// A stand-in for a quant type's dequant in the mat-mat test: element `i` of chunk `c` made from
+/// one byte of the row, with mixed signs and exponents (so a different order of summation shows
+/// in the bits).
+fn bytes_dequant(_: &str, row: &[u8], c: usize, out: &mut [f32; 16]) -> Result<(), String> {
+    for (i, o) in out.iter_mut().enumerate() {
+        let b = row[(16 * c + i) * 7 % row.len()];
+        *o = (f32::from(b) - 127.5) * 2f32.powi((b % 9) as i32 - 4);
+    }
+    Ok(())
+}
+
+/// Deterministic values in about ±`scale` with varied exponents, from `seed`.
+fn mixed_vals(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let u = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            u * scale * 2f32.powi((x % 5) as i32 - 2)
+        })
+        .collect()
+}
+
+/// Runs `k` on weight bytes `w` and `x` at `T = t`; `y` starts as a NaN pattern no kernel writes.
+fn run_product(k: &Kernel, w: &[u8], x: &[f32], y_len: usize, t: usize) -> Vec<u32> {
+    let mut x = x.to_vec();
+    let mut y = vec![f32::from_bits(0x7fc0_dead); y_len];
+    cpu_exec::run(
+        k,
+        &mut [Arg::Weight(w), Arg::F32(&mut x), Arg::F32(&mut y)],
+        t,
+        1,
+        &bytes_dequant,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    y.iter().map(|v| v.to_bits()).collect()
+}
+
+/// The mat-mat computes the mat-vec's bits for every output at T = 2, 5 and 64 (partial and
+/// whole token tiles, several K slices, rows past a block's end, F32 rows that are not whole
+/// chunks, several heads with a copied tail), at every warp width; every output is written. The
+/// values make the order of summation visible: the mat-vec's bits differ between widths.
+#[test]
+fn mat_mat_matches_the_mat_vec_bit_for_bit() {
+    let mut by_width: Vec<Vec<u32>> = Vec::new();
+    let shapes = [
+        ("F32", 1000, 20, 1, 0),
+        ("Q8_0", 1536, 37, 1, 0),
+        ("Q8_0", 64, 24, 3, 5),
+    ];
+    for warp in WIDTHS {
+        for (i, &(ty, n_in, n_out, heads, tail)) in shapes.iter().enumerate() {
+            let s = MatVecShape {
+                name: "mm".into(),
+                w: WeightSpec {
+                    ggml_type: ty.into(),
+                    row_len: n_in,
+                },
+                n_out,
+                heads,
+                tail,
+                rows: Size::Tokens,
+            };
+            let (mv, mm) = (
+                mat_vec(&s, warp).expect("mv"),
+                mat_mat(&s, warp).expect("mm"),
+            );
+            let w: Vec<u8> = if ty == "F32" {
+                mixed_vals(i as u64 + 3, n_in * n_out * heads, 1.0)
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect()
+            } else {
+                let rb = n_in / 32 * 34;
+                (0..rb * n_out * heads)
+                    .map(|j| (j * 131 % 251) as u8)
+                    .collect()
+            };
+            for t in [2, 5, 64] {
+                let x = mixed_vals(t as u64 * 31 + i as u64, t * heads * (n_in + tail), 3.0);
+                let y_len = t * heads * (n_out + tail);
+                let want = run_product(&mv, &w, &x, y_len, t);
+                let got = run_product(&mm, &w, &x, y_len, t);
+                assert!(
+                    want.iter().all(|&b| b != 0x7fc0_dead),
+                    "{ty} warp {warp} T {t}: the mat-vec left outputs unwritten"
+                );
+                for (j, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g, e,
+                        "{ty} [{n_out}x{n_in}] x{heads} tail {tail}, warp {warp}, T {t}: output {j}: \
+                         mat-mat {:e}, mat-vec {:e}",
+                        f32::from_bits(*g),
+                        f32::from_bits(*e)
+                    );
+                }
+                if (i, t) == (0, 64) {
+                    by_width.push(want);
+                }
+            }
+        }
+    }
+    assert!(
+        by_width.windows(2).any(|p| p[0] != p[1]),
+        "every width gave the same bits: the case cannot tell orders of summation apart"
+    );
+}
+
+/// A weight product's mat-vec launches at T = 1 alone and its mat-mat at T > 1 alone.
+#[test]
+fn both_forms_split_the_runs_by_length() {
+    let s = MatVecShape {
+        name: "mat_mul".into(),
+        w: WeightSpec {
+            ggml_type: "Q8_0".into(),
+            row_len: 256,
+        },
+        n_out: 100,
+        heads: 1,
+        tail: 0,
+        rows: Size::Tokens,
+    };
+    let ks = steps::both_forms(&s, 32).expect("forms");
+    let blocks = |k: &Kernel, t: usize| {
+        k.grid
+            .iter()
+            .map(|g| g.eval(t, 1).expect("grid"))
+            .product::<usize>()
+    };
+    assert_eq!(ks.len(), 2);
+    assert_eq!(
+        (ks[0].name.as_str(), ks[1].name.as_str()),
+        ("mat_mul", "mat_mul_mm")
+    );
+    assert_eq!((blocks(&ks[0], 1), blocks(&ks[1], 1)), (13, 0));
+    assert_eq!((blocks(&ks[0], 2), blocks(&ks[1], 2)), (0, 13));
+    assert_eq!((blocks(&ks[0], 64), blocks(&ks[1], 64)), (0, 13 * 8));
+}
 
 #[test]
 fn every_builder_type_checks_at_every_width() {

@@ -116,6 +116,61 @@ fn mat_mul_of(x: &dyn Exec, w: W, t: usize, seed: u64, warp: u32) {
     check_steps(x, &what, &pb, &[(xv, f32s(&xs))], (t, 1), &mut [], warp);
 }
 
+/// The weight types of [`mat_mat_matches_mat_vec`]: those of the `aubier synth --quant` mixes'
+/// dense weights and the float types.
+pub const MAT_MAT_TYPES: [&str; 8] = [
+    "F32", "F16", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q6_K", "IQ2_XXS",
+];
+
+/// The mat-mat of a random `[37, 1024]` weight of type `ty` computes its mat-vec's bits for
+/// every output at `T` = 2, 5 and 64 (a partial tile, a tile and a half, eight tiles; two K
+/// slices at widths up to 32), both built for warps of `warp` lanes and run on `x` (the form a
+/// plan step launches is chosen by `T`, so here each is built and launched directly).
+pub fn mat_mat_matches_mat_vec(x: &dyn Exec, ty: &str, warp: u32) {
+    use aubier_kernels_gen::gpu::ir::Size;
+    use aubier_kernels_gen::gpu::kernels::{mat_mat, mat_vec, MatVecShape, WeightSpec};
+    let (n_in, n_out) = (1024, 37);
+    let w = if ty == "F32" {
+        W::f32(vec![n_in, n_out], &vals(5, n_in * n_out, 1.0))
+    } else {
+        W::random(ty, vec![n_in, n_out], 5, 0.5)
+    };
+    let s = MatVecShape {
+        name: format!("mat_mul_{}", ty.to_ascii_lowercase()),
+        w: WeightSpec {
+            ggml_type: ty.into(),
+            row_len: n_in,
+        },
+        n_out,
+        heads: 1,
+        tail: 0,
+        rows: Size::Tokens,
+    };
+    let mv = mat_vec(&s, warp).unwrap_or_else(|e| panic!("{e}"));
+    let mm = mat_mat(&s, warp).unwrap_or_else(|e| panic!("{e}"));
+    for t in [2, 5, 64] {
+        let xs = vals(t as u64, t * n_in, 2.0);
+        let run = |k: &aubier_kernels_gen::gpu::ir::Kernel| {
+            let mut xv = xs.clone();
+            let mut y = vec![f32::from_bits(0x7fc0_dead); t * n_out];
+            let mut args = [Arg::Weight(&w.bytes), Arg::F32(&mut xv), Arg::F32(&mut y)];
+            x.run(k, &mut args, t, 1);
+            y.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        let (want, got) = (run(&mv), run(&mm));
+        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                *e != 0x7fc0_dead && g == e,
+                "{ty} warp {warp} T {t}: y[{}, {}]: mat-mat {:e} ({g:#010x}), mat-vec {:e} ({e:#010x})",
+                i / n_out,
+                i % n_out,
+                f32::from_bits(*g),
+                f32::from_bits(*e)
+            );
+        }
+    }
+}
+
 /// `(t, seed, warp)` of [`mat_mul_gguf_py`].
 pub fn every_type_cases(x: &dyn Exec) -> impl Strategy<Value = (usize, u64, u32)> {
     (1usize..3, any::<u64>(), warps(x))

@@ -34,7 +34,8 @@ pub const VULKAN_OPS: Ops = Ops {
 /// What one step kind cost on the device.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct KindStats {
-    /// Kernel runs.
+    /// Kernel runs that dispatched work (a grid of no blocks, the other form of a weight
+    /// product, is not a run).
     pub runs: usize,
     /// Pipelines made (distinct sources).
     pub pipelines: usize,
@@ -236,7 +237,7 @@ impl Exec for Device {
         }
         let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
         let e = stats.entry(kind(k)).or_default();
-        e.runs += 1;
+        e.runs += usize::from(!grid.contains(&0));
         e.pipelines += made as usize;
         e.secs += start.elapsed().as_secs_f64();
     }

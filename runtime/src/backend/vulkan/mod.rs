@@ -146,7 +146,8 @@ impl Backend for VulkanBackend {
                         format!("{}; subgroup {}", names.join(" + "), self.width)
                     },
                 },
-                // The kernel IR computes every row by the same code whatever the run's length.
+                // Every row's sums run in one order whatever the run's length: the mat-mat a
+                // prefill launches computes the mat-vec's bits (`gpu::steps::both_forms`).
                 one_token_matches_prefill: true,
             });
             all.push(ls);
