@@ -27,7 +27,7 @@ use super::kernel::{HostKernel, StepIo, StepKernel, WeightRows};
 use super::memory::{DenseCopies, HostSlots};
 use crate::backend::ExecError;
 use crate::kv_cache::LatentKvCache;
-use crate::store::expert_store::{AheadCopy, ExpertStore};
+use crate::store::expert_store::{AheadCopy, ExpertStore, ReadAheadMode};
 use aubier_compiler::ops::Op;
 use aubier_compiler::plan::{MoeLayer, Operand, Plan, Storage, ValueId};
 use aubier_compiler::types::{DType, Dim};
@@ -54,18 +54,11 @@ pub(crate) struct Placement<'a> {
     pub store: &'a ExpertStore,
     /// The slots.
     pub slots: &'a HostSlots,
-    /// Where the read-ahead's copies go; `None`: no read-ahead.
-    pub ahead: Option<AheadSink>,
-}
-
-/// Who makes the read-ahead's copies ([`ExpertStore::read_ahead`]) of a one-token run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum AheadSink {
-    /// The executor, at once, before the next step.
-    Sync,
-    /// The slot memory's copy worker ([`HostSlots::copy_later`]), beside the run and past its
-    /// end.
-    Background,
+    /// How the read-ahead's copies ([`ExpertStore::read_ahead`]) of a one-token run are made:
+    /// at once, before the next step ([`ReadAheadMode::Sync`]), or by the slot memory's copy
+    /// worker ([`HostSlots::copy_later`]), beside the run and past its end
+    /// ([`ReadAheadMode::Background`]); `None`: no read-ahead.
+    pub ahead: Option<ReadAheadMode>,
 }
 
 /// Starts reading each expert of `ids` that is not resident in MoE layer `li`'s slots, and is
@@ -318,8 +311,8 @@ impl<K: StepKernel> Executor<K> {
     /// After step `i` of a one-token run: when it made a layer's `predicted_ids` and the
     /// placement reads ahead, asks the store which predicted experts to load into that layer's
     /// slots ([`ExpertStore::read_ahead`]) and has the copies made: at once, each published when
-    /// made ([`AheadSink::Sync`]), or queued on the slot memory's worker, the store holding each
-    /// copy's ticket and publishing it once the ticket says done ([`AheadSink::Background`]);
+    /// made ([`ReadAheadMode::Sync`]), or queued on the slot memory's worker, the store holding each
+    /// copy's ticket and publishing it once the ticket says done ([`ReadAheadMode::Background`]);
     /// the step never waits for them. The other
     /// predicted experts that are not resident are read ahead from the file into the page cache
     /// ([`HostSlots::read_ahead_host`]), so that the disk reads them while the layer's
@@ -342,13 +335,13 @@ impl<K: StepKernel> Executor<K> {
         read_host_ahead(p, li, &ids, &copies);
         for copy in copies {
             match sink {
-                AheadSink::Sync => {
+                ReadAheadMode::Sync => {
                     // SAFETY: the store took this slot for the copy and publishes it only after
                     // it; no kernel reads an unpublished slot.
                     let done = unsafe { p.slots.fill_unread(copy) };
                     p.store.publish(copy, done);
                 }
-                AheadSink::Background => {
+                ReadAheadMode::Background => {
                     // SAFETY: as above: the store publishes the slot only once the ticket says
                     // the copy ended.
                     let ticket = unsafe { p.slots.copy_later(copy) };

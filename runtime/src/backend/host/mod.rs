@@ -24,14 +24,13 @@ use super::{
 use crate::gguf::quant::host_symbols;
 use crate::kv_cache::LatentKvCache;
 use crate::progress::{Count, Progress};
-use crate::store::expert_store::ReadAheadMode;
 use crate::store::{available_memory, slots_within};
 use crate::weights::Weights;
 use aubier_compiler::ops::Op;
 use aubier_compiler::plan::{MoeLayer, Operand, Plan};
 use aubier_compiler::types::DType;
 use aubier_kernels_gen::cpu::{CpuProgram, LowerError, Lowering};
-use executor::{AheadSink, Bound, Executor};
+use executor::{Bound, Executor};
 pub(crate) use kernel::{HostBinding, HostKernel, NoKernel, StepIo, StepKernel, WeightRows};
 pub(crate) use memory::{CopyLayout, HostLayout};
 use memory::{DenseCopies, HostSlots};
@@ -227,12 +226,7 @@ impl<K: StepKernel> Run for HostRun<K> {
         let store = experts.store;
         // The read-ahead's copies of a one-token run, when the store reads ahead: made at once
         // in sync mode, else by the slot memory's worker, which the run does not wait for.
-        let ahead = match store.read_ahead_mode() {
-            Some(_) if input.tokens != 1 => None,
-            Some(ReadAheadMode::Sync) => Some(AheadSink::Sync),
-            Some(ReadAheadMode::Background) => Some(AheadSink::Background),
-            None => None,
-        };
+        let ahead = store.read_ahead_mode().filter(|_| input.tokens == 1);
         // On a worker of the rayon pool, so that the run's parallel steps fork from a worker
         // (its own deque) rather than inject each step from outside the pool and block the
         // caller on a latch; the other workers spin for the run's length (`pool::run_hot`).
