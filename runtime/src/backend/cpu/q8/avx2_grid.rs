@@ -3,10 +3,11 @@
 //! that every output has the single-row kernel's bits — the contract of the AVX-512 grid
 //! (`avx512/grid.rs`) on 256-bit integer arithmetic, without `vpdpbusd`.
 //!
-//! Algorithm. Weight rows go 16 at a time; each row's blocks are unpacked once per call into
-//! their u8 codes in element order (Q2_K `q` in 0..=3, Q3_K `q3 = q + 4·hbit` in 0..=7, Q6_K
-//! 0..=63: the AVX2 kernels' unpacking) and, per block, the 16 sub-block scales (each an i32
-//! word of two equal i16) and the eight words of two i16 that multiply the activation block sums
+//! Algorithm. Weight rows go 16 at a time; block by block, the 16 rows' block is unpacked (once
+//! per call, just before its products, so that it stays in L1) into their u8 codes in element
+//! order (Q2_K `q` in 0..=3, Q3_K `q3 = q + 4·hbit` in 0..=7, Q6_K 0..=63: the AVX2 kernels'
+//! unpacking) and the 16 sub-block scales (each an i32 word of two equal i16) and the eight
+//! words of two i16 that multiply the activation block sums
 //! (Q2_K: the mins, `M` apart; Q3_K: `−4·(sc − 32)`, Q6_K: `−32·sc`, both added into `S`).
 //! Activation rows come in the tile layout's groups of 16 (`tiles.rs`: word `k` of the 16 rows'
 //! block in one 64-byte tile row), taken as two halves of eight lanes (a last group of at most
@@ -27,8 +28,10 @@
 //! K-quant GEMMs for AVX2 (`ggml-cpu/arch/x86/repack.cpp`: products summed per sub-block before
 //! the scale `madd`); the code is our own.
 
-use super::avx2::{f16_at, load32, planes2, q3k_codes, q6k_codes};
-use super::shared::{clamped, lengths_ok, prefetch_l2, q3_k_raw_scales};
+use super::avx2::{
+    f16_at, load16, load32, planes2, q2k_scales_mins, q3k_codes, q3k_scales, q6k_codes,
+};
+use super::shared::{clamped, lengths_ok, prefetch_l2};
 use super::tiles::{Q8Tiles, Tile, Unpacked, GROUP, HALF};
 use super::types::Q8GridFn;
 use crate::ggml_type::GgmlType;
@@ -101,30 +104,33 @@ impl RowScales {
         dmin: 0.0,
     };
 
-    /// Scales `sc` and block-sum multipliers `sums` (16 each), as words of two i16. (Loops, not
-    /// `array::map`: in these kernels the closures of `map` and `from_fn` were not inlined and
-    /// took 40 % of the Q3_K grid's time.)
-    #[inline(always)]
-    fn new(sc: &[i16; 16], sums: &[i16; 16], d: f32, dmin: f32) -> RowScales {
+    /// Scales `sc` and block-sum multipliers `sums`, each 16 i16 lanes in sub-block order, as
+    /// words of two i16: `sc[j]` in both halves of word `j`, `sums[2i]` and `sums[2i + 1]` in
+    /// word `i` (the lane order of `sums` is already that). Vector code: the scalar loops
+    /// took a fifth of the kernel's time at 32 activation rows (an expert's share of a
+    /// 512-token prompt), where a block row's unpacking meets few activation rows.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn new(sc: __m256i, sums: __m256i, d: f32, dmin: f32) -> RowScales {
         let mut s = RowScales {
             d,
             dmin,
             ..RowScales::ZERO
         };
-        for (w, &v) in s.sc.iter_mut().zip(sc) {
-            *w = pair(v, v);
+        // In-lane interleaves: `lo` = [s0 s0 .. s3 s3 | s8 s8 .. s11 s11], `hi` the rest.
+        let (lo, hi) = (_mm256_unpacklo_epi16(sc, sc), _mm256_unpackhi_epi16(sc, sc));
+        let words = [
+            _mm256_permute2x128_si256::<0x20>(lo, hi),
+            _mm256_permute2x128_si256::<0x31>(lo, hi),
+        ];
+        for (dst, v) in s.sc.as_chunks_mut::<8>().0.iter_mut().zip(words) {
+            // SAFETY: 32 writable bytes (an array of eight i32).
+            unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), v) };
         }
-        for (w, p) in s.sums.iter_mut().zip(sums.as_chunks::<2>().0) {
-            *w = pair(p[0], p[1]);
-        }
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_si256(s.sums.as_mut_ptr().cast(), sums) };
         s
     }
-}
-
-/// `lo` in the low half of an i32, `hi` in the high half (the i16 pairs of a `madd`).
-#[inline(always)]
-fn pair(lo: i16, hi: i16) -> i32 {
-    (u32::from(lo as u16) | (u32::from(hi as u16) << 16)) as i32
 }
 
 /// Stores the codes of the two halves of a block, `half(0)` then `half(1)` (four vectors of 32
@@ -140,15 +146,13 @@ fn store_codes(dst: &mut [u8; 256], mut half: impl FnMut(usize) -> [__m256i; 4])
     }
 }
 
-/// Signed scales `sc` (Q3_K, Q6_K) whose codes are offset by `−k`: the block sums' multipliers
-/// are `−k·sc`, added into `S`.
-#[inline(always)]
-fn offset_scales(sc: &[i16; 16], k: i16, d: f32) -> RowScales {
-    let mut sums = [0i16; 16];
-    for (m, &s) in sums.iter_mut().zip(sc) {
-        *m = -k * s;
-    }
-    RowScales::new(sc, &sums, d, 0.0)
+/// Signed scales `sc` (Q3_K, Q6_K: 16 i16 lanes) whose codes are offset by `−2^K`: the block
+/// sums' multipliers are `−2^K·sc`, added into `S`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn offset_scales<const K: i32>(sc: __m256i, d: f32) -> RowScales {
+    let sums = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16::<K>(sc));
+    RowScales::new(sc, sums, d, 0.0)
 }
 
 /// Q2_K: codes `q` (0..=3), scales `sc`, the mins for `M`.
@@ -156,11 +160,9 @@ fn offset_scales(sc: &[i16; 16], k: i16, d: f32) -> RowScales {
 #[inline]
 fn q2_unpack(b: &[u8; 84], dst: &mut [u8; 256]) -> RowScales {
     store_codes(dst, |n| planes2(load32(&b[16 + 32 * n..])));
-    let (mut sc, mut mins) = ([0i16; 16], [0i16; 16]);
-    for ((s, m), &v) in sc.iter_mut().zip(&mut mins).zip(&b[..16]) {
-        (*s, *m) = (i16::from(v & 15), i16::from(v >> 4));
-    }
-    RowScales::new(&sc, &mins, f16_at(b, 80), f16_at(b, 82))
+    let (bytes, mins) = q2k_scales_mins(b);
+    let sc = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(bytes));
+    RowScales::new(sc, mins, f16_at(b, 80), f16_at(b, 82))
 }
 
 /// Q3_K: codes `q3` (0..=7), scales `sc − 32`, and `−4·(sc − 32)` for the block sums.
@@ -168,11 +170,7 @@ fn q2_unpack(b: &[u8; 84], dst: &mut [u8; 256]) -> RowScales {
 #[inline]
 fn q3_unpack(b: &[u8; 110], dst: &mut [u8; 256]) -> RowScales {
     store_codes(dst, |n| q3k_codes(b, n));
-    let mut sc = [0i16; 16];
-    for (s, &v) in sc.iter_mut().zip(&q3_k_raw_scales(&b[96..108])) {
-        *s = i16::from(v) - 32;
-    }
-    offset_scales(&sc, 4, f16_at(b, 108))
+    offset_scales::<2>(q3k_scales(b), f16_at(b, 108))
 }
 
 /// Q6_K: codes (0..=63), scales `sc` (i8), and `−32·sc` for the block sums.
@@ -180,11 +178,7 @@ fn q3_unpack(b: &[u8; 110], dst: &mut [u8; 256]) -> RowScales {
 #[inline]
 fn q6_unpack(b: &[u8; 210], dst: &mut [u8; 256]) -> RowScales {
     store_codes(dst, |n| q6k_codes(b, n));
-    let mut sc = [0i16; 16];
-    for (s, &v) in sc.iter_mut().zip(&b[192..208]) {
-        *s = i16::from(v as i8);
-    }
-    offset_scales(&sc, 32, f16_at(b, 208))
+    offset_scales::<5>(_mm256_cvtepi8_epi16(load16(&b[192..208])), f16_at(b, 208))
 }
 
 /// The grid loop (module note) for blocks of `B` bytes, `unpack` writing a block's codes and
@@ -201,31 +195,28 @@ fn grid<const B: usize, const MINS: bool, const WIDE: bool>(
     let Some(n) = grid_rows(w, x, y, B) else {
         return;
     };
-    let (nb, groups) = (x.blocks(), x.groups());
+    let groups = x.groups();
     if y.is_empty() {
         return;
     }
     SCRATCH.with_borrow_mut(|s| {
-        s.fit(nb, groups);
+        s.fit(groups);
         grid_in::<B, MINS, WIDE>(w, x, y, n, &mut unpack, s);
     });
 }
 
-/// A thread's buffers of [`grid`], kept from call to call (a fresh 90 KiB per call cost 3–4 %
-/// of the kernel's time in `memset` and `memcpy`).
+/// A thread's buffers of [`grid`], kept from call to call (fresh ones per call cost 3–4 % of
+/// the kernel's time in `memset` and `memcpy`): one block of a row group's codes and scales
+/// (6 KiB, in L1 while it is used) and the accumulators.
 struct Scratch {
-    codes: Vec<Unpacked>,
-    sc: Vec<[RowScales; GROUP]>,
+    codes: Unpacked,
+    sc: [RowScales; GROUP],
     acc: Vec<[[__m256; 2]; GROUP]>,
 }
 
 impl Scratch {
-    /// At least `nb` blocks of codes and scales and `groups` groups of accumulators.
-    fn fit(&mut self, nb: usize, groups: usize) {
-        if self.codes.len() < nb {
-            self.codes.resize(nb, Unpacked([0; GROUP * 256]));
-            self.sc.resize(nb, [RowScales::ZERO; GROUP]);
-        }
+    /// At least `groups` groups of accumulators.
+    fn fit(&mut self, groups: usize) {
         if self.acc.len() < groups {
             // SAFETY: an all-zero `__m256` is eight `+0.0` (a plain value, no feature needed).
             self.acc
@@ -236,7 +227,11 @@ impl Scratch {
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = const {
-        std::cell::RefCell::new(Scratch { codes: Vec::new(), sc: Vec::new(), acc: Vec::new() })
+        std::cell::RefCell::new(Scratch {
+            codes: Unpacked([0; GROUP * 256]),
+            sc: [RowScales::ZERO; GROUP],
+            acc: Vec::new(),
+        })
     };
 }
 
@@ -252,36 +247,36 @@ fn grid_in<const B: usize, const MINS: bool, const WIDE: bool>(
     s: &mut Scratch,
 ) {
     let (rows, nb, groups) = (x.rows(), x.blocks(), x.groups());
-    // The 16 rows of a row group unpacked whole (sequential reads of the weights): block `b` of
-    // row `r` at `codes[b]`'s row `r`, its scales at `sc[b][r]` (block-major, so that a block's
-    // 16 rows are 4 KiB in a row). Rows past a last group's end keep stale codes (of this call
-    // or an earlier one), whose pairs are computed and never stored.
-    let (codes, sc) = (&mut s.codes[..nb], &mut s.sc[..nb]);
+    // Block `b` of the row group's 16 rows is unpacked just before it is used (row `r`'s codes
+    // at `codes`' row `r`, its scales at `sc[r]`), so that the stores and the reads of the codes
+    // stay in L1 (the whole row group unpacked first, 90 KiB at 4096 columns, cost a fifth of
+    // the time at 8 activation rows). Rows past a last group's end keep stale codes (of this
+    // call or an earlier one), whose pairs are computed and never stored.
+    let (codes, sc) = (&mut s.codes, &mut s.sc);
     let acc = &mut s.acc[..groups];
     for r0 in (0..n).step_by(GROUP) {
         let nr = GROUP.min(n - r0);
         for g in acc.iter_mut() {
             *g = [[_mm256_setzero_ps(); 2]; GROUP];
         }
-        let group = &w[r0 * nb * B..(r0 + nr) * nb * B];
-        for (i, block) in group.as_chunks::<B>().0.iter().enumerate() {
-            let (b, r) = (i % nb, i / nb);
-            let dst: &mut [u8; 256] = codes[b].row(r).try_into().expect("256 bytes");
-            sc[b][r] = unpack(block, dst);
-        }
+        let group = w[r0 * nb * B..(r0 + nr) * nb * B].as_chunks::<B>().0;
         // The next row group's weights, prefetched into L2 a block's share at a time while this
         // group is computed.
         let next = clamped(w, (r0 + GROUP) * nb * B, (r0 + 2 * GROUP) * nb * B);
         for b in 0..nb {
+            for (r, block) in group.iter().skip(b).step_by(nb).enumerate() {
+                let dst: &mut [u8; 256] = codes.row(r).try_into().expect("256 bytes");
+                sc[r] = unpack(block, dst);
+            }
             prefetch_l2(clamped(next, b * GROUP * B, (b + 1) * GROUP * B));
-            let rows_b = codes[b].0.as_chunks::<256>().0;
+            let rows_b = codes.0.as_chunks::<256>().0;
             for (g, accg) in acc.iter_mut().enumerate() {
                 let gb = g * nb + b;
                 let tiles: &[Tile; 4] = x.tiles[gb * 4..gb * 4 + 4].try_into().expect("4 tiles");
                 let half = rows - g * GROUP <= HALF;
                 for r in (0..nr).step_by(RM) {
                     let w4: &[[u8; 256]; RM] = rows_b[r..r + RM].try_into().expect("RM rows");
-                    let s4: &[RowScales; RM] = sc[b][r..r + RM].try_into().expect("RM rows");
+                    let s4: &[RowScales; RM] = sc[r..r + RM].try_into().expect("RM rows");
                     let a4: &mut [[__m256; 2]; RM] =
                         (&mut accg[r..r + RM]).try_into().expect("RM rows");
                     let s = half_sums::<0, WIDE>(w4, s4, tiles);
