@@ -8,8 +8,10 @@
 # rate of the file (the first GiB, O_DIRECT), then one line per run: prefill, decode, peak RSS,
 # the run's wall time (load included), and aubier's served fraction and read-ahead figures.
 # Usage: docs/larger_than_ram.sh PYTHON AUBIER MODEL [AUBIER_FLAGS...]
-#   PYTHON: a python with llama-cpp-python; AUBIER_FLAGS: one quoted string per aubier run
-#   (default: "" and "--prefetch-budget 2").
+#   PYTHON: a python with llama-cpp-python; AUBIER_FLAGS: one quoted string per aubier run, any
+#   `aubier bench` flags (default: "" and "--prefetch-budget 2"), e.g.
+#   "" "--prefetch-budget 2" "--prefetch-budget 2 --prefetch-lead 2 --page-ahead all"
+#   (an unquoted flag list would make each word a run of its own: refused).
 # Shape: $BENCH_ARGS, default --n-prompt 16 --n-gen 32 --reps 1 (a rep after the first would
 # find the file cached).
 set -euo pipefail
@@ -17,6 +19,13 @@ python=$1 aubier=$2 model=$3
 shift 3
 configs=("$@")
 if [ ${#configs[@]} -eq 0 ]; then configs=("" "--prefetch-budget 2"); fi
+for flags in "${configs[@]}"; do
+    if [ -n "$flags" ] && [ "${flags#--}" = "$flags" ]; then
+        echo "aubier run \"$flags\" does not start with a flag: quote each run's flags as one" \
+            "argument, e.g. \"--prefetch-budget 2 --prefetch-lead 2\"" >&2
+        exit 2
+    fi
+done
 here=$(cd "$(dirname "$0")" && pwd)
 read -r -a args <<<"${BENCH_ARGS:---n-prompt 16 --n-gen 32 --reps 1}"
 out=$(mktemp -d)
@@ -68,7 +77,8 @@ if 'served_fraction' in r:
                  f"decoded token), {a['served']} routed slots served by them, {a['late']} late, "
                  f"{a.get('pending', 0)} pending in later steps")
     if r.get('prediction_recall') is not None:
-        line += f"; recall {r['prediction_recall']:.3f}"
+        line += (f"; recall {r['prediction_recall']:.3f} "
+                 f"({r.get('prediction_lead', 1)} layer(s) ahead)")
     ms = r['decode_ms_per_token_by_component']
     line += "\n    decode ms/token: " + ", ".join(f"{k} {v:.1f}" for k, v in ms.items())
 print(line)

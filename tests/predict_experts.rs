@@ -23,8 +23,9 @@ const BACKENDS: [&str; 3] = ["oracle", "cpu", "vulkan"];
 fn session(backend: &str, predict: bool) -> Session {
     let path = models_dir().join("ms4-tiny256-q2k.gguf");
     let b = BackendSpec::named(backend).make().expect("backend");
-    let model = Model::load_predicting(&path, b, FastBudget::Auto, predict, &mut Quiet)
-        .unwrap_or_else(|e| panic!("bundled model on {backend}: {e}"));
+    let model =
+        Model::load_predicting(&path, b, FastBudget::Auto, predict.then_some(1), &mut Quiet)
+            .unwrap_or_else(|e| panic!("bundled model on {backend}: {e}"));
     Session::open(model, SessionOptions { kv_max: 256 }).expect("session")
 }
 

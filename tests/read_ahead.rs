@@ -12,6 +12,9 @@
 //!   hits; its copies may outlive their step, and the routed slots of later steps that find a
 //!   copy still in flight (pending) are the only other hits it loses against sync;
 //! * every resident expert's slot holds the file's bytes afterwards;
+//! * all of the above with the prediction one layer ahead and two (`--prefetch-lead 2`: layer
+//!   2's ids predicted before layer 1's attention), and in background mode with each page-ahead
+//!   ([`PageAhead`]: what else is read into the page cache changes no decision);
 //! * a budget on a plan without predictions is refused by name.
 
 use aubier_runtime::backend::registry::BackendSpec;
@@ -19,7 +22,7 @@ use aubier_runtime::engine::Model;
 use aubier_runtime::error::EngineError;
 use aubier_runtime::progress::Quiet;
 use aubier_runtime::session::{Session, SessionOptions};
-use aubier_runtime::store::expert_store::{ReadAheadMode, StoreOptions, StoreReport};
+use aubier_runtime::store::expert_store::{PageAhead, ReadAheadMode, StoreOptions, StoreReport};
 use aubier_runtime::store::{FastBudget, StoreError};
 use aubier_tests::{models_dir, shared_prompt, slots};
 use std::sync::Arc;
@@ -27,10 +30,12 @@ use std::sync::Arc;
 const BUDGET: usize = 2;
 const DECODE: usize = 10;
 
-fn model(backend: &str, predict: bool) -> Arc<Model> {
+/// The bundled model on `backend`, its plan with the expert prediction `lead` layers ahead when
+/// `Some`.
+fn model(backend: &str, lead: Option<usize>) -> Arc<Model> {
     let path = models_dir().join("ms4-tiny256-q2k.gguf");
     let b = BackendSpec::named(backend).make().expect("backend");
-    Model::load_predicting(&path, b, FastBudget::Slots(4), predict, &mut Quiet)
+    Model::load_predicting(&path, b, FastBudget::Slots(4), lead, &mut Quiet)
         .unwrap_or_else(|e| panic!("bundled model on {backend}: {e}"))
 }
 
@@ -90,27 +95,24 @@ fn check_copies(model: &Arc<Model>, s: &Session) {
 
 #[test]
 fn read_ahead_keeps_the_logits_and_counts_what_it_loads() {
-    for backend in ["oracle", "cpu"] {
-        let model = model(backend, true);
+    for (backend, lead) in [("oracle", 1), ("cpu", 1), ("oracle", 2), ("cpu", 2)] {
+        let model = model(backend, Some(lead));
+        let backend = format!("{backend}, lead {lead}");
         let base = request(&model, &slots(4));
         assert_eq!(
             base.report.prefetches, 0,
             "{backend}: no budget, no read-ahead"
         );
-        let with = |read_ahead| StoreOptions {
+        let with = |read_ahead, page_ahead| StoreOptions {
             prefetch_budget: BUDGET,
             read_ahead,
+            page_ahead,
             ..slots(4)
         };
-        let sync = request(&model, &with(ReadAheadMode::Sync));
-        let bg = request(&model, &with(ReadAheadMode::Background));
+        let sync = request(&model, &with(ReadAheadMode::Sync, PageAhead::Host));
         assert!(
             sync.logits == base.logits,
             "{backend}: sync read-ahead changed the logits"
-        );
-        assert!(
-            bg.logits == base.logits,
-            "{backend}: background read-ahead changed the logits"
         );
 
         let r = sync.report;
@@ -129,27 +131,68 @@ fn read_ahead_keeps_the_logits_and_counts_what_it_loads() {
             base.report.served_fraction, r.served_fraction, r.prefetches, r.prefetch_served
         );
 
-        let b = bg.report;
-        assert_eq!(
-            (b.prefetches, b.promotions, b.evictions, b.routed),
-            (r.prefetches, r.promotions, r.evictions, r.routed),
-            "{backend}: background made other decisions than sync"
-        );
-        assert_eq!(b.prefetch_served + b.prefetch_late, r.prefetch_served);
         assert_eq!(
             r.prefetch_pending, 0,
             "{backend}: a sync copy outlived its step"
         );
-        assert_eq!(
-            b.fast_hits + b.prefetch_late + b.prefetch_pending,
-            r.fast_hits
-        );
+        // Every count the same (the reset's time aside).
+        let untimed = |r: StoreReport| StoreReport { reset_ms: 0.0, ..r };
+        for page_ahead in [PageAhead::Host, PageAhead::Off, PageAhead::All] {
+            let what = format!("{backend}, page-ahead {page_ahead}");
+            if page_ahead != PageAhead::Host {
+                let sync_page = request(&model, &with(ReadAheadMode::Sync, page_ahead));
+                assert!(sync_page.logits == base.logits, "{what}");
+                assert_eq!(untimed(sync_page.report), untimed(r), "{what}, sync");
+            }
+            let bg = request(&model, &with(ReadAheadMode::Background, page_ahead));
+            assert!(
+                bg.logits == base.logits,
+                "{what}: background changed the logits"
+            );
+            let b = bg.report;
+            assert_eq!(
+                (b.prefetches, b.promotions, b.evictions, b.routed),
+                (r.prefetches, r.promotions, r.evictions, r.routed),
+                "{what}: background made other decisions than sync"
+            );
+            assert_eq!(b.prefetch_served + b.prefetch_late, r.prefetch_served);
+            assert_eq!(
+                b.fast_hits + b.prefetch_late + b.prefetch_pending,
+                r.fast_hits
+            );
+        }
     }
+}
+
+/// Lead 2 moves layer 2's prediction before layer 1's attention: the same logits, other
+/// predictions for layer 2 (from an earlier residual), the same for layer 1 (whose lead is 1,
+/// layer 0 having no residual before it); its sync loads are recounted as for lead 1 above.
+#[test]
+fn lead_two_predicts_layer_two_from_the_residual_before_layer_one() {
+    let one = model("oracle", Some(1));
+    let two = model("oracle", Some(2));
+    let predicted = |m: &Arc<Model>| {
+        let mut s = Session::open(Arc::clone(m), SessionOptions { kv_max: 64 }).expect("session");
+        let logits = s.step(&shared_prompt()[..28]).expect("step");
+        let bits: Vec<u32> = logits.iter().map(|x| x.to_bits()).collect();
+        (bits, s.predicted_ids().to_vec())
+    };
+    let (l1, p1) = predicted(&one);
+    let (l2, p2) = predicted(&two);
+    assert!(l1 == l2, "the lead changed the logits");
+    let layers = |p: &[(usize, Vec<i32>)]| p.iter().map(|(l, _)| *l).collect::<Vec<_>>();
+    assert_eq!(layers(&p1), [1, 2]);
+    assert_eq!(layers(&p2), [1, 2]);
+    assert_eq!(p1[0], p2[0], "layer 1's lead is 1 either way");
+    assert_ne!(
+        p1[1], p2[1],
+        "layer 2 predicted from the same residual at leads 1 and 2"
+    );
 }
 
 #[test]
 fn a_budget_needs_the_plans_predictions() {
-    let model = model("oracle", false);
+    let model = model("oracle", None);
     let opts = StoreOptions {
         prefetch_budget: 1,
         ..slots(4)

@@ -62,6 +62,17 @@ pub enum CompileError {
         /// The pass's stage name.
         pass: &'static str,
     },
+    /// [`crate::CompileOptions::prefetch_lead`] outside `1 ..= n_layer`.
+    #[error(
+        "prefetch lead {lead} is out of range: the expert prediction runs 1 to {n_layer} layers \
+         ahead (the model's layer count)"
+    )]
+    PrefetchLead {
+        /// The lead asked for.
+        lead: usize,
+        /// The model's layer count.
+        n_layer: usize,
+    },
     /// A mandatory stage was asked to be disabled.
     #[error("stage `{name}` cannot be disabled")]
     MandatoryStage {

@@ -119,7 +119,7 @@ impl FusionFlag {
 }
 
 /// Options of [`compile`]. The default (the oracle's target, every fusion `Auto`) runs no fusion.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct CompileOptions {
     /// Passes to skip, by stage name (`cse`, `dce`, or a fusion pass, which is then off);
@@ -138,6 +138,34 @@ pub struct CompileOptions {
     /// of the serialized options when off, so that the default's form is unchanged.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub predict_experts: bool,
+    /// How many layers ahead [`passes::predict_experts`] predicts: layer `L`'s router on the
+    /// residual before layer `max(L − lead + 1, 1)`'s attention, so that `lead` layers run
+    /// between a prediction and its experts (its module note). 1 (the default) is the residual
+    /// at the end of layer `L − 1`; at most the layer count ([`CompileError::PrefetchLead`]
+    /// otherwise, and for 0). Left out of the serialized options when 1.
+    #[serde(skip_serializing_if = "is_one")]
+    pub prefetch_lead: usize,
+}
+
+/// Whether `n` is 1 (the default [`CompileOptions::prefetch_lead`], left out of the JSON form).
+fn is_one(n: &usize) -> bool {
+    *n == 1
+}
+
+impl Default for CompileOptions {
+    /// The oracle's target, every fusion `Auto`, nothing disabled, no expert prediction (lead 1
+    /// when it is turned on).
+    fn default() -> Self {
+        CompileOptions {
+            disable: Vec::new(),
+            target: Target::default(),
+            fuse_phase: Fusion::default(),
+            fuse_wkb: Fusion::default(),
+            fuse_kqkv: Fusion::default(),
+            predict_experts: false,
+            prefetch_lead: 1,
+        }
+    }
 }
 
 /// Whether each fusion pass runs, once `Auto` is resolved against the target.
@@ -220,7 +248,13 @@ pub enum DumpFormat {
     Dot,
 }
 
-fn check_options(opts: &CompileOptions) -> Result<(), CompileError> {
+fn check_options(opts: &CompileOptions, cfg: &Mistral4Config) -> Result<(), CompileError> {
+    if opts.prefetch_lead == 0 || opts.prefetch_lead > cfg.n_layer {
+        return Err(CompileError::PrefetchLead {
+            lead: opts.prefetch_lead,
+            n_layer: cfg.n_layer,
+        });
+    }
     let names = stage_names();
     for d in &opts.disable {
         if d == BUILD_STAGE {
@@ -244,7 +278,7 @@ fn run_pipeline(
     opts: &CompileOptions,
     mut each: impl FnMut(&str, usize, &Graph),
 ) -> Result<(Graph, Vec<String>), CompileError> {
-    check_options(opts)?;
+    check_options(opts, cfg)?;
     let fusions = opts.resolve_fusions()?;
     let mut g = model::mistral4::build_graph(cfg, weights)?;
     each(BUILD_STAGE, 0, &g);
@@ -275,7 +309,7 @@ fn run_passes(
         if !runs {
             continue;
         }
-        let changed = (pass.run)(g)?;
+        let changed = (pass.run)(g, opts)?;
         let forced = pass.flag.is_some_and(|f| f.setting(opts) == Fusion::On);
         if forced && changed == 0 && has_attention {
             return Err(CompileError::FusionNoMatch { pass: pass.name });
@@ -296,7 +330,8 @@ fn run_passes(
 ///
 /// Errors: [`CompileError::MissingWeight`] / [`CompileError::Infer`] for a file that lacks a
 /// tensor or has one of the wrong `ne`; [`CompileError::UnknownStage`] /
-/// [`CompileError::MandatoryStage`] / [`CompileError::FusionOptions`] for bad `opts`;
+/// [`CompileError::MandatoryStage`] / [`CompileError::FusionOptions`] /
+/// [`CompileError::PrefetchLead`] for bad `opts`;
 /// [`CompileError::FusionNoMatch`] for a fusion set `On` that finds nothing to fuse;
 /// [`CompileError::Verify`] when a pass breaks the IR (a compiler bug).
 pub fn compile(
@@ -319,7 +354,7 @@ pub fn compile_graph(
     cfg: &Mistral4Config,
     opts: &CompileOptions,
 ) -> Result<Plan, CompileError> {
-    check_options(opts)?;
+    check_options(opts, cfg)?;
     let fusions = opts.resolve_fusions()?;
     verify::verify(&g).map_err(|source| CompileError::Verify {
         stage: BUILD_STAGE.to_string(),

@@ -11,7 +11,8 @@
 //!   (the output of `cache_write`, shape [S, kv_lora_rank + qk_rope_head_dim]);
 //! - `outputs` are read after the last step (`logits` [T, n_vocab]; `router_ids.L` [T, k] i32 per
 //!   layer for routing traces; with the opt-in `predict_experts` pass also `predicted_ids.L`
-//!   [T, k] i32 for every MoE layer `L ≥ 1`, layer `L`'s router applied before its attention:
+//!   [T, k] i32 for every MoE layer `L ≥ 1`, layer `L`'s router applied before its attention (or,
+//!   with a lead `d` above 1, before layer `max(L − d + 1, 1)`'s):
 //!   [`Plan::predicted_ids`]);
 //! - fused steps (`phase`, `wkb`, `kqkv`, made by the fusion passes for a GPU target; attributes
 //!   and semantics on their `types::Attrs` variants) are steps like any other. A `phase` also
@@ -178,7 +179,8 @@ pub const PREDICTED_IDS_PREFIX: &str = "predicted_ids.";
 impl Plan {
     /// The expert predictions of [`crate::passes::predict_experts`]: `(L, value)` for every
     /// output `predicted_ids.L` ([T, k] i32, the top-k of layer `L`'s router applied to the
-    /// residual at the end of layer `L − 1`), in layer order; empty for a plan compiled without
+    /// residual at the end of layer `L − 1`, or earlier with
+    /// [`crate::CompileOptions::prefetch_lead`] above 1), in layer order; empty for a plan compiled without
     /// [`crate::CompileOptions::predict_experts`].
     pub fn predicted_ids(&self) -> Vec<(usize, ValueId)> {
         let mut out: Vec<(usize, ValueId)> = self

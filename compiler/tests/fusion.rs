@@ -47,7 +47,7 @@ fn plan_without(cfg: &Mistral4Config, w: &BTreeMap<String, WeightRef>, skip: &[&
     let mut stages = vec!["build".to_string()];
     let default_on = PASSES.iter().filter(|p| p.opt_in.is_none());
     for pass in default_on.filter(|p| !skip.contains(&p.name)) {
-        (pass.run)(&mut g).unwrap();
+        (pass.run)(&mut g, &CompileOptions::default()).unwrap();
         verify(&g).unwrap();
         stages.push(pass.name.to_string());
     }

@@ -154,3 +154,31 @@ fn the_default_options_serialize_as_before_and_the_stage_dumps() {
     .unwrap();
     assert!(text.contains("output predicted_ids.2 = %"), "{text}");
 }
+
+#[test]
+fn a_lead_outside_one_to_the_layer_count_is_refused_and_lead_two_serializes() {
+    let (cfg, w) = (tiny256_config(), tiny256_q2k_weights());
+    for lead in [0, cfg.n_layer + 1] {
+        let o = CompileOptions {
+            prefetch_lead: lead,
+            ..opts(Target::Cpu, true)
+        };
+        let e = compile(&cfg, &w, &o).unwrap_err().to_string();
+        assert!(e.contains(&format!("prefetch lead {lead}")), "{e}");
+        assert!(e.contains(&format!("1 to {} layers", cfg.n_layer)), "{e}");
+    }
+    let o = CompileOptions {
+        prefetch_lead: cfg.n_layer,
+        ..opts(Target::Cpu, true)
+    };
+    let plan = compile(&cfg, &w, &o).unwrap();
+    let layers: Vec<usize> = plan.predicted_ids().iter().map(|&(l, _)| l).collect();
+    assert_eq!(layers, (1..cfg.n_layer).collect::<Vec<_>>());
+    let json = serde_json::to_string(&o).unwrap();
+    assert!(
+        json.contains(&format!("\"prefetch_lead\":{}", cfg.n_layer)),
+        "{json}"
+    );
+    let one = serde_json::to_string(&opts(Target::Cpu, true)).unwrap();
+    assert!(!one.contains("prefetch_lead"), "{one}");
+}

@@ -91,12 +91,13 @@ impl Model {
         budget: FastBudget,
         progress: &mut dyn Progress,
     ) -> Result<Arc<Model>, EngineError> {
-        Model::load_predicting(path, backend, budget, false, progress)
+        Model::load_predicting(path, backend, budget, None, progress)
     }
 
     /// [`Model::load_observed`], with the plan's expert predictions
     /// (`aubier_compiler::passes::predict_experts`: every MoE layer `L ≥ 1`'s router applied
-    /// before its attention, `Plan::predicted_ids`) when `predict_experts`; the session then
+    /// before its attention, `Plan::predicted_ids`) when `prediction` is `Some(lead)`, `lead` layers
+    /// ahead (`aubier_compiler::CompileOptions::prefetch_lead`, 1 ..= the layer count); the session then
     /// counts their recall ([`crate::session::Session::prediction_report`]). The logits are
     /// the same either way.
     ///
@@ -105,7 +106,7 @@ impl Model {
         path: &Path,
         backend: Arc<dyn Backend>,
         budget: FastBudget,
-        predict_experts: bool,
+        prediction: Option<usize>,
         progress: &mut dyn Progress,
     ) -> Result<Arc<Model>, EngineError> {
         progress.step("reading the GGUF file", Count::Time);
@@ -114,7 +115,8 @@ impl Model {
         let refs = crate::model::weight_refs(&file, &config)?;
         let opts = aubier_compiler::CompileOptions {
             target: backend.target(),
-            predict_experts,
+            predict_experts: prediction.is_some(),
+            prefetch_lead: prediction.unwrap_or(1),
             ..aubier_compiler::CompileOptions::default()
         };
         progress.step("compiling the plan", Count::Time);

@@ -39,7 +39,8 @@
 //! while the counters count the tokens that were computed.
 //!
 //! Expert prediction (a plan compiled with `predict_experts`: [`Model::load_predicting`]): the
-//! plan's `predicted_ids.L` outputs (layer `L`'s router applied before its attention) are read
+//! plan's `predicted_ids.L` outputs (layer `L`'s router applied before its attention, or before
+//! an earlier layer's with a lead above 1: `CompileOptions::prefetch_lead`) are read
 //! back with the routed ids, and [`Session::prediction_report`] counts their recall of the
 //! routed top-k over the computed tokens since the last reset. With a read-ahead budget
 //! ([`StoreOptions::prefetch_budget`]) the host backends also hand each one-token step's
@@ -115,7 +116,7 @@ pub struct Session {
 /// Recall of the plan's expert predictions ([`Session::prediction_report`]) since the last
 /// reset: over every predicted layer `L ≥ 1` and computed token, how many of its `k` routed
 /// experts the prediction (layer `L`'s router applied to the residual before layer `L`'s
-/// attention) named.
+/// attention, or an earlier layer's with a lead above 1) named.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct PredictionReport {
     /// `hits ÷ slots`: the mean over (token, layer) of |predicted ∩ routed| ÷ k (0 when nothing

@@ -447,6 +447,9 @@ pub struct BenchReport {
     /// (`Session::prediction_report`); absent without.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prediction_recall: Option<f64>,
+    /// With the predictor: how many layers ahead it ran (`--prefetch-lead`); absent without.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prediction_lead: Option<usize>,
     /// The device the backend runs on (`None` on the host).
     pub device: Option<String>,
     /// Time per kernel (host wall time, or GPU time from timestamp queries), most decode time
@@ -525,7 +528,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     .load(
         &spec,
         args.store.budget(),
-        args.predict_experts || args.store.prefetch_budget > 0,
+        args.store.prediction(args.predict_experts),
     )?;
     let prompt = fit_prompt(
         &prompt,
@@ -650,6 +653,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
         }),
         prediction_recall: session.prediction_report().map(|p| p.recall),
+        prediction_lead: args.store.prediction(args.predict_experts),
     };
     if let Some((name, spec)) = grammar {
         let tokenizer = tokenizer.context("the model file has no tokenizer for the grammar")?;
@@ -893,7 +897,8 @@ fn print_text(r: &BenchReport) -> anyhow::Result<()> {
         );
     }
     if let Some(recall) = r.prediction_recall {
-        outln!("expert prediction recall {recall:.4} (last rep)");
+        let lead = r.prediction_lead.unwrap_or(1);
+        outln!("expert prediction recall {recall:.4} ({lead} layer(s) ahead, last rep)");
     }
     if let Some(g) = &r.grammar {
         outln!(

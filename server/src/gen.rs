@@ -79,6 +79,10 @@ pub struct GenArgs {
     /// as the plan outputs `predicted_ids.L` (the `predict_experts` pass; off by default).
     #[arg(long)]
     pub predict_experts: bool,
+    /// How many layers ahead --predict-experts predicts (1 ..= the model's layer count; see
+    /// `aubier run --prefetch-lead`).
+    #[arg(long, default_value_t = 1, requires = "predict_experts")]
+    pub prefetch_lead: usize,
     /// Print the graph after this pipeline stage (build, cse, fuse_kqkv, fuse_phase, fuse_wkb,
     /// dce, predict_experts, mark_head) instead of the plan.
     #[arg(long, value_name = "STAGE")]
@@ -134,6 +138,7 @@ impl GenArgs {
             fuse_wkb: self.fuse_wkb.into(),
             fuse_kqkv: self.fuse_kqkv.into(),
             predict_experts: self.predict_experts,
+            prefetch_lead: self.prefetch_lead,
         })
     }
 }
@@ -475,6 +480,7 @@ mod tests {
             fuse_wkb: FusionArg::Auto,
             fuse_kqkv: FusionArg::Auto,
             predict_experts: false,
+            prefetch_lead: 1,
             dump_after: dump_after.map(str::to_string),
             format,
             disable: Vec::new(),

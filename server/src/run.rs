@@ -9,7 +9,7 @@ use aubier_runtime::placement::hotset::HotSet;
 use aubier_runtime::placement::policy::{Admission, PolicyKind, TwoQParams};
 use aubier_runtime::sampler::SamplingParams;
 use aubier_runtime::session::SessionOptions;
-use aubier_runtime::store::expert_store::{ReadAheadMode, ResetMode, StoreOptions};
+use aubier_runtime::store::expert_store::{PageAhead, ReadAheadMode, ResetMode, StoreOptions};
 use aubier_runtime::store::FastBudget;
 use aubier_runtime::text::tokenizer::Tokenizer;
 use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
@@ -45,20 +45,19 @@ pub struct Loaded {
 
 impl PromptArgs {
     /// Loads the model ([`crate::model_file::resolve_model`]) for the backend `spec` names with a
-    /// fast store of `budget`, its plan with the expert predictor when `predict_experts`
-    /// ([`Model::load_predicting`]), and resolves the prompt. Errors: no model file, the backend,
+    /// fast store of `budget`, its plan with the expert predictor `prediction` layers ahead when
+    /// it is `Some` ([`Model::load_predicting`]), and resolves the prompt. Errors: no model file, the backend,
     /// the file, the binding, the load, the tokenizer, or no prompt.
     pub fn load(
         &self,
         spec: &BackendSpec,
         budget: FastBudget,
-        predict_experts: bool,
+        prediction: Option<usize>,
     ) -> anyhow::Result<Loaded> {
         let path = crate::model_file::resolve_model(self.model.as_deref())?;
         let mut progress = crate::progress::Steps::load(&path);
-        let model =
-            Model::load_predicting(&path, spec.make()?, budget, predict_experts, &mut progress)
-                .with_context(|| format!("loading {}", path.display()))?;
+        let model = Model::load_predicting(&path, spec.make()?, budget, prediction, &mut progress)
+            .with_context(|| format!("loading {}", path.display()))?;
         progress.done("loaded");
         let tokenizer = Tokenizer::from_gguf(&model.file).ok();
         let prompt: Vec<u32> = match (&self.prompt_ids, &self.prompt) {
@@ -293,6 +292,18 @@ pub struct StoreArgs {
     /// counts that do not depend on timing).
     #[arg(long, default_value = "background")]
     pub read_ahead: ReadAheadMode,
+    /// How many layers ahead the expert prediction runs: layer L's router applied to the
+    /// residual before layer max(L − N + 1, 1)'s attention, so that N layers run between a
+    /// layer's prediction and its experts (1: the residual at the end of layer L − 1; at most
+    /// the model's layer count). Used with --prefetch-budget or --predict-experts.
+    #[arg(long, default_value_t = 1, value_parser = parse_lead)]
+    pub prefetch_lead: usize,
+    /// What the read-ahead also reads from the file into the page cache (MADV_WILLNEED, the
+    /// disk reading them in parallel): `off` nothing; `host` the predicted experts beyond the
+    /// budget and the routed experts not resident (the default); `all` also each read-ahead
+    /// copy's expert when the copy is queued. Changes no count; host backends.
+    #[arg(long, default_value = "host")]
+    pub page_ahead: PageAhead,
 }
 
 impl StoreArgs {
@@ -327,7 +338,24 @@ impl StoreArgs {
             reset: self.reset,
             prefetch_budget: self.prefetch_budget,
             read_ahead: self.read_ahead,
+            page_ahead: self.page_ahead,
         })
+    }
+
+    /// The expert prediction the plan is compiled with ([`Model::load_predicting`]): `--prefetch-lead`
+    /// when `predict` (`--predict-experts`) or `--prefetch-budget` asks for it, else none.
+    pub fn prediction(&self, predict: bool) -> Option<usize> {
+        (predict || self.prefetch_budget > 0).then_some(self.prefetch_lead)
+    }
+}
+
+/// `--prefetch-lead`: a whole number of layers, at least 1 (the model's layer count bounds it
+/// when the plan is compiled).
+fn parse_lead(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("the lead is at least 1 layer (1: the layer before)".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("`{s}`: {e}")),
     }
 }
 
@@ -408,8 +436,8 @@ pub struct RunArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Predict every MoE layer L ≥ 1's experts with its router applied before its attention
-    /// (a plan step) and report the recall of the routed top-k (`prediction` in --json).
+    /// Predict every MoE layer L ≥ 1's experts with its router applied --prefetch-lead layers
+    /// ahead (a plan step) and report the recall of the routed top-k (`prediction` in --json).
     #[arg(long)]
     pub predict_experts: bool,
     /// The split expert store.
@@ -429,7 +457,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     } = args.input.load(
         &args.backend.spec()?,
         args.store.budget(),
-        args.predict_experts || args.store.prefetch_budget > 0,
+        args.store.prediction(args.predict_experts),
     )?;
     if let Some(choice) = model.loaded().fast_store_choice() {
         eprintln!("{choice}");
@@ -495,6 +523,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             "store": report,
             "staged": staged,
             "prediction": session.prediction_report(),
+            "prediction_lead": args.store.prediction(args.predict_experts),
         });
         outln!("{v}");
     } else {
@@ -538,8 +567,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         if let Some(p) = session.prediction_report() {
             eprintln!(
                 "expert prediction: recall {:.4} ({} of {} routed slots of layers 1.. predicted \
-                 one layer ahead)",
-                p.recall, p.hits, p.slots
+                 {} layer(s) ahead)",
+                p.recall, p.hits, p.slots, args.store.prefetch_lead
             );
         }
         if counters.staged_experts > 0 {

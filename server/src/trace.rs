@@ -43,7 +43,7 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         prompt,
     } = args
         .input
-        .load(&args.backend.spec()?, FastBudget::Auto, false)?;
+        .load(&args.backend.spec()?, FastBudget::Auto, None)?;
     let cfg = model.config.clone();
     let mut session = crate::progress::open_session(
         model,

@@ -274,6 +274,48 @@ fn predict_experts_reports_the_recall_and_does_not_change_the_tokens() {
     assert!(hits <= slots);
     let recall = p["recall"].as_f64().expect("recall");
     assert!((recall - hits as f64 / slots as f64).abs() < 1e-12, "{p}");
+    assert_eq!(pred["prediction_lead"], 1);
+    // Two layers ahead: the same tokens, layer 2 predicted from an earlier residual.
+    let two = run_json(&[
+        "--backend",
+        "oracle",
+        "--predict-experts",
+        "--prefetch-lead",
+        "2",
+    ]);
+    assert_eq!(two["generated_ids"], plain["generated_ids"]);
+    assert_eq!(two["prediction_lead"], 2);
+    assert_eq!(two["prediction"]["slots"].as_u64(), Some(slots));
+    assert_ne!(two["prediction"]["hits"], p["hits"], "{two}");
+}
+
+#[test]
+fn a_prefetch_lead_outside_one_to_the_layer_count_is_refused() {
+    for (lead, says) in [
+        ("0", "the lead is at least 1 layer"),
+        (
+            "4",
+            "prefetch lead 4 is out of range: the expert prediction runs 1 to 3 layers",
+        ),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
+            .args(["run", "--model"])
+            .arg(models_dir().join("ms4-tiny256-q2k.gguf"))
+            .args([
+                "--prompt-ids",
+                "1,2,3",
+                "--max-tokens",
+                "1",
+                "--backend",
+                "oracle",
+            ])
+            .args(["--predict-experts", "--prefetch-lead", lead])
+            .output()
+            .expect("runs");
+        assert!(!o.status.success(), "--prefetch-lead {lead} should fail");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "--prefetch-lead {lead}: {err}");
+    }
 }
 
 #[test]

@@ -432,3 +432,47 @@ async fn schemas_past_the_grammar_engines_limits_are_400s_and_deep_ones_run() {
     assert_eq!(health.status, 200);
     srv.stop().await;
 }
+
+/// The read-ahead's counters reach `/metrics`: a server whose engine reads ahead (4 of 16 slots,
+/// a budget of 2, sync copies, so that none is late) answers a request that decodes; its loads
+/// and the routed slots they served are counted, none late, none pending.
+#[tokio::test]
+async fn read_ahead_counters_reach_metrics() {
+    let model = Model::load_predicting(
+        &bundled_model(),
+        BackendSpec::named("cpu").make().expect("cpu backend"),
+        aubier_runtime::store::FastBudget::Slots(4),
+        Some(2),
+        &mut aubier_runtime::progress::Quiet,
+    )
+    .expect("bundled model");
+    let opts = StoreOptions {
+        prefetch_budget: 2,
+        read_ahead: aubier_runtime::store::expert_store::ReadAheadMode::Sync,
+        ..StoreOptions::default()
+    };
+    let ubatch = aubier_server::run::BackendArgs::default().ubatch;
+    let kv_max = model.config.n_ctx_train.min(4096);
+    let engine = RealEngine::open(model, kv_max, &opts, ubatch).expect("session");
+    let srv = start(Box::new(engine), None, limits()).await;
+    let body = chat_body("Hello", r#","max_tokens":8,"temperature":0"#);
+    let answer = raw_request(srv.addr, "POST", "/v1/chat/completions", body.as_bytes()).await;
+    assert_eq!(answer.status, 200, "{:?}", String::from_utf8(answer.body()));
+    let text = String::from_utf8(raw_request(srv.addr, "GET", "/metrics", b"").await.body())
+        .expect("UTF-8");
+    let value = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing in\n{text}"))
+    };
+    let loads = value("aubier_expert_read_ahead_loads_total");
+    assert!(loads > 0, "no read-ahead load counted:\n{text}");
+    assert!(value("aubier_expert_read_ahead_bytes_total") >= loads);
+    assert!(
+        value("aubier_expert_read_ahead_served_total") <= value("aubier_expert_fast_hits_total")
+    );
+    assert_eq!(value("aubier_expert_read_ahead_late_total"), 0);
+    assert_eq!(value("aubier_expert_read_ahead_pending_total"), 0);
+    srv.stop().await;
+}

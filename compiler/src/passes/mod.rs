@@ -26,8 +26,8 @@ pub struct Pass {
     pub flag: Option<FusionFlag>,
     /// For an opt-in pass, the compile option that turns it on (off by default).
     pub opt_in: Option<fn(&CompileOptions) -> bool>,
-    /// The rewrite.
-    pub run: fn(&mut Graph) -> Result<usize, CompileError>,
+    /// The rewrite, given the compile options.
+    pub run: fn(&mut Graph, &CompileOptions) -> Result<usize, CompileError>,
 }
 
 /// The passes after `build`, in pipeline order: CSE first (merging can leave nodes dead), then
@@ -35,50 +35,50 @@ pub struct Pass {
 /// because a `phase` replaces a `cache_write` only once every reader of that write is a `kqkv`
 /// (the fused node has no cache-view output for unfused readers); WKB runs last so that it sees
 /// the absorbed query whether or not PHASE rebuilt it. `predict_experts` (opt-in:
-/// [`CompileOptions::predict_experts`]) runs after DCE on the fused graph and adds steps only;
+/// [`CompileOptions::predict_experts`], its lead [`CompileOptions::prefetch_lead`]) runs after DCE on the fused graph and adds steps only;
 /// `mark_head` runs on the final graph.
 pub const PASSES: &[Pass] = &[
     Pass {
         name: "cse",
         flag: None,
         opt_in: None,
-        run: cse::run,
+        run: |g, _| cse::run(g),
     },
     Pass {
         name: "fuse_kqkv",
         flag: Some(FusionFlag::Kqkv),
         opt_in: None,
-        run: fuse_kqkv::run,
+        run: |g, _| fuse_kqkv::run(g),
     },
     Pass {
         name: "fuse_phase",
         flag: Some(FusionFlag::Phase),
         opt_in: None,
-        run: fuse_phase::run,
+        run: |g, _| fuse_phase::run(g),
     },
     Pass {
         name: "fuse_wkb",
         flag: Some(FusionFlag::Wkb),
         opt_in: None,
-        run: fuse_wkb::run,
+        run: |g, _| fuse_wkb::run(g),
     },
     Pass {
         name: "dce",
         flag: None,
         opt_in: None,
-        run: dce::run,
+        run: |g, _| dce::run(g),
     },
     Pass {
         name: "predict_experts",
         flag: None,
         opt_in: Some(|o: &CompileOptions| o.predict_experts),
-        run: predict_experts::run,
+        run: |g, o| predict_experts::run(g, o.prefetch_lead),
     },
     Pass {
         name: "mark_head",
         flag: None,
         opt_in: None,
-        run: mark_head::run,
+        run: |g, _| mark_head::run(g),
     },
 ];
 

@@ -26,7 +26,11 @@
 //! `moe_ffn` reads the slot map as it is when its tables are built ([`ExpertStore::step_slots`]),
 //! and the step's routed ids count as served against that map: a copy not done by then is read
 //! from the host store and counted late (in its own step) or pending (in a later one). The
-//! membership lives under a per-layer lock, taken only while a step runs.
+//! membership lives under a per-layer lock, taken only while a step runs. How far ahead the
+//! prediction runs is the plan's (`aubier_compiler::CompileOptions::prefetch_lead`: layer `L`'s
+//! ids are known `d` layers before its `moe_ffn`); what the backend also reads into the page
+//! cache (the predicted experts not loaded, the routed ones not resident, the queued copies'
+//! sources) is [`PageAhead`], which changes no count.
 //!
 //! A copy in flight owns its slot's bytes until it ends; the store keeps the rest off them:
 //! * its expert is a member (no second copy of it: the policy's rotation does not write it
@@ -141,6 +145,61 @@ pub struct StoreOptions {
     pub prefetch_budget: usize,
     /// How the read-ahead's copies run.
     pub read_ahead: ReadAheadMode,
+    /// What the read-ahead also asks the kernel to read into the page cache (host backends).
+    pub page_ahead: PageAhead,
+}
+
+/// What the read-ahead (`prefetch_budget > 0`, one-token steps) also asks the kernel to read
+/// from the file into the page cache (`madvise(MADV_WILLNEED)` over each expert's bytes in the
+/// host store, which returns at once and lets the kernel read the ranges asynchronously, several
+/// at a time), so that the disk serves them in parallel rather than one page fault or one copy
+/// after another (`--page-ahead`; host backends). It changes no count: membership, served, late
+/// and pending are the same in every variant, only when the bytes reach the page cache differs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PageAhead {
+    /// Nothing: each expert read from the host store is faulted in by the kernel that reads it
+    /// (or by its copy, which advises its own expert when it starts).
+    Off,
+    /// The experts the step will read from the host store: each layer's predicted experts that
+    /// the budget does not load, as soon as they are predicted, and the routed experts that are
+    /// not resident, before the layer's `moe_ffn` (the behaviour before this option existed).
+    #[default]
+    Host,
+    /// As `Host`, and each read-ahead copy's source bytes at the moment the copy is queued on the
+    /// copy worker, so that the disk reads every queued copy's expert in parallel while the
+    /// worker copies them one at a time (the copies then mostly find their bytes cached).
+    All,
+}
+
+impl PageAhead {
+    /// The command-line name: `off`, `host` or `all`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PageAhead::Off => "off",
+            PageAhead::Host => "host",
+            PageAhead::All => "all",
+        }
+    }
+}
+
+impl fmt::Display for PageAhead {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for PageAhead {
+    type Err = String;
+
+    /// Parses `off`, `host` or `all`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "off" => Ok(PageAhead::Off),
+            "host" => Ok(PageAhead::Host),
+            "all" => Ok(PageAhead::All),
+            _ => Err(format!("unknown page-ahead `{s}` (known: off, host, all)")),
+        }
+    }
 }
 
 /// How the read-ahead's copies into the fast store run (`--read-ahead`).
@@ -202,6 +261,7 @@ impl Default for StoreOptions {
             reset: ResetMode::Exact,
             prefetch_budget: 0,
             read_ahead: ReadAheadMode::Background,
+            page_ahead: PageAhead::Host,
         }
     }
 }
@@ -366,6 +426,7 @@ pub struct ExpertStore {
     token_ids: Vec<u32>,
     prefetch_budget: usize,
     read_ahead: ReadAheadMode,
+    page_ahead: PageAhead,
 }
 
 /// A layer through its lock; a poisoned lock (a panic elsewhere) still holds a consistent layer,
@@ -458,6 +519,7 @@ impl ExpertStore {
             token_ids: Vec::new(),
             prefetch_budget: opts.prefetch_budget,
             read_ahead: opts.read_ahead,
+            page_ahead: opts.page_ahead,
         };
         for l in &moe {
             let identity: Vec<u32>;
@@ -668,6 +730,12 @@ impl ExpertStore {
     /// or no slots).
     pub fn read_ahead_mode(&self) -> Option<ReadAheadMode> {
         (self.prefetch_budget > 0 && self.n_res > 0).then_some(self.read_ahead)
+    }
+
+    /// What the read-ahead also reads into the page cache ([`StoreOptions::page_ahead`]); it
+    /// applies only where [`ExpertStore::read_ahead_mode`] is `Some`.
+    pub fn page_ahead(&self) -> PageAhead {
+        self.page_ahead
     }
 
     /// The read-ahead copies of the `i`-th MoE layer not yet published: expert, whether it was

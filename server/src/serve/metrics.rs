@@ -6,7 +6,9 @@
 //! counts as 500), request duration and time-to-first-token histograms, prompt / completion token
 //! counters, prefill and decode rate histograms (one observation per request), the engine's step
 //! counter, the queue depth, running and in-flight requests, open connections, the latent KV
-//! cache's usage, the expert store's counters and last served ratio, and the process metrics (`process_resident_memory_bytes`,
+//! cache's usage, the expert store's counters and last served ratio, the read-ahead's counters
+//! (`--prefetch-budget`: experts loaded ahead, their bytes, routed slots they served, late and
+//! pending; zero without a budget), and the process metrics (`process_resident_memory_bytes`,
 //! `process_open_fds`, ... on Linux).
 
 use aubier_runtime::store::expert_store::StoreReport;
@@ -51,6 +53,11 @@ pub struct Metrics {
     expert_fast_hits: IntCounter,
     expert_promotions: IntCounter,
     expert_host_bytes: IntCounter,
+    read_ahead_loads: IntCounter,
+    read_ahead_bytes: IntCounter,
+    read_ahead_served: IntCounter,
+    read_ahead_late: IntCounter,
+    read_ahead_pending: IntCounter,
     /// Registry mirrors of `queue_depth`, `running`, `open_connections`, `requests_in_flight`.
     mirrors: [IntGauge; 4],
     /// Requests waiting for the single-flight engine.
@@ -161,6 +168,29 @@ impl Metrics {
                 "aubier_expert_host_bytes_total",
                 "Bytes of the routed experts read from the host store (over the bus on a GPU).",
             ),
+            read_ahead_loads: counter(
+                "aubier_expert_read_ahead_loads_total",
+                "Predicted experts the read-ahead loaded into the fast store (--prefetch-budget).",
+            ),
+            read_ahead_bytes: counter(
+                "aubier_expert_read_ahead_bytes_total",
+                "Bytes of the experts the read-ahead loaded (the file's bytes).",
+            ),
+            read_ahead_served: counter(
+                "aubier_expert_read_ahead_served_total",
+                "Routed expert slots of the step that loaded their expert, served from the fast \
+                 store because the read-ahead's copy was done in time.",
+            ),
+            read_ahead_late: counter(
+                "aubier_expert_read_ahead_late_total",
+                "Routed expert slots of the step that loaded their expert, read from the host \
+                 store because the read-ahead's copy was not done when the experts ran.",
+            ),
+            read_ahead_pending: counter(
+                "aubier_expert_read_ahead_pending_total",
+                "Routed expert slots of later steps read from the host store because a \
+                 read-ahead copy of their expert was still in flight.",
+            ),
             mirrors: [
                 gauge("aubier_queue_depth", "Requests waiting for the engine."),
                 gauge("aubier_requests_running", "Requests the engine is running."),
@@ -191,6 +221,11 @@ impl Metrics {
             Box::new(m.expert_fast_hits.clone()),
             Box::new(m.expert_promotions.clone()),
             Box::new(m.expert_host_bytes.clone()),
+            Box::new(m.read_ahead_loads.clone()),
+            Box::new(m.read_ahead_bytes.clone()),
+            Box::new(m.read_ahead_served.clone()),
+            Box::new(m.read_ahead_late.clone()),
+            Box::new(m.read_ahead_pending.clone()),
         ];
         for c in collectors.into_iter().chain(
             m.mirrors
@@ -263,13 +298,18 @@ impl Metrics {
             .set(used as f64 / capacity.max(1) as f64);
     }
 
-    /// Records a finished request's expert-store counters.
+    /// Records a finished request's expert-store counters, its read-ahead's included.
     pub fn record_store(&self, r: &StoreReport) {
         self.expert_served_ratio.set(r.served_fraction);
         self.expert_routed.inc_by(r.routed);
         self.expert_fast_hits.inc_by(r.fast_hits);
         self.expert_promotions.inc_by(r.promotions);
         self.expert_host_bytes.inc_by(r.host_bytes);
+        self.read_ahead_loads.inc_by(r.prefetches);
+        self.read_ahead_bytes.inc_by(r.prefetch_bytes);
+        self.read_ahead_served.inc_by(r.prefetch_served);
+        self.read_ahead_late.inc_by(r.prefetch_late);
+        self.read_ahead_pending.inc_by(r.prefetch_pending);
     }
 
     /// Renders every metric in the Prometheus text format.
@@ -311,6 +351,11 @@ mod tests {
             fast_hits: 3,
             routed: 4,
             promotions: 1,
+            prefetches: 5,
+            prefetch_bytes: 500,
+            prefetch_served: 2,
+            prefetch_late: 3,
+            prefetch_pending: 1,
             ..StoreReport::default()
         });
         m.record_store(&StoreReport {
@@ -318,6 +363,9 @@ mod tests {
             fast_hits: 1,
             routed: 2,
             host_bytes: 640,
+            prefetches: 2,
+            prefetch_bytes: 200,
+            prefetch_late: 1,
             ..StoreReport::default()
         });
         let text = m.render();
@@ -340,6 +388,12 @@ mod tests {
             "aubier_expert_fast_hits_total 4\n",
             "aubier_expert_promotions_total 1\n",
             "aubier_expert_host_bytes_total 640\n",
+            "aubier_expert_read_ahead_loads_total 7\n",
+            "aubier_expert_read_ahead_bytes_total 700\n",
+            "aubier_expert_read_ahead_served_total 2\n",
+            "aubier_expert_read_ahead_late_total 4\n",
+            "aubier_expert_read_ahead_pending_total 1\n",
+            "# TYPE aubier_expert_read_ahead_late_total counter\n",
         ] {
             assert!(text.contains(line), "{line} missing in\n{text}");
         }

@@ -230,7 +230,7 @@ fn load_engine(path: &Path, args: &ServeArgs) -> Result<Loaded, ServeError> {
                 .and_then(|spec| Ok(spec.make()?))
                 .map_err(|e| load_err(crate::error_text::error_text(&e)))?;
             let mut progress = crate::progress::Steps::load(path);
-            let predicts = args.store.prefetch_budget > 0;
+            let predicts = args.store.prediction(false);
             let model =
                 Model::load_predicting(path, backend, args.store.budget(), predicts, &mut progress)
                     .map_err(|e| load_err(e.to_string()))?;

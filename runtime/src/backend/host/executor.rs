@@ -27,7 +27,7 @@ use super::kernel::{HostKernel, StepIo, StepKernel, WeightRows};
 use super::memory::{DenseCopies, HostSlots};
 use crate::backend::ExecError;
 use crate::kv_cache::LatentKvCache;
-use crate::store::expert_store::{AheadCopy, ExpertStore, ReadAheadMode};
+use crate::store::expert_store::{AheadCopy, ExpertStore, PageAhead, ReadAheadMode};
 use aubier_compiler::ops::Op;
 use aubier_compiler::plan::{MoeLayer, Operand, Plan, Storage, ValueId};
 use aubier_compiler::types::{DType, Dim};
@@ -59,6 +59,8 @@ pub(crate) struct Placement<'a> {
     /// worker ([`HostSlots::copy_later`]), beside the run and past its end
     /// ([`ReadAheadMode::Background`]); `None`: no read-ahead.
     pub ahead: Option<ReadAheadMode>,
+    /// What the read-ahead also reads into the page cache ([`PageAhead`]; only with `ahead`).
+    pub page_ahead: PageAhead,
 }
 
 /// Starts reading each expert of `ids` that is not resident in MoE layer `li`'s slots, and is
@@ -313,10 +315,11 @@ impl<K: StepKernel> Executor<K> {
     /// slots ([`ExpertStore::read_ahead`]) and has the copies made: at once, each published when
     /// made ([`ReadAheadMode::Sync`]), or queued on the slot memory's worker, the store holding each
     /// copy's ticket and publishing it once the ticket says done ([`ReadAheadMode::Background`]);
-    /// the step never waits for them. The other
+    /// the step never waits for them. With [`PageAhead::Host`] or [`PageAhead::All`] the other
     /// predicted experts that are not resident are read ahead from the file into the page cache
-    /// ([`HostSlots::read_ahead_host`]), so that the disk reads them while the layer's
-    /// attention runs.
+    /// ([`HostSlots::read_ahead_host`]), so that the disk reads them while the layers before
+    /// theirs run; with [`PageAhead::All`] so are the loaded experts, before their copies are
+    /// queued, so that the disk reads them in parallel rather than as the worker reaches each.
     ///
     /// Errors: [`ExecError::Value`] when the predicted ids are not an i32 value in a slot.
     fn read_ahead(&self, bound: &Bound<'_, K>, i: usize, s: usize) -> Result<(), ExecError> {
@@ -332,7 +335,14 @@ impl<K: StepKernel> Executor<K> {
         };
         let ids = self.i32_view(bound.plan, value, 1, s)?;
         let copies = p.store.read_ahead(li, &ids);
-        read_host_ahead(p, li, &ids, &copies);
+        if p.page_ahead == PageAhead::All {
+            for c in &copies {
+                p.slots.read_ahead_host(c.layer, c.expert);
+            }
+        }
+        if p.page_ahead != PageAhead::Off {
+            read_host_ahead(p, li, &ids, &copies);
+        }
         for copy in copies {
             match sink {
                 ReadAheadMode::Sync => {
@@ -353,13 +363,16 @@ impl<K: StepKernel> Executor<K> {
     }
 
     /// Before step `i` of a one-token run, when it is a `moe_ffn` and the placement reads
-    /// ahead: starts reading every routed expert that is not resident from the file into the
+    /// ahead with [`PageAhead::Host`] or [`PageAhead::All`]: starts reading every routed expert that is not resident from the file into the
     /// page cache at once ([`HostSlots::read_ahead_host`]), so that the disk serves them in
     /// parallel rather than as the kernel faults them in, one page run after another.
     ///
     /// Errors: [`ExecError::Value`] when the step's ids are not an i32 value in a slot.
     fn read_routed_ahead(&self, bound: &Bound<'_, K>, i: usize, s: usize) -> Result<(), ExecError> {
-        let Some(p) = bound.experts.filter(|p| p.ahead.is_some()) else {
+        let Some(p) = bound
+            .experts
+            .filter(|p| p.ahead.is_some() && p.page_ahead != PageAhead::Off)
+        else {
             return Ok(());
         };
         let Some(li) = bound.moe.iter().position(|l| l.step == i) else {

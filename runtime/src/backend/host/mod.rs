@@ -242,6 +242,7 @@ impl<K: StepKernel> Run for HostRun<K> {
                     store,
                     slots,
                     ahead,
+                    page_ahead: store.page_ahead(),
                 }),
                 file: Some(&*m.weights),
             };

@@ -31,7 +31,7 @@ fn model() -> Arc<Model> {
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/ms4-tiny256-q2k.gguf");
     let backend = BackendSpec::named("cpu").make().expect("cpu backend");
-    Model::load_predicting(&path, backend, FastBudget::Slots(4), true, &mut Quiet)
+    Model::load_predicting(&path, backend, FastBudget::Slots(4), Some(1), &mut Quiet)
         .expect("bundled model")
 }
 
