@@ -6,10 +6,10 @@
 //! Algorithm. Weight rows go 16 at a time (a `C` tile's rows), activation rows 16 at a time (its
 //! columns; [`Q8Tiles`] holds them as `B` tiles: tile `c` of a group and block, row `rr`, holds
 //! each activation row's codes `64c + 4rr .. 64c + 4rr + 4` as one 32-bit word, lane `t` for row
-//! `t`). The 16 weight rows are first unpacked whole, row by row (sequential reads of the
-//! weights), into the u8 effective weights of the VNNI kernels (`vnni.rs`; Q2_K `q·sc`, Q3_K
-//! `(q3 − 4)·(sc − 32) + 127`), 256 bytes per block in element order: once per weight block
-//! for all activation rows of the call. Then for each 256-element block and activation group:
+//! `t`). The 16 weight rows are unpacked block by block, each block just before its products (so
+//! that it stays in L1), into the u8 effective weights of the VNNI kernels (`vnni.rs`; Q2_K
+//! `q·sc`, Q3_K `(q3 − 4)·(sc − 32) + 127`), 256 bytes per block in element order: once per
+//! weight block for all activation rows of the call. Then for each 256-element block and activation group:
 //! - the block's integer sum for all 16 × 16 (weight row, activation row) pairs (Q3_K: before
 //!   its `−127·Σ x8` offset): AMX loads the 16 unpacked rows once per block as four `A` tiles
 //!   and runs `tdpbusd` (u8 × i8, four products into each i32, exact) four times per group into
@@ -189,14 +189,15 @@ fn grid<const B: usize, const MINS: bool, const AMX: bool, const IL: bool>(
     if y.is_empty() {
         return;
     }
-    // The 16 rows of a row group unpacked whole (sequential reads of the weights): block `b` of
-    // the 16 rows at `a[b]`, its scales at `sc[b·16 + r]` (block-major, so that a block's 16
-    // rows are 4 KiB in a row: row-major rows of 4096 elements lie 4 KiB apart and share the L1
-    // cache sets). Interleaved rows on the VNNI backend are unpacked with their words in the
-    // lanes, 16 rows at once ([`q2_unpack`]); AMX loads row-by-row tiles.
+    // Block `b` of the row group's 16 rows is unpacked just before its products, into `a` (4
+    // KiB, the 16 rows' 256 bytes in a row: row-major rows of 4096 elements lie 4 KiB apart and
+    // would share the L1 cache sets) and `sc`, so that both stay in L1 (the whole row group
+    // unpacked first is 72 KiB at 4096 columns). Interleaved rows on the VNNI backend are
+    // unpacked with their words in the lanes, 16 rows at once ([`q2_unpack`]); AMX loads
+    // row-by-row tiles.
     let in_lanes = IL && !AMX;
-    let mut a = vec![Unpacked([0; GROUP * 256]); nb];
-    let mut sc: Vec<LaneScales> = (0..nb).map(|_| LaneScales::ZERO).collect();
+    let mut a = Unpacked([0; GROUP * 256]);
+    let mut sc = LaneScales::ZERO;
     let mut c = CBuf([[0; GROUP * GROUP]; 2]);
     let mut acc = vec![[_mm512_setzero_ps(); GROUP]; groups];
     if AMX {
@@ -210,49 +211,47 @@ fn grid<const B: usize, const MINS: bool, const AMX: bool, const IL: bool>(
             *g = [_mm512_setzero_ps(); GROUP];
         }
         let group = &w[r0 * nb * B..(r0 + nr) * nb * B];
-        if in_lanes {
-            for (b, g) in group.chunks_exact(GROUP * B).enumerate() {
-                sc[b] = lanes(g, &mut a[b].0);
-            }
-        } else if IL {
-            // Row `r`'s block `b`, gathered from the group's block `b` (module note of
-            // `lanes.rs`'s layout): whole words at `64k + 4r`, the rest at `64·⌊B/4⌋ + r·(B mod
-            // 4)`.
-            let (words, rest) = (B / 4, B % 4);
-            let mut block = [0u8; B];
-            for (b, g) in group.chunks_exact(GROUP * B).enumerate() {
-                for r in 0..GROUP {
-                    for k in 0..words {
-                        let at = 64 * k + 4 * r;
-                        block[4 * k..4 * k + 4].copy_from_slice(&g[at..at + 4]);
-                    }
-                    let at = 64 * words + r * rest;
-                    block[4 * words..].copy_from_slice(&g[at..at + rest]);
-                    let s = unpack(&block, a[b].row(r));
-                    sc[b].set(r, s);
-                }
-            }
-        } else {
-            for (i, block) in group.as_chunks::<B>().0.iter().enumerate() {
-                let (b, r) = (i % nb, i / nb);
-                let s = unpack(block, a[b].row(r));
-                sc[b].set(r, s);
-            }
-        }
-        for (ab, sb) in a.iter_mut().zip(&mut sc) {
-            ab.0[256 * nr..].fill(0);
-            for r in nr..GROUP {
-                sb.set(r, Scales::ZERO);
-            }
-        }
         // The next row group's weights, prefetched into L2 a block's share at a time while this
         // group is computed (its unpacking would wait on reads from memory otherwise).
         let next = super::clamped(w, (r0 + GROUP) * nb * B, (r0 + 2 * GROUP) * nb * B);
         for b in 0..nb {
+            if IL {
+                // The interleaved layout keeps a block of the 16 rows together.
+                let g = &group[b * GROUP * B..(b + 1) * GROUP * B];
+                if in_lanes {
+                    sc = lanes(g, &mut a.0);
+                } else {
+                    // Row `r`'s block, gathered from the 16 rows' block (module note of
+                    // `lanes.rs`'s layout): whole words at `64k + 4r`, the rest at
+                    // `64·⌊B/4⌋ + r·(B mod 4)`.
+                    let (words, rest) = (B / 4, B % 4);
+                    let mut block = [0u8; B];
+                    for r in 0..GROUP {
+                        for k in 0..words {
+                            let at = 64 * k + 4 * r;
+                            block[4 * k..4 * k + 4].copy_from_slice(&g[at..at + 4]);
+                        }
+                        let at = 64 * words + r * rest;
+                        block[4 * words..].copy_from_slice(&g[at..at + rest]);
+                        let s = unpack(&block, a.row(r));
+                        sc.set(r, s);
+                    }
+                }
+            } else {
+                let rows_b = group.as_chunks::<B>().0.iter().skip(b).step_by(nb);
+                for (r, block) in rows_b.enumerate() {
+                    let s = unpack(block, a.row(r));
+                    sc.set(r, s);
+                }
+                a.0[256 * nr..].fill(0);
+                for r in nr..GROUP {
+                    sc.set(r, Scales::ZERO);
+                }
+            }
             super::prefetch_l2(super::clamped(next, b * GROUP * B, (b + 1) * GROUP * B));
             if AMX {
                 // SAFETY: as above.
-                unsafe { super::amx::load_weights(&a[b]) };
+                unsafe { super::amx::load_weights(&a) };
             }
             let mut g = 0;
             while g < groups {
@@ -260,7 +259,7 @@ fn grid<const B: usize, const MINS: bool, const AMX: bool, const IL: bool>(
                     // SAFETY: as above; groups `g` (and `g + 1`) exist in `x`.
                     unsafe { super::amx::sums(x, g, b, &mut c) }
                 } else {
-                    let (a, half) = (&a[b], rows - g * GROUP <= HALF);
+                    let (a, half) = (&a, rows - g * GROUP <= HALF);
                     match (in_lanes, half) {
                         (true, true) => vnni_sums::<__m256i, true>(a, b, x, g, &mut c),
                         (true, false) => vnni_sums::<__m512i, true>(a, b, x, g, &mut c),
@@ -270,7 +269,7 @@ fn grid<const B: usize, const MINS: bool, const AMX: bool, const IL: bool>(
                     1
                 };
                 for (h, cg) in c.0.iter().enumerate().take(done) {
-                    epilogue::<MINS>(cg, x, (g + h) * nb + b, &sc[b], nr, &mut acc[g + h]);
+                    epilogue::<MINS>(cg, x, (g + h) * nb + b, &sc, nr, &mut acc[g + h]);
                 }
                 g += done;
             }
