@@ -141,30 +141,42 @@ pub(crate) struct Rows {
     planes: usize,
 }
 
-/// Quantized activations packed for the tile kernels ([`pack`]).
+/// Quantized activations packed for the tile kernels ([`pack`]): the first tokens of the
+/// activations (the rest, at most one, [`tail_token`], go to the decode kernel).
 struct Packed {
     planes: usize,
-    /// Tokens in all tiles.
-    tokens: usize,
     tiles: Vec<Q8Tiles>,
 }
 
+/// Whether the last of `t` tokens of `planes` planes (packed [`GRID_TOKENS`] to a tile) goes to
+/// the decode kernel instead of the tile kernel: when it alone makes the tile kernel compute at
+/// least another half group of activation rows ([`q8_grid_cost_rows`]; AVX2 and AVX-512 VNNI: a
+/// token alone in a last half group of 8 rows). The decode kernel's one token costs less than
+/// the half group (AVX2, one thread: a half group of Q2_K at ~100 G multiply-adds/s against two
+/// planes at ~56 in the decode kernel); an expert's share of a 512-token prompt is ~16 tokens,
+/// so a quarter of the experts have such a token. The same bits either way.
+fn tail_token(t: usize, planes: usize) -> bool {
+    if t < 2 {
+        return false;
+    }
+    let rows = ((t - 1) % GRID_TOKENS + 1) * planes;
+    q8_grid_cost_rows(rows) - q8_grid_cost_rows(rows - planes) >= Q8_TILE_ROWS / 2
+}
+
 /// The `t` tokens of `xq` (each `planes` runs of blocks) packed for the tile kernels,
-/// [`GRID_TOKENS`] tokens per tile (tiles in parallel).
+/// [`GRID_TOKENS`] tokens per tile (tiles in parallel), but for a last token that
+/// [`tail_token`] leaves to the decode kernel.
 fn pack(xq: &[BlockQ8K], t: usize, planes: usize) -> Packed {
     let per_token = xq.len() / t.max(1);
-    let tiles = xq
+    let t = t - usize::from(tail_token(t, planes));
+    let tiles = xq[..t * per_token]
         .par_chunks((GRID_TOKENS * per_token).max(1))
         .map(|c| {
             Q8Tiles::pack(c, c.len() / per_token * planes)
                 .expect("whole tokens of whole rows by construction")
         })
         .collect();
-    Packed {
-        planes,
-        tokens: t,
-        tiles,
-    }
+    Packed { planes, tiles }
 }
 
 /// `dst[j]` = the sum of `src[planes·j ..][..planes]` in plane order (one or two planes).
@@ -179,12 +191,21 @@ fn sum_planes(planes: usize, src: &[f32], dst: &mut [f32]) {
 }
 
 impl Packed {
-    /// `y[i·T + t] = row_i · x_t` by the tile kernel `grid` for the weight rows `w` (back to
-    /// back, `row_bytes` each) and the `T` tokens packed: the bits of [`Rows::dot_many`] on each
-    /// row (the tile kernel gives the single-row bits per plane, and the planes are added in
-    /// plane order).
-    fn product(&self, grid: Q8GridFn, w: &[u8], row_bytes: usize, y: &mut [f32]) {
-        let (n, t) = (w.len() / row_bytes, self.tokens);
+    /// `y[i·T + t] = row_i · x_t` for the weight rows `w` (back to back, `row_bytes` each) and
+    /// the `T = y.len() / rows` tokens of `x` (each `planes` runs of blocks): the packed ones by
+    /// the tile kernel `grid`, the rest by the decode kernel `decode` (the same layout's): the
+    /// bits of [`Rows::dot_many`] on each row (both kernels give the single-row bits per plane,
+    /// and the planes are added in plane order).
+    fn product(
+        &self,
+        (grid, decode): (Q8GridFn, Q8RowsFn),
+        w: &[u8],
+        row_bytes: usize,
+        x: &[BlockQ8K],
+        y: &mut [f32],
+    ) {
+        let n = w.len() / row_bytes;
+        let t = y.len() / n.max(1);
         let mut tmp = Vec::new();
         let mut t0 = 0;
         for p in &self.tiles {
@@ -196,6 +217,14 @@ impl Packed {
                 sum_planes(self.planes, src, &mut dst[t0..t0 + tt]);
             }
             t0 += tt;
+        }
+        let per_token = x.len() / t.max(1);
+        for (j, xj) in x.chunks_exact(per_token.max(1)).enumerate().skip(t0) {
+            tmp.resize(n, 0.0);
+            decode(w, xj, self.planes, &mut tmp[..n]);
+            for (v, dst) in tmp.iter().zip(y.chunks_exact_mut(t)) {
+                dst[j] = *v;
+            }
         }
     }
 }
@@ -274,7 +303,8 @@ impl Rows {
         y: &mut [f32],
     ) {
         if let (Some(grid), Some(p)) = (self.grid, packed) {
-            p.product(grid, self.rows(bytes, r0, r1), self.row_bytes, y);
+            let w = self.rows(bytes, r0, r1);
+            p.product((grid, self.decode), w, self.row_bytes, x, y);
             return;
         }
         let m = y.len() / (r1 - r0).max(1);
@@ -306,8 +336,9 @@ impl Rows {
         let m = y.len() / (r1 - r0).max(1);
         let whole = r0.is_multiple_of(INTERLEAVE_ROWS) && r1.is_multiple_of(INTERLEAVE_ROWS);
         match (self.interleaved, packed) {
-            (Some((_, grid, _)), Some(p)) if whole && self.grid.is_some() => {
-                p.product(grid, self.rows(e.bytes, r0, r1), self.row_bytes, y)
+            (Some((decode, grid, _)), Some(p)) if whole && self.grid.is_some() => {
+                let w = self.rows(e.bytes, r0, r1);
+                p.product((grid, decode), w, self.row_bytes, x, y)
             }
             (Some((decode, _, _)), _) if whole && m == 1 => {
                 decode(self.rows(e.bytes, r0, r1), x, self.planes, y)
@@ -1739,8 +1770,10 @@ mod tests {
 
     /// The tile kernels change no bit of a `mat_mul` or a `moe_ffn`: the same outputs with and
     /// without them, at one token (decode) and at token counts below and above
-    /// `GRID_MIN_ROWS` and `GRID_TOKENS`, one and two planes. Skipped with a note where the CPU
-    /// has no tile kernel.
+    /// `GRID_MIN_ROWS` and `GRID_TOKENS`, one and two planes, with a last token that goes to
+    /// the decode kernel (`tail_token`: 65 tokens leave one alone in the last tile; 23 tokens
+    /// give four of the five experts 9 tokens each). Skipped with a note where the CPU has no tile
+    /// kernel.
     #[test]
     fn tile_kernels_give_the_multi_row_bits() {
         let (q2, q3) = (GgmlType::Q2_K, GgmlType::Q3_K);
@@ -1752,8 +1785,9 @@ mod tests {
         let w = matrix(q2, n_out, d, 7);
         let bytes = expert_matrices(d, n_ff, experts, 10);
         let tables = expert_tables(&bytes, false);
+        assert!(tail_token(65, 1) && tail_token(65, 2) && tail_token(9, 2) && !tail_token(8, 2));
         for planes in [1, 2] {
-            for t in [1, 3, 8, 70] {
+            for t in [1, 3, 8, 23, 65, 70] {
                 let x = noise(t * d, 30 + t as u64);
                 let ids: Vec<i32> = (0..t * k)
                     .map(|i| ((i * 7 + i / 5) % experts) as i32)
