@@ -24,7 +24,10 @@
 //!   weight is read once per block of tokens instead of once per token (ggml's
 //!   `vulkan-shaders/mul_mm.comp` tiles the same way, with a different order of summation).
 //!   [`super::steps::for_step`] gives a weight product both forms, the mat-vec's grid gated to
-//!   `T = 1` and the mat-mat's to `T > 1` ([`Size::OneToken`], [`Size::ManyTokens`]).
+//!   `T = 1` and the mat-mat's to `T > 1` ([`Size::OneToken`], [`Size::ManyTokens`]). The K
+//!   sweep is [`tile_sweep`], which the routed experts' tiled kernels share
+//!   ([`super::steps::moe_gate_up_mm`], [`super::steps::moe_down_mm`]: a tile's rows are slots
+//!   routed to one expert, listed by [`super::steps::moe_route`]).
 //! - Row kernels (RMSNorm, softmax, rope, copies): one block per row, threads stride the row;
 //!   reductions are [`block_reduce`] (warp butterflies, then shared-memory rounds).
 //! - KQKV ([`kqkv_split`] + [`kqkv_merge`]): flash-decoding. Keys are cut into splits of

@@ -8,7 +8,9 @@
 //! short to share), and the warp-per-row mat-vec ([`super::kernels::mat_vec`]) for every product
 //! with a weight, the routed experts included (`moe_gate_up`, `moe_down`, reading expert rows
 //! through the per-expert address table); a dense weight's product also gets the mat-vec's tiled
-//! form for `T > 1` ([`super::kernels::mat_mat`], launched by [`both_forms`]). Every builder and [`for_step`] take the warp width
+//! form for `T > 1` ([`super::kernels::mat_mat`], launched by [`both_forms`]), and the routed
+//! experts theirs ([`moe_forms`]: the slots grouped by expert by [`moe_route`], then tiles of one
+//! expert's slots through the same K sweep, [`super::kernels::tile_sweep`]). Every builder and [`for_step`] take the warp width
 //! (a power of two in 4..=64) the kernels are built for; only the reductions and the mat-vecs'
 //! lane-to-row mapping depend on it. Sums whose order the oracle fixes as a plain left-to-
 //! right loop (`weighted_sum`, `gather_renorm`, the slot sum of the experts) keep that order.
