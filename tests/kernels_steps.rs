@@ -74,6 +74,14 @@ fn mat_mat_matches_mat_vec_bit_for_bit() {
     }
 }
 
+/// The routed experts' mat-mat forms compute the mat-vecs' bits at T = 2, 5 and 64 (gate/up
+/// Q2_K, down Q4_K; then IQ2_XXS and Q6_K at another width).
+#[test]
+fn moe_mat_mat_matches_mat_vec_bit_for_bit() {
+    moe_mat_mat_matches_mat_vec(&Cpu, "Q2_K", "Q4_K", WARPS[0]);
+    moe_mat_mat_matches_mat_vec(&Cpu, "IQ2_XXS", "Q6_K", WARPS[1]);
+}
+
 #[test]
 fn moe_ffn_matches_oracle() {
     moe_ffn(&Cpu);
@@ -155,6 +163,10 @@ fn generate_on_the_bundled_model() {
             "gather_renorm",
             "moe_gate_up",
             "moe_down",
+            "moe_route",
+            "moe_gate_up_mm",
+            "moe_down_mm",
+            "moe_combine",
             "add",
         ] {
             assert!(has(p), "{p} kernel missing");
@@ -242,6 +254,9 @@ fn launches_bind_every_parameter_of_the_bundled_plans() {
                         }
                         (ParamKind::F32 { .. }, Arg::Scratch { name: s, .. }) => {
                             assert!(s == "act" || s == "part", "{what}")
+                        }
+                        (ParamKind::I32 { .. }, Arg::Scratch { name: s, .. }) => {
+                            assert_eq!(s, "route", "{what}")
                         }
                         _ => panic!("{what}"),
                     }

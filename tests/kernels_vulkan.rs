@@ -428,6 +428,10 @@ fn groups() -> Vec<Group> {
         Box::new(|| prop(3, steps::router_cases(x), |c| steps::router(x, c))),
     );
     add("moe ffn", Box::new(|| steps::moe_ffn(x)));
+    add(
+        "moe mat-mat against the mat-vec",
+        Box::new(|| steps::moe_mat_mat_matches_mat_vec(x, "Q2_K", "Q4_K", x.widths()[0])),
+    );
     for ty in steps::EMBED_TYPES {
         add(
             &format!("embed {ty}/silu/concat/rope"),

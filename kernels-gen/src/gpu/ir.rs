@@ -45,6 +45,8 @@ pub enum Size {
     Keys,
     /// `a · b`.
     Mul(Box<Size>, Box<Size>),
+    /// `a + b`.
+    Add(Box<Size>, Box<Size>),
     /// `ceil(a / n)`, `n > 0`.
     CeilDiv(Box<Size>, usize),
     /// `a` when `T = 1`, else 0: the launch of a step's decode form (a grid of no blocks
@@ -58,6 +60,11 @@ impl Size {
     /// `a · b`.
     pub fn prod(a: Size, b: Size) -> Size {
         Size::Mul(Box::new(a), Box::new(b))
+    }
+
+    /// `a + b`.
+    pub fn sum(a: Size, b: Size) -> Size {
+        Size::Add(Box::new(a), Box::new(b))
     }
 
     /// `ceil(a / n)`.
@@ -82,6 +89,7 @@ impl Size {
             Size::Tokens => Some(t),
             Size::Keys => Some(s),
             Size::Mul(a, b) => a.eval(t, s)?.checked_mul(b.eval(t, s)?),
+            Size::Add(a, b) => a.eval(t, s)?.checked_add(b.eval(t, s)?),
             Size::CeilDiv(a, n) => Some(a.eval(t, s)?.div_ceil(*n)),
             Size::OneToken(a) => Some(if t == 1 { a.eval(t, s)? } else { 0 }),
             Size::ManyTokens(a) => Some(if t > 1 { a.eval(t, s)? } else { 0 }),
@@ -96,6 +104,7 @@ impl fmt::Display for Size {
             Size::Tokens => f.write_str("T"),
             Size::Keys => f.write_str("S"),
             Size::Mul(a, b) => write!(f, "{a}·{b}"),
+            Size::Add(a, b) => write!(f, "({a} + {b})"),
             Size::CeilDiv(a, n) => write!(f, "ceil({a}/{n})"),
             Size::OneToken(a) => write!(f, "(T = 1 ? {a} : 0)"),
             Size::ManyTokens(a) => write!(f, "(T > 1 ? {a} : 0)"),

@@ -24,7 +24,10 @@
 //!   weight is read once per block of tokens instead of once per token (ggml's
 //!   `vulkan-shaders/mul_mm.comp` tiles the same way, with a different order of summation).
 //!   [`super::steps::for_step`] gives a weight product both forms, the mat-vec's grid gated to
-//!   `T = 1` and the mat-mat's to `T > 1` ([`Size::OneToken`], [`Size::ManyTokens`]).
+//!   `T = 1` and the mat-mat's to `T > 1` ([`Size::OneToken`], [`Size::ManyTokens`]). The K
+//!   sweep is [`tile_sweep`], which the routed experts' tiled kernels share
+//!   ([`super::steps::moe_gate_up_mm`], [`super::steps::moe_down_mm`]: a tile's rows are slots
+//!   routed to one expert, listed by [`super::steps::moe_route`]).
 //! - Row kernels (RMSNorm, softmax, rope, copies): one block per row, threads stride the row;
 //!   reductions are [`block_reduce`] (warp butterflies, then shared-memory rounds).
 //! - KQKV ([`kqkv_split`] + [`kqkv_merge`]): flash-decoding. Keys are cut into splits of
@@ -37,8 +40,8 @@
 //!   sum, so the result is the same for any cache contents past the window.
 
 use super::ir::{
-    block_reduce, bx, by, ci, keys, tid, tokens, Expr, IrError, Kb, Kernel, Param, ParamKind,
-    ReduceOp, Scalar, Size, Var,
+    block_reduce, bx, by, ci, keys, tid, tokens, Expr, IrError, Kb, Kernel, Local, Param,
+    ParamKind, ReduceOp, Scalar, Size, Var,
 };
 use crate::ggml_type::GgmlType;
 use aubier_compiler::config::{QueryTemperature, YarnParams};
@@ -117,6 +120,7 @@ pub fn size_expr(s: &Size) -> Expr {
         Size::Tokens => tokens(),
         Size::Keys => keys(),
         Size::Mul(a, b) => size_expr(a) * size_expr(b),
+        Size::Add(a, b) => size_expr(a) + size_expr(b),
         Size::CeilDiv(a, n) => (size_expr(a) + ci(n - 1)) / ci(*n),
         Size::OneToken(a) => tokens().eq(1).select(size_expr(a), 0),
         Size::ManyTokens(a) => ci(1).lt(tokens()).select(size_expr(a), 0),
@@ -325,6 +329,98 @@ pub fn mat_mat_tokens(warp: u32) -> usize {
     (MAT_VEC_STAGE_BYTES / (4 * mat_mat_slice(warp))).max(1)
 }
 
+/// A weight a [`tile_sweep`] reads: the parameter, the expert (for an experts parameter), the
+/// row, and the 16-element register array its chunks are dequantized into.
+pub(crate) struct TileWeight {
+    pub(crate) w: Param,
+    pub(crate) expert: Option<Expr>,
+    pub(crate) row: Expr,
+    pub(crate) buf: Local,
+}
+
+/// The activation rows of a mat-mat tile: `valid(r)` says whether tile row `r` (an i32
+/// expression, `r < TT`) holds a row, `base(kb, r)` where element 0 of that row is in `x`
+/// (evaluated only where `valid(r)` holds, so it may read an index list that ends there).
+pub(crate) struct TileRows<'a> {
+    pub(crate) valid: &'a dyn Fn(Expr) -> Expr,
+    pub(crate) base: &'a dyn Fn(&Kb, Expr) -> Expr,
+}
+
+/// The K sweep of a mat-mat tile (the algorithm of [`mat_mat`]): for each weight of `ws`, one
+/// accumulator per tile row (`[weight][row]`, [`mat_mat_tokens`] rows), each lane's
+/// accumulator summing `w·x` over its chunks `l, l + W, …` of the row in order, as the
+/// mat-vec's single accumulator does (`lane` = `tid % W`); the caller reduces them with the
+/// butterfly. `x` rows hold
+/// `n_in` elements at the bases `rows` gives; invalid rows stage zeros. Ends with a barrier.
+pub(crate) fn tile_sweep(
+    kb: &mut Kb,
+    lane: Var,
+    x: Param,
+    n_in: usize,
+    rows: &TileRows<'_>,
+    ws: &[TileWeight],
+) -> Vec<Vec<Var>> {
+    let warp = kb.warp();
+    let tt = mat_mat_tokens(warp);
+    let slice = mat_mat_slice(warp).min(n_in.next_multiple_of(16));
+    let w32 = warp as i32;
+    let xs = kb.shared("xtile", Scalar::F32, tt * slice);
+    let accs: Vec<Vec<Var>> = (0..ws.len())
+        .map(|n| {
+            (0..tt)
+                .map(|j| kb.let_(&format!("acc{n}_{j}"), 0.0f32))
+                .collect()
+        })
+        .collect();
+    kb.for_("k0", 0, ci(n_in), slice as i32, |kb, k0| {
+        // Row `j / slice`'s element `16·cl + i` of the slice goes to `i·(slice / 16) + cl`
+        // of its part, so the lanes of a warp read consecutive words for each element `i`.
+        kb.for_("j", tid(), ci(tt * slice), BLOCK as i32, |kb, j| {
+            let r = kb.let_("r", j.clone() / ci(slice));
+            let p = kb.let_("p", j.clone() % ci(slice));
+            let k = kb.let_(
+                "k",
+                k0.clone() + (Expr::from(p) % ci(slice / 16)) * 16 + Expr::from(p) / ci(slice / 16),
+            );
+            kb.if_else(
+                (rows.valid)(r.into()).and(Expr::from(k).lt(ci(n_in))),
+                |kb| {
+                    let src = (rows.base)(kb, r.into()) + k;
+                    let v = kb.load(x, src);
+                    kb.sts(xs, j.clone(), v);
+                },
+                |kb| kb.sts(xs, j.clone(), 0.0f32),
+            );
+        });
+        kb.barrier();
+        let c0 = kb.let_("c0", k0.clone() / 16);
+        let c_end = ((k0.clone() + ci(slice)).min(ci(n_in)) + 15) / 16;
+        kb.for_("c", Expr::from(c0) + lane, c_end, w32, |kb, c| {
+            for tw in ws {
+                kb.dequant16(tw.w, tw.expert.clone(), tw.row.clone(), c.clone(), tw.buf);
+            }
+            let cl = kb.let_("cl", c.clone() - c0);
+            kb.for_("i", 0, chunk_len(n_in, c.clone()), 1, |kb, i| {
+                let wvs: Vec<Var> = ws
+                    .iter()
+                    .enumerate()
+                    .map(|(n, tw)| kb.let_(&format!("wv{n}"), kb.ldl(tw.buf, i.clone())))
+                    .collect();
+                let at = kb.let_("at", i * ci(slice / 16) + cl);
+                for j in 0..tt {
+                    let xv = kb.let_("xv", kb.lds(xs, ci(j * slice) + Expr::from(at)));
+                    for (acc, &wv) in accs.iter().zip(&wvs) {
+                        kb.set(acc[j], Expr::from(acc[j]) + Expr::from(wv) * xv);
+                    }
+                }
+            });
+        });
+        // Every warp is done with this slice before the next one overwrites it.
+        kb.barrier();
+    });
+    accs
+}
+
 /// Builds the matrix-matrix form of [`mat_vec`] for warps of `warp` lanes: the same parameters
 /// (`w`, `x`, `y`), the same outputs bit for bit, each weight chunk dequantized once per block of
 /// [`mat_mat_tokens`] tokens instead of once per token. `grid = (ceil(out / (256 / W)),
@@ -368,7 +464,6 @@ pub fn mat_mat(s: &MatVecShape, warp: u32) -> R {
     let mut kb = Kb::new(&s.name, note, grid, BLOCK, warp);
     let (w, x, y) = s.params(&mut kb)?;
     let buf = kb.local("chunk", 16);
-    let xs = kb.shared("xtile", Scalar::F32, tt * slice);
     let w32 = warp as i32;
     let n_rows = kb.let_("n_rows", size_expr(&s.rows));
     let lane = kb.let_("lane", tid() % w32);
@@ -379,47 +474,17 @@ pub fn mat_mat(s: &MatVecShape, warp: u32) -> R {
         "row",
         Expr::from(h) * ci(s.n_out) + Expr::from(o).min(ci(s.n_out - 1)),
     );
-    let accs: Vec<Var> = (0..tt)
-        .map(|j| kb.let_(&format!("acc{j}"), 0.0f32))
-        .collect();
-    kb.for_("k0", 0, ci(n_in), slice as i32, |kb, k0| {
-        // Token `j / slice`'s element `16·cl + i` of the slice goes to `i·(slice / 16) + cl`
-        // of its part, so the lanes of a warp read consecutive words for each element `i`.
-        kb.for_("j", tid(), ci(tt * slice), BLOCK as i32, |kb, j| {
-            let t = kb.let_("t", Expr::from(t0) + j.clone() / ci(slice));
-            let p = kb.let_("p", j.clone() % ci(slice));
-            let k = kb.let_(
-                "k",
-                k0.clone() + (Expr::from(p) % ci(slice / 16)) * 16 + Expr::from(p) / ci(slice / 16),
-            );
-            kb.if_else(
-                Expr::from(t).lt(n_rows).and(Expr::from(k).lt(ci(n_in))),
-                |kb| {
-                    let src = (Expr::from(t) * ci(s.heads) + h) * ci(xw) + k;
-                    let v = kb.load(x, src);
-                    kb.sts(xs, j.clone(), v);
-                },
-                |kb| kb.sts(xs, j.clone(), 0.0f32),
-            );
-        });
-        kb.barrier();
-        let c0 = kb.let_("c0", k0.clone() / 16);
-        let c_end = ((k0.clone() + ci(slice)).min(ci(n_in)) + 15) / 16;
-        kb.for_("c", Expr::from(c0) + lane, c_end, w32, |kb, c| {
-            kb.dequant16(w, None, row, c.clone(), buf);
-            let cl = kb.let_("cl", c.clone() - c0);
-            kb.for_("i", 0, chunk_len(n_in, c.clone()), 1, |kb, i| {
-                let wv = kb.let_("wv", kb.ldl(buf, i.clone()));
-                let at = kb.let_("at", i * ci(slice / 16) + cl);
-                for (j, &acc) in accs.iter().enumerate() {
-                    let xv = kb.lds(xs, ci(j * slice) + Expr::from(at));
-                    kb.set(acc, Expr::from(acc) + Expr::from(wv) * xv);
-                }
-            });
-        });
-        // Every warp is done with this slice before the next one overwrites it.
-        kb.barrier();
-    });
+    let rows_of = TileRows {
+        valid: &|r| (Expr::from(t0) + r).lt(n_rows),
+        base: &|_, r| ((Expr::from(t0) + r) * ci(s.heads) + h) * ci(xw),
+    };
+    let tw = TileWeight {
+        w,
+        expert: None,
+        row: row.into(),
+        buf,
+    };
+    let accs = tile_sweep(&mut kb, lane, x, n_in, &rows_of, &[tw]).remove(0);
     for (j, &acc) in accs.iter().enumerate() {
         kb.warp_reduce(ReduceOp::Sum, acc);
         let t = Expr::from(t0) + ci(j);

@@ -5,8 +5,9 @@
 //! op fixes (`mat_mul(w, x)`, `phase(q, kv_a, w_norm, pos)`, …: [`operand_names`]). A parameter
 //! named like an operand reads that operand; `cache` is the latent-cache layer the step names
 //! (an operand of `cache_write` / `scores_qk` / an unfused `kqkv`, the `layer` attribute of
-//! `phase` and a fused `kqkv`); `act` and `part` are scratch shared by the kernels of the step
-//! (the routed experts' activations, KQKV's split partials), sized by the parameter's length; any
+//! `phase` and a fused `kqkv`); `act`, `part` and `route` are scratch shared by the kernels of the
+//! step (the routed experts' activations, KQKV's split partials and the experts' products per
+//! slot, the MoE mat-mat's slot lists), sized by the parameter's length; any
 //! other written parameter is the step's output. A parameter that resolves to nothing is an
 //! error naming the kernel and the parameter, so a builder change cannot silently bind the wrong
 //! buffer.
@@ -28,10 +29,10 @@ pub enum Arg {
     Output,
     /// Layer `n` of the latent KV cache (`[capacity, kv_lora + rope_dim]` f32).
     Cache(usize),
-    /// Scratch of the step named by the parameter, `len` f32 elements at `(T, S)`; the kernels
-    /// of one step that name the same scratch share it.
+    /// Scratch of the step named by the parameter, `len` 4-byte elements at `(T, S)` (i32 for
+    /// `route`, else f32); the kernels of one step that name the same scratch share it.
     Scratch {
-        /// Parameter name (`act`, `part`).
+        /// Parameter name (`act`, `part`, `route`).
         name: String,
         /// Elements.
         len: Size,
@@ -127,7 +128,8 @@ pub fn launches(plan: &Plan, idx: usize, warp: u32) -> Result<Vec<Launch>, GenEr
                     match (name.as_str(), operand, kind) {
                         ("cache", _, _) => cache_layer().map(Arg::Cache),
                         (_, Some(i), _) => Ok(Arg::Operand(i)),
-                        ("act" | "part", None, ParamKind::F32 { len: Some(len), .. }) => {
+                        ("act" | "part", None, ParamKind::F32 { len: Some(len), .. })
+                        | ("route", None, ParamKind::I32 { len: Some(len), .. }) => {
                             Ok(Arg::Scratch {
                                 name: name.clone(),
                                 len: len.clone(),

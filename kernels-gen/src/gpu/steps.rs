@@ -8,18 +8,21 @@
 //! short to share), and the warp-per-row mat-vec ([`super::kernels::mat_vec`]) for every product
 //! with a weight, the routed experts included (`moe_gate_up`, `moe_down`, reading expert rows
 //! through the per-expert address table); a dense weight's product also gets the mat-vec's tiled
-//! form for `T > 1` ([`super::kernels::mat_mat`], launched by [`both_forms`]). Every builder and [`for_step`] take the warp width
+//! form for `T > 1` ([`super::kernels::mat_mat`], launched by [`both_forms`]), and the routed
+//! experts theirs ([`moe_forms`]: the slots grouped by expert by [`moe_route`], then tiles of one
+//! expert's slots through the same K sweep, [`super::kernels::tile_sweep`]). Every builder and [`for_step`] take the warp width
 //! (a power of two in 4..=64) the kernels are built for; only the reductions and the mat-vecs'
 //! lane-to-row mapping depend on it. Sums whose order the oracle fixes as a plain left-to-
 //! right loop (`weighted_sum`, `gather_renorm`, the slot sum of the experts) keep that order.
 
 use super::ir::{
-    block_reduce, bx, by, ci, tid, Expr, IrError, Kb, Kernel, Param, ReduceOp, Scalar, Size,
+    block_reduce, bx, by, ci, tid, tokens, Expr, IrError, Kb, Kernel, Param, ReduceOp, Scalar,
+    Size, Var,
 };
 use super::kernels::{
-    bad, check_dims, chunk_len, kqkv_merge, kqkv_split, mat_mat, mat_vec, phase, rope_elem,
-    rows_per_block, size_expr, stage_row, temperature_factor, KqkvShape, MatVecShape, PhaseShape,
-    WeightSpec, BLOCK, MAT_VEC_STAGE_BYTES, R,
+    bad, check_dims, chunk_len, kqkv_merge, kqkv_split, mat_mat, mat_mat_tokens, mat_vec, phase,
+    rope_elem, rows_per_block, size_expr, stage_row, temperature_factor, tile_sweep, tk, KqkvShape,
+    MatVecShape, PhaseShape, TileRows, TileWeight, WeightSpec, BLOCK, MAT_VEC_STAGE_BYTES, R,
 };
 use super::GenError;
 use aubier_compiler::config::{ExpertLayout, QueryTemperature, YarnParams};
@@ -520,12 +523,14 @@ pub fn moe_gate_up(
     kb.warp_reduce(ReduceOp::Sum, u);
     kb.if_(
         Expr::from(lane).eq(0).and(Expr::from(f).lt(ci(n_ff))),
-        |kb| {
-            let sg = Expr::from(g) / (Expr::F(1.0) + (-Expr::from(g)).exp());
-            kb.store(act, by() * ci(n_ff) + f, sg * u);
-        },
+        |kb| kb.store(act, by() * ci(n_ff) + f, swiglu(g, u)),
     );
     kb.finish()
+}
+
+/// `silu(g) · u` = `g / (1 + e^(−g)) · u`, the routed experts' activation.
+fn swiglu(g: Var, u: Var) -> Expr {
+    Expr::from(g) / (Expr::F(1.0) + (-Expr::from(g)).exp()) * u
 }
 
 /// The routed experts' second half: `y[t, o] = Σ_j w[t, j] · (down_e[o] · act[t·k + j])`, slots
@@ -579,6 +584,323 @@ pub fn moe_down(name: &str, down: &WeightSpec, d: usize, k: usize, warp: u32) ->
     });
     kb.if_(Expr::from(lane).eq(0).and(Expr::from(o).lt(ci(d))), |kb| {
         kb.store(y, by() * ci(d) + o, total);
+    });
+    kb.finish()
+}
+
+/// Tiles of the MoE mat-mat's route at `T` tokens, `k` slots each, `n_exp` experts and tiles of
+/// `tt` rows: at most `ceil(T·k / tt) + n_exp` (each expert's routed rows fill whole tiles but
+/// its last).
+fn route_tiles(n_exp: usize, k: usize, tt: usize) -> Size {
+    Size::sum(Size::ceil_div(tk(k), tt), Size::Const(n_exp))
+}
+
+/// Elements of the route scratch ([`moe_route`]): `1 + 3·tiles + T·k`.
+fn route_len(n_exp: usize, k: usize, tt: usize) -> Size {
+    Size::sum(
+        Size::Const(1),
+        Size::sum(Size::prod(Size::Const(3), route_tiles(n_exp, k, tt)), tk(k)),
+    )
+}
+
+/// Index in the route of the slot list's first entry, `1 + 3·tiles`, as a kernel expression.
+fn route_slots(n_exp: usize, k: usize, tt: usize) -> Expr {
+    ci(1) + ci(3) * size_expr(&route_tiles(n_exp, k, tt))
+}
+
+/// The MoE mat-mat's grouping: the `T·k` routed slots (`s = t·k + j`, expert `ids[s]`) listed by
+/// expert, and the tiles of up to `TT` = [`mat_mat_tokens`] rows the tiled kernels take. Writes
+/// the i32 scratch `route` ([`route_len`]): `route[0]` the number of tiles, `route[1 + 3i ..]`
+/// tile `i`'s expert and the first and end positions of its rows in the slot list, which
+/// starts at `1 + 3·(ceil(T·k / TT) + E)` and holds each expert's slots in ascending order,
+/// experts in ascending order. Ids below 0 count as expert 0 (as [`moe_gate_up`] reads them);
+/// ids of `E` or more are routed nowhere.
+///
+/// Algorithm: one block; thread `i` owns the contiguous slots `i·c .. i·c + c`
+/// (`c = ceil(T·k / 256)`). For each expert in turn every thread counts its slots of that
+/// expert, a Hillis–Steele scan over the block's counts gives each thread its first position
+/// (so the list is in slot order, the same on every run), the threads write their slots there,
+/// and threads `0, 1, …` write the expert's `ceil(count / TT)` tiles. Integer work only.
+pub fn moe_route(name: &str, n_exp: usize, k: usize, warp: u32) -> R {
+    check_dims(name, &[n_exp, k])?;
+    let tt = mat_mat_tokens(warp);
+    let note = format!(
+        "moe route: the T*{k} slots listed by expert ({n_exp} experts, slot order) and cut into tiles of {tt};\n\
+         one block, a count and a block scan per expert"
+    );
+    let grid = [Size::Const(1), Size::Const(1)];
+    let mut kb = Kb::new(name, note, grid, BLOCK, warp);
+    let ids = kb.input_i32("ids", tk(k));
+    let route = kb.output_i32("route", route_len(n_exp, k, tt));
+    let scan = kb.shared("scan", Scalar::I32, BLOCK as usize);
+    let n = kb.let_("n", tokens() * ci(k));
+    let per = kb.let_(
+        "per",
+        (Expr::from(n) + ci(BLOCK as usize - 1)) / ci(BLOCK as usize),
+    );
+    let lo = kb.let_("lo", (tid() * per).min(n));
+    let hi = kb.let_("hi", (Expr::from(lo) + per).min(n));
+    let sl = kb.let_("sl", route_slots(n_exp, k, tt));
+    let base = kb.let_("base", 0);
+    let nt = kb.let_("nt", 0);
+    let v = kb.let_("v", 0);
+    kb.for_("e", 0, ci(n_exp), 1, |kb, e| {
+        let cnt = kb.let_("cnt", 0);
+        kb.for_("s", lo, hi, 1, |kb, s| {
+            let hit = expert_id(kb, ids, s).eq(e.clone());
+            kb.set(cnt, Expr::from(cnt) + hit);
+        });
+        kb.sts(scan, tid(), cnt);
+        kb.barrier();
+        let mut off = 1;
+        while off < BLOCK as usize {
+            let left = kb.lds(scan, (tid() - ci(off)).max(0));
+            let sum = kb.lds(scan, tid()) + ci(off).le(tid()).select(left, 0);
+            kb.set(v, sum);
+            kb.barrier();
+            kb.sts(scan, tid(), v);
+            kb.barrier();
+            off *= 2;
+        }
+        let total = kb.let_("total", kb.lds(scan, ci(BLOCK as usize - 1)));
+        let pos = kb.let_("pos", Expr::from(base) + kb.lds(scan, tid()) - cnt);
+        kb.for_("s", lo, hi, 1, |kb, s| {
+            let hit = expert_id(kb, ids, s.clone()).eq(e.clone());
+            kb.if_(hit, |kb| {
+                kb.store(route, Expr::from(sl) + pos, s);
+                kb.set(pos, Expr::from(pos) + 1);
+            });
+        });
+        let tiles = kb.let_("tiles", (Expr::from(total) + ci(tt - 1)) / ci(tt));
+        kb.for_("i", tid(), tiles, BLOCK as i32, |kb, i| {
+            let at = ci(1) + (Expr::from(nt) + i.clone()) * 3;
+            let first = Expr::from(base) + i * ci(tt);
+            kb.store(route, at.clone(), e.clone());
+            kb.store(route, at.clone() + 1, first.clone());
+            kb.store(
+                route,
+                at + 2,
+                (first + ci(tt)).min(Expr::from(base) + total),
+            );
+        });
+        kb.set(base, Expr::from(base) + total);
+        kb.set(nt, Expr::from(nt) + tiles);
+        // Every thread has read this expert's scan before the next expert's counts overwrite it.
+        kb.barrier();
+    });
+    kb.if_(tid().eq(0), |kb| kb.store(route, 0, nt));
+    kb.finish()
+}
+
+/// The routed rows of an MoE mat-mat tile: `x` rows of `n_in` elements, row `s` of the slot
+/// list at `x[base(s)]`.
+struct MoeRows<'a> {
+    x: Param,
+    n_in: usize,
+    base: &'a dyn Fn(Expr) -> Expr,
+}
+
+/// What an MoE mat-mat writes for one routed row: `(kb, slot, output row, its sums)`.
+type TileStore<'a> = dyn Fn(&mut Kb, Expr, Var, &[Var]) + 'a;
+
+/// The frame both MoE mat-mats share: block row `by` takes tile `by` of `route` (expert `e`,
+/// up to `TT` slots; a block past the last tile does nothing), warp `g` of block `bx` output row
+/// `o = bx·(256 / W) + g` of `n_out`; the weights `weights(e, min(o, n_out − 1))` are swept
+/// over the tile's rows ([`tile_sweep`]), each row's accumulators reduced by the butterfly, and
+/// lane 0 hands `store(kb, s, o, accs)` each row's slot and sums (one per weight).
+fn moe_tile(
+    kb: &mut Kb,
+    route: Param,
+    (n_exp, k, n_out): (usize, usize, usize),
+    rows: &MoeRows<'_>,
+    weights: &dyn Fn(Var, Var) -> Vec<TileWeight>,
+    store: &TileStore<'_>,
+) {
+    let (warp, tt) = (kb.warp(), mat_mat_tokens(kb.warp()));
+    let lane = kb.let_("lane", tid() % warp as i32);
+    let o = kb.let_("o", bx() * ci(rows_per_block(warp)) + tid() / warp as i32);
+    let orow = kb.let_("orow", Expr::from(o).min(ci(n_out - 1)));
+    let sl = kb.let_("sl", route_slots(n_exp, k, tt));
+    let used = kb.let_("used", by().lt(kb.load(route, 0)));
+    let at = kb.let_("at", ci(1) + by() * 3);
+    let read =
+        |kb: &Kb, i: usize| Expr::from(used).select(kb.load(route, Expr::from(at) + ci(i)), 0);
+    let e = kb.let_("e", read(kb, 0));
+    let first = kb.let_("first", read(kb, 1));
+    let len = kb.let_("len", read(kb, 2) - first);
+    let slot = |kb: &Kb, r: Expr| kb.load(route, Expr::from(sl) + first + r);
+    // `len` is the same for the whole block: it takes a tile or leaves at once.
+    kb.if_(ci(0).lt(len), |kb| {
+        let tile_rows = TileRows {
+            valid: &|r| r.lt(len),
+            base: &|kb, r| (rows.base)(slot(kb, r)),
+        };
+        let accs = tile_sweep(kb, lane, rows.x, rows.n_in, &tile_rows, &weights(e, orow));
+        for j in 0..tt {
+            let row: Vec<Var> = accs.iter().map(|a| a[j]).collect();
+            for &acc in &row {
+                kb.warp_reduce(ReduceOp::Sum, acc);
+            }
+            let ok = Expr::from(lane)
+                .eq(0)
+                .and(Expr::from(o).lt(ci(n_out)))
+                .and(ci(j).lt(len));
+            kb.if_(ok, |kb| {
+                let s = slot(kb, ci(j));
+                store(kb, s, o, &row);
+            });
+        }
+    });
+}
+
+/// The tiled form of [`moe_gate_up`] for `T > 1`: the same `act` bits, each expert row read
+/// once per tile of up to [`mat_mat_tokens`] of the slots routed to that expert. `route` is
+/// [`moe_route`]'s scratch; `grid = (ceil(n_ff / (256 / W)), ceil(T·k / TT) + E)`, block row
+/// `by` takes tile `by` (blocks past the last tile do nothing).
+///
+/// Algorithm: [`super::kernels::mat_mat`]'s (one warp per `f`, the K slices of the tile's
+/// rows `h[t]` staged in shared memory, one gate and one up accumulator per row in each lane
+/// summing the lane's chunks in the mat-vec's order, a butterfly per row), the rows being the
+/// tile's slots `s` (token `s / k`) and the weights the tile's expert's gate and up rows; each
+/// result goes to `act[s]`. Learned from ggml's Vulkan `mul_mm_id` path (`vulkan-shaders/
+/// mul_mm.comp` with `MUL_MAT_ID`: the rows of one expert gathered into a tile so each expert
+/// weight is read once per tile), with the mat-vec's order of summation kept.
+pub fn moe_gate_up_mm(
+    name: &str,
+    gate: &WeightSpec,
+    up: Option<&WeightSpec>,
+    n_ff: usize,
+    k: usize,
+    n_exp: usize,
+    warp: u32,
+) -> R {
+    let d = gate.row_len;
+    check_dims(name, &[d, n_ff, k, n_exp])?;
+    let up_off = if up.is_none() { n_ff } else { 0 };
+    let (rows, tt) = (rows_per_block(warp), mat_mat_tokens(warp));
+    let note = format!(
+        "moe gate/up mat-mat: act[s,f] = silu(gate_e[f].h[t]) * (up_e[f].h[t]) ({}), tiles of {tt} slots routed to one expert;\n\
+         one warp per f, the tile's h rows staged per K slice, each output's sum in the mat-vec's order",
+        gate.ggml_type
+    );
+    let grid = [Size::Const(n_ff.div_ceil(rows)), route_tiles(n_exp, k, tt)];
+    let mut kb = Kb::new(name, note, grid, BLOCK, warp);
+    let h = kb.input_f32("h", tk(d));
+    let wg = kb.param("gate", gate.kind(name, true)?);
+    let wu = match up {
+        Some(u) => kb.param("up", u.kind(name, true)?),
+        None => wg,
+    };
+    let act = kb.output_f32("act", Some(Size::prod(tk(k), Size::Const(n_ff))));
+    let route = kb.input_i32("route", route_len(n_exp, k, tt));
+    let gb = kb.local("gchunk", 16);
+    let ub = kb.local("uchunk", 16);
+    let weights = |e: Var, f: Var| {
+        vec![
+            TileWeight {
+                w: wg,
+                expert: Some(e.into()),
+                row: f.into(),
+                buf: gb,
+            },
+            TileWeight {
+                w: wu,
+                expert: Some(e.into()),
+                row: Expr::from(f) + ci(up_off),
+                buf: ub,
+            },
+        ]
+    };
+    let rows_of = MoeRows {
+        x: h,
+        n_in: d,
+        base: &|s| (s / ci(k)) * ci(d),
+    };
+    moe_tile(
+        &mut kb,
+        route,
+        (n_exp, k, n_ff),
+        &rows_of,
+        &weights,
+        &|kb, s, f, gu| kb.store(act, s * ci(n_ff) + f, swiglu(gu[0], gu[1])),
+    );
+    kb.finish()
+}
+
+/// The tiled form of [`moe_down`]'s products for `T > 1`: `part[s, o] = down_e[o] · act[s]` for
+/// each routed slot `s` (expert `e = ids[s]`), each expert row read once per tile of the slots
+/// routed to it; [`moe_combine`] then sums the slots. Same tiling as [`moe_gate_up_mm`] (`route`
+/// from [`moe_route`], `grid = (ceil(d / (256 / W)), ceil(T·k / TT) + E)`); each `part` has
+/// the bits of [`moe_down`]'s per-slot product.
+pub fn moe_down_mm(
+    name: &str,
+    down: &WeightSpec,
+    d: usize,
+    k: usize,
+    n_exp: usize,
+    warp: u32,
+) -> R {
+    let n_ff = down.row_len;
+    check_dims(name, &[d, n_ff, k, n_exp])?;
+    let (rows, tt) = (rows_per_block(warp), mat_mat_tokens(warp));
+    let note = format!(
+        "moe down mat-mat: part[s,o] = down_e[o].act[s] ({}), tiles of {tt} slots routed to one expert;\n\
+         one warp per o, the tile's act rows staged per K slice, each output's sum in the mat-vec's order",
+        down.ggml_type
+    );
+    let grid = [Size::Const(d.div_ceil(rows)), route_tiles(n_exp, k, tt)];
+    let mut kb = Kb::new(name, note, grid, BLOCK, warp);
+    let wd = kb.param("down", down.kind(name, true)?);
+    let act = kb.input_f32("act", Size::prod(tk(k), Size::Const(n_ff)));
+    let route = kb.input_i32("route", route_len(n_exp, k, tt));
+    let part = kb.output_f32("part", Some(Size::prod(tk(k), Size::Const(d))));
+    let buf = kb.local("chunk", 16);
+    let weights = |e: Var, o: Var| {
+        vec![TileWeight {
+            w: wd,
+            expert: Some(e.into()),
+            row: o.into(),
+            buf,
+        }]
+    };
+    let rows_of = MoeRows {
+        x: act,
+        n_in: n_ff,
+        base: &|s| s * ci(n_ff),
+    };
+    moe_tile(
+        &mut kb,
+        route,
+        (n_exp, k, d),
+        &rows_of,
+        &weights,
+        &|kb, s, o, acc| kb.store(part, s * ci(d) + o, acc[0]),
+    );
+    kb.finish()
+}
+
+/// The slot sum of [`moe_down_mm`]: `y[t, o] = Σ_j part[t·k + j, o] · wts[t·k + j]`, slots in
+/// order from 0 (as [`moe_down`] adds them), one thread per output.
+pub fn moe_combine(name: &str, d: usize, k: usize, warp: u32) -> R {
+    check_dims(name, &[d, k])?;
+    let note = format!("moe combine: y[t,o] = sum_j part[t*{k}+j,o] * wts[t*{k}+j], j in order; one thread per output");
+    let n = tk(d);
+    let mut kb = Kb::new(name, note, [blocks(&n), Size::Const(1)], BLOCK, warp);
+    let wts = kb.input_f32("wts", tk(k));
+    let part = kb.input_f32("part", Size::prod(tk(k), Size::Const(d)));
+    let y = kb.output_f32("y", Some(n.clone()));
+    let i = kb.let_("i", gid());
+    kb.if_(Expr::from(i).lt(size_expr(&n)), |kb| {
+        let t = kb.let_("t", Expr::from(i) / ci(d));
+        let o = kb.let_("o", Expr::from(i) % ci(d));
+        let total = kb.let_("total", 0.0f32);
+        kb.for_("j", 0, ci(k), 1, |kb, j| {
+            let slot = kb.let_("slot", Expr::from(t) * ci(k) + j);
+            let p = kb.load(part, Expr::from(slot) * ci(d) + o);
+            let wv = kb.load(wts, slot);
+            kb.set(total, Expr::from(total) + p * wv);
+        });
+        kb.store(y, i, total);
     });
     kb.finish()
 }
@@ -733,6 +1055,37 @@ pub fn both_forms(s: &MatVecShape, warp: u32) -> Result<Vec<Kernel>, IrError> {
     let mut mm = mat_mat(&mm_shape, warp)?;
     mm.grid[0] = Size::many_tokens(mm.grid[0].clone());
     Ok(vec![mv, mm])
+}
+
+/// The routed experts' kernels in launch order: at `T = 1` the mat-vecs [`moe_gate_up`] and
+/// [`moe_down`]; at `T > 1` [`moe_route`], [`moe_gate_up_mm`], [`moe_down_mm`] and
+/// [`moe_combine`] (each grid gated by [`Size::one_token`] / [`Size::many_tokens`]). `dims` is
+/// `(d, n_ff, k, n_exp)`.
+pub fn moe_forms(
+    gate: &WeightSpec,
+    up: Option<&WeightSpec>,
+    down: &WeightSpec,
+    (d, n_ff, k, n_exp): (usize, usize, usize, usize),
+    warp: u32,
+) -> Result<Vec<Kernel>, IrError> {
+    let mut ks = vec![
+        moe_gate_up("moe_gate_up", gate, up, n_ff, k, warp)?,
+        moe_down("moe_down", down, d, k, warp)?,
+    ];
+    for kr in &mut ks {
+        kr.grid[0] = Size::one_token(kr.grid[0].clone());
+    }
+    let mut mm = vec![
+        moe_route("moe_route", n_exp, k, warp)?,
+        moe_gate_up_mm("moe_gate_up_mm", gate, up, n_ff, k, n_exp, warp)?,
+        moe_down_mm("moe_down_mm", down, d, k, n_exp, warp)?,
+        moe_combine("moe_combine", d, k, warp)?,
+    ];
+    for kr in &mut mm {
+        kr.grid[0] = Size::many_tokens(kr.grid[0].clone());
+    }
+    ks.extend(mm);
+    Ok(ks)
 }
 
 /// The kernels that implement step `idx` of `plan` for warps of `warp` lanes, in launch order
@@ -932,10 +1285,14 @@ pub fn for_step(plan: &Plan, idx: usize, warp: u32) -> Result<Vec<Kernel>, GenEr
                 ExpertLayout::FusedGateUp => (spec(at.wt(3)?), None, at.wt(4)?),
                 ExpertLayout::SplitGateUp => (spec(at.wt(3)?), Some(spec(at.wt(4)?)), at.wt(5)?),
             };
-            Ok(vec![
-                moe_gate_up("moe_gate_up", &gate, up.as_ref(), *n_ff, k, warp)?,
-                moe_down("moe_down", &spec(down), d, k, warp)?,
-            ])
+            let n_exp = wdim(at.wt(3)?, 2);
+            Ok(moe_forms(
+                &gate,
+                up.as_ref(),
+                &spec(down),
+                (d, *n_ff, k, n_exp),
+                warp,
+            )?)
         }
         (
             Op::Phase,

@@ -120,6 +120,18 @@ fn every_kernel(warp: u32) -> Vec<Kernel> {
         steps::gather_renorm("gather_renorm", 128, 4, &rows, true, 1.0, warp),
         steps::moe_gate_up("moe_gate_up", &w("IQ2_XXS", 4096), None, 2048, 4, warp),
         steps::moe_down("moe_down", &w("Q2_K", 2048), 4096, 4, warp),
+        steps::moe_route("moe_route", 128, 4, warp),
+        steps::moe_gate_up_mm(
+            "moe_gate_up_mm",
+            &w("IQ2_XXS", 4096),
+            None,
+            2048,
+            4,
+            128,
+            warp,
+        ),
+        steps::moe_down_mm("moe_down_mm", &w("Q2_K", 2048), 4096, 4, 128, warp),
+        steps::moe_combine("moe_combine", 4096, 4, warp),
         steps::argmax("argmax", 131_072, &rows, warp),
     ];
     for ty in [
@@ -261,6 +273,124 @@ fn mat_mat_matches_the_mat_vec_bit_for_bit() {
         by_width.windows(2).any(|p| p[0] != p[1]),
         "every width gave the same bits: the case cannot tell orders of summation apart"
     );
+}
+
+/// The routed experts' mat-mat forms ([`steps::moe_route`], [`steps::moe_gate_up_mm`],
+/// [`steps::moe_down_mm`], [`steps::moe_combine`]) compute the mat-vecs' `act` and `y` bits at
+/// T = 2, 5 and 64 at every warp width: one expert takes every token (many full tiles), two
+/// share the other slot, three stay empty, one id is negative (read as expert 0); K spans
+/// several slices and output rows end inside a block.
+#[test]
+fn moe_mat_mat_matches_the_mat_vec_bit_for_bit() {
+    let (d, n_ff, k, n_exp) = (544usize, 96usize, 2usize, 6usize);
+    let spec = |n| WeightSpec {
+        ggml_type: "Q8_0".into(),
+        row_len: n,
+    };
+    let bytes = |n: usize, rows: usize, seed: usize| -> Vec<Vec<u8>> {
+        (0..n_exp)
+            .map(|e| {
+                (0..n / 32 * 34 * rows)
+                    .map(|j| ((j * 131 + e * 71 + seed) % 251) as u8)
+                    .collect()
+            })
+            .collect()
+    };
+    let (gu, dn) = (bytes(d, 2 * n_ff, 1), bytes(n_ff, d, 2));
+    let gu: Vec<&[u8]> = gu.iter().map(|v| v.as_slice()).collect();
+    let dn: Vec<&[u8]> = dn.iter().map(|v| v.as_slice()).collect();
+    let run = |k: &Kernel, args: &mut [Arg<'_>], t: usize| {
+        cpu_exec::run(k, args, t, 1, &bytes_dequant).unwrap_or_else(|e| panic!("{e}"));
+    };
+    for warp in WIDTHS {
+        let gate_up = steps::moe_gate_up("gu", &spec(d), None, n_ff, k, warp).expect("gu");
+        let down = steps::moe_down("dn", &spec(n_ff), d, k, warp).expect("dn");
+        let route = steps::moe_route("route", n_exp, k, warp).expect("route");
+        let gate_up_mm =
+            steps::moe_gate_up_mm("gu_mm", &spec(d), None, n_ff, k, n_exp, warp).expect("gu mm");
+        let down_mm = steps::moe_down_mm("dn_mm", &spec(n_ff), d, k, n_exp, warp).expect("dn mm");
+        let combine = steps::moe_combine("combine", d, k, warp).expect("combine");
+        for t in [2usize, 5, 64] {
+            let mut ids: Vec<i32> = (0..t * k)
+                .map(|s| if s % k == 0 { 1 } else { [3, 4][s / k % 2] })
+                .collect();
+            ids[k * (t - 1)] = -1;
+            let mut h = mixed_vals(t as u64 * 7 + 1, t * d, 2.0);
+            let mut wts = mixed_vals(t as u64 * 5 + 2, t * k, 1.0);
+            let unwritten = f32::from_bits(0x7fc0_dead);
+            let mut act = vec![unwritten; t * k * n_ff];
+            let mut y = vec![unwritten; t * d];
+            let mut ids_mv = ids.clone();
+            run(
+                &gate_up,
+                &mut [
+                    Arg::F32(&mut h),
+                    Arg::I32(&mut ids_mv),
+                    Arg::Experts(&gu),
+                    Arg::F32(&mut act),
+                ],
+                t,
+            );
+            run(
+                &down,
+                &mut [
+                    Arg::I32(&mut ids_mv),
+                    Arg::F32(&mut wts),
+                    Arg::Experts(&dn),
+                    Arg::F32(&mut act),
+                    Arg::F32(&mut y),
+                ],
+                t,
+            );
+            let route_len = route.params[1].1.clone();
+            let route_len = match route_len {
+                super::ir::ParamKind::I32 { len: Some(l), .. } => l.eval(t, 1).expect("len"),
+                other => panic!("route is {other:?}"),
+            };
+            let mut routes = vec![i32::MIN; route_len];
+            let mut act_mm = vec![unwritten; t * k * n_ff];
+            let mut part = vec![unwritten; t * k * d];
+            let mut y_mm = vec![unwritten; t * d];
+            run(&route, &mut [Arg::I32(&mut ids), Arg::I32(&mut routes)], t);
+            run(
+                &gate_up_mm,
+                &mut [
+                    Arg::F32(&mut h),
+                    Arg::Experts(&gu),
+                    Arg::F32(&mut act_mm),
+                    Arg::I32(&mut routes),
+                ],
+                t,
+            );
+            run(
+                &down_mm,
+                &mut [
+                    Arg::Experts(&dn),
+                    Arg::F32(&mut act_mm),
+                    Arg::I32(&mut routes),
+                    Arg::F32(&mut part),
+                ],
+                t,
+            );
+            run(
+                &combine,
+                &mut [Arg::F32(&mut wts), Arg::F32(&mut part), Arg::F32(&mut y_mm)],
+                t,
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            for (what, want, got) in [("act", &act, &act_mm), ("y", &y, &y_mm)] {
+                let (want, got) = (bits(want), bits(got));
+                for (j, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        *e != 0x7fc0_dead && g == e,
+                        "warp {warp} T {t}: {what}[{j}]: mat-mat {:e}, mat-vec {:e}",
+                        f32::from_bits(*g),
+                        f32::from_bits(*e)
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// A weight product's mat-vec launches at T = 1 alone and its mat-mat at T > 1 alone.

@@ -207,7 +207,7 @@ pub fn run_step(x: &dyn Exec, at: StepIn<'_>, warp: u32) -> Written {
         vec![fill; vals[step.out].len()]
     };
     let mut cache = cache.to_vec();
-    let mut scratch: Vec<(String, Vec<f32>)> = Vec::new();
+    let mut scratch: Vec<(String, Vec<u32>)> = Vec::new();
     let value = |v: ValueId, out: &[u32], cache: &[f32]| -> Buf<'static> {
         let bits: &[u32] = if v == step.out { out } else { &vals[v] };
         match (in_cache(v), plan.values[v].dtype) {
@@ -236,13 +236,17 @@ pub fn run_step(x: &dyn Exec, at: StepIn<'_>, warp: u32) -> Written {
                 },
                 launch::Arg::Output => value(step.out, &out, &cache),
                 launch::Arg::Cache(_) => Buf::F(cache.clone()),
-                launch::Arg::Scratch { name, len } => Buf::F(
-                    scratch
+                launch::Arg::Scratch { name, len } => {
+                    let bits = scratch
                         .iter()
                         .find(|(n, _)| n == name)
                         .map(|(_, b)| b.clone())
-                        .unwrap_or_else(|| vec![0f32; len.eval(t, s).expect("scratch")]),
-                ),
+                        .unwrap_or_else(|| vec![0; len.eval(t, s).expect("scratch")]);
+                    match kind {
+                        ParamKind::I32 { .. } => Buf::I(bits.iter().map(|&b| b as i32).collect()),
+                        _ => Buf::F(as_f32(&bits)),
+                    }
+                }
             })
             .collect();
         let mut args: Vec<Arg<'_>> = bufs
@@ -272,7 +276,11 @@ pub fn run_step(x: &dyn Exec, at: StepIn<'_>, warp: u32) -> Written {
                 (launch::Arg::Output | launch::Arg::Cache(_), Buf::F(v)) => cache = v,
                 (launch::Arg::Scratch { name, .. }, Buf::F(v)) => {
                     scratch.retain(|(n, _)| n != name);
-                    scratch.push((name.clone(), v));
+                    scratch.push((name.clone(), v.iter().map(|x| x.to_bits()).collect()));
+                }
+                (launch::Arg::Scratch { name, .. }, Buf::I(v)) => {
+                    scratch.retain(|(n, _)| n != name);
+                    scratch.push((name.clone(), v.iter().map(|&x| x as u32).collect()));
                 }
                 (a, _) => panic!("kernel `{}` writes `{name}`, bound to {a:?}", l.kernel.name),
             }

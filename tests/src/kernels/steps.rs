@@ -171,6 +171,113 @@ pub fn mat_mat_matches_mat_vec(x: &dyn Exec, ty: &str, warp: u32) {
     }
 }
 
+/// The routed experts' mat-mat kernels (`moe_route`, `moe_gate_up_mm`, `moe_down_mm`,
+/// `moe_combine`) compute the mat-vecs' (`moe_gate_up`, `moe_down`) `act` and `y` bits at
+/// T = 2, 5 and 64: gate/up rows of `gate_ty` (fused), down rows of `down_ty`, 6 experts, 2
+/// slots a token, expert 4 routed by every token's first slot (8 full tiles at T = 64), experts
+/// 1 and 2 alternating in the second, experts 0, 3 and 5 empty; K of 768 (several slices).
+pub fn moe_mat_mat_matches_mat_vec(x: &dyn Exec, gate_ty: &str, down_ty: &str, warp: u32) {
+    use aubier_kernels_gen::gpu::ir::{Kernel, ParamKind};
+    use aubier_kernels_gen::gpu::kernels::WeightSpec;
+    use aubier_kernels_gen::gpu::steps::{
+        moe_combine, moe_down, moe_down_mm, moe_gate_up, moe_gate_up_mm, moe_route,
+    };
+    let (d, n_ff, k, n_exp) = (768usize, 256usize, 2usize, 6usize);
+    let gu = W::random(gate_ty, vec![d, 2 * n_ff, n_exp], 17, 0.3);
+    let dn = W::random(down_ty, vec![n_ff, d, n_exp], 19, 0.5);
+    let gu_e: Vec<&[u8]> = gu.bytes.chunks(gu.row_bytes() * 2 * n_ff).collect();
+    let dn_e: Vec<&[u8]> = dn.bytes.chunks(dn.row_bytes() * d).collect();
+    let spec = |ty: &str, n| WeightSpec {
+        ggml_type: ty.into(),
+        row_len: n,
+    };
+    let (gs, ds) = (spec(gate_ty, d), spec(down_ty, n_ff));
+    let ok = |k: Result<Kernel, _>| k.unwrap_or_else(|e| panic!("{e}"));
+    let gate_up = ok(moe_gate_up("moe_gate_up", &gs, None, n_ff, k, warp));
+    let down = ok(moe_down("moe_down", &ds, d, k, warp));
+    let route = ok(moe_route("moe_route", n_exp, k, warp));
+    let gate_up_mm = ok(moe_gate_up_mm(
+        "moe_gate_up_mm",
+        &gs,
+        None,
+        n_ff,
+        k,
+        n_exp,
+        warp,
+    ));
+    let down_mm = ok(moe_down_mm("moe_down_mm", &ds, d, k, n_exp, warp));
+    let combine = ok(moe_combine("moe_combine", d, k, warp));
+    let route_len = match &route.params[1].1 {
+        ParamKind::I32 { len: Some(l), .. } => l.clone(),
+        other => panic!("route is {other:?}"),
+    };
+    for t in [2usize, 5, 64] {
+        let ids: Vec<i32> = (0..t * k)
+            .map(|s| if s % k == 0 { 4 } else { [1, 2][s / k % 2] })
+            .collect();
+        let h = vals(t as u64 + 40, t * d, 1.0);
+        let wts = vals(t as u64 + 50, t * k, 1.0);
+        let unwritten = f32::from_bits(0x7fc0_dead);
+        let (mut hv, mut iv, mut wv) = (h.clone(), ids.clone(), wts.clone());
+        let mut act = vec![unwritten; t * k * n_ff];
+        let mut y = vec![unwritten; t * d];
+        let mut args = [
+            Arg::F32(&mut hv),
+            Arg::I32(&mut iv),
+            Arg::Experts(&gu_e),
+            Arg::F32(&mut act),
+        ];
+        x.run(&gate_up, &mut args, t, 1);
+        let mut args = [
+            Arg::I32(&mut iv),
+            Arg::F32(&mut wv),
+            Arg::Experts(&dn_e),
+            Arg::F32(&mut act),
+            Arg::F32(&mut y),
+        ];
+        x.run(&down, &mut args, t, 1);
+        let (mut hv, mut iv, mut wv) = (h.clone(), ids.clone(), wts.clone());
+        let mut routes = vec![i32::MIN; route_len.eval(t, 1).expect("route length")];
+        let mut act_mm = vec![unwritten; t * k * n_ff];
+        let mut part = vec![unwritten; t * k * d];
+        let mut y_mm = vec![unwritten; t * d];
+        x.run(
+            &route,
+            &mut [Arg::I32(&mut iv), Arg::I32(&mut routes)],
+            t,
+            1,
+        );
+        let mut args = [
+            Arg::F32(&mut hv),
+            Arg::Experts(&gu_e),
+            Arg::F32(&mut act_mm),
+            Arg::I32(&mut routes),
+        ];
+        x.run(&gate_up_mm, &mut args, t, 1);
+        let mut args = [
+            Arg::Experts(&dn_e),
+            Arg::F32(&mut act_mm),
+            Arg::I32(&mut routes),
+            Arg::F32(&mut part),
+        ];
+        x.run(&down_mm, &mut args, t, 1);
+        let mut args = [Arg::F32(&mut wv), Arg::F32(&mut part), Arg::F32(&mut y_mm)];
+        x.run(&combine, &mut args, t, 1);
+        for (what, want, got) in [("act", &act, &act_mm), ("y", &y, &y_mm)] {
+            for (i, (g, e)) in got.iter().zip(want.iter()).enumerate() {
+                let (g, e) = (g.to_bits(), e.to_bits());
+                assert!(
+                    e != 0x7fc0_dead && g == e,
+                    "{gate_ty}/{down_ty} warp {warp} T {t}: {what}[{i}]: mat-mat {:e} ({g:#010x}), \
+                     mat-vec {:e} ({e:#010x})",
+                    f32::from_bits(g),
+                    f32::from_bits(e)
+                );
+            }
+        }
+    }
+}
+
 /// `(t, seed, warp)` of [`mat_mul_gguf_py`].
 pub fn every_type_cases(x: &dyn Exec) -> impl Strategy<Value = (usize, u64, u32)> {
     (1usize..3, any::<u64>(), warps(x))
@@ -387,12 +494,18 @@ pub fn router(x: &dyn Exec, c: RouterCase) {
 }
 
 /// Routed experts, fused gate/up: Q2_K gate/up, down F32 (rows of 48) and Q3_K / Q4_K (rows of
-/// 256; Q2_K / Q3_K are the bundled model's types), three token counts, one width each.
+/// 256; Q2_K / Q3_K are the bundled model's types), at one token (the mat-vec forms) and two
+/// or three (the mat-mat forms), one width each.
 pub fn moe_ffn(x: &dyn Exec) {
-    for (i, (t, seed, down)) in [(1usize, 3u64, "F32"), (3, 4, "Q3_K"), (2, 5, "Q4_K")]
-        .into_iter()
-        .enumerate()
-    {
+    // One token runs the mat-vec forms, more the mat-mat forms: the bundled model's down type
+    // (Q3_K) in both.
+    let cases = [
+        (1usize, 3u64, "F32"),
+        (1, 6, "Q3_K"),
+        (3, 4, "Q3_K"),
+        (2, 5, "Q4_K"),
+    ];
+    for (i, (t, seed, down)) in cases.into_iter().enumerate() {
         let (d, n_exp, k) = (256usize, 6usize, 2usize);
         let n_ff = if down == "F32" { 48 } else { 256 };
         let gu = W::random("Q2_K", vec![d, 2 * n_ff, n_exp], seed, 0.3);
