@@ -96,9 +96,9 @@ impl Model {
 
     /// [`Model::load_observed`], with the plan's expert predictions
     /// (`aubier_compiler::passes::predict_experts`: every MoE layer `L ≥ 1`'s router applied
-    /// before its attention, `Plan::predicted_ids`) when `prediction` is `Some(lead)`, `lead` layers
-    /// ahead (`aubier_compiler::CompileOptions::prefetch_lead`, 1 ..= the layer count); the session then
-    /// counts their recall ([`crate::session::Session::prediction_report`]). The logits are
+    /// before its attention, `Plan::predicted_ids`) when `prediction` is `Some(lead)`, `lead`
+    /// layers ahead (`aubier_compiler::CompileOptions::prefetch_lead`, 1 ..= the layer count);
+    /// the session then counts their recall ([`crate::session::Session::prediction_report`]). The logits are
     /// the same either way.
     ///
     /// Errors: those of [`Model::load_backend`].

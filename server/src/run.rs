@@ -46,8 +46,8 @@ pub struct Loaded {
 impl PromptArgs {
     /// Loads the model ([`crate::model_file::resolve_model`]) for the backend `spec` names with a
     /// fast store of `budget`, its plan with the expert predictor `prediction` layers ahead when
-    /// it is `Some` ([`Model::load_predicting`]), and resolves the prompt. Errors: no model file, the backend,
-    /// the file, the binding, the load, the tokenizer, or no prompt.
+    /// it is `Some` ([`Model::load_predicting`]), and resolves the prompt. Errors: no model file,
+    /// the backend, the file, the binding, the load, the tokenizer, or no prompt.
     pub fn load(
         &self,
         spec: &BackendSpec,
@@ -342,8 +342,8 @@ impl StoreArgs {
         })
     }
 
-    /// The expert prediction the plan is compiled with ([`Model::load_predicting`]): `--prefetch-lead`
-    /// when `predict` (`--predict-experts`) or `--prefetch-budget` asks for it, else none.
+    /// The expert prediction the plan is compiled with ([`Model::load_predicting`]):
+    /// `--prefetch-lead` when `predict` (`--predict-experts`) or `--prefetch-budget` asks for it, else none.
     pub fn prediction(&self, predict: bool) -> Option<usize> {
         (predict || self.prefetch_budget > 0).then_some(self.prefetch_lead)
     }

@@ -59,8 +59,6 @@ pub(crate) struct Placement<'a> {
     /// worker ([`HostSlots::copy_later`]), beside the run and past its end
     /// ([`ReadAheadMode::Background`]); `None`: no read-ahead.
     pub ahead: Option<ReadAheadMode>,
-    /// What the read-ahead also reads into the page cache ([`PageAhead`]; only with `ahead`).
-    pub page_ahead: PageAhead,
 }
 
 /// Starts reading each expert of `ids` that is not resident in MoE layer `li`'s slots, and is
@@ -335,12 +333,13 @@ impl<K: StepKernel> Executor<K> {
         };
         let ids = self.i32_view(bound.plan, value, 1, s)?;
         let copies = p.store.read_ahead(li, &ids);
-        if p.page_ahead == PageAhead::All {
+        let page_ahead = p.store.page_ahead();
+        if page_ahead == PageAhead::All {
             for c in &copies {
                 p.slots.read_ahead_host(c.layer, c.expert);
             }
         }
-        if p.page_ahead != PageAhead::Off {
+        if page_ahead != PageAhead::Off {
             read_host_ahead(p, li, &ids, &copies);
         }
         for copy in copies {
@@ -363,15 +362,15 @@ impl<K: StepKernel> Executor<K> {
     }
 
     /// Before step `i` of a one-token run, when it is a `moe_ffn` and the placement reads
-    /// ahead with [`PageAhead::Host`] or [`PageAhead::All`]: starts reading every routed expert that is not resident from the file into the
-    /// page cache at once ([`HostSlots::read_ahead_host`]), so that the disk serves them in
+    /// ahead with [`PageAhead::Host`] or [`PageAhead::All`]: starts reading every routed expert
+    /// that is not resident from the file into the page cache at once ([`HostSlots::read_ahead_host`]), so that the disk serves them in
     /// parallel rather than as the kernel faults them in, one page run after another.
     ///
     /// Errors: [`ExecError::Value`] when the step's ids are not an i32 value in a slot.
     fn read_routed_ahead(&self, bound: &Bound<'_, K>, i: usize, s: usize) -> Result<(), ExecError> {
         let Some(p) = bound
             .experts
-            .filter(|p| p.ahead.is_some() && p.page_ahead != PageAhead::Off)
+            .filter(|p| p.ahead.is_some() && p.store.page_ahead() != PageAhead::Off)
         else {
             return Ok(());
         };

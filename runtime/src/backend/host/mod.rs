@@ -242,7 +242,6 @@ impl<K: StepKernel> Run for HostRun<K> {
                     store,
                     slots,
                     ahead,
-                    page_ahead: store.page_ahead(),
                 }),
                 file: Some(&*m.weights),
             };

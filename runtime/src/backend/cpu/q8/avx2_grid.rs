@@ -106,9 +106,7 @@ impl RowScales {
 
     /// Scales `sc` and block-sum multipliers `sums`, each 16 i16 lanes in sub-block order, as
     /// words of two i16: `sc[j]` in both halves of word `j`, `sums[2i]` and `sums[2i + 1]` in
-    /// word `i` (the lane order of `sums` is already that). Vector code: the scalar loops
-    /// took a fifth of the kernel's time at 32 activation rows (an expert's share of a
-    /// 512-token prompt), where a block row's unpacking meets few activation rows.
+    /// word `i` (the lane order of `sums` is already that).
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     fn new(sc: __m256i, sums: __m256i, d: f32, dmin: f32) -> RowScales {
@@ -249,8 +247,8 @@ fn grid_in<const B: usize, const MINS: bool, const WIDE: bool>(
     let (rows, nb, groups) = (x.rows(), x.blocks(), x.groups());
     // Block `b` of the row group's 16 rows is unpacked just before it is used (row `r`'s codes
     // at `codes`' row `r`, its scales at `sc[r]`), so that the stores and the reads of the codes
-    // stay in L1 (the whole row group unpacked first, 90 KiB at 4096 columns, cost a fifth of
-    // the time at 8 activation rows). Rows past a last group's end keep stale codes (of this
+    // stay in L1 (the whole row group unpacked first, 90 KiB at 4096 columns, cost a quarter
+    // of the time at 8 activation rows). Rows past a last group's end keep stale codes (of this
     // call or an earlier one), whose pairs are computed and never stored.
     let (codes, sc) = (&mut s.codes, &mut s.sc);
     let acc = &mut s.acc[..groups];

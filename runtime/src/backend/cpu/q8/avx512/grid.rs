@@ -9,7 +9,8 @@
 //! `t`). The 16 weight rows are unpacked block by block, each block just before its products (so
 //! that it stays in L1), into the u8 effective weights of the VNNI kernels (`vnni.rs`; Q2_K
 //! `q·sc`, Q3_K `(q3 − 4)·(sc − 32) + 127`), 256 bytes per block in element order: once per
-//! weight block for all activation rows of the call. Then for each 256-element block and activation group:
+//! weight block for all activation rows of the call. Then for each 256-element block and
+//! activation group:
 //! - the block's integer sum for all 16 × 16 (weight row, activation row) pairs (Q3_K: before
 //!   its `−127·Σ x8` offset): AMX loads the 16 unpacked rows once per block as four `A` tiles
 //!   and runs `tdpbusd` (u8 × i8, four products into each i32, exact) four times per group into
@@ -211,6 +212,12 @@ fn grid<const B: usize, const MINS: bool, const AMX: bool, const IL: bool>(
             *g = [_mm512_setzero_ps(); GROUP];
         }
         let group = &w[r0 * nb * B..(r0 + nr) * nb * B];
+        // Rows past a last group's end: zero codes and scales (no block of the group writes
+        // them; interleaved groups are whole).
+        a.0[256 * nr..].fill(0);
+        for r in nr..GROUP {
+            sc.set(r, Scales::ZERO);
+        }
         // The next row group's weights, prefetched into L2 a block's share at a time while this
         // group is computed (its unpacking would wait on reads from memory otherwise).
         let next = super::clamped(w, (r0 + GROUP) * nb * B, (r0 + 2 * GROUP) * nb * B);
@@ -242,10 +249,6 @@ fn grid<const B: usize, const MINS: bool, const AMX: bool, const IL: bool>(
                 for (r, block) in rows_b.enumerate() {
                     let s = unpack(block, a.row(r));
                     sc.set(r, s);
-                }
-                a.0[256 * nr..].fill(0);
-                for r in nr..GROUP {
-                    sc.set(r, Scales::ZERO);
                 }
             }
             super::prefetch_l2(super::clamped(next, b * GROUP * B, (b + 1) * GROUP * B));
