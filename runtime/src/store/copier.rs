@@ -154,6 +154,8 @@ impl Queue {
 pub struct Copier {
     queue: Arc<Queue>,
     worker: Mutex<Option<JoinHandle<()>>>,
+    /// The worker thread's name.
+    name: &'static str,
 }
 
 impl std::fmt::Debug for Copier {
@@ -173,9 +175,16 @@ impl Default for Copier {
 }
 
 impl Copier {
-    /// A copier with no thread yet (the first [`Copier::queue`] starts it).
+    /// A copier with no thread yet (the first [`Copier::queue`] starts it), its thread named
+    /// `aubier-read-ahead`.
     pub fn new() -> Copier {
+        Copier::named("aubier-read-ahead")
+    }
+
+    /// [`Copier::new`] with the thread named `name`.
+    pub fn named(name: &'static str) -> Copier {
         Copier {
+            name,
             queue: Arc::new(Queue {
                 jobs: Mutex::new(Jobs {
                     queued: VecDeque::new(),
@@ -201,7 +210,7 @@ impl Copier {
         if worker.is_none() {
             let queue = Arc::clone(&self.queue);
             match std::thread::Builder::new()
-                .name("aubier-read-ahead".into())
+                .name(self.name.into())
                 .spawn(move || work(&queue))
             {
                 Ok(handle) => *worker = Some(handle),
@@ -209,7 +218,7 @@ impl Copier {
                     ticket.end(Err(StoreError::Slot {
                         layer: key.0,
                         slot: key.1,
-                        reason: format!("the read-ahead thread cannot start: {e}"),
+                        reason: format!("the {} thread cannot start: {e}", self.name),
                     }));
                     return ticket;
                 }
@@ -222,6 +231,12 @@ impl Copier {
             .push_back((key, Arc::clone(&ticket), job));
         self.queue.wake.notify_one();
         ticket
+    }
+
+    /// Jobs queued and not yet started.
+    #[cfg(test)]
+    pub fn queued(&self) -> usize {
+        self.queue.lock().queued.len()
     }
 
     /// Makes slot `key` free of copies: cancels those queued into it and waits for the one

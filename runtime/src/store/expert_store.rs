@@ -151,9 +151,10 @@ pub struct StoreOptions {
 
 /// What the read-ahead (`prefetch_budget > 0`, one-token steps) also asks the kernel to read
 /// from the file into the page cache (`madvise(MADV_WILLNEED)` over each expert's bytes in the
-/// host store, which returns at once and lets the kernel read the ranges asynchronously, several
-/// at a time), so that the disk serves them in parallel rather than one page fault or one copy
-/// after another (`--page-ahead`; host backends). It changes no count: membership, served, late
+/// host store, issued on a worker thread beside the steps: the call submits the reads, which can
+/// take milliseconds per expert on a cold file, and the kernel then reads the ranges
+/// asynchronously, several at a time), so that the disk serves them in parallel rather than one
+/// page fault or one copy after another (`--page-ahead`; host backends). It changes no count: membership, served, late
 /// and pending are the same in every variant, only when the bytes reach the page cache differs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum PageAhead {

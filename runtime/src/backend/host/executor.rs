@@ -315,9 +315,10 @@ impl<K: StepKernel> Executor<K> {
     /// copy's ticket and publishing it once the ticket says done ([`ReadAheadMode::Background`]);
     /// the step never waits for them. With [`PageAhead::Host`] or [`PageAhead::All`] the other
     /// predicted experts that are not resident are read ahead from the file into the page cache
-    /// ([`HostSlots::read_ahead_host`]), so that the disk reads them while the layers before
-    /// theirs run; with [`PageAhead::All`] so are the loaded experts, before their copies are
-    /// queued, so that the disk reads them in parallel rather than as the worker reaches each.
+    /// ([`HostSlots::read_ahead_host`], on the memory's advice worker: the step does not wait for
+    /// it either), so that the disk reads them while the layers before theirs run; with
+    /// [`PageAhead::All`] so are the loaded experts, asked for before their copies are queued,
+    /// so that the disk reads them in parallel rather than as the copy worker reaches each.
     ///
     /// Errors: [`ExecError::Value`] when the predicted ids are not an i32 value in a slot.
     fn read_ahead(&self, bound: &Bound<'_, K>, i: usize, s: usize) -> Result<(), ExecError> {

@@ -9,7 +9,10 @@
 //! pages in the resident set instead of doubling them. The read-ahead's copies into the slots
 //! are made by the memory's own worker ([`Copier`]), which lives as long as the memory and
 //! holds the mapping ([`SlotArena`]) for as long as it runs, so a copy may outlive the step that
-//! issued it; every other write of a slot first clears it of the worker's copies.
+//! issued it; every other write of a slot first clears it of the worker's copies. The read-ahead
+//! into the page cache (`madvise(MADV_WILLNEED)`, which submits the disk reads and on a cold file
+//! can take milliseconds per expert) is issued by a second worker, so that neither the step nor
+//! the copies wait for it.
 
 use crate::progress::{Count, Progress};
 use crate::store::copier::{Copier, CopyTicket};
@@ -86,6 +89,8 @@ struct SlotLayer {
 pub(crate) struct HostSlots {
     arena: Arc<SlotArena>,
     copier: Copier,
+    /// Issues the page-cache read-ahead ([`HostSlots::read_ahead_host`]) in the order asked.
+    advisor: Copier,
 }
 
 /// The slots' mapping and what a copy into it needs, shared with the copy worker's queued
@@ -124,13 +129,24 @@ impl HostSlots {
         Ok(HostSlots {
             arena: Arc::new(SlotArena::new(weights, moe, slots, layouts)?),
             copier: Copier::new(),
+            advisor: Copier::named("aubier-page-ahead"),
         })
     }
 
-    /// Starts reading expert `expert` of MoE layer `layer` from the file into the page cache
-    /// ([`SlotArena::read_ahead_host`]); returns the bytes advised.
-    pub(crate) fn read_ahead_host(&self, layer: usize, expert: u32) -> usize {
-        self.arena.read_ahead_host(layer, expert)
+    /// Has the memory's advice worker start reading expert `expert` of MoE layer `layer` from
+    /// the file into the page cache ([`SlotArena::read_ahead_host`]), after the experts asked for
+    /// before; returns at once. Advice only: an expert out of range is skipped, and advice still
+    /// queued when the memory drops is dropped.
+    pub(crate) fn read_ahead_host(&self, layer: usize, expert: u32) {
+        let arena = Arc::clone(&self.arena);
+        // Slot `usize::MAX` names no slot: no write of a slot waits for advice.
+        self.advisor.queue(
+            (layer, usize::MAX),
+            Box::new(move || {
+                arena.read_ahead_host(layer, expert);
+                Ok(())
+            }),
+        );
     }
 
     /// Makes the read-ahead copy `copy` now, on the caller's thread ([`SlotArena::fill_unread`]).
@@ -180,19 +196,36 @@ impl HostSlots {
     /// Holds the copy worker until `gate` receives (or 30 s pass): a copy queued now that
     /// waits for it, so the copies queued after it stay queued until then.
     pub(crate) fn hold_worker(&self, gate: std::sync::mpsc::Receiver<()>) {
-        self.copier.queue(
-            (usize::MAX, usize::MAX),
-            Box::new(move || {
-                let _ = gate.recv_timeout(std::time::Duration::from_secs(30));
-                Ok(())
-            }),
-        );
+        hold(&self.copier, gate);
+    }
+
+    /// Holds the advice worker ([`HostSlots::read_ahead_host`]) as [`HostSlots::hold_worker`]
+    /// does the copy worker.
+    pub(crate) fn hold_advisor(&self, gate: std::sync::mpsc::Receiver<()>) {
+        hold(&self.advisor, gate);
+    }
+
+    /// Advice asked for and not yet issued (the worker's queue).
+    pub(crate) fn advice_queued(&self) -> usize {
+        self.advisor.queued()
     }
 
     /// The mapping, not kept alive: for checking that it goes with the memory.
     pub(crate) fn arena_weak(&self) -> std::sync::Weak<SlotArena> {
         Arc::downgrade(&self.arena)
     }
+}
+
+/// Queues on `worker` a job that waits until `gate` receives (or 30 s pass).
+#[cfg(test)]
+fn hold(worker: &Copier, gate: std::sync::mpsc::Receiver<()>) {
+    worker.queue(
+        (usize::MAX, usize::MAX),
+        Box::new(move || {
+            let _ = gate.recv_timeout(std::time::Duration::from_secs(30));
+            Ok(())
+        }),
+    );
 }
 
 impl SlotArena {
@@ -269,21 +302,21 @@ impl SlotArena {
     /// Starts reading expert `expert` of MoE layer `layer` from the file into the page cache
     /// (`madvise(MADV_WILLNEED)` over each of its tensors' slices, [`Weights::prefetch_pages`]),
     /// so that a kernel reading it from the host store later finds it there instead of faulting
-    /// it in page by page. Returns the bytes advised (0 for an expert out of range).
-    pub(crate) fn read_ahead_host(&self, layer: usize, expert: u32) -> usize {
+    /// it in page by page. Nothing for an expert out of range.
+    fn read_ahead_host(&self, layer: usize, expert: u32) {
         let Some(l) = self.layers.get(layer) else {
-            return 0;
+            return;
         };
-        l.parts
-            .iter()
-            .filter_map(|p| {
-                self.weights
-                    .view(p.weight)?
-                    .get(expert as usize * p.expert_bytes..)?
-                    .get(..p.expert_bytes)
-            })
-            .map(|src| self.weights.prefetch_pages(src))
-            .sum()
+        for p in &l.parts {
+            let src = self
+                .weights
+                .view(p.weight)
+                .and_then(|v| v.get(expert as usize * p.expert_bytes..))
+                .and_then(|v| v.get(..p.expert_bytes));
+            if let Some(src) = src {
+                self.weights.prefetch_pages(src);
+            }
+        }
     }
 
     /// Writes expert `expert` of MoE layer `layer` into slot `slot`, as [`SlotMemory::fill`]

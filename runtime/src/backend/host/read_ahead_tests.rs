@@ -10,7 +10,9 @@
 //! * a second session opened while copies are in flight waits for the running one, cancels the
 //!   queued ones, and both sessions keep the logits and the file's bytes in every slot;
 //! * a store dropped with copies in flight leaves the memory usable by the next one, and a model
-//!   dropped with copies in flight ends its worker (no hang) and frees its mapping.
+//!   dropped with copies in flight ends its worker (no hang) and frees its mapping;
+//! * with the page-cache read-ahead on (`PageAhead::All`) and its worker held, steps return
+//!   with their advice still queued and the logits unchanged.
 
 use super::memory::HostSlots;
 use crate::backend::registry::BackendSpec;
@@ -18,7 +20,7 @@ use crate::engine::Model;
 use crate::progress::Quiet;
 use crate::session::{Session, SessionOptions};
 use crate::store::copier::{CopyEnd, CopyTicket};
-use crate::store::expert_store::{ReadAheadMode, StoreOptions};
+use crate::store::expert_store::{PageAhead, ReadAheadMode, StoreOptions};
 use crate::store::FastBudget;
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -97,6 +99,23 @@ fn hold(model: &Model) -> mpsc::Sender<()> {
         .expect("host slots");
     host.hold_worker(gate);
     open
+}
+
+/// Holds the model's advice worker until the returned sender sends; with it, the advice the
+/// worker has not issued.
+fn hold_advice(model: &Model) -> (mpsc::Sender<()>, impl Fn() -> usize + '_) {
+    let (open, gate) = mpsc::channel();
+    let host = |model: &Model| {
+        let slots = model.slots().lock();
+        let host = slots.memory().as_any().downcast_ref::<HostSlots>();
+        host.map(|h| h.advice_queued()).expect("host slots")
+    };
+    {
+        let slots = model.slots().lock();
+        let memory = slots.memory().as_any().downcast_ref::<HostSlots>();
+        memory.expect("host slots").hold_advisor(gate);
+    }
+    (open, move || host(model))
 }
 
 /// Opens the gate from another thread after a moment, so that a call made meanwhile must wait
@@ -252,4 +271,31 @@ fn stores_and_models_dropped_with_copies_in_flight_neither_hang_nor_leak() {
         arena.upgrade().is_none(),
         "the slots' mapping outlived the model"
     );
+}
+
+#[test]
+fn steps_do_not_wait_for_their_page_cache_advice() {
+    let model = model();
+    let base = baseline(&model);
+    let opts = StoreOptions {
+        budget: FastBudget::Slots(4),
+        prefetch_budget: 2,
+        read_ahead: ReadAheadMode::Sync,
+        page_ahead: PageAhead::All,
+        ..StoreOptions::default()
+    };
+    let mut s = Session::open_with_store(Arc::clone(&model), SessionOptions { kv_max: 64 }, &opts)
+        .expect("session");
+    steps(&mut s, &base, 0..1, "prefill");
+    let (open, queued) = hold_advice(&model);
+    steps(&mut s, &base, 1..DECODE, "advice worker held");
+    let held = queued();
+    let _ = open.send(());
+    // More than the held job itself, which the worker may not have taken yet.
+    assert!(
+        held > 1,
+        "the steps issued their advice themselves ({held} queued)"
+    );
+    steps(&mut s, &base, DECODE..DECODE + 3, "advice worker free");
+    check_copies(&model, &s);
 }
