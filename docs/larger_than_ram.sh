@@ -9,8 +9,9 @@
 # the run's wall time (load included), and aubier's served fraction and read-ahead figures.
 # Usage: docs/larger_than_ram.sh PYTHON AUBIER MODEL [AUBIER_FLAGS...]
 #   PYTHON: a python with llama-cpp-python; AUBIER_FLAGS: one quoted string per aubier run, any
-#   `aubier bench` flags (default: "" and "--prefetch-budget 2"), e.g.
-#   "" "--prefetch-budget 2" "--prefetch-budget 2 --prefetch-lead 2 --page-ahead all"
+#   `aubier bench` flags (default: "--prefetch-budget 0" and "": demand paging, and aubier's
+#   default, which reads ahead when the file is larger than the memory), e.g.
+#   "--prefetch-budget 0" "" "--prefetch-budget 2 --prefetch-lead 2 --page-ahead all"
 #   (an unquoted flag list would make each word a run of its own: refused).
 # Shape: $BENCH_ARGS, default --n-prompt 16 --n-gen 32 --reps 1 (a rep after the first would
 # find the file cached).
@@ -18,7 +19,7 @@ set -euo pipefail
 python=$1 aubier=$2 model=$3
 shift 3
 configs=("$@")
-if [ ${#configs[@]} -eq 0 ]; then configs=("" "--prefetch-budget 2"); fi
+if [ ${#configs[@]} -eq 0 ]; then configs=("--prefetch-budget 0" ""); fi
 for flags in "${configs[@]}"; do
     if [ -n "$flags" ] && [ "${flags#--}" = "$flags" ]; then
         echo "aubier run \"$flags\" does not start with a flag: quote each run's flags as one" \

@@ -520,16 +520,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         model,
         prompt,
         tokenizer,
+        read_ahead: ahead,
     } = PromptArgs {
         model: Some(path.clone()),
         prompt_ids: None,
         prompt: Some(text),
     }
-    .load(
-        &spec,
-        args.store.budget(),
-        args.store.prediction(args.predict_experts),
-    )?;
+    .load(&spec, Some(&args.store), args.predict_experts)?;
+    if let Some(note) = &ahead.note {
+        eprintln!("{note}");
+    }
     let prompt = fit_prompt(
         &prompt,
         args.n_prompt,
@@ -546,7 +546,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             model.config.n_ctx_train
         );
     }
-    let store = args.store.options()?;
+    let store = args.store.options(&ahead)?;
     let mut session =
         crate::progress::open_session(model.clone(), SessionOptions { kv_max }, &store)?;
     session.set_ubatch(args.backend.ubatch);
@@ -642,7 +642,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         served_fraction: session.store_report().served_fraction,
         host_bytes_per_token: session.store_report().host_bytes as f64
             / (prompt.len() + args.n_gen - 1) as f64,
-        read_ahead: (args.store.prefetch_budget > 0).then(|| {
+        read_ahead: (ahead.budget > 0).then(|| {
             let r = session.store_report();
             ReadAhead {
                 loads: r.prefetches,
@@ -653,7 +653,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
         }),
         prediction_recall: session.prediction_report().map(|p| p.recall),
-        prediction_lead: args.store.prediction(args.predict_experts),
+        prediction_lead: args.store.prediction(args.predict_experts, &ahead),
     };
     if let Some((name, spec)) = grammar {
         let tokenizer = tokenizer.context("the model file has no tokenizer for the grammar")?;

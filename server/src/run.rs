@@ -2,6 +2,7 @@
 //! It drives the same `Session` and decode loop (`aubier_runtime::generate`) as the server.
 
 use anyhow::{bail, Context};
+use aubier_compiler::Target;
 use aubier_runtime::backend::registry::{self, BackendSpec};
 use aubier_runtime::engine::Model;
 use aubier_runtime::generate::{generate, FinishReason, GenerateParams};
@@ -15,7 +16,7 @@ use aubier_runtime::text::tokenizer::Tokenizer;
 use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
 use std::io::Write;
 use std::ops::ControlFlow;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// The model and prompt of `aubier run` and `aubier trace`.
@@ -41,22 +42,35 @@ pub struct Loaded {
     pub tokenizer: Option<Tokenizer>,
     /// Prompt token ids.
     pub prompt: Vec<u32>,
+    /// The read-ahead chosen for the model ([`StoreArgs::read_ahead`]).
+    pub read_ahead: ReadAhead,
 }
 
 impl PromptArgs {
-    /// Loads the model ([`crate::model_file::resolve_model`]) for the backend `spec` names with a
-    /// fast store of `budget`, its plan with the expert predictor `prediction` layers ahead when
-    /// it is `Some` ([`Model::load_predicting`]), and resolves the prompt. Errors: no model file,
-    /// the backend, the file, the binding, the load, the tokenizer, or no prompt.
+    /// Loads the model ([`crate::model_file::resolve_model`]) for the backend `spec` names and
+    /// resolves the prompt. With `store` (`None`: the backend's fast store, no read-ahead, no
+    /// prediction): its fast-store budget, the read-ahead it chooses for the file
+    /// ([`StoreArgs::read_ahead`]), and the plan's expert predictor when `predict`
+    /// (`--predict-experts`) or the read-ahead asks for it ([`Model::load_predicting`]). Errors:
+    /// no model file, the backend, the file, the binding, the load, the tokenizer, or no prompt.
     pub fn load(
         &self,
         spec: &BackendSpec,
-        budget: FastBudget,
-        prediction: Option<usize>,
+        store: Option<&StoreArgs>,
+        predict: bool,
     ) -> anyhow::Result<Loaded> {
         let path = crate::model_file::resolve_model(self.model.as_deref())?;
+        let backend = spec.make()?;
+        let (budget, read_ahead, prediction) = match store {
+            Some(store) => {
+                let ahead = store.read_ahead(&path, backend.target());
+                let prediction = store.prediction(predict, &ahead);
+                (store.budget(), ahead, prediction)
+            }
+            None => (FastBudget::Auto, ReadAhead::OFF, None),
+        };
         let mut progress = crate::progress::Steps::load(&path);
-        let model = Model::load_predicting(&path, spec.make()?, budget, prediction, &mut progress)
+        let model = Model::load_predicting(&path, backend, budget, prediction, &mut progress)
             .with_context(|| format!("loading {}", path.display()))?;
         progress.done("loaded");
         let tokenizer = Tokenizer::from_gguf(&model.file).ok();
@@ -79,6 +93,7 @@ impl PromptArgs {
             model,
             tokenizer,
             prompt,
+            read_ahead,
         })
     }
 }
@@ -284,9 +299,11 @@ pub struct StoreArgs {
     pub reset: ResetMode,
     /// Read-ahead: per one-token step, load up to this many of each MoE layer's predicted
     /// experts (its router applied before its attention; the plan gains the prediction) into
-    /// the fast store before its experts run (0: demand paging only; host backends).
-    #[arg(long, default_value_t = 0)]
-    pub prefetch_budget: usize,
+    /// the fast store before its experts run (0: demand paging only; host backends). Default:
+    /// 2 on a host backend when the model file is larger than the memory available at boot
+    /// (MemAvailable), else 0.
+    #[arg(long)]
+    pub prefetch_budget: Option<usize>,
     /// How the read-ahead copies run: `background` (the loaded model's copy thread, beside the
     /// step and past its end, never waited for) or `sync` (in the step, before its next kernel:
     /// counts that do not depend on timing).
@@ -300,10 +317,76 @@ pub struct StoreArgs {
     pub prefetch_lead: usize,
     /// What the read-ahead also reads from the file into the page cache (MADV_WILLNEED, the
     /// disk reading them in parallel): `off` nothing; `host` the predicted experts beyond the
-    /// budget and the routed experts not resident (the default); `all` also each read-ahead
-    /// copy's expert when the copy is queued. Changes no count; host backends.
-    #[arg(long, default_value = "host")]
+    /// budget and the routed experts not resident; `all` also each read-ahead copy's expert
+    /// when the copy is queued. Changes no count; host backends. Default: `all` when the
+    /// read-ahead's default is on (a file larger than the memory), else `host`.
+    #[arg(long)]
+    pub page_ahead: Option<PageAhead>,
+}
+
+/// The read-ahead of a run: `--prefetch-budget` and `--page-ahead` as given, else chosen for the
+/// model file and the backend ([`StoreArgs::read_ahead`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadAhead {
+    /// Predicted experts loaded per layer per one-token step ([`StoreOptions::prefetch_budget`]).
+    pub budget: usize,
+    /// What is also read into the page cache ([`StoreOptions::page_ahead`]).
     pub page_ahead: PageAhead,
+    /// Why the defaults turned the read-ahead on, for the log; `None` when they did not.
+    pub note: Option<String>,
+}
+
+impl ReadAhead {
+    /// Demand paging: no read-ahead, the page cache read ahead for the host store's experts
+    /// ([`StoreOptions::default`]'s).
+    pub const OFF: ReadAhead = ReadAhead {
+        budget: 0,
+        page_ahead: PageAhead::Host,
+        note: None,
+    };
+}
+
+/// The read-ahead's budget when the model file is larger than the memory: the setting measured
+/// fastest there (docs/BENCHMARKS.md, "Larger than RAM", with `--page-ahead all`).
+pub const LARGER_THAN_MEMORY_BUDGET: usize = 2;
+
+/// The read-ahead for flags `budget` and `page_ahead` (`None`: not given), a model file of
+/// `file` bytes, `available` bytes of memory (`None`: unknown, taken as enough) and a host
+/// backend (`host`; the GPU store does not read ahead): where the file is larger than the
+/// memory, a host backend reads ahead [`LARGER_THAN_MEMORY_BUDGET`] experts with
+/// [`PageAhead::All`]; otherwise demand paging with [`PageAhead::Host`]. Flags always win.
+fn choose_read_ahead(
+    budget: Option<usize>,
+    page_ahead: Option<PageAhead>,
+    file: Option<u64>,
+    available: Option<u64>,
+    host: bool,
+) -> ReadAhead {
+    let larger = match (file, available) {
+        (Some(f), Some(a)) => host && f > a,
+        _ => false,
+    };
+    let chosen_budget = budget.unwrap_or(if larger { LARGER_THAN_MEMORY_BUDGET } else { 0 });
+    let reads_ahead = larger && chosen_budget > 0;
+    let chosen_page = page_ahead.unwrap_or(if reads_ahead {
+        PageAhead::All
+    } else {
+        PageAhead::Host
+    });
+    let defaulted = budget.is_none() || page_ahead.is_none();
+    let gb = |b: Option<u64>| b.unwrap_or(0) as f64 / 1e9;
+    ReadAhead {
+        budget: chosen_budget,
+        page_ahead: chosen_page,
+        note: (reads_ahead && defaulted).then(|| {
+            format!(
+                "the model file ({:.1} GB) is larger than the available memory ({:.1} GB): \
+                 reading ahead with --prefetch-budget {chosen_budget} --page-ahead {chosen_page}",
+                gb(file),
+                gb(available)
+            )
+        }),
+    }
 }
 
 impl StoreArgs {
@@ -317,9 +400,22 @@ impl StoreArgs {
         }
     }
 
+    /// The read-ahead for the model file `model` on a backend of `target`
+    /// ([`choose_read_ahead`], with the file's size and `MemAvailable` now).
+    pub fn read_ahead(&self, model: &Path, target: Target) -> ReadAhead {
+        choose_read_ahead(
+            self.prefetch_budget,
+            self.page_ahead,
+            std::fs::metadata(model).map(|m| m.len()).ok(),
+            aubier_runtime::store::available_memory(),
+            target != Target::Gpu,
+        )
+    }
+
     /// The options of a session's store: every slot the model was loaded with, the policy, its
-    /// knobs, the seed and the reset. Errors: the resident-set file cannot be read or parsed.
-    pub fn options(&self) -> anyhow::Result<StoreOptions> {
+    /// knobs, the seed, the reset and the read-ahead `ahead`. Errors: the resident-set file
+    /// cannot be read or parsed.
+    pub fn options(&self, ahead: &ReadAhead) -> anyhow::Result<StoreOptions> {
         let resident_set = match &self.resident_set {
             Some(path) => Some(
                 HotSet::read(path)
@@ -336,16 +432,17 @@ impl StoreArgs {
             max_promotions: self.max_promotions,
             admission: self.admission,
             reset: self.reset,
-            prefetch_budget: self.prefetch_budget,
+            prefetch_budget: ahead.budget,
             read_ahead: self.read_ahead,
-            page_ahead: self.page_ahead,
+            page_ahead: ahead.page_ahead,
         })
     }
 
     /// The expert prediction the plan is compiled with ([`Model::load_predicting`]):
-    /// `--prefetch-lead` when `predict` (`--predict-experts`) or `--prefetch-budget` asks for it, else none.
-    pub fn prediction(&self, predict: bool) -> Option<usize> {
-        (predict || self.prefetch_budget > 0).then_some(self.prefetch_lead)
+    /// `--prefetch-lead` when `predict` (`--predict-experts`) or the read-ahead `ahead` asks for
+    /// it, else none.
+    pub fn prediction(&self, predict: bool, ahead: &ReadAhead) -> Option<usize> {
+        (predict || ahead.budget > 0).then_some(self.prefetch_lead)
     }
 }
 
@@ -454,19 +551,23 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         model,
         tokenizer,
         prompt,
+        read_ahead,
     } = args.input.load(
         &args.backend.spec()?,
-        args.store.budget(),
-        args.store.prediction(args.predict_experts),
+        Some(&args.store),
+        args.predict_experts,
     )?;
     if let Some(choice) = model.loaded().fast_store_choice() {
         eprintln!("{choice}");
+    }
+    if let Some(note) = &read_ahead.note {
+        eprintln!("{note}");
     }
     let opts = match args.kv_max {
         Some(kv_max) => SessionOptions { kv_max },
         None => SessionOptions::for_config(&model.config),
     };
-    let store = args.store.options()?;
+    let store = args.store.options(&read_ahead)?;
     let mut session = crate::progress::open_session(model.clone(), opts, &store)?;
     session.set_ubatch(args.backend.ubatch);
     let params = GenerateParams {
@@ -523,7 +624,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             "store": report,
             "staged": staged,
             "prediction": session.prediction_report(),
-            "prediction_lead": args.store.prediction(args.predict_experts),
+            "prediction_lead": args.store.prediction(args.predict_experts, &read_ahead),
         });
         outln!("{v}");
     } else {
@@ -605,5 +706,56 @@ fn finish_name(f: FinishReason) -> &'static str {
         FinishReason::Stop => "stop",
         FinishReason::Length => "length",
         FinishReason::Cancelled => "cancelled",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GB: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_file_larger_than_the_memory_reads_ahead_on_a_host_backend_only() {
+        let big = choose_read_ahead(None, None, Some(43 * GB), Some(22 * GB), true);
+        assert_eq!(
+            (big.budget, big.page_ahead),
+            (LARGER_THAN_MEMORY_BUDGET, PageAhead::All)
+        );
+        let note = big.note.expect("the choice is logged");
+        assert!(
+            note.contains("43.0 GB") && note.contains("22.0 GB"),
+            "{note}"
+        );
+        for (file, available, host) in [
+            (Some(5 * GB), Some(22 * GB), true),
+            (Some(43 * GB), Some(22 * GB), false),
+            (Some(43 * GB), None, true),
+            (None, Some(22 * GB), true),
+        ] {
+            let r = choose_read_ahead(None, None, file, available, host);
+            assert_eq!(r, ReadAhead::OFF, "{file:?} {available:?} host {host}");
+        }
+    }
+
+    #[test]
+    fn flags_win_over_the_choice() {
+        let (file, available) = (Some(43 * GB), Some(22 * GB));
+        let off = choose_read_ahead(Some(0), None, file, available, true);
+        assert_eq!(off, ReadAhead::OFF);
+        let r = choose_read_ahead(None, Some(PageAhead::Off), file, available, true);
+        assert_eq!((r.budget, r.page_ahead), (2, PageAhead::Off));
+        assert!(r.note.is_some());
+        let r = choose_read_ahead(Some(3), Some(PageAhead::Host), file, available, true);
+        assert_eq!(
+            r,
+            ReadAhead {
+                budget: 3,
+                page_ahead: PageAhead::Host,
+                note: None
+            }
+        );
+        let r = choose_read_ahead(Some(1), None, Some(5 * GB), available, true);
+        assert_eq!((r.budget, r.page_ahead, r.note), (1, PageAhead::Host, None));
     }
 }

@@ -9,7 +9,6 @@ use aubier_runtime::placement::trace::{TraceRecord, TraceWriter};
 use aubier_runtime::sampler::SamplingParams;
 use aubier_runtime::session::SessionOptions;
 use aubier_runtime::store::expert_store::StoreOptions;
-use aubier_runtime::store::FastBudget;
 use clap::Args;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -41,9 +40,8 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         model,
         tokenizer,
         prompt,
-    } = args
-        .input
-        .load(&args.backend.spec()?, FastBudget::Auto, None)?;
+        ..
+    } = args.input.load(&args.backend.spec()?, None, false)?;
     let cfg = model.config.clone();
     let mut session = crate::progress::open_session(
         model,

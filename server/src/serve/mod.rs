@@ -229,8 +229,12 @@ fn load_engine(path: &Path, args: &ServeArgs) -> Result<Loaded, ServeError> {
                 .spec()
                 .and_then(|spec| Ok(spec.make()?))
                 .map_err(|e| load_err(crate::error_text::error_text(&e)))?;
+            let ahead = args.store.read_ahead(path, backend.target());
+            if let Some(note) = &ahead.note {
+                tracing::info!("{note}");
+            }
             let mut progress = crate::progress::Steps::load(path);
-            let predicts = args.store.prediction(false);
+            let predicts = args.store.prediction(false, &ahead);
             let model =
                 Model::load_predicting(path, backend, args.store.budget(), predicts, &mut progress)
                     .map_err(|e| load_err(e.to_string()))?;
@@ -241,7 +245,7 @@ fn load_engine(path: &Path, args: &ServeArgs) -> Result<Loaded, ServeError> {
                 .unwrap_or_else(|| model.config.n_ctx_train.min(DEFAULT_KV_MAX));
             let store = args
                 .store
-                .options()
+                .options(&ahead)
                 .map_err(|e| load_err(crate::error_text::error_text(&e)))?;
             let name = model.backend_name().to_string();
             let mut engine = real::RealEngine::open(model, kv_max, &store, args.backend.ubatch)
