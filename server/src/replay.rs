@@ -72,7 +72,8 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub max_promotions: Option<usize>,
     /// 2Q: which re-reference of a non-resident expert promotes it: `ghost` (while in A1out, the
-    /// paper's rule) or `remembered` (while in A1in or A1out).
+    /// paper's rule), `remembered` (while in A1in or A1out) or `frequency[:W]` (as remembered, when
+    /// more frequent than the victim; counts halved every W × experts accesses, W default 2).
     #[arg(long, default_value_t = TwoQParams::DEFAULT_ADMISSION)]
     pub admission: Admission,
     /// LRFU: decay λ per token, in 0..=1 (0 = LFU, 1 = LRU).
