@@ -53,9 +53,9 @@
 //!
 //!   **Frequency admission** ([`Admission::Frequency`]), after TinyLFU (Einziger, Friedman &
 //!   Manes, "TinyLFU: A Highly Efficient Cache Admission Policy", ACM Transactions on Storage
-//!   13(4), 2017): a promotion that `remembered` would make happens only when `Am` has a free
-//!   slot or the candidate's frequency exceeds that of the victim it would evict (ties refuse;
-//!   the id then stays where it is). Frequencies are exact per-layer counters (a layer has at
+//!   13(4), 2017): a promotion that `remembered` would make happens only when a slot is free or
+//!   the candidate's frequency exceeds that of the victim it would evict (`Apre`'s oldest, else
+//!   `Am`'s tail; ties refuse, and the id then stays where it is). Frequencies are exact per-layer counters (a layer has at
 //!   most a few hundred experts, so TinyLFU's sketch is not needed), bumped on every routed
 //!   access (hit or miss, before the decision), and all halved after every `W` accesses
 //!   (TinyLFU's reset), `W = window · n_experts`, so the counts follow a drifting hot set.
@@ -618,10 +618,11 @@ pub enum Admission {
     /// Named `remembered`: a re-reference while in `A1in` or `A1out`.
     Remembered,
     /// Named `frequency` (or `frequency:W`): TinyLFU's admission on top of `remembered`. A
-    /// re-reference while in `A1in` or `A1out` promotes only when `Am` has a free slot or the
-    /// expert's frequency exceeds that of `Am`'s tail, the victim it would evict. Frequencies
-    /// count every routed access of the layer (hit or miss) and are all halved every
-    /// `window · n_experts` accesses (see the module note).
+    /// re-reference while in `A1in` or `A1out` promotes only when a slot is free or the
+    /// expert's frequency exceeds that of the victim it would evict (`Apre`'s oldest, else
+    /// `Am`'s tail). Frequencies count every routed access of the layer (hit or miss) and are
+    /// all halved every `window · n_experts` accesses; a hit on a prefetched expert in `Apre`
+    /// moves it into `Am` under the same test (see the module note).
     Frequency {
         /// The aging window `W`, in multiples of the layer's expert count (at least 1).
         window: u32,
