@@ -1794,6 +1794,14 @@ mod tests {
         );
     }
 
+    /// A demand miss admitted in place of `victim`.
+    fn evicting(victim: u32) -> Access {
+        Access::Miss {
+            admit: true,
+            evict: Some(victim),
+        }
+    }
+
     fn frequency_two_q(n: u32, slots: usize, a1out: usize, window: u32, seed: &[u32]) -> TwoQ {
         let params = TwoQParams {
             slots,
@@ -1842,10 +1850,6 @@ mod tests {
         let mut p = frequency_two_q(8, 1, 4, 100, &[]);
         let steps: [&[u32]; 8] = [&[0], &[0], &[0], &[1], &[1], &[1], &[1], &[1]];
         let o = run(&mut p, &steps);
-        let evict_0 = Access::Miss {
-            admit: true,
-            evict: Some(0),
-        };
         let expected = [
             BYPASS,
             MISS_ADMIT,
@@ -1853,7 +1857,7 @@ mod tests {
             BYPASS,
             BYPASS,
             BYPASS,
-            evict_0,
+            evicting(0),
             Access::Hit,
         ];
         for (t, (got, want)) in o.iter().zip(expected).enumerate() {
@@ -1874,13 +1878,7 @@ mod tests {
         let mut aged = frequency_two_q(2, 1, 2, 1, &[]);
         let o = run(&mut aged, &steps);
         assert_eq!(o[1], vec![MISS_ADMIT]);
-        assert_eq!(
-            o[3],
-            vec![Access::Miss {
-                admit: true,
-                evict: Some(0)
-            }]
-        );
+        assert_eq!(o[3], vec![evicting(0)]);
         assert_eq!((aged.frequency(0), aged.frequency(1)), (0, 1));
         let mut kept = frequency_two_q(2, 1, 2, 100, &[]);
         let o = run(&mut kept, &steps);
@@ -1903,22 +1901,10 @@ mod tests {
         let o = run(&mut p, &[&[1], &[6], &[6]]);
         assert_eq!(o[0], vec![Access::Hit]);
         assert_eq!(o[1], vec![BYPASS]);
-        assert_eq!(
-            o[2],
-            vec![Access::Miss {
-                admit: true,
-                evict: Some(5)
-            }]
-        );
+        assert_eq!(o[2], vec![evicting(5)]);
         assert_eq!((p.resident(), p.a1out()), (vec![6, 1, 0], vec![5]));
         let o = run(&mut p, &[&[5]]);
-        assert_eq!(
-            o[0],
-            vec![Access::Miss {
-                admit: true,
-                evict: Some(0)
-            }]
-        );
+        assert_eq!(o[0], vec![evicting(0)]);
         assert_eq!(p.resident(), vec![5, 6, 1]);
     }
 
