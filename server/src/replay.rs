@@ -72,7 +72,8 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub max_promotions: Option<usize>,
     /// 2Q: which re-reference of a non-resident expert promotes it: `ghost` (while in A1out, the
-    /// paper's rule) or `remembered` (while in A1in or A1out).
+    /// paper's rule), `remembered` (while in A1in or A1out) or `frequency[:W]` (as remembered, when
+    /// more frequent than the victim; counts halved every W × experts accesses, W default 2).
     #[arg(long, default_value_t = TwoQParams::DEFAULT_ADMISSION)]
     pub admission: Admission,
     /// LRFU: decay λ per token, in 0..=1 (0 = LFU, 1 = LRU).
@@ -92,6 +93,30 @@ pub struct ReplayArgs {
     /// 0..N.
     #[arg(long)]
     pub resident_set: Option<PathBuf>,
+}
+
+/// The receipt's `model`: the trace, then the settings that change its figures when not the
+/// defaults (2Q's knobs when 2q is replayed, the prefetch budget), so that receipts of one trace
+/// under other settings are told apart.
+fn receipt_model(args: &ReplayArgs, source: String) -> String {
+    let mut model = source;
+    let two_q_knobs = args.a1in != TwoQParams::DEFAULT_A1IN
+        || args.a1out != TwoQParams::DEFAULT_A1OUT
+        || args.max_promotions.is_some()
+        || args.admission != TwoQParams::DEFAULT_ADMISSION;
+    if two_q_knobs && args.policies.contains(&PolicyKind::TwoQ) {
+        model += &format!(
+            "; 2q a1in {} a1out {} admission {}",
+            args.a1in, args.a1out, args.admission
+        );
+        if let Some(cap) = args.max_promotions {
+            model += &format!(" max-promotions {cap}");
+        }
+    }
+    if args.prefetch_budget > 0 {
+        model += &format!("; prefetch budget {}", args.prefetch_budget);
+    }
+    model
 }
 
 /// Runs `aubier replay`; exit status 1 with a message on stderr when it fails.
@@ -207,10 +232,7 @@ fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
             kind: "replay",
             backend: None,
             device: None,
-            model: Some(match args.prefetch_budget {
-                0 => source,
-                b => format!("{source}; prefetch budget {b}"),
-            }),
+            model: Some(receipt_model(args, source)),
             peer: None,
             figures: value,
         })?;

@@ -289,8 +289,9 @@ pub struct StoreArgs {
     /// Most 2Q promotions per token per layer (default: no cap).
     #[arg(long)]
     pub max_promotions: Option<usize>,
-    /// 2Q admission: `ghost` (promote on a re-reference while in A1out) or `remembered` (while
-    /// in A1in or A1out).
+    /// 2Q admission: `ghost` (promote on a re-reference while in A1out), `remembered` (while
+    /// in A1in or A1out) or `frequency[:W]` (as remembered, when more frequent than the victim;
+    /// counts halved every W × experts accesses, W default 2).
     #[arg(long, default_value_t = TwoQParams::DEFAULT_ADMISSION)]
     pub admission: Admission,
     /// Between requests: `exact` restores the boot membership and policy state (timed), `none`

@@ -15,7 +15,8 @@
 //! route, before that step begins. It is not a reference (no count, recency or ghost hit is
 //! credited to it): the policy only places it, most protected where it has an order (the head of
 //! an LRU list; in the frequency policies it keeps its own key and so is their first victim until
-//! routed), and picks the victim as its demand misses do. An expert prefetched since the last
+//! routed; in [`TwoQ`] a resident FIFO of its own, `Apre`, the first victim), and picks the victim
+//! as its demand misses do. An expert prefetched since the last
 //! [`Policy::begin_step`] is never evicted by another prefetch (it is *pinned* until its step
 //! begins); when every resident is pinned, or the policy keeps a fixed set ([`StaticSet`]) or is
 //! the demand-paging ceiling ([`Min`]), the prefetch is refused.
@@ -49,6 +50,24 @@
 //!   layer and token) bounds the copy traffic; a promotion refused by the cap leaves the id where
 //!   it is. The defaults ([`TwoQParams::DEFAULT_A1IN`] and the others) were chosen by replay over
 //!   the calibrated synthetic presets ([`crate::placement::synthetic::Preset`]).
+//!
+//!   **Frequency admission** ([`Admission::Frequency`]), after TinyLFU (Einziger, Friedman &
+//!   Manes, "TinyLFU: A Highly Efficient Cache Admission Policy", ACM Transactions on Storage
+//!   13(4), 2017): a promotion that `remembered` would make happens only when a slot is free or
+//!   the candidate's frequency exceeds that of the victim it would evict (`Apre`'s oldest, else
+//!   `Am`'s tail; ties refuse, and the id then stays where it is). Frequencies are exact per-layer counters (a layer has at
+//!   most a few hundred experts, so TinyLFU's sketch is not needed), bumped on every routed
+//!   access (hit or miss, before the decision), and all halved after every `W` accesses
+//!   (TinyLFU's reset), `W = window · n_experts`, so the counts follow a drifting hot set.
+//!
+//!   **Prefetches** go to a fourth queue, `Apre`: resident, FIFO, sharing the `slots` with `Am`.
+//!   A hit there is a correlated reference, as in the paper's resident `A1in` (the expert stays
+//!   in `Apre`), except under frequency admission, where it moves the expert to the head of `Am`
+//!   when it is more frequent than `Am`'s tail, which takes its place as `Apre`'s oldest. A slot
+//!   is reclaimed (for a promotion or a prefetch) from `Apre`'s oldest first (its id goes to the
+//!   head of `A1out`, so a demand re-reference promotes it), then from `Am`'s tail: a wrong
+//!   prefetch is the next victim and the reused set in `Am` survives, as in LFU, where a
+//!   prefetched expert keeps its own low count.
 //! * [`Lru`] — admit every miss, evict the least recently used resident.
 //! * [`Lfu`] — perfect LFU: a reference count per expert over every access since boot (resident or
 //!   not; a layer has only `n_experts` ids), and the resident set kept as the best `slots` by the key
@@ -538,6 +557,14 @@ impl Queues {
         self.len[q] -= 1;
     }
 
+    /// The id at the tail of `q`, if any.
+    pub(super) fn tail(&self, q: usize) -> Option<u32> {
+        match self.tail[q] {
+            NIL => None,
+            t => Some(t),
+        }
+    }
+
     pub(super) fn pop_back(&mut self, q: usize) -> Option<u32> {
         match self.tail[q] {
             NIL => None,
@@ -590,33 +617,71 @@ pub enum Admission {
     Ghost,
     /// Named `remembered`: a re-reference while in `A1in` or `A1out`.
     Remembered,
+    /// Named `frequency` (or `frequency:W`): TinyLFU's admission on top of `remembered`. A
+    /// re-reference while in `A1in` or `A1out` promotes only when a slot is free or the
+    /// expert's frequency exceeds that of the victim it would evict (`Apre`'s oldest, else
+    /// `Am`'s tail). Frequencies count every routed access of the layer (hit or miss) and are
+    /// all halved every `window · n_experts` accesses; a hit on a prefetched expert in `Apre`
+    /// moves it into `Am` under the same test (see the module note).
+    Frequency {
+        /// The aging window `W`, in multiples of the layer's expert count (at least 1).
+        window: u32,
+    },
 }
 
 impl Admission {
-    /// The command-line name: `ghost` or `remembered`.
+    /// The default aging window of [`Admission::Frequency`], in multiples of the expert count.
+    pub const DEFAULT_WINDOW: u32 = 2;
+
+    /// The command-line name: `ghost`, `remembered` or `frequency`.
     pub fn name(self) -> &'static str {
         match self {
             Admission::Ghost => "ghost",
             Admission::Remembered => "remembered",
+            Admission::Frequency { .. } => "frequency",
         }
     }
 }
 
 impl fmt::Display for Admission {
+    /// The name; `frequency:W` for [`Admission::Frequency`].
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        match self {
+            Admission::Frequency { window } => write!(f, "frequency:{window}"),
+            other => f.write_str(other.name()),
+        }
     }
 }
 
 impl FromStr for Admission {
     type Err = String;
 
-    /// Parses `ghost` or `remembered` (ASCII case-insensitive). Errors: a message naming both.
+    /// Parses `ghost`, `remembered`, `frequency` (window [`Admission::DEFAULT_WINDOW`]) or
+    /// `frequency:W` with `W` ≥ 1 (ASCII case-insensitive). Errors: a message naming them.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [Admission::Ghost, Admission::Remembered]
-            .into_iter()
-            .find(|a| a.name().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| format!("unknown 2Q admission `{s}` (known: ghost, remembered)"))
+        let s = s.trim();
+        let (name, window) = match s.split_once(':') {
+            Some((name, w)) => (name, Some(w)),
+            None => (s, None),
+        };
+        let unknown = || {
+            format!(
+                "unknown 2Q admission `{s}` (known: ghost, remembered, frequency, frequency:W \
+                 with W >= 1)"
+            )
+        };
+        match (name.to_ascii_lowercase().as_str(), window) {
+            ("ghost", None) => Ok(Admission::Ghost),
+            ("remembered", None) => Ok(Admission::Remembered),
+            ("frequency", None) => Ok(Admission::Frequency {
+                window: Admission::DEFAULT_WINDOW,
+            }),
+            ("frequency", Some(w)) => match w.trim().parse::<u32>() {
+                Ok(window) if window >= 1 => Ok(Admission::Frequency { window }),
+                _ => Err(unknown()),
+            },
+            _ => Err(unknown()),
+        }
     }
 }
 
@@ -687,11 +752,17 @@ pub struct TwoQ {
     queues: Queues,
     promotions: usize,
     pins: Pins,
+    /// [`Admission::Frequency`]'s counts per expert (empty with the other rules).
+    freq: Vec<u32>,
+    /// Accesses since the counts were last halved.
+    since_aging: u64,
 }
 
 const AM: usize = 0;
 const A1IN: usize = 1;
 const A1OUT: usize = 2;
+/// Resident prefetched experts not yet re-referenced through `A1out` (FIFO, newest at the head).
+const APRE: usize = 3;
 
 impl TwoQ {
     /// A 2Q policy whose `Am` starts as `initial` (first id = most recently used). Errors:
@@ -699,17 +770,99 @@ impl TwoQ {
     /// `SeedDuplicate`).
     pub fn new(n_experts: u32, params: TwoQParams, initial: &[u32]) -> Result<Self, PolicyError> {
         check_seed(initial, params.slots, n_experts)?;
-        let mut queues = Queues::new(3, n_experts as usize);
+        let mut queues = Queues::new(4, n_experts as usize);
         for &e in initial {
             queues.push_back(AM, e);
         }
+        let freq = match params.admission {
+            Admission::Frequency { .. } => vec![0; n_experts as usize],
+            Admission::Ghost | Admission::Remembered => Vec::new(),
+        };
         Ok(TwoQ {
             n_experts,
             params,
             queues,
             promotions: 0,
             pins: Pins::default(),
+            freq,
+            since_aging: 0,
         })
+    }
+
+    /// [`Admission::Frequency`]'s count of `expert` (0 with the other rules).
+    pub fn frequency(&self, expert: u32) -> u32 {
+        self.freq.get(expert as usize).copied().unwrap_or(0)
+    }
+
+    /// Counts one access of `expert` and halves every count once `window · n_experts` accesses
+    /// have been counted since the last halving (no-op without [`Admission::Frequency`]).
+    fn count(&mut self, expert: usize) {
+        let Admission::Frequency { window } = self.params.admission else {
+            return;
+        };
+        self.freq[expert] = self.freq[expert].saturating_add(1);
+        self.since_aging += 1;
+        if self.since_aging >= u64::from(window.max(1)) * u64::from(self.n_experts) {
+            self.since_aging = 0;
+            for f in &mut self.freq {
+                *f /= 2;
+            }
+        }
+    }
+
+    /// Whether [`Admission::Frequency`] refuses to promote `expert` now: `Am` is full and its
+    /// tail (the victim) is at least as frequent. Always false with the other rules.
+    fn frequency_refuses(&self, expert: u32) -> bool {
+        if !matches!(self.params.admission, Admission::Frequency { .. }) || !self.full() {
+            return false;
+        }
+        match self.queues.tail(APRE).or(self.queues.tail(AM)) {
+            Some(victim) => self.frequency(expert) <= self.frequency(victim),
+            None => false,
+        }
+    }
+
+    /// Whether a hit on `expert`, resident in `Apre`, moves it into `Am` under
+    /// [`Admission::Frequency`]: when it is more frequent than `Am`'s tail (which then takes its
+    /// place as `Apre`'s oldest, the next victim), or `Am` is empty. Always false with the
+    /// other rules (a hit in `Apre` is a correlated reference).
+    fn frequency_swaps(&self, expert: u32) -> bool {
+        if !matches!(self.params.admission, Admission::Frequency { .. }) {
+            return false;
+        }
+        match self.queues.tail(AM) {
+            Some(v) => self.frequency(expert) > self.frequency(v),
+            None => true,
+        }
+    }
+
+    /// Whether every slot holds an expert (of `Am` or `Apre`).
+    fn full(&self) -> bool {
+        self.queues.len(AM) + self.queues.len(APRE) >= self.params.slots
+    }
+
+    /// Frees a slot when full: the oldest expert of `Apre` (its id goes to the head of `A1out`),
+    /// else `Am`'s least recent one (forgotten); with `honour_pins`, never a pinned one. `Some(None)`
+    /// when a slot was free; `None` when every resident is pinned.
+    fn reclaim(&mut self, honour_pins: bool) -> Option<Option<u32>> {
+        if !self.full() {
+            return Some(None);
+        }
+        let none = Pins::default();
+        let pins = if honour_pins { &self.pins } else { &none };
+        if let Some(v) = self.queues.pop_back_unpinned(APRE, pins) {
+            self.remember(v);
+            return Some(Some(v));
+        }
+        self.queues.pop_back_unpinned(AM, pins).map(Some)
+    }
+
+    /// Puts `id` (in no queue) at the head of `A1out`, dropping its tail beyond `Kout`.
+    fn remember(&mut self, id: u32) {
+        self.queues.push_front(A1OUT, id);
+        if self.queues.len(A1OUT) > self.params.a1out {
+            self.queues.pop_back(A1OUT);
+        }
     }
 
     /// The knobs.
@@ -725,6 +878,11 @@ impl TwoQ {
     /// The ids in `A1out`, newest first.
     pub fn a1out(&self) -> Vec<u32> {
         self.queues.ids(A1OUT)
+    }
+
+    /// The resident prefetched experts not yet promoted (`Apre`), newest first.
+    pub fn prefetched(&self) -> Vec<u32> {
+        self.queues.ids(APRE)
     }
 }
 
@@ -744,7 +902,7 @@ impl Policy for TwoQ {
     }
 
     fn is_resident(&self, expert: u32) -> bool {
-        expert < self.n_experts && self.queues.queue_of(expert) == Some(AM)
+        expert < self.n_experts && matches!(self.queues.queue_of(expert), Some(AM | APRE))
     }
 
     fn access(&mut self, expert: u32) -> Result<Access, PolicyError> {
@@ -753,10 +911,21 @@ impl Policy for TwoQ {
             admit: false,
             evict: None,
         };
-        let remembered = self.params.admission == Admission::Remembered;
+        let remembered = self.params.admission != Admission::Ghost;
+        self.count(expert as usize);
         match self.queues.queue_of(expert) {
             Some(AM) => {
                 self.queues.move_to_front(expert);
+                Ok(Access::Hit)
+            }
+            Some(APRE) => {
+                if self.frequency_swaps(expert) {
+                    if let Some(v) = self.queues.pop_back(AM) {
+                        self.queues.push_back(APRE, v);
+                    }
+                    self.queues.remove(expert);
+                    self.queues.push_front(AM, expert);
+                }
                 Ok(Access::Hit)
             }
             Some(q) if q == A1OUT || remembered => {
@@ -764,15 +933,12 @@ impl Policy for TwoQ {
                     .params
                     .max_promotions
                     .is_some_and(|cap| self.promotions >= cap)
+                    || self.frequency_refuses(expert)
                 {
                     return Ok(bypass);
                 }
                 self.queues.remove(expert);
-                let evict = if self.queues.len(AM) >= self.params.slots {
-                    self.queues.pop_back(AM)
-                } else {
-                    None
-                };
+                let evict = self.reclaim(false).flatten();
                 self.queues.push_front(AM, expert);
                 self.promotions += 1;
                 Ok(Access::Miss { admit: true, evict })
@@ -782,10 +948,7 @@ impl Policy for TwoQ {
                 self.queues.push_front(A1IN, expert);
                 if self.queues.len(A1IN) > self.params.a1in {
                     if let Some(y) = self.queues.pop_back(A1IN) {
-                        self.queues.push_front(A1OUT, y);
-                    }
-                    if self.queues.len(A1OUT) > self.params.a1out {
-                        self.queues.pop_back(A1OUT);
+                        self.remember(y);
                     }
                 }
                 Ok(bypass)
@@ -793,28 +956,26 @@ impl Policy for TwoQ {
         }
     }
 
+    /// `Am` (most recent first), then `Apre` (newest first).
     fn resident(&self) -> Vec<u32> {
-        self.queues.ids(AM)
+        let mut out = self.queues.ids(AM);
+        out.extend(self.queues.ids(APRE));
+        out
     }
 
-    /// Puts `expert` at the head of `Am` (out of `A1in` / `A1out` if remembered there), evicting
-    /// `Am`'s least recent unpinned expert when full (forgotten, as a promotion's victim). Not a
-    /// promotion: the promotion cap does not count it.
+    /// Puts `expert` at the head of `Apre` (out of `A1in` / `A1out` if remembered there), freeing
+    /// a slot when full as a promotion does but never taking a pinned expert. Not a promotion:
+    /// the promotion cap does not count it.
     fn prefetch(&mut self, expert: u32) -> Result<Prefetch, PolicyError> {
         check_expert(expert, self.n_experts)?;
-        if self.queues.queue_of(expert) == Some(AM) {
+        if self.is_resident(expert) {
             return Ok(Prefetch::Resident);
         }
-        let evict = if self.queues.len(AM) >= self.params.slots {
-            match self.queues.pop_back_unpinned(AM, &self.pins) {
-                Some(v) => Some(v),
-                None => return Ok(Prefetch::Refused),
-            }
-        } else {
-            None
+        let Some(evict) = self.reclaim(true) else {
+            return Ok(Prefetch::Refused);
         };
         self.queues.remove(expert);
-        self.queues.push_front(AM, expert);
+        self.queues.push_front(APRE, expert);
         self.pins.add(expert);
         Ok(Prefetch::Loaded { evict })
     }
@@ -1631,5 +1792,143 @@ mod tests {
                 evict: Some(5)
             }]
         );
+    }
+
+    /// A demand miss admitted in place of `victim`.
+    fn evicting(victim: u32) -> Access {
+        Access::Miss {
+            admit: true,
+            evict: Some(victim),
+        }
+    }
+
+    fn frequency_two_q(n: u32, slots: usize, a1out: usize, window: u32, seed: &[u32]) -> TwoQ {
+        let params = TwoQParams {
+            slots,
+            a1in: 0,
+            a1out,
+            max_promotions: None,
+            admission: Admission::Frequency { window },
+        };
+        TwoQ::new(n, params, seed).unwrap()
+    }
+
+    #[test]
+    fn admission_names_parse_and_print() {
+        for (text, adm) in [
+            ("ghost", Admission::Ghost),
+            ("Remembered", Admission::Remembered),
+            (
+                "frequency",
+                Admission::Frequency {
+                    window: Admission::DEFAULT_WINDOW,
+                },
+            ),
+            (" frequency:8 ", Admission::Frequency { window: 8 }),
+        ] {
+            assert_eq!(text.parse::<Admission>().unwrap(), adm, "{text}");
+            assert_eq!(adm.to_string().parse::<Admission>().unwrap(), adm);
+        }
+        assert_eq!(
+            Admission::Frequency { window: 8 }.to_string(),
+            "frequency:8"
+        );
+        for bad in ["frequency:0", "frequency:x", "ghost:3", "freq", ""] {
+            assert!(bad.parse::<Admission>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn frequency_admission_needs_more_uses_than_the_victim() {
+        // 8 experts, 1 slot, Kin 0, Kout 4, no aging within the trace (W = 100 · 8). Counts after
+        // each access in brackets.
+        //   [0] 0 (1): first seen, to A1out, bypassed.   [0] 0 (2): remembered, Am free: admitted.
+        //   [0] 0 (3): hit.                                [1] 1 (1): to A1out, bypassed.
+        //   [1] 1 (2): 2 <= 3 (victim 0): refused.        [1] 1 (3): 3 <= 3, a tie: refused.
+        //   [1] 1 (4): 4 > 3: admitted, evicting 0.        [1]: hit.
+        // `remembered` alone would admit 1 at its second access.
+        let mut p = frequency_two_q(8, 1, 4, 100, &[]);
+        let steps: [&[u32]; 8] = [&[0], &[0], &[0], &[1], &[1], &[1], &[1], &[1]];
+        let o = run(&mut p, &steps);
+        let expected = [
+            BYPASS,
+            MISS_ADMIT,
+            Access::Hit,
+            BYPASS,
+            BYPASS,
+            BYPASS,
+            evicting(0),
+            Access::Hit,
+        ];
+        for (t, (got, want)) in o.iter().zip(expected).enumerate() {
+            assert_eq!(got, &vec![want], "step {t}");
+        }
+        assert_eq!((p.frequency(0), p.frequency(1)), (3, 5));
+        assert_eq!(p.resident(), vec![1]);
+        assert!(p.a1out().is_empty(), "0 is forgotten, 1 promoted");
+    }
+
+    #[test]
+    fn frequency_aging_lets_a_newer_expert_in() {
+        // 2 experts, 1 slot, Kout 2. With window 1 the counts halve every 2 accesses:
+        //   [0] 0 (1), A1out.   [0] 0 (2), then halved to 1 (1: 0); Am free: admitted.
+        //   [1] 1 (1), A1out.   [1] 1 (2), then halved: 0 has 0, 1 has 1; 1 > 0: admitted.
+        // Without aging (window 100) the last access compares 2 with 2 and is refused.
+        let steps: [&[u32]; 4] = [&[0], &[0], &[1], &[1]];
+        let mut aged = frequency_two_q(2, 1, 2, 1, &[]);
+        let o = run(&mut aged, &steps);
+        assert_eq!(o[1], vec![MISS_ADMIT]);
+        assert_eq!(o[3], vec![evicting(0)]);
+        assert_eq!((aged.frequency(0), aged.frequency(1)), (0, 1));
+        let mut kept = frequency_two_q(2, 1, 2, 100, &[]);
+        let o = run(&mut kept, &steps);
+        assert_eq!(o[3], vec![BYPASS]);
+        assert_eq!(kept.resident(), vec![0]);
+    }
+
+    #[test]
+    fn two_q_prefetches_are_the_first_victims() {
+        // 8 experts, 3 slots seeded [0, 1, 2] (0 most recent), Kin 0, Kout round(0.5 · 3) = 2.
+        // Prefetch 5: full, Apre empty, so Am's tail 2 leaves; Am [0, 1], Apre [5]. Step [1]: a
+        // hit, Am [1, 0]; 5 was a wrong prefetch. Steps [6], [6]: 6 is remembered, then promoted;
+        // the slot comes from Apre's oldest, 5 (its id to A1out), not from Am's tail 0. Step [5]:
+        // remembered, promoted; Apre is empty, so Am's tail 0 leaves. (With the prefetch at the
+        // head of Am, step [1] would leave Am [1, 5, 0] and the promotion of 6 would evict 0.)
+        let params = TwoQParams::from_fractions(3, 0.0, 0.5, None, Admission::Ghost).unwrap();
+        let mut p = TwoQ::new(8, params, &[0, 1, 2]).unwrap();
+        assert_eq!(p.prefetch(5).unwrap(), Prefetch::Loaded { evict: Some(2) });
+        assert_eq!((p.resident(), p.prefetched()), (vec![0, 1, 5], vec![5]));
+        let o = run(&mut p, &[&[1], &[6], &[6]]);
+        assert_eq!(o[0], vec![Access::Hit]);
+        assert_eq!(o[1], vec![BYPASS]);
+        assert_eq!(o[2], vec![evicting(5)]);
+        assert_eq!((p.resident(), p.a1out()), (vec![6, 1, 0], vec![5]));
+        let o = run(&mut p, &[&[5]]);
+        assert_eq!(o[0], vec![evicting(0)]);
+        assert_eq!(p.resident(), vec![5, 6, 1]);
+    }
+
+    #[test]
+    fn a_used_prefetch_stays_in_apre_unless_more_frequent_than_am_tail() {
+        // Ghost admission: a hit in Apre is a correlated reference. 8 experts, 2 slots seeded
+        // [0, 1]; prefetch 5 evicts 1; step [5] hits and 5 stays in Apre.
+        let params = TwoQParams::from_fractions(2, 0.0, 1.0, None, Admission::Ghost).unwrap();
+        let mut p = TwoQ::new(8, params, &[0, 1]).unwrap();
+        assert_eq!(p.prefetch(5).unwrap(), Prefetch::Loaded { evict: Some(1) });
+        assert_eq!(run(&mut p, &[&[5], &[5]])[1], vec![Access::Hit]);
+        assert_eq!(p.prefetched(), vec![5]);
+        // Frequency admission, Kout 2, no aging. Step [0]: a hit, 0 (1). Prefetch 5 evicts Am's
+        // tail 1: Am [0], Apre [5]. Step [5]: 5 (1), not above 0's 1: stays. Step [5]: 5 (2) > 1:
+        // 5 to Am's head, 0 to Apre as its oldest. Prefetch 6 then evicts 0, not 5.
+        let mut p = frequency_two_q(8, 2, 2, 100, &[0, 1]);
+        run(&mut p, &[&[0]]);
+        assert_eq!(p.prefetch(5).unwrap(), Prefetch::Loaded { evict: Some(1) });
+        run(&mut p, &[&[5]]);
+        assert_eq!((p.resident(), p.prefetched()), (vec![0, 5], vec![5]));
+        run(&mut p, &[&[5]]);
+        assert_eq!((p.resident(), p.prefetched()), (vec![5, 0], vec![0]));
+        assert_eq!(p.prefetch(6).unwrap(), Prefetch::Loaded { evict: Some(0) });
+        assert_eq!(p.resident(), vec![5, 6]);
+        assert_eq!(p.a1out(), vec![0]);
     }
 }
