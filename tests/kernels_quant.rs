@@ -6,7 +6,8 @@
 //!   must equal `ref.<TYPE>` — `gguf.quants.dequantize`'s output — **bit for bit**, every
 //!   element. Where the host has FMA, the program is also built with `-mfma -ffp-contract=fast`
 //!   (what HIP and CUDA do by default) and must give the same bits; it is also built with
-//!   `-fsanitize=alignment`, so every word load is at an address its width divides.
+//!   `-fsanitize=alignment,address`, so every word load is at an address its width divides and
+//!   none reads outside its row (the k-quants' 64-bit words cover up to 6 bytes around a run).
 //! * Each type's output on its own (tables + function) is a complete translation unit.
 //! * All functions, each called by a trivial `__global__` kernel, compile for a GPU with
 //!   `clang-19 -x hip --offload-arch=gfx1201 -nogpuinc -nogpulib --cuda-device-only
@@ -218,14 +219,19 @@ fn check_case(program: &Path, case: &Case) -> Vec<String> {
     failures
 }
 
-/// Compiler flag sets the host program is built with: plain; with the alignment sanitizer, so a
-/// 16- or 32-bit word load at an address its width does not divide (undefined on a GPU) stops
-/// the program (each row sits at the start of a `std::vector`, 16-byte aligned); and (where the
-/// CPU can run it) with FMA contraction everywhere.
+/// Compiler flag sets the host program is built with: plain; with the alignment and address
+/// sanitizers, so a 16-, 32- or 64-bit word load at an address its width does not divide
+/// (undefined on a GPU), or a byte read outside the row, stops the program (each row is a
+/// `std::vector` of its bytes, 16-byte aligned); and (where the CPU can run it) with FMA
+/// contraction everywhere.
 fn host_flag_sets() -> Vec<Vec<&'static str>> {
     let mut sets = vec![
         vec!["-O2"],
-        vec!["-O1", "-fsanitize=alignment", "-fno-sanitize-recover=all"],
+        vec![
+            "-O1",
+            "-fsanitize=alignment,address",
+            "-fno-sanitize-recover=all",
+        ],
     ];
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") {

@@ -103,9 +103,12 @@ typedef const unsigned char* aubier_ptr;
 #define AUBIER_IN4(w) const uint* w
 typedef unsigned short __attribute__((may_alias)) aubier_h16;
 typedef unsigned int __attribute__((may_alias)) aubier_w32;
+typedef unsigned long __attribute__((may_alias)) aubier_w64;
 __device__ inline uint aubier_b8(aubier_ptr p) { return *p; }
 __device__ inline uint aubier_ld16(aubier_ptr p) { return *(const aubier_h16*)p; }
 __device__ inline uint aubier_ld32(aubier_ptr p) { return *(const aubier_w32*)p; }
+__device__ inline uint64_t aubier_ld64(aubier_ptr p) { return *(const aubier_w64*)p; }
+__device__ inline uint aubier_off8(aubier_ptr p) { return uint((unsigned long)p & 7ul); }
 /* The f32 whose IEEE bits are u. */
 __device__ inline float aubier_as_f32(uint u) {
   union { uint u; float f; } x;
@@ -127,6 +130,25 @@ AUBIER_FN void aubier_load16_a2(aubier_ptr p, AUBIER_OUT4(w)) {
 }
 AUBIER_FN void aubier_load16_a4(aubier_ptr p, AUBIER_OUT4(w)) {
   for (int i = 0; i < 4; ++i) w[i] = aubier_ld32(p + 4 * i);
+}
+/* The same from the 8-byte aligned 64-bit words that cover them (_w8), funnel-shifted by the
+   offset of p in its word: two loads where p is 8-byte aligned, three where it is not (the
+   third then starts inside the run). Reads up to 6 bytes before p and after p + 16: the
+   caller's block must hold them after, and the weight must start 8-byte aligned. */
+AUBIER_FN void aubier_load16_w8(aubier_ptr p, AUBIER_OUT4(w)) {
+  const uint off = aubier_off8(p);
+  const aubier_ptr q = p - off;
+  const uint64_t a0 = aubier_ld64(q);
+  const uint64_t a1 = aubier_ld64(q + 8);
+  uint64_t a2 = 0ul;
+  if (off != 0u) a2 = aubier_ld64(q + 16);
+  const uint sh = 8u * off;
+  const uint64_t lo = off == 0u ? a0 : (a0 >> sh) | (a1 << (64u - sh));
+  const uint64_t hi = off == 0u ? a1 : (a1 >> sh) | (a2 << (64u - sh));
+  w[0] = uint(lo);
+  w[1] = uint(lo >> 32);
+  w[2] = uint(hi);
+  w[3] = uint(hi >> 32);
 }
 /* Byte l (0..15) of the 16 bytes held in w, unpacked in registers. */
 AUBIER_FN uint aubier_byte(AUBIER_IN4(w), int l) { return (w[l >> 2] >> (8 * (l & 3))) & 255u; }

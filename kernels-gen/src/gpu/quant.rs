@@ -24,15 +24,29 @@
 //!
 //! Loads. Quant bytes are read as words and unpacked in registers, never from a repacked copy:
 //! the 16 bytes a chunk reads (Q2_K's two-bit planes, Q6_K's `ql` and `qh` runs, a legacy
-//! block's nibbles, …) are four words, loaded by `aubier_load16_a4` (four 32-bit loads) where the
-//! type's block size and the run's offset in it are multiples of 4 (Q2_K 84 B, Q4_K 144 B, Q5_K
-//! 176 B, Q4_1, Q5_1, IQ4_XS) and by `aubier_load16_a2` (eight 16-bit loads) where a block is only
-//! 2-byte aligned (Q3_K 110 B, Q6_K 210 B, Q4_0 18 B, Q8_0 34 B, …: 32-bit loads there are
-//! undefined on hardware); `aubier_byte(w, l)` takes byte `l` out of them. Every f16 scale is one
-//! 16-bit load (a `d`, `dmin` pair at a 4-byte offset of a 4-byte block one 32-bit load). Every
-//! block size is even and every word sits at an even offset of its block, so this needs `row` to
-//! be 2-byte aligned, 4-byte aligned for the types of 4-byte blocks; ggml's tensor data
-//! alignment (32 bytes) and whole-block rows give both. Single scale bytes stay byte loads.
+//! block's nibbles, …) are four words. The k-quants load them by `aubier_load16_w8`: the two or
+//! three 8-byte aligned 64-bit words that cover the run (two where the run starts 8-byte
+//! aligned: always in Q4_K 144 B and Q5_K 176 B), funnel-shifted in registers by the run's
+//! offset in its word — 3 loads where Q3_K (110 B) and Q6_K (210 B) took eight 16-bit ones, since
+//! their blocks are only 2-byte aligned. Learned from ggml's Vulkan mat-vecs (llama.cpp PR
+//! 10387, "vulkan: further optimize mul_mat_vec using larger loads": aliases of the quant blocks
+//! as 16-bit words, 32-bit where the block size is a multiple of 4), taken one step further: an
+//! aligned word is legal on every GPU whatever the block's alignment, and on lavapipe, where each
+//! load is a loop over the SIMD lanes, the count of loads is what a mat-vec pays for. The
+//! covering words reach up to 6 bytes before and after the run: before, into the same weight
+//! (which starts 8-byte aligned: GGUF's 32-byte data alignment, one device buffer per dense
+//! weight, expert slots and imports at multiples of 16 and of the page); after, into the same
+//! block (Q4_K and Q5_K runs are 8-byte aligned; a Q2_K, Q3_K or Q6_K run ends at least as many
+//! bytes before its block's end as its last word reaches past it: 4, 14 and 18 or more).
+//! The other types load by `aubier_load16_a4` (four 32-bit loads) where the block size and the
+//! run's offset are multiples of 4 (Q4_1, Q5_1, IQ4_XS) and by `aubier_load16_a2` (eight 16-bit
+//! loads) where a block is only 2-byte aligned (Q4_0 18 B, Q8_0 34 B, IQ2_XXS 66 B, …: their runs
+//! end at the block's end, so a covering word could pass the weight's last byte; 32-bit loads
+//! there are undefined on hardware); `aubier_byte(w, l)` takes byte `l` out of them. Every f16
+//! scale is one 16-bit load (a `d`, `dmin` pair at a 4-byte offset of a 4-byte block one 32-bit
+//! load). Every block size is even and every word sits at an even offset of its block, so this
+//! needs `row` to be 2-byte aligned, 4-byte aligned for the types of 4-byte blocks, and the
+//! weight to start 8-byte aligned for the k-quants. Single scale bytes stay byte loads.
 //! Words are little-endian, as every GPU and the host harness of `tests/kernels_quant.rs` are.
 //!
 //! One text, two languages. The helpers and bodies are written once, in the common subset of
@@ -44,7 +58,8 @@
 //! parameters (`AUBIER_OUT16(y)`: C++ `float*`, GLSL `out precise float[16]`; `AUBIER_INOUT16`,
 //! `AUBIER_OUTU`, `AUBIER_OUT4` / `AUBIER_IN4` for four words), `aubier_ptr`, the loads
 //! (`aubier_b8` a byte, `aubier_ld16` an aligned little-endian 16-bit word, `aubier_ld32` an
-//! aligned 32-bit word, each returned as a `uint`) and `aubier_as_f32`; in C++ `precise` is empty (the
+//! aligned 32-bit word, each returned as a `uint`; `aubier_ld64` an aligned 64-bit word as a
+//! `uint64_t`), `aubier_off8` (an address modulo 8) and `aubier_as_f32`; in C++ `precise` is empty (the
 //! kernels are compiled without contraction, `#pragma clang fp contract(off)`), in GLSL it makes
 //! every f32 operation SPIR-V `NoContraction`.
 //!
@@ -156,9 +171,12 @@ typedef const unsigned char* aubier_ptr;
 #define AUBIER_IN4(w) const uint* w
 typedef unsigned short __attribute__((may_alias)) aubier_h16;
 typedef unsigned int __attribute__((may_alias)) aubier_w32;
+typedef unsigned long __attribute__((may_alias)) aubier_w64;
 __device__ inline uint aubier_b8(aubier_ptr p) { return *p; }
 __device__ inline uint aubier_ld16(aubier_ptr p) { return *(const aubier_h16*)p; }
 __device__ inline uint aubier_ld32(aubier_ptr p) { return *(const aubier_w32*)p; }
+__device__ inline uint64_t aubier_ld64(aubier_ptr p) { return *(const aubier_w64*)p; }
+__device__ inline uint aubier_off8(aubier_ptr p) { return uint((unsigned long)p & 7ul); }
 /* The f32 whose IEEE bits are u. */
 __device__ inline float aubier_as_f32(uint u) {
   union { uint u; float f; } x;
@@ -182,6 +200,8 @@ __device__ inline float aubier_as_f32(uint u) {
 uint aubier_b8(aubier_ptr p) { return uint(AubierBytes(p).v[0]); }
 uint aubier_ld16(aubier_ptr p) { return uint(AubierU16(p).v[0]); }
 uint aubier_ld32(aubier_ptr p) { return AubierU32(p).v[0]; }
+uint64_t aubier_ld64(aubier_ptr p) { return AubierU64(p).v[0]; }
+uint aubier_off8(aubier_ptr p) { return uint(p & 7ul); }
 float aubier_as_f32(uint u) { return uintBitsToFloat(u); }
 #endif
 "
@@ -356,6 +376,25 @@ AUBIER_FN void aubier_load16_a2(aubier_ptr p, AUBIER_OUT4(w)) {
 }
 AUBIER_FN void aubier_load16_a4(aubier_ptr p, AUBIER_OUT4(w)) {
   for (int i = 0; i < 4; ++i) w[i] = aubier_ld32(p + 4 * i);
+}
+/* The same from the 8-byte aligned 64-bit words that cover them (_w8), funnel-shifted by the
+   offset of p in its word: two loads where p is 8-byte aligned, three where it is not (the
+   third then starts inside the run). Reads up to 6 bytes before p and after p + 16: the
+   caller's block must hold them after, and the weight must start 8-byte aligned. */
+AUBIER_FN void aubier_load16_w8(aubier_ptr p, AUBIER_OUT4(w)) {
+  const uint off = aubier_off8(p);
+  const aubier_ptr q = p - off;
+  const uint64_t a0 = aubier_ld64(q);
+  const uint64_t a1 = aubier_ld64(q + 8);
+  uint64_t a2 = 0ul;
+  if (off != 0u) a2 = aubier_ld64(q + 16);
+  const uint sh = 8u * off;
+  const uint64_t lo = off == 0u ? a0 : (a0 >> sh) | (a1 << (64u - sh));
+  const uint64_t hi = off == 0u ? a1 : (a1 >> sh) | (a2 << (64u - sh));
+  w[0] = uint(lo);
+  w[1] = uint(lo >> 32);
+  w[2] = uint(hi);
+  w[3] = uint(hi >> 32);
 }
 /* Byte l (0..15) of the 16 bytes held in w, unpacked in registers. */
 AUBIER_FN uint aubier_byte(AUBIER_IN4(w), int l) { return (w[l >> 2] >> (8 * (l & 3))) & 255u; }
@@ -667,7 +706,7 @@ impl Display for KQuant {
   precise float dl = d * float(sc & 15u);
   precise float ml = dmin * float(sc >> 4);
   uint w[4];
-  aubier_load16_a4(b + 16 + 32 * (s >> 3) + 16 * (s & 1), w);
+  aubier_load16_w8(b + 16 + 32 * (s >> 3) + 16 * (s & 1), w);
   const int shift = 2 * ((s >> 1) & 3);
   for (int i = 0; i < 4; ++i) w[i] = (w[i] >> shift) & 0x03030303u;
   for (int l = 0; l < 16; ++l) y[l] = dl * float(aubier_byte(w, l)) - ml;
@@ -679,9 +718,9 @@ impl Display for KQuant {
                 "  precise float d_all = aubier_f16(b + 108);
   precise float dl = d_all * float(aubier_q3k_scale(b + 96, s));
   uint q[4];
-  aubier_load16_a2(b + 32 + 32 * (s >> 3) + 16 * (s & 1), q);
+  aubier_load16_w8(b + 32 + 32 * (s >> 3) + 16 * (s & 1), q);
   uint hm[4];
-  aubier_load16_a2(b + 16 * (s & 1), hm);
+  aubier_load16_w8(b + 16 * (s & 1), hm);
   const int shift = 2 * ((s >> 1) & 3);
   const int hb = 4 * (s >> 3) + ((s >> 1) & 3);
   for (int i = 0; i < 4; ++i) q[i] = ((q[i] >> shift) & 0x03030303u) | (((hm[i] >> hb) & 0x01010101u) << 2);
@@ -702,7 +741,7 @@ impl Display for KQuant {
   precise float dl = d * float(sc);
   precise float ml = dmin * float(mn);
   uint w[4];
-  aubier_load16_a4(b + 16 + 32 * r + 16 * (s & 1), w);
+  aubier_load16_w8(b + 16 + 32 * r + 16 * (s & 1), w);
   for (int i = 0; i < 4; ++i) w[i] = (w[i] >> (4 * hi)) & 0x0f0f0f0fu;
   for (int l = 0; l < 16; ++l) y[l] = dl * float(aubier_byte(w, l)) - ml;
 "
@@ -720,9 +759,9 @@ impl Display for KQuant {
   precise float dl = d * float(sc);
   precise float ml = dmin * float(mn);
   uint qh[4];
-  aubier_load16_a4(b + 16 + 16 * (s & 1), qh);
+  aubier_load16_w8(b + 16 + 16 * (s & 1), qh);
   uint ql[4];
-  aubier_load16_a4(b + 48 + 32 * r + 16 * (s & 1), ql);
+  aubier_load16_w8(b + 48 + 32 * r + 16 * (s & 1), ql);
   for (int i = 0; i < 4; ++i) {
     ql[i] = ((ql[i] >> (4 * hi)) & 0x0f0f0f0fu) | (((qh[i] >> (2 * r + hi)) & 0x01010101u) << 4);
   }
@@ -737,9 +776,9 @@ impl Display for KQuant {
   const int k = (s & 7) >> 1;
   precise float dsc = d * float(aubier_i8(aubier_b8(b + 192 + s)));
   uint ql[4];
-  aubier_load16_a2(b + 64 * (s >> 3) + 32 * (k & 1) + 16 * (s & 1), ql);
+  aubier_load16_w8(b + 64 * (s >> 3) + 32 * (k & 1) + 16 * (s & 1), ql);
   uint qh[4];
-  aubier_load16_a2(b + 128 + 32 * (s >> 3) + 16 * (s & 1), qh);
+  aubier_load16_w8(b + 128 + 32 * (s >> 3) + 16 * (s & 1), qh);
   for (int i = 0; i < 4; ++i) {
     ql[i] = ((ql[i] >> (4 * (k >> 1))) & 0x0f0f0f0fu) | (((qh[i] >> (2 * k)) & 0x03030303u) << 4);
   }
@@ -1106,6 +1145,9 @@ mod tests {
             if matches!(name, "Q2_K" | "Q4_K" | "Q5_K") {
                 assert!(wide, "{name}");
             }
+            let k_quant = matches!(name, "Q2_K" | "Q3_K" | "Q4_K" | "Q5_K" | "Q6_K");
+            assert_eq!(body.contains("aubier_load16_w8"), k_quant, "{name}");
+            assert!(!k_quant || !body.contains("aubier_load16_a2"), "{name}");
         }
         assert_eq!(load16(84, 16), "aubier_load16_a4");
         assert_eq!(load16(20, 4), "aubier_load16_a4");
