@@ -1,5 +1,5 @@
 //! The read-ahead's copies outliving their step (issue 34 item 3), on the bundled model on the
-//! `cpu` backend: a fast store of 4 of 16 slots, a 28-token prefill, then one-token decode steps
+//! `cpu` backend: a fast store of 8 of 16 slots, a 28-token prefill, then one-token decode steps
 //! fed the greedy continuation of a run without read-ahead, a budget of 2 loads per layer per
 //! step. The slot memory's copy worker is held behind a gate ([`HostSlots::hold_worker`]) so
 //! that the copies are in flight for as long as a test needs:
@@ -17,6 +17,7 @@
 use super::memory::HostSlots;
 use crate::backend::registry::BackendSpec;
 use crate::engine::Model;
+use crate::placement::policy::Admission;
 use crate::progress::Quiet;
 use crate::session::{Session, SessionOptions};
 use crate::store::copier::{CopyEnd, CopyTicket};
@@ -33,16 +34,22 @@ fn model() -> Arc<Model> {
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/ms4-tiny256-q2k.gguf");
     let backend = BackendSpec::named("cpu").make().expect("cpu backend");
-    Model::load_predicting(&path, backend, FastBudget::Slots(4), Some(1), &mut Quiet)
+    Model::load_predicting(&path, backend, FastBudget::Slots(8), Some(1), &mut Quiet)
         .expect("bundled model")
 }
 
-/// A session with 4 slots; with `budget`, read-ahead of that many loads, in `mode`.
+/// A session with 8 slots; with `budget`, read-ahead of that many loads, in `mode`. 2Q with
+/// `ghost` admission and `A1out` half the slots: with these knobs a prefetched expert stays in
+/// `Apre` over the next step's prefetches often enough that a later step routes to it while its
+/// copy is still in flight, the case these tests need (under frequency admission, or with 4
+/// slots, the next step's prefetches evict it first on this model).
 fn session_in(model: &Arc<Model>, budget: usize, mode: ReadAheadMode) -> Session {
     let opts = StoreOptions {
-        budget: FastBudget::Slots(4),
+        budget: FastBudget::Slots(8),
         prefetch_budget: budget,
         read_ahead: mode,
+        admission: Admission::Ghost,
+        a1out: 0.5,
         ..StoreOptions::default()
     };
     Session::open_with_store(Arc::clone(model), SessionOptions { kv_max: 64 }, &opts)
@@ -278,7 +285,7 @@ fn steps_do_not_wait_for_their_page_cache_advice() {
     let model = model();
     let base = baseline(&model);
     let opts = StoreOptions {
-        budget: FastBudget::Slots(4),
+        budget: FastBudget::Slots(8),
         prefetch_budget: 2,
         read_ahead: ReadAheadMode::Sync,
         page_ahead: PageAhead::All,
