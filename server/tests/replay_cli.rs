@@ -70,13 +70,15 @@ fn served_fractions_match_hand_worked_values() {
         "1000",
         "--json",
     ]));
-    // 1 slot, identity seed {0}; 2Q knobs Kin 0 and Kout round(0.5·1) = 1 (the defaults).
+    // 1 slot, identity seed {0}; 2Q's defaults: Kin 0, Kout round(2·1) = 2, frequency admission
+    // with counts halved every 2·4 = 8 accesses (never within these 4).
     // lru: t0 misses and admits 2 (evicting 0), t1..t3 hit: 3/4; one load.
     // lfu: t0 misses; 2 (count 1) beats 0 (count 0) and is admitted; then 3 hits: 3/4; one load.
     // static: the best single expert is 2, hit 4 times: 4/4; no load.
     // min: 2 is next used at t1, 0 never: admit 2 at t0, then 3 hits: 3/4; one load.
-    // 2q: t0 2 goes through A1in (Kin 0) to A1out; t1 is a second access while remembered, so it
-    //     is promoted (a miss); t2, t3 hit: 2/4; one load.
+    // 2q: t0 2 goes through A1in (Kin 0) to A1out; t1 is a second access while remembered and
+    //     2's count (2) exceeds the victim 0's (0), so it is promoted (a miss); t2, t3 hit: 2/4;
+    //     one load.
     // One load in 4 tokens is 0.25 loads and 250 bytes per token at 1000 bytes per expert.
     let want = serde_json::json!({
         "slots": 1,

@@ -710,11 +710,17 @@ impl TwoQParams {
     /// "Choosing 2Q's knobs"): 0, so that a re-reference promotes whenever the id is remembered
     /// (the paper's 25 % treats a re-reference within `Kin` ids as correlated and ignores it).
     pub const DEFAULT_A1IN: f64 = 0.0;
-    /// The default `Kout` as a fraction of the slots: the paper's 50 %.
-    pub const DEFAULT_A1OUT: f64 = 0.5;
-    /// The default admission rule: the paper's [`Admission::Ghost`] (with `Kin` 0, `A1in` is
-    /// always empty and both rules are the same).
-    pub const DEFAULT_ADMISSION: Admission = Admission::Ghost;
+    /// The default `Kout` as a fraction of the slots: 200 %, chosen with
+    /// [`TwoQParams::DEFAULT_ADMISSION`] (docs/BENCHMARKS.md, "Choosing the default"): the ghost
+    /// queue then remembers every recent id and the frequency test decides.
+    pub const DEFAULT_A1OUT: f64 = 2.0;
+    /// The default admission rule: [`Admission::Frequency`] with window 2
+    /// ([`Admission::DEFAULT_WINDOW`]), which with `Kout` 200 % was above the paper's
+    /// [`Admission::Ghost`] (`Kout` 50 %) in every cell of the tuning grid (4 presets × demand
+    /// and prefetch × 2 slot counts, seed 1; docs/BENCHMARKS.md, "Choosing the default").
+    pub const DEFAULT_ADMISSION: Admission = Admission::Frequency {
+        window: Admission::DEFAULT_WINDOW,
+    };
 
     /// Knobs from fractions of `slots`, as the paper states them: `Kin = round(a1in · slots)`,
     /// `Kout = round(a1out · slots)`. Errors: [`PolicyError::Fraction`] for a negative or
