@@ -336,23 +336,11 @@ pub fn mat_mat_tokens(warp: u32) -> usize {
 /// global one does, so with one row per lane those reads were most of a tile's time).
 pub const MAT_MAT_WEIGHT_ROWS: usize = 4;
 
-/// Blocks per row of the grid a mat-mat keeps at least when it gives a warp several rows: with
-/// fewer the device's cores idle (lavapipe, 2 threads: the 320-row `attn_kv_a_mqa` at 3 blocks of
-/// 4 rows per warp took 2.2× the time of 10 blocks of one row per warp, the 8-row router 27×;
-/// docs/BENCHMARKS.md, "Several rows per warp").
-pub const MAT_MAT_MIN_BLOCKS: usize = 16;
-
-/// Output rows per warp `R` of a mat-mat with `n_out` rows, each reading `weights` weights (1, or
-/// 2 for the experts' gate and up), for warps of `warp` lanes: [`MAT_MAT_WEIGHT_ROWS`]` /
-/// weights` (at least 1) where the grid then keeps [`MAT_MAT_MIN_BLOCKS`] blocks per row, else 1.
-/// Warp `g` of block `bx` takes rows `(bx·R + r)·(256 / W) + g`, `r < R` ([`mat_mat_row`]).
-pub fn mat_mat_rows_per_warp(weights: usize, n_out: usize, warp: u32) -> usize {
-    let r = (MAT_MAT_WEIGHT_ROWS / weights.max(1)).max(1);
-    if n_out >= MAT_MAT_MIN_BLOCKS * r * rows_per_block(warp) {
-        r
-    } else {
-        1
-    }
+/// Output rows per warp `R` of a mat-mat whose rows read `weights` weights each (1, or 2 for the
+/// experts' gate and up): [`MAT_MAT_WEIGHT_ROWS`]` / weights`, at least 1. Warp `g` of block
+/// `bx` takes rows `(bx·R + r)·(256 / W) + g`, `r < R` ([`mat_mat_row`]).
+pub fn mat_mat_rows_per_warp(weights: usize) -> usize {
+    (MAT_MAT_WEIGHT_ROWS / weights.max(1)).max(1)
 }
 
 /// Output row `r` (`r <` [`mat_mat_rows_per_warp`]` = rpw`) of the current warp of a mat-mat
@@ -483,7 +471,7 @@ pub fn mat_mat(s: &MatVecShape, warp: u32) -> R {
     let n_in = s.w.row_len;
     check_dims(&s.name, &[n_in, s.n_out, s.heads, s.tail + 1])?;
     let (xw, yw) = (n_in + s.tail, s.n_out + s.tail);
-    let rpw = mat_mat_rows_per_warp(1, s.n_out, warp);
+    let rpw = mat_mat_rows_per_warp(1);
     let rows = rows_per_block(warp) * rpw;
     let tt = mat_mat_tokens(warp);
     let slice = mat_mat_slice(warp).min(n_in.next_multiple_of(16));

@@ -216,8 +216,7 @@ fn mat_mat_matches_the_mat_vec_bit_for_bit() {
         ("F32", 1000, 20, 1, 0),
         ("Q8_0", 1536, 37, 1, 0),
         ("Q8_0", 64, 24, 3, 5),
-        // Enough rows for several rows per warp (`mat_mat_rows_per_warp`) at W ≥ 8, the last
-        // block part full.
+        // Several blocks of several rows per warp, the last block part full.
         ("Q8_0", 32, 2085, 1, 0),
     ];
     for warp in WIDTHS {
@@ -286,8 +285,6 @@ fn mat_mat_matches_the_mat_vec_bit_for_bit() {
 /// several rows.
 #[test]
 fn moe_mat_mat_matches_the_mat_vec_bit_for_bit() {
-    // At W = 64 both kernels take several rows per warp (`mat_mat_rows_per_warp`), at W = 32
-    // `moe_down_mm`.
     let (d, n_ff, k, n_exp) = (544usize, 160usize, 2usize, 6usize);
     let spec = |n| WeightSpec {
         ggml_type: "Q8_0".into(),
@@ -425,9 +422,11 @@ fn both_forms_split_the_runs_by_length() {
         (ks[0].name.as_str(), ks[1].name.as_str()),
         ("mat_mul", "mat_mul_mm")
     );
+    // The mat-vec: 100 rows in blocks of 8 warps; the mat-mat: 4 rows per warp, 32 per block,
+    // and a block row per 8 tokens.
     assert_eq!((blocks(&ks[0], 1), blocks(&ks[1], 1)), (13, 0));
-    assert_eq!((blocks(&ks[0], 2), blocks(&ks[1], 2)), (0, 13));
-    assert_eq!((blocks(&ks[0], 64), blocks(&ks[1], 64)), (0, 13 * 8));
+    assert_eq!((blocks(&ks[0], 2), blocks(&ks[1], 2)), (0, 4));
+    assert_eq!((blocks(&ks[0], 64), blocks(&ks[1], 64)), (0, 4 * 8));
 }
 
 #[test]
