@@ -16,11 +16,12 @@
 //!   mat-vec shaders (`vulkan-shaders/mul_mat_vec_q*_k.comp`, llama.cpp PR #10387: 16-bit
 //!   aliases of the quant blocks, words unpacked with byte masks); ggml reads the activations as
 //!   vec4 loads and keeps several rows per thread, which would change the summation order here.
-//! - Mat-mat ([`mat_mat`]; the same products for a run of `T > 1` tokens): the mat-vec's warp
-//!   per row and lane partition of K, with [`mat_mat_tokens`] tokens per block; K is walked in
-//!   slices whose activations for the block's tokens are staged in shared memory, each lane
-//!   dequantizes a chunk once and adds it into one accumulator per token, and each token's `W`
-//!   partials take the mat-vec's butterfly, so every output has the mat-vec's bits while a
+//! - Mat-mat ([`mat_mat`]; the same products for a run of `T > 1` tokens): the mat-vec's lane
+//!   partition of K, [`MAT_MAT_WEIGHT_ROWS`] weight rows per warp and [`mat_mat_tokens`] tokens
+//!   per block; K is walked in slices whose activations for the block's tokens are staged in
+//!   shared memory, each lane dequantizes a chunk of each of its rows once and adds it into one
+//!   accumulator per row and token (each activation read serving every row), and each
+//!   (row, token)'s `W` partials take the mat-vec's butterfly, so every output has the mat-vec's bits while a
 //!   weight is read once per block of tokens instead of once per token (ggml's
 //!   `vulkan-shaders/mul_mm.comp` tiles the same way, with a different order of summation).
 //!   [`super::steps::for_step`] gives a weight product both forms, the mat-vec's grid gated to
@@ -329,6 +330,25 @@ pub fn mat_mat_tokens(warp: u32) -> usize {
     (MAT_VEC_STAGE_BYTES / (4 * mat_mat_slice(warp))).max(1)
 }
 
+/// Weight rows each lane of a mat-mat sweeps together ([`tile_sweep`]'s `ws`, counting a fused
+/// gate and up as two): every activation element a lane reads from shared memory serves that
+/// many rows' products (a shared-memory read costs llvmpipe a loop over the SIMD lanes, as a
+/// global one does, so with one row per lane those reads were most of a tile's time).
+pub const MAT_MAT_WEIGHT_ROWS: usize = 4;
+
+/// Output rows per warp `R` of a mat-mat whose rows read `weights` weights each (1, or 2 for the
+/// experts' gate and up): [`MAT_MAT_WEIGHT_ROWS`]` / weights`, at least 1. Warp `g` of block
+/// `bx` takes rows `(bx·R + r)·(256 / W) + g`, `r < R` ([`mat_mat_row`]).
+pub fn mat_mat_rows_per_warp(weights: usize) -> usize {
+    (MAT_MAT_WEIGHT_ROWS / weights.max(1)).max(1)
+}
+
+/// Output row `r` (`r <` [`mat_mat_rows_per_warp`]` = rpw`) of the current warp of a mat-mat
+/// block for warps of `warp` lanes: `(bx·rpw + r)·(256 / W) + tid / W`.
+pub(crate) fn mat_mat_row(warp: u32, rpw: usize, r: usize) -> Expr {
+    (bx() * ci(rpw) + ci(r)) * ci(rows_per_block(warp)) + tid() / warp as i32
+}
+
 /// A weight a [`tile_sweep`] reads: the parameter, the expert (for an experts parameter), the
 /// row, and the 16-element register array its chunks are dequantized into.
 pub(crate) struct TileWeight {
@@ -346,8 +366,10 @@ pub(crate) struct TileRows<'a> {
     pub(crate) base: &'a dyn Fn(&Kb, Expr) -> Expr,
 }
 
-/// The K sweep of a mat-mat tile (the algorithm of [`mat_mat`]): for each weight of `ws`, one
-/// accumulator per tile row (`[weight][row]`, [`mat_mat_tokens`] rows), each lane's
+/// The K sweep of a mat-mat tile (the algorithm of [`mat_mat`]): for each weight row of `ws`
+/// (several rows of one weight, or of several; each activation element read from shared memory
+/// serves all of them), one accumulator per tile row (`[weight][row]`, [`mat_mat_tokens`] rows),
+/// each lane's
 /// accumulator summing `w·x` over its chunks `l, l + W, …` of the row in order, as the
 /// mat-vec's single accumulator does (`lane` = `tid % W`); the caller reduces them with the
 /// butterfly. `x` rows hold
@@ -423,38 +445,41 @@ pub(crate) fn tile_sweep(
 
 /// Builds the matrix-matrix form of [`mat_vec`] for warps of `warp` lanes: the same parameters
 /// (`w`, `x`, `y`), the same outputs bit for bit, each weight chunk dequantized once per block of
-/// [`mat_mat_tokens`] tokens instead of once per token. `grid = (ceil(out / (256 / W)),
-/// ceil(rows / TT)·heads)`.
+/// [`mat_mat_tokens`] tokens instead of once per token. `grid = (ceil(out / (R·256 / W)),
+/// ceil(rows / TT)·heads)`, `R` = [`mat_mat_rows_per_warp`] output rows per warp.
 ///
-/// Algorithm: one warp per output row as in [`mat_vec`]; block row `by = tb·heads + h` takes
-/// tokens `tb·TT .. tb·TT + TT` of head `h`. K is cut into slices of [`mat_mat_slice`] elements;
-/// per slice the block copies the slice of its `TT` activation rows into shared memory (zeros
-/// past the last token), element `16·c + i` of a token's slice at `i·(slice / 16) + c` so that
-/// the lanes of a warp, each on its own chunk `c`, read consecutive words (no gather on a
-/// SIMD CPU, no bank conflicts on a GPU), then lane `l` dequantizes each of its chunks of the slice (chunks
-/// `l, l + W, …` of the row, as in the mat-vec) once into registers and adds `w·x` of its 16
-/// elements, in order, into one accumulator per token. So each token's accumulator in each
-/// lane sums the same products in the same order as the mat-vec's single accumulator, and the
-/// same butterfly then reduces each token's `W` partials: every output has the mat-vec's bits.
-/// Learned from ggml's Vulkan `vulkan-shaders/mul_mm.comp`, which tiles outputs by rows ×
-/// tokens and walks K in shared-memory slices so a weight is read once per tile; ggml keeps a
-/// register tile of several rows and tokens per thread and sums each output along K within one
-/// thread, which would change the order of every sum here, so the lane partition of K and the
-/// butterfly stay the mat-vec's.
+/// Algorithm: the mat-vec's lane partition of K, each warp taking `R` output rows
+/// ([`mat_mat_row`]); block row `by = tb·heads + h` takes tokens `tb·TT .. tb·TT + TT` of head
+/// `h`. K is cut into slices of [`mat_mat_slice`] elements; per slice the block copies the slice
+/// of its `TT` activation rows into shared memory (zeros past the last token), element
+/// `16·c + i` of a token's slice at `i·(slice / 16) + c` so that the lanes of a warp, each on its
+/// own chunk `c`, read consecutive words (no gather on a SIMD CPU, no bank conflicts on a GPU),
+/// then lane `l` dequantizes each of its chunks of the slice (chunks `l, l + W, …` of the row, as
+/// in the mat-vec) of each of its `R` rows once into registers and adds `w·x` of its 16 elements,
+/// in order, into one accumulator per row and token; each activation element read from shared
+/// memory serves the `R` rows. So each (row, token) accumulator in each lane sums the same
+/// products in the same order as the mat-vec's single accumulator, and the same butterfly then
+/// reduces its `W` partials: every output has the mat-vec's bits. Learned from ggml's Vulkan
+/// `vulkan-shaders/mul_mm.comp`, which tiles outputs by rows × tokens, walks K in shared-memory
+/// slices so a weight is read once per tile, and keeps a register tile of several rows per
+/// thread so each value read from shared memory serves several products; ggml sums each output
+/// along K within one thread, which would change the order of every sum here, so the lane
+/// partition of K and the butterfly stay the mat-vec's.
 ///
 /// Errors: [`IrError`] for an unusable weight, extent or warp width.
 pub fn mat_mat(s: &MatVecShape, warp: u32) -> R {
     let n_in = s.w.row_len;
     check_dims(&s.name, &[n_in, s.n_out, s.heads, s.tail + 1])?;
     let (xw, yw) = (n_in + s.tail, s.n_out + s.tail);
-    let rows = rows_per_block(warp);
+    let rpw = mat_mat_rows_per_warp(1);
+    let rows = rows_per_block(warp) * rpw;
     let tt = mat_mat_tokens(warp);
     let slice = mat_mat_slice(warp).min(n_in.next_multiple_of(16));
     let note = format!(
-        "mat-mat: {what}; one warp per row,\n\
+        "mat-mat: {what}; {rpw} rows per warp,\n\
          {tt} tokens per block; per K slice of {slice} the block stages x of its tokens in shared memory, lanes\n\
-         dequantize chunks l, l+{warp}, ... once and accumulate each token in order, then a butterfly per token\n\
-         (each output's sum in the mat-vec's order).",
+         dequantize chunks l, l+{warp}, ... of each row once and accumulate each token in order, then a butterfly\n\
+         per row and token (each output's sum in the mat-vec's order).",
         what = s.what(),
     );
     let grid = [
@@ -463,41 +488,47 @@ pub fn mat_mat(s: &MatVecShape, warp: u32) -> R {
     ];
     let mut kb = Kb::new(&s.name, note, grid, BLOCK, warp);
     let (w, x, y) = s.params(&mut kb)?;
-    let buf = kb.local("chunk", 16);
     let w32 = warp as i32;
     let n_rows = kb.let_("n_rows", size_expr(&s.rows));
     let lane = kb.let_("lane", tid() % w32);
-    let o = kb.let_("o", bx() * ci(rows) + tid() / w32);
     let h = kb.let_("h", by() % ci(s.heads));
     let t0 = kb.let_("t0", (by() / ci(s.heads)) * ci(tt));
-    let row = kb.let_(
-        "row",
-        Expr::from(h) * ci(s.n_out) + Expr::from(o).min(ci(s.n_out - 1)),
-    );
+    let mut os = Vec::with_capacity(rpw);
+    let mut tws = Vec::with_capacity(rpw);
+    for r in 0..rpw {
+        let o = kb.let_(&format!("o{r}"), mat_mat_row(warp, rpw, r));
+        let row = kb.let_(
+            &format!("row{r}"),
+            Expr::from(h) * ci(s.n_out) + Expr::from(o).min(ci(s.n_out - 1)),
+        );
+        os.push(o);
+        tws.push(TileWeight {
+            w,
+            expert: None,
+            row: row.into(),
+            buf: kb.local(&format!("chunk{r}"), 16),
+        });
+    }
     let rows_of = TileRows {
         valid: &|r| (Expr::from(t0) + r).lt(n_rows),
         base: &|_, r| ((Expr::from(t0) + r) * ci(s.heads) + h) * ci(xw),
     };
-    let tw = TileWeight {
-        w,
-        expert: None,
-        row: row.into(),
-        buf,
-    };
-    let accs = tile_sweep(&mut kb, lane, x, n_in, &rows_of, &[tw]).remove(0);
-    for (j, &acc) in accs.iter().enumerate() {
-        kb.warp_reduce(ReduceOp::Sum, acc);
-        let t = Expr::from(t0) + ci(j);
-        kb.if_(
-            Expr::from(lane)
-                .eq(0)
-                .and(Expr::from(o).lt(ci(s.n_out)))
-                .and(t.clone().lt(n_rows)),
-            |kb| {
-                let yb = (t * ci(s.heads) + h) * ci(yw);
-                kb.store(y, yb + o, acc);
-            },
-        );
+    let accs = tile_sweep(&mut kb, lane, x, n_in, &rows_of, &tws);
+    for (&o, accs) in os.iter().zip(&accs) {
+        for (j, &acc) in accs.iter().enumerate() {
+            kb.warp_reduce(ReduceOp::Sum, acc);
+            let t = Expr::from(t0) + ci(j);
+            kb.if_(
+                Expr::from(lane)
+                    .eq(0)
+                    .and(Expr::from(o).lt(ci(s.n_out)))
+                    .and(t.clone().lt(n_rows)),
+                |kb| {
+                    let yb = (t * ci(s.heads) + h) * ci(yw);
+                    kb.store(y, yb + o, acc);
+                },
+            );
+        }
     }
     if s.tail > 0 {
         kb.if_(bx().eq(0), |kb| {

@@ -16,13 +16,14 @@
 //! right loop (`weighted_sum`, `gather_renorm`, the slot sum of the experts) keep that order.
 
 use super::ir::{
-    block_reduce, bx, by, ci, tid, tokens, Expr, IrError, Kb, Kernel, Param, ReduceOp, Scalar,
-    Size, Var,
+    block_reduce, bx, by, ci, tid, tokens, Expr, IrError, Kb, Kernel, Local, Param, ReduceOp,
+    Scalar, Size, Var,
 };
 use super::kernels::{
-    bad, check_dims, chunk_len, kqkv_merge, kqkv_split, mat_mat, mat_mat_tokens, mat_vec, phase,
-    rope_elem, rows_per_block, size_expr, stage_row, temperature_factor, tile_sweep, tk, KqkvShape,
-    MatVecShape, PhaseShape, TileRows, TileWeight, WeightSpec, BLOCK, MAT_VEC_STAGE_BYTES, R,
+    bad, check_dims, chunk_len, kqkv_merge, kqkv_split, mat_mat, mat_mat_row,
+    mat_mat_rows_per_warp, mat_mat_tokens, mat_vec, phase, rope_elem, rows_per_block, size_expr,
+    stage_row, temperature_factor, tile_sweep, tk, KqkvShape, MatVecShape, PhaseShape, TileRows,
+    TileWeight, WeightSpec, BLOCK, MAT_VEC_STAGE_BYTES, R,
 };
 use super::GenError;
 use aubier_compiler::config::{ExpertLayout, QueryTemperature, YarnParams};
@@ -704,22 +705,28 @@ struct MoeRows<'a> {
 type TileStore<'a> = dyn Fn(&mut Kb, Expr, Var, &[Var]) + 'a;
 
 /// The frame both MoE mat-mats share: block row `by` takes tile `by` of `route` (expert `e`,
-/// up to `TT` slots; a block past the last tile does nothing), warp `g` of block `bx` output row
-/// `o = bx·(256 / W) + g` of `n_out`; the weights `weights(e, min(o, n_out − 1))` are swept
-/// over the tile's rows ([`tile_sweep`]), each row's accumulators reduced by the butterfly, and
-/// lane 0 hands `store(kb, s, o, accs)` each row's slot and sums (one per weight).
+/// up to `TT` slots; a block past the last tile does nothing), warp `g` of block `bx` the `rpw`
+/// output rows `o_r = (bx·rpw + r)·(256 / W) + g` of `n_out` ([`mat_mat_row`]); the weights
+/// `weights(e, min(o_r, n_out − 1), r)` of all `r` are swept together over the tile's rows
+/// ([`tile_sweep`]), each (output row, tile row)'s accumulators reduced by the butterfly, and
+/// lane 0 hands `store(kb, s, o_r, accs)` each slot and its sums (one per weight of row `r`).
 fn moe_tile(
     kb: &mut Kb,
     route: Param,
     (n_exp, k, n_out): (usize, usize, usize),
     rows: &MoeRows<'_>,
-    weights: &dyn Fn(Var, Var) -> Vec<TileWeight>,
+    rpw: usize,
+    weights: &dyn Fn(Var, Var, usize) -> Vec<TileWeight>,
     store: &TileStore<'_>,
 ) {
     let (warp, tt) = (kb.warp(), mat_mat_tokens(kb.warp()));
     let lane = kb.let_("lane", tid() % warp as i32);
-    let o = kb.let_("o", bx() * ci(rows_per_block(warp)) + tid() / warp as i32);
-    let orow = kb.let_("orow", Expr::from(o).min(ci(n_out - 1)));
+    let mut os = Vec::with_capacity(rpw);
+    for r in 0..rpw {
+        let o = kb.let_(&format!("o{r}"), mat_mat_row(warp, rpw, r));
+        let orow = kb.let_(&format!("orow{r}"), Expr::from(o).min(ci(n_out - 1)));
+        os.push((o, orow));
+    }
     let sl = kb.let_("sl", route_slots(n_exp, k, tt));
     let used = kb.let_("used", by().lt(kb.load(route, 0)));
     let at = kb.let_("at", ci(1) + by() * 3);
@@ -735,31 +742,42 @@ fn moe_tile(
             valid: &|r| r.lt(len),
             base: &|kb, r| (rows.base)(slot(kb, r)),
         };
-        let accs = tile_sweep(kb, lane, rows.x, rows.n_in, &tile_rows, &weights(e, orow));
-        for j in 0..tt {
-            let row: Vec<Var> = accs.iter().map(|a| a[j]).collect();
-            for &acc in &row {
-                kb.warp_reduce(ReduceOp::Sum, acc);
+        let per_row: Vec<Vec<TileWeight>> = os
+            .iter()
+            .enumerate()
+            .map(|(r, &(_, orow))| weights(e, orow, r))
+            .collect();
+        let n_w = per_row.first().map_or(0, Vec::len);
+        let ws: Vec<TileWeight> = per_row.into_iter().flatten().collect();
+        let accs = tile_sweep(kb, lane, rows.x, rows.n_in, &tile_rows, &ws);
+        for (r, &(o, _)) in os.iter().enumerate() {
+            let of_row = &accs[r * n_w..(r + 1) * n_w];
+            for j in 0..tt {
+                let sums: Vec<Var> = of_row.iter().map(|a| a[j]).collect();
+                for &acc in &sums {
+                    kb.warp_reduce(ReduceOp::Sum, acc);
+                }
+                let ok = Expr::from(lane)
+                    .eq(0)
+                    .and(Expr::from(o).lt(ci(n_out)))
+                    .and(ci(j).lt(len));
+                kb.if_(ok, |kb| {
+                    let s = slot(kb, ci(j));
+                    store(kb, s, o, &sums);
+                });
             }
-            let ok = Expr::from(lane)
-                .eq(0)
-                .and(Expr::from(o).lt(ci(n_out)))
-                .and(ci(j).lt(len));
-            kb.if_(ok, |kb| {
-                let s = slot(kb, ci(j));
-                store(kb, s, o, &row);
-            });
         }
     });
 }
 
 /// The tiled form of [`moe_gate_up`] for `T > 1`: the same `act` bits, each expert row read
 /// once per tile of up to [`mat_mat_tokens`] of the slots routed to that expert. `route` is
-/// [`moe_route`]'s scratch; `grid = (ceil(n_ff / (256 / W)), ceil(T·k / TT) + E)`, block row
+/// [`moe_route`]'s scratch; `grid = (ceil(n_ff / (R·256 / W)), ceil(T·k / TT) + E)` (`R` =
+/// [`mat_mat_rows_per_warp`] rows `f` per warp), block row
 /// `by` takes tile `by` (blocks past the last tile do nothing).
 ///
-/// Algorithm: [`super::kernels::mat_mat`]'s (one warp per `f`, the K slices of the tile's
-/// rows `h[t]` staged in shared memory, one gate and one up accumulator per row in each lane
+/// Algorithm: [`super::kernels::mat_mat`]'s (`R` rows `f` per warp, the K slices of the tile's
+/// rows `h[t]` staged in shared memory, one gate and one up accumulator per `f` and row in each lane
 /// summing the lane's chunks in the mat-vec's order, a butterfly per row), the rows being the
 /// tile's slots `s` (token `s / k`) and the weights the tile's expert's gate and up rows; each
 /// result goes to `act[s]`. Learned from ggml's Vulkan `mul_mm_id` path (`vulkan-shaders/
@@ -777,10 +795,11 @@ pub fn moe_gate_up_mm(
     let d = gate.row_len;
     check_dims(name, &[d, n_ff, k, n_exp])?;
     let up_off = if up.is_none() { n_ff } else { 0 };
-    let (rows, tt) = (rows_per_block(warp), mat_mat_tokens(warp));
+    let rpw = mat_mat_rows_per_warp(2);
+    let (rows, tt) = (rows_per_block(warp) * rpw, mat_mat_tokens(warp));
     let note = format!(
         "moe gate/up mat-mat: act[s,f] = silu(gate_e[f].h[t]) * (up_e[f].h[t]) ({}), tiles of {tt} slots routed to one expert;\n\
-         one warp per f, the tile's h rows staged per K slice, each output's sum in the mat-vec's order",
+         {rpw} f per warp, the tile's h rows staged per K slice, each output's sum in the mat-vec's order",
         gate.ggml_type
     );
     let grid = [Size::Const(n_ff.div_ceil(rows)), route_tiles(n_exp, k, tt)];
@@ -793,21 +812,27 @@ pub fn moe_gate_up_mm(
     };
     let act = kb.output_f32("act", Some(Size::prod(tk(k), Size::Const(n_ff))));
     let route = kb.input_i32("route", route_len(n_exp, k, tt));
-    let gb = kb.local("gchunk", 16);
-    let ub = kb.local("uchunk", 16);
-    let weights = |e: Var, f: Var| {
+    let bufs: Vec<(Local, Local)> = (0..rpw)
+        .map(|r| {
+            (
+                kb.local(&format!("gchunk{r}"), 16),
+                kb.local(&format!("uchunk{r}"), 16),
+            )
+        })
+        .collect();
+    let weights = |e: Var, f: Var, r: usize| {
         vec![
             TileWeight {
                 w: wg,
                 expert: Some(e.into()),
                 row: f.into(),
-                buf: gb,
+                buf: bufs[r].0,
             },
             TileWeight {
                 w: wu,
                 expert: Some(e.into()),
                 row: Expr::from(f) + ci(up_off),
-                buf: ub,
+                buf: bufs[r].1,
             },
         ]
     };
@@ -821,6 +846,7 @@ pub fn moe_gate_up_mm(
         route,
         (n_exp, k, n_ff),
         &rows_of,
+        rpw,
         &weights,
         &|kb, s, f, gu| kb.store(act, s * ci(n_ff) + f, swiglu(gu[0], gu[1])),
     );
@@ -830,7 +856,8 @@ pub fn moe_gate_up_mm(
 /// The tiled form of [`moe_down`]'s products for `T > 1`: `part[s, o] = down_e[o] · act[s]` for
 /// each routed slot `s` (expert `e = ids[s]`), each expert row read once per tile of the slots
 /// routed to it; [`moe_combine`] then sums the slots. Same tiling as [`moe_gate_up_mm`] (`route`
-/// from [`moe_route`], `grid = (ceil(d / (256 / W)), ceil(T·k / TT) + E)`); each `part` has
+/// from [`moe_route`], `grid = (ceil(d / (R·256 / W)), ceil(T·k / TT) + E)`, `R` =
+/// [`mat_mat_rows_per_warp`]); each `part` has
 /// the bits of [`moe_down`]'s per-slot product.
 pub fn moe_down_mm(
     name: &str,
@@ -842,10 +869,11 @@ pub fn moe_down_mm(
 ) -> R {
     let n_ff = down.row_len;
     check_dims(name, &[d, n_ff, k, n_exp])?;
-    let (rows, tt) = (rows_per_block(warp), mat_mat_tokens(warp));
+    let rpw = mat_mat_rows_per_warp(1);
+    let (rows, tt) = (rows_per_block(warp) * rpw, mat_mat_tokens(warp));
     let note = format!(
         "moe down mat-mat: part[s,o] = down_e[o].act[s] ({}), tiles of {tt} slots routed to one expert;\n\
-         one warp per o, the tile's act rows staged per K slice, each output's sum in the mat-vec's order",
+         {rpw} o per warp, the tile's act rows staged per K slice, each output's sum in the mat-vec's order",
         down.ggml_type
     );
     let grid = [Size::Const(d.div_ceil(rows)), route_tiles(n_exp, k, tt)];
@@ -854,13 +882,15 @@ pub fn moe_down_mm(
     let act = kb.input_f32("act", Size::prod(tk(k), Size::Const(n_ff)));
     let route = kb.input_i32("route", route_len(n_exp, k, tt));
     let part = kb.output_f32("part", Some(Size::prod(tk(k), Size::Const(d))));
-    let buf = kb.local("chunk", 16);
-    let weights = |e: Var, o: Var| {
+    let bufs: Vec<Local> = (0..rpw)
+        .map(|r| kb.local(&format!("chunk{r}"), 16))
+        .collect();
+    let weights = |e: Var, o: Var, r: usize| {
         vec![TileWeight {
             w: wd,
             expert: Some(e.into()),
             row: o.into(),
-            buf,
+            buf: bufs[r],
         }]
     };
     let rows_of = MoeRows {
@@ -873,6 +903,7 @@ pub fn moe_down_mm(
         route,
         (n_exp, k, d),
         &rows_of,
+        rpw,
         &weights,
         &|kb, s, o, acc| kb.store(part, s * ci(d) + o, acc[0]),
     );

@@ -206,8 +206,8 @@ fn run_product(k: &Kernel, w: &[u8], x: &[f32], y_len: usize, t: usize) -> Vec<u
 }
 
 /// The mat-mat computes the mat-vec's bits for every output at T = 2, 5 and 64 (partial and
-/// whole token tiles, several K slices, rows past a block's end, F32 rows that are not whole
-/// chunks, several heads with a copied tail), at every warp width; every output is written. The
+/// whole token tiles, several K slices, rows past a block's end, one and several rows per warp,
+/// F32 rows that are not whole chunks, several heads with a copied tail), at every warp width; every output is written. The
 /// values make the order of summation visible: the mat-vec's bits differ between widths.
 #[test]
 fn mat_mat_matches_the_mat_vec_bit_for_bit() {
@@ -216,6 +216,8 @@ fn mat_mat_matches_the_mat_vec_bit_for_bit() {
         ("F32", 1000, 20, 1, 0),
         ("Q8_0", 1536, 37, 1, 0),
         ("Q8_0", 64, 24, 3, 5),
+        // Several blocks of several rows per warp, the last block part full.
+        ("Q8_0", 32, 2085, 1, 0),
     ];
     for warp in WIDTHS {
         for (i, &(ty, n_in, n_out, heads, tail)) in shapes.iter().enumerate() {
@@ -279,10 +281,11 @@ fn mat_mat_matches_the_mat_vec_bit_for_bit() {
 /// [`steps::moe_down_mm`], [`steps::moe_combine`]) compute the mat-vecs' `act` and `y` bits at
 /// T = 2, 5 and 64 at every warp width: one expert takes every token (many full tiles), two
 /// share the other slot, three stay empty, one id is negative (read as expert 0); K spans
-/// several slices and output rows end inside a block.
+/// several slices, output rows end inside a block at some widths, and a warp takes one or
+/// several rows.
 #[test]
 fn moe_mat_mat_matches_the_mat_vec_bit_for_bit() {
-    let (d, n_ff, k, n_exp) = (544usize, 96usize, 2usize, 6usize);
+    let (d, n_ff, k, n_exp) = (544usize, 160usize, 2usize, 6usize);
     let spec = |n| WeightSpec {
         ggml_type: "Q8_0".into(),
         row_len: n,
@@ -419,9 +422,11 @@ fn both_forms_split_the_runs_by_length() {
         (ks[0].name.as_str(), ks[1].name.as_str()),
         ("mat_mul", "mat_mul_mm")
     );
+    // The mat-vec: 100 rows in blocks of 8 warps; the mat-mat: 4 rows per warp, 32 per block,
+    // and a block row per 8 tokens.
     assert_eq!((blocks(&ks[0], 1), blocks(&ks[1], 1)), (13, 0));
-    assert_eq!((blocks(&ks[0], 2), blocks(&ks[1], 2)), (0, 13));
-    assert_eq!((blocks(&ks[0], 64), blocks(&ks[1], 64)), (0, 13 * 8));
+    assert_eq!((blocks(&ks[0], 2), blocks(&ks[1], 2)), (0, 4));
+    assert_eq!((blocks(&ks[0], 64), blocks(&ks[1], 64)), (0, 4 * 8));
 }
 
 #[test]
