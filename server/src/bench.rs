@@ -527,9 +527,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         prompt: Some(text),
     }
     .load(&spec, Some(&args.store), args.predict_experts)?;
-    if let Some(note) = &ahead.note {
-        eprintln!("{note}");
-    }
     let prompt = fit_prompt(
         &prompt,
         args.n_prompt,

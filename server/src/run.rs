@@ -50,7 +50,7 @@ impl PromptArgs {
     /// Loads the model ([`crate::model_file::resolve_model`]) for the backend `spec` names and
     /// resolves the prompt. With `store` (`None`: the backend's fast store, no read-ahead, no
     /// prediction): its fast-store budget, the read-ahead it chooses for the file
-    /// ([`StoreArgs::read_ahead`]), and the plan's expert predictor when `predict`
+    /// ([`StoreArgs::read_ahead`], its note printed on stderr), and the plan's expert predictor when `predict`
     /// (`--predict-experts`) or the read-ahead asks for it ([`Model::load_predicting`]). Errors:
     /// no model file, the backend, the file, the binding, the load, the tokenizer, or no prompt.
     pub fn load(
@@ -69,6 +69,9 @@ impl PromptArgs {
             }
             None => (FastBudget::Auto, ReadAhead::OFF, None),
         };
+        if let Some(note) = &read_ahead.note {
+            eprintln!("{note}");
+        }
         let mut progress = crate::progress::Steps::load(&path);
         let model = Model::load_predicting(&path, backend, budget, prediction, &mut progress)
             .with_context(|| format!("loading {}", path.display()))?;
@@ -560,9 +563,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     )?;
     if let Some(choice) = model.loaded().fast_store_choice() {
         eprintln!("{choice}");
-    }
-    if let Some(note) = &read_ahead.note {
-        eprintln!("{note}");
     }
     let opts = match args.kv_max {
         Some(kv_max) => SessionOptions { kv_max },

@@ -61,15 +61,21 @@ pub(crate) struct Placement<'a> {
     pub ahead: Option<ReadAheadMode>,
 }
 
-/// Starts reading each expert of `ids` that is not resident in MoE layer `li`'s slots, and is
-/// not one of `loading`, from the file into the page cache ([`HostSlots::read_ahead_host`]).
-fn read_host_ahead(p: Placement<'_>, li: usize, ids: &[i32], loading: &[AheadCopy]) {
-    for &e in ids {
+/// Starts reading `first`, then each expert of `ids` that is not resident in MoE layer `li`'s
+/// slots and is not one of `loading`, from the file into the page cache, as one piece of advice
+/// ([`HostSlots::read_ahead_host`]).
+fn read_host_ahead(
+    p: Placement<'_>,
+    li: usize,
+    ids: &[i32],
+    loading: &[AheadCopy],
+    mut first: Vec<u32>,
+) {
+    first.extend(ids.iter().filter_map(|&e| {
         let loaded = loading.iter().any(|c| c.expert as i32 == e);
-        if e >= 0 && !loaded && p.store.slot_of(li, e as usize).is_none() {
-            p.slots.read_ahead_host(li, e as u32);
-        }
-    }
+        (e >= 0 && !loaded && p.store.slot_of(li, e as usize).is_none()).then_some(e as u32)
+    }));
+    p.slots.read_ahead_host(li, first);
 }
 
 /// What a run executes: the plan, the program compiled from it, the backend's kernel of every
@@ -335,13 +341,12 @@ impl<K: StepKernel> Executor<K> {
         let ids = self.i32_view(bound.plan, value, 1, s)?;
         let copies = p.store.read_ahead(li, &ids);
         let page_ahead = p.store.page_ahead();
-        if page_ahead == PageAhead::All {
-            for c in &copies {
-                p.slots.read_ahead_host(c.layer, c.expert);
-            }
-        }
         if page_ahead != PageAhead::Off {
-            read_host_ahead(p, li, &ids, &copies);
+            let copied = match page_ahead {
+                PageAhead::All => copies.iter().map(|c| c.expert).collect(),
+                _ => Vec::new(),
+            };
+            read_host_ahead(p, li, &ids, &copies, copied);
         }
         for copy in copies {
             match sink {
@@ -386,7 +391,7 @@ impl<K: StepKernel> Executor<K> {
         let Some(ids) = ids else {
             return Ok(());
         };
-        read_host_ahead(p, li, &self.i32_view(plan, ids, 1, s)?, &[]);
+        read_host_ahead(p, li, &self.i32_view(plan, ids, 1, s)?, &[], Vec::new());
         Ok(())
     }
 

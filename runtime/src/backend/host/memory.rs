@@ -133,17 +133,22 @@ impl HostSlots {
         })
     }
 
-    /// Has the memory's advice worker start reading expert `expert` of MoE layer `layer` from
-    /// the file into the page cache ([`SlotArena::read_ahead_host`]), after the experts asked for
-    /// before; returns at once. Advice only: an expert out of range is skipped, and advice still
-    /// queued when the memory drops is dropped.
-    pub(crate) fn read_ahead_host(&self, layer: usize, expert: u32) {
+    /// Has the memory's advice worker start reading `experts` of MoE layer `layer` from the file
+    /// into the page cache, in this order ([`SlotArena::read_ahead_host`]), after the advice
+    /// asked for before; returns at once (nothing queued for no experts). Advice only: an
+    /// expert out of range is skipped, and advice still queued when the memory drops is dropped.
+    pub(crate) fn read_ahead_host(&self, layer: usize, experts: Vec<u32>) {
+        if experts.is_empty() {
+            return;
+        }
         let arena = Arc::clone(&self.arena);
         // Slot `usize::MAX` names no slot: no write of a slot waits for advice.
         self.advisor.queue(
             (layer, usize::MAX),
             Box::new(move || {
-                arena.read_ahead_host(layer, expert);
+                for e in experts {
+                    arena.read_ahead_host(layer, e);
+                }
                 Ok(())
             }),
         );
