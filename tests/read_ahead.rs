@@ -15,14 +15,19 @@
 //! * all of the above with the prediction one layer ahead and two (`--prefetch-lead 2`: layer
 //!   2's ids predicted before layer 1's attention), and in background mode with each page-ahead
 //!   ([`PageAhead`]: what else is read into the page cache changes no decision);
+//! * a read-ahead never evicts an expert its step is predicted to read, under every policy
+//!   that takes prefetches;
 //! * a budget on a plan without predictions is refused by name.
 
 use aubier_runtime::backend::registry::BackendSpec;
 use aubier_runtime::engine::Model;
 use aubier_runtime::error::EngineError;
+use aubier_runtime::placement::policy::PolicyKind;
 use aubier_runtime::progress::Quiet;
 use aubier_runtime::session::{Session, SessionOptions};
-use aubier_runtime::store::expert_store::{PageAhead, ReadAheadMode, StoreOptions, StoreReport};
+use aubier_runtime::store::expert_store::{
+    ExpertStore, PageAhead, ReadAheadMode, StoreOptions, StoreReport,
+};
 use aubier_runtime::store::{FastBudget, StoreError};
 use aubier_tests::{models_dir, shared_prompt, slots};
 use std::sync::Arc;
@@ -200,5 +205,38 @@ fn a_budget_needs_the_plans_predictions() {
     match Session::open_with_store(model, SessionOptions { kv_max: 64 }, &opts) {
         Err(EngineError::Store(StoreError::NoPrediction)) => {}
         other => panic!("expected the NoPrediction refusal, got {:?}", other.err()),
+    }
+}
+
+/// A read-ahead never evicts an expert its step is predicted to read: of the prediction
+/// `[0, 5, 6]` into a layer of 2 slots seeded `[0, 1]` with a budget of 2, the member 0 is
+/// pinned, so 5 takes 1's slot and 6 finds every resident pinned (without the pin, 6 would
+/// have evicted 0). Every policy that takes prefetches.
+#[test]
+fn a_read_ahead_keeps_the_predicted_members() {
+    let model = model("oracle", Some(1));
+    for policy in [
+        PolicyKind::TwoQ,
+        PolicyKind::Lru,
+        PolicyKind::Lfu,
+        PolicyKind::Arc,
+        PolicyKind::Lrfu,
+        PolicyKind::LeCaR,
+    ] {
+        let opts = StoreOptions {
+            prefetch_budget: BUDGET,
+            policy,
+            ..slots(2)
+        };
+        let store = ExpertStore::new(&model.plan, &opts, &mut model.slots().lock())
+            .unwrap_or_else(|e| panic!("{policy:?}: {e}"));
+        assert_eq!(store.resident(1), vec![0, 1], "{policy:?}");
+        let copies: Vec<u32> = store
+            .read_ahead(1, &[0, 5, 6])
+            .iter()
+            .map(|c| c.expert)
+            .collect();
+        assert_eq!(copies, vec![5], "{policy:?}");
+        assert_eq!(store.resident(1), vec![0, 5], "{policy:?}");
     }
 }

@@ -65,17 +65,19 @@ pub struct ReplayArgs {
     /// 2Q: `A1in` (first-seen ids, Kin) as a fraction of the slots.
     #[arg(long, default_value_t = TwoQParams::DEFAULT_A1IN)]
     pub a1in: f64,
-    /// 2Q: ghost queue `A1out` (Kout) as a fraction of the slots.
-    #[arg(long, default_value_t = TwoQParams::DEFAULT_A1OUT)]
-    pub a1out: f64,
+    /// 2Q: ghost queue `A1out` (Kout) as a fraction of the slots (default: 2 on demand paging,
+    /// 0.25 with a prefetch budget).
+    #[arg(long)]
+    pub a1out: Option<f64>,
     /// 2Q: at most this many promotions into the fast store per token per layer (default: no cap).
     #[arg(long)]
     pub max_promotions: Option<usize>,
     /// 2Q: which re-reference of a non-resident expert promotes it: `ghost` (while in A1out, the
     /// paper's rule), `remembered` (while in A1in or A1out) or `frequency[:W]` (as remembered, when
     /// more frequent than the victim; counts halved every W × experts accesses, W default 2).
-    #[arg(long, default_value_t = TwoQParams::DEFAULT_ADMISSION)]
-    pub admission: Admission,
+    /// Default: `frequency:2` on demand paging, `frequency:32` with a prefetch budget.
+    #[arg(long)]
+    pub admission: Option<Admission>,
     /// LRFU: decay λ per token, in 0..=1 (0 = LFU, 1 = LRU).
     #[arg(long, default_value_t = Lrfu::DEFAULT_LAMBDA)]
     pub lrfu_lambda: f64,
@@ -95,19 +97,32 @@ pub struct ReplayArgs {
     pub resident_set: Option<PathBuf>,
 }
 
+impl ReplayArgs {
+    /// 2Q's `Kout` fraction and admission: as given, else the defaults of demand paging or, with
+    /// a prefetch budget, of prefetch ([`TwoQParams::default_knobs`]).
+    fn two_q_knobs(&self) -> (f64, Admission) {
+        let (a1out, admission) = TwoQParams::default_knobs(self.prefetch_budget > 0);
+        (
+            self.a1out.unwrap_or(a1out),
+            self.admission.unwrap_or(admission),
+        )
+    }
+}
+
 /// The receipt's `model`: the trace, then the settings that change its figures when not the
 /// defaults (2Q's knobs when 2q is replayed, the prefetch budget), so that receipts of one trace
 /// under other settings are told apart.
 fn receipt_model(args: &ReplayArgs, source: String) -> String {
     let mut model = source;
     let two_q_knobs = args.a1in != TwoQParams::DEFAULT_A1IN
-        || args.a1out != TwoQParams::DEFAULT_A1OUT
+        || args.a1out.is_some()
         || args.max_promotions.is_some()
-        || args.admission != TwoQParams::DEFAULT_ADMISSION;
+        || args.admission.is_some();
     if two_q_knobs && args.policies.contains(&PolicyKind::TwoQ) {
+        let (a1out, admission) = args.two_q_knobs();
         model += &format!(
-            "; 2q a1in {} a1out {} admission {}",
-            args.a1in, args.a1out, args.admission
+            "; 2q a1in {} a1out {a1out} admission {admission}",
+            args.a1in
         );
         if let Some(cap) = args.max_promotions {
             model += &format!(" max-promotions {cap}");
@@ -191,12 +206,13 @@ fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
     progress.whole(Count::Items(tokens * runs, "tokens"));
     let mut rows = Vec::with_capacity(slot_counts.len());
     for &slots in &slot_counts {
+        let (a1out, admission) = args.two_q_knobs();
         let opts = ReplayOptions {
             slots,
             a1in: args.a1in,
-            a1out: args.a1out,
+            a1out,
             max_promotions: args.max_promotions,
-            admission: args.admission,
+            admission,
             lrfu_lambda: args.lrfu_lambda,
             resident_set: resident_set.as_ref(),
             prefetch_budget: args.prefetch_budget,

@@ -286,17 +286,19 @@ pub struct StoreArgs {
     /// 2Q A1in size (Kin) as a fraction of the slots.
     #[arg(long, default_value_t = TwoQParams::DEFAULT_A1IN)]
     pub a1in: f64,
-    /// 2Q A1out ghost-queue size (Kout) as a fraction of the slots.
-    #[arg(long, default_value_t = TwoQParams::DEFAULT_A1OUT)]
-    pub a1out: f64,
+    /// 2Q A1out ghost-queue size (Kout) as a fraction of the slots (default: 2 on demand
+    /// paging, 0.25 with a read-ahead).
+    #[arg(long)]
+    pub a1out: Option<f64>,
     /// Most 2Q promotions per token per layer (default: no cap).
     #[arg(long)]
     pub max_promotions: Option<usize>,
     /// 2Q admission: `ghost` (promote on a re-reference while in A1out), `remembered` (while
     /// in A1in or A1out) or `frequency[:W]` (as remembered, when more frequent than the victim;
-    /// counts halved every W × experts accesses, W default 2).
-    #[arg(long, default_value_t = TwoQParams::DEFAULT_ADMISSION)]
-    pub admission: Admission,
+    /// counts halved every W × experts accesses, W default 2). Default: `frequency:2` on demand
+    /// paging, `frequency:32` with a read-ahead.
+    #[arg(long)]
+    pub admission: Option<Admission>,
     /// Between requests: `exact` restores the boot membership and policy state (timed), `none`
     /// keeps them.
     #[arg(long, default_value = "exact")]
@@ -417,8 +419,9 @@ impl StoreArgs {
     }
 
     /// The options of a session's store: every slot the model was loaded with, the policy, its
-    /// knobs, the seed, the reset and the read-ahead `ahead`. Errors: the resident-set file
-    /// cannot be read or parsed.
+    /// knobs (2Q's `Kout` and admission, when not given, those of demand paging or of a
+    /// read-ahead: [`TwoQParams::default_knobs`]), the seed, the reset and the read-ahead
+    /// `ahead`. Errors: the resident-set file cannot be read or parsed.
     pub fn options(&self, ahead: &ReadAhead) -> anyhow::Result<StoreOptions> {
         let resident_set = match &self.resident_set {
             Some(path) => Some(
@@ -427,14 +430,15 @@ impl StoreArgs {
             ),
             None => None,
         };
+        let (a1out, admission) = TwoQParams::default_knobs(ahead.budget > 0);
         Ok(StoreOptions {
             budget: FastBudget::Auto,
             resident_set,
             policy: self.policy,
             a1in: self.a1in,
-            a1out: self.a1out,
+            a1out: self.a1out.unwrap_or(a1out),
             max_promotions: self.max_promotions,
-            admission: self.admission,
+            admission: self.admission.unwrap_or(admission),
             reset: self.reset,
             prefetch_budget: ahead.budget,
             read_ahead: self.read_ahead,
@@ -758,5 +762,32 @@ mod tests {
         );
         let r = choose_read_ahead(Some(1), None, Some(5 * GB), available, true);
         assert_eq!((r.budget, r.page_ahead, r.note), (1, PageAhead::Host, None));
+    }
+
+    #[test]
+    fn two_q_takes_the_knobs_of_its_mode_unless_given() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            store: StoreArgs,
+        }
+        let knobs = |flags: &[&str], budget: usize| {
+            let cli = <Cli as clap::Parser>::try_parse_from(
+                std::iter::once("aubier").chain(flags.iter().copied()),
+            )
+            .expect("flags");
+            let ahead = ReadAhead {
+                budget,
+                ..ReadAhead::OFF
+            };
+            let o = cli.store.options(&ahead).expect("options");
+            (o.a1out, o.admission)
+        };
+        let frequency = |window| Admission::Frequency { window };
+        assert_eq!(knobs(&[], 0), (2.0, frequency(2)));
+        assert_eq!(knobs(&[], 2), (0.25, frequency(32)));
+        let given = ["--a1out", "0.5", "--admission", "ghost"];
+        assert_eq!(knobs(&given, 0), (0.5, Admission::Ghost));
+        assert_eq!(knobs(&given, 2), (0.5, Admission::Ghost));
     }
 }

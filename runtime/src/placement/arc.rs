@@ -165,6 +165,7 @@ impl Policy for ArcCache {
     fn prefetch(&mut self, expert: u32) -> Result<Prefetch, PolicyError> {
         let e = check_expert(expert, self.n_experts)?;
         if self.is_resident(expert) {
+            self.pins.add(expert);
             return Ok(Prefetch::Resident);
         }
         let resident = self.queues.len(T1) + self.queues.len(T2);

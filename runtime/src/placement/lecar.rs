@@ -178,6 +178,7 @@ impl Policy for LeCaR {
     fn prefetch(&mut self, expert: u32) -> Result<Prefetch, PolicyError> {
         let e = check_expert(expert, self.n_experts)?;
         if self.is_resident[e] {
+            self.pins.add(expert);
             return Ok(Prefetch::Resident);
         }
         let resident = self.by_recency.len();

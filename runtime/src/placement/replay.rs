@@ -6,9 +6,9 @@
 //! each layer's `top_k` experts as one step ([`Policy::access_step`]: hits first). With a prefetch
 //! budget `b` ([`ReplayOptions::prefetch_budget`]), once layer `l`'s experts of a token are known
 //! a [`CoOccurrence`] predictor of the pair `(l, l + 1)` (learned online from the tokens already
-//! replayed) names `top_k` experts for layer `l + 1`, and the first `b` of them that are not
-//! resident are prefetched into layer `l + 1`'s policy ([`Policy::prefetch`]) before that layer's
-//! step; then the predictor learns the token's true `(l, l + 1)` pair. Layer 0 has no predictor. An
+//! replayed) names `top_k` experts for layer `l + 1`: those resident are pinned (named to
+//! [`Policy::prefetch`] first, so that no load evicts them) and the first `b` of the others are
+//! prefetched into layer `l + 1`'s policy before that layer's step; then the predictor learns the token's true `(l, l + 1)` pair. Layer 0 has no predictor. An
 //! expert counts as served when it is resident when its step reads it, prefetched or not. Loads
 //! (copies into the fast store) are the demand misses admitted plus the prefetches.
 
@@ -232,6 +232,14 @@ pub fn replay(
                 served.predicted_right +=
                     predicted.iter().filter(|e| step.contains(e)).count() as u64;
                 served.predicted_routed += step.len() as u64;
+                // The predicted experts already resident are named first: a prefetch of a
+                // resident pins it, so no load below evicts an expert the step is predicted
+                // to read.
+                for &e in &predicted {
+                    if policy.is_resident(e) {
+                        policy.prefetch(e).map_err(wrap)?;
+                    }
+                }
                 for &e in &predicted {
                     if loaded.len() == opts.prefetch_budget {
                         break;
@@ -369,6 +377,25 @@ mod tests {
             assert_eq!(s.loads(), base.loads(), "budget {budget}");
             assert_eq!(s.recall(), Some((tokens as f64 - 4.0) / tokens as f64));
         }
+    }
+
+    #[test]
+    fn a_prefetch_never_evicts_a_predicted_resident() {
+        // LRU, 2 slots, budget 1. Layer 0 alternates [0, 1] and [0, 2]; layer 1 follows with
+        // [4, 5] and [4, 6], which the predictor names exactly from token 2 on. There 4 is
+        // resident but least recent: pinned, so the load of 5 (or 6) evicts the other, and both
+        // routed experts hit (unpinned, the load would evict 4 and the step would hit once).
+        // Hits: layer 0, 2 then 1 per token; layer 1, none at token 0 (identity seed), 1 at
+        // token 1 (predicted [4, 5], resident, nothing loaded), then 2 per token.
+        let tokens = 64u64;
+        let layer0: Vec<Vec<u32>> = (0..tokens)
+            .map(|t| if t % 2 == 0 { vec![0, 1] } else { vec![0, 2] })
+            .collect();
+        let layer1 = layer0.iter().map(|s| vec![4, s[1] + 4]).collect();
+        let t = trace(&[layer0, layer1], 8);
+        let s = replay(&t, PolicyKind::Lru, &with_budget(2, 1)).unwrap();
+        assert_eq!(s.hits, (2 + (tokens - 1)) + (1 + 2 * (tokens - 2)));
+        assert_eq!((s.prefetched, s.prefetch_used), (tokens - 2, tokens - 2));
     }
 
     #[test]
