@@ -616,6 +616,30 @@ impl Block<'_, '_, '_, '_> {
                     off /= 2;
                 }
             }
+            Stmt::SharedRead4 { src, idx, dst } => {
+                let idx = self.eval(idx, m)?.i();
+                let len = self.shared[src.0].len();
+                let dl = self.k.locals[dst.0].1;
+                for l in 0..n {
+                    if !m[l] {
+                        continue;
+                    }
+                    let j = idx[l];
+                    if j.rem_euclid(4) != 0 {
+                        return Err(self.fault(format!(
+                            "vector read of `{}` at {j}, not a multiple of 4",
+                            self.k.shared[src.0].0
+                        )));
+                    }
+                    let j = usize::try_from(j)
+                        .ok()
+                        .filter(|&j| j + 4 <= len)
+                        .ok_or_else(|| self.oob(&self.k.shared[src.0].0, j as i64, len, l))?;
+                    for q in 0..4 {
+                        self.locals[dst.0][l * dl + q] = f32::from_bits(self.shared[src.0][j + q]);
+                    }
+                }
+            }
             Stmt::Dequant16 {
                 w,
                 expert,

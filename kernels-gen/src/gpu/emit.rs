@@ -105,10 +105,28 @@ pub trait Dialect {
         }
         writeln!(f, "    int T, int S) {{")?;
         writeln!(f, "  (void)T; (void)S;")?;
-        for (name, ty, len) in &k.shared {
-            writeln!(f, "  __shared__ {} s_{name}[{len}];", Ty(*ty))?;
+        for ((name, ty, len), quad) in k.shared.iter().zip(k.quad_shared()) {
+            let align = if quad {
+                "__attribute__((aligned(16))) "
+            } else {
+                ""
+            };
+            writeln!(f, "  __shared__ {align}{} s_{name}[{len}];", Ty(*ty))?;
         }
         Ok(())
+    }
+    /// Element `idx` of shared array `s_<name>`; `quad`: the array is read by
+    /// [`Stmt::SharedRead4`] ([`Kernel::quad_shared`]). C++ keeps a flat `float` array.
+    fn shared_elem(&self, name: &str, _quad: bool, idx: &str) -> String {
+        format!("s_{name}[{idx}]")
+    }
+    /// The statement of [`Stmt::SharedRead4`]: `l_<dst>[0..4]` from the 16-byte aligned quad of
+    /// `s_<name>` at element `idx` (C++: one `aubier_f4` load, `ds_read_b128` / `ld.shared.v4`).
+    fn shared_read4(&self, name: &str, idx: &str, dst: &str) -> String {
+        format!(
+            "{{ const aubier_f4 q = *reinterpret_cast<const aubier_f4*>(&s_{name}[{idx}]); \
+             l_{dst}[0] = q.x; l_{dst}[1] = q.y; l_{dst}[2] = q.z; l_{dst}[3] = q.w; }}"
+        )
     }
     /// An f32 literal of exactly `v`.
     fn f32_lit(&self, v: f32, f: &mut Formatter<'_>) -> fmt::Result {
@@ -291,7 +309,8 @@ impl Dialect for Cuda {
 }
 
 /// Helpers of the C++ dialects (after the device math).
-const CPP_HELPERS: &str = r#"__device__ inline float aubier_fmax(float a, float b) { return (a > b || a != a) ? a : b; }
+const CPP_HELPERS: &str = r#"struct __attribute__((aligned(16))) aubier_f4 { float x, y, z, w; };
+__device__ inline float aubier_fmax(float a, float b) { return (a > b || a != a) ? a : b; }
 __device__ inline float aubier_fmin(float a, float b) { return b < a ? b : a; }
 __device__ inline int aubier_imax(int a, int b) { return a > b ? a : b; }
 __device__ inline int aubier_imin(int a, int b) { return a < b ? a : b; }
@@ -439,7 +458,11 @@ impl<D: Dialect> Display for E<'_, D> {
                 (name, _) => write!(f, "{}[{}]", d.param(name), e(i)),
             },
             Expr::Table(t, i) => write!(f, "t_{}[{}]", k.tables[*t].0, e(i)),
-            Expr::LoadShared(a, i) => write!(f, "s_{}[{}]", k.shared[a.0].0, e(i)),
+            Expr::LoadShared(a, i) => f.write_str(&d.shared_elem(
+                &k.shared[a.0].0,
+                k.quad_shared()[a.0],
+                &e(i).to_string(),
+            )),
             Expr::LoadLocal(a, i) => write!(f, "l_{}[{}]", k.locals[a.0].0, e(i)),
             Expr::Bin(op, a, b) => {
                 let float = matches!(k.ty(a), Ok(Scalar::F32));
@@ -498,7 +521,13 @@ impl<D: Dialect> Display for St<'_, D> {
                 )
             }
             Stmt::StoreShared(a, i, x) => {
-                writeln!(f, "{pad}s_{}[{}] = {};", k.shared[a.0].0, e(i), e(x))
+                let at = d.shared_elem(&k.shared[a.0].0, k.quad_shared()[a.0], &e(i).to_string());
+                writeln!(f, "{pad}{at} = {};", e(x))
+            }
+            Stmt::SharedRead4 { src, idx, dst } => {
+                let read =
+                    d.shared_read4(&k.shared[src.0].0, &e(idx).to_string(), &k.locals[dst.0].0);
+                writeln!(f, "{pad}{read}")
             }
             Stmt::StoreLocal(a, i, x) => {
                 writeln!(f, "{pad}l_{}[{}] = {};", k.locals[a.0].0, e(i), e(x))

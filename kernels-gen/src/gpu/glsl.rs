@@ -131,13 +131,30 @@ impl Dialect for Glsl {
         writeln!(f, "}};")
     }
     fn kernel_open(&self, f: &mut Formatter<'_>, k: &Kernel) -> fmt::Result {
-        for (name, ty, len) in &k.shared {
-            writeln!(f, "shared {} s_{name}[{len}];", Ty(*ty))?;
+        for ((name, ty, len), quad) in k.shared.iter().zip(k.quad_shared()) {
+            if quad {
+                writeln!(f, "shared vec4 s_{name}[{}];", len / 4)?;
+            } else {
+                writeln!(f, "shared {} s_{name}[{len}];", Ty(*ty))?;
+            }
         }
         writeln!(f, "void main() {{")?;
         writeln!(
             f,
             "  const int aubier_T = args.extents.v[0];\n  const int aubier_S = args.extents.v[1];"
+        )
+    }
+    fn shared_elem(&self, name: &str, quad: bool, idx: &str) -> String {
+        if quad {
+            format!("s_{name}[({idx}) >> 2][({idx}) & 3]")
+        } else {
+            format!("s_{name}[{idx}]")
+        }
+    }
+    fn shared_read4(&self, name: &str, idx: &str, dst: &str) -> String {
+        format!(
+            "{{ const vec4 q = s_{name}[({idx}) >> 2]; \
+             l_{dst}[0] = q.x; l_{dst}[1] = q.y; l_{dst}[2] = q.z; l_{dst}[3] = q.w; }}"
         )
     }
     fn f32_lit(&self, v: f32, f: &mut Formatter<'_>) -> fmt::Result {

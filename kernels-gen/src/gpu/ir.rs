@@ -439,6 +439,18 @@ pub enum Stmt {
     /// kernel's) by an xor butterfly (offsets `warp/2, …, 2, 1`; at each step
     /// `v = op(v, shuffle_xor(v, off))`); every lane of a participating warp must be active.
     WarpReduce(ReduceOp, Var),
+    /// `dst[0..4] = shared[idx .. idx + 4]` as one 16-byte load (`idx` a multiple of 4): the
+    /// vector read of a staged f32 row (a `vec4` / `float4` load; on lavapipe one loop over the
+    /// SIMD lanes for four values instead of four). The shared array is then laid out in groups
+    /// of 4 ([`Kernel::quad_shared`]); its scalar elements read and write as before.
+    SharedRead4 {
+        /// The shared f32 array (its length a multiple of 4).
+        src: Shared,
+        /// First element (a multiple of 4).
+        idx: Expr,
+        /// Destination per-thread array (≥ 4 elements).
+        dst: Local,
+    },
     /// `dst[0..16] = elements 16·chunk .. 16·chunk + 15 of row `row` of weight `w`` (elements past
     /// the row's end read as 0 for F32 rows whose length is not a multiple of 16); for
     /// [`ParamKind::Experts`], `expert` selects the table entry.
@@ -565,6 +577,19 @@ impl Kernel {
                         return Err("warp reductions are over f32 registers".into());
                     }
                 }
+                Stmt::SharedRead4 { src, idx, dst } => {
+                    self.expect(idx, Scalar::I32)?;
+                    let (_, ty, len) = self
+                        .shared
+                        .get(src.0)
+                        .ok_or_else(|| format!("no shared array {}", src.0))?;
+                    if *ty != Scalar::F32 || !len.is_multiple_of(4) {
+                        return Err("vector reads are of f32 arrays of whole quads".into());
+                    }
+                    if self.local_len(*dst)? < 4 {
+                        return Err("a vector read's destination needs 4 elements".into());
+                    }
+                }
                 Stmt::Dequant16 {
                     w,
                     expert,
@@ -593,6 +618,31 @@ impl Kernel {
             }
         }
         Ok(())
+    }
+
+    /// Per shared array: whether a [`Stmt::SharedRead4`] reads it (so the dialects lay it out
+    /// as 16-byte aligned groups of 4: GLSL `vec4`, C++ a 16-byte aligned `float` array).
+    pub fn quad_shared(&self) -> Vec<bool> {
+        fn mark(body: &[Stmt], quads: &mut [bool]) {
+            for s in body {
+                match s {
+                    Stmt::SharedRead4 { src, .. } => {
+                        if let Some(q) = quads.get_mut(src.0) {
+                            *q = true;
+                        }
+                    }
+                    Stmt::For { body, .. } => mark(body, quads),
+                    Stmt::If(_, a, b) => {
+                        mark(a, quads);
+                        mark(b, quads);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let mut quads = vec![false; self.shared.len()];
+        mark(&self.body, &mut quads);
+        quads
     }
 
     fn var_ty(&self, v: Var) -> Result<Scalar, String> {
@@ -829,6 +879,16 @@ impl Kb {
     /// `a[idx] = val` of a shared array.
     pub fn sts(&mut self, a: Shared, idx: impl Into<Expr>, val: impl Into<Expr>) {
         self.push(Stmt::StoreShared(a, idx.into(), val.into()));
+    }
+
+    /// `dst[0..4] = a[idx .. idx + 4]` of a shared f32 array, one vector load (`idx` a
+    /// multiple of 4).
+    pub fn lds4(&mut self, a: Shared, idx: impl Into<Expr>, dst: Local) {
+        self.push(Stmt::SharedRead4 {
+            src: a,
+            idx: idx.into(),
+            dst,
+        });
     }
 
     /// A constant table; element `i` is `table(t, i)`.

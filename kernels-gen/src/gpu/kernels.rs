@@ -14,8 +14,10 @@
 //!   `w·x` over them in order, then the warp butterfly adds the `W` partials; the staging copies
 //!   values, so each output's sum is the same as reading `x` in place. Learned from ggml's Vulkan
 //!   mat-vec shaders (`vulkan-shaders/mul_mat_vec_q*_k.comp`, llama.cpp PR #10387: 16-bit
-//!   aliases of the quant blocks, words unpacked with byte masks); ggml reads the activations as
-//!   vec4 loads and keeps several rows per thread, which would change the summation order here.
+//!   aliases of the quant blocks, words unpacked with byte masks; `B` read as `vec4`): a staged
+//!   row of whole chunks is read a quad of elements at a time ([`RowSource::chunk`]), each
+//!   product still added in the chunk's order; ggml's several rows per thread would change the
+//!   summation order here.
 //! - Mat-mat ([`mat_mat`]; the same products for a run of `T > 1` tokens): the mat-vec's lane
 //!   partition of K, [`MAT_MAT_WEIGHT_ROWS`] weight rows per warp and [`mat_mat_tokens`] tokens
 //!   per block; K is walked in slices whose activations for the block's tokens are staged in
@@ -202,8 +204,9 @@ pub const MAT_VEC_STAGE_BYTES: usize = 16384;
 /// Where a mat-vec block reads its activation row of `n` elements from.
 #[derive(Clone, Copy)]
 pub(crate) enum RowSource {
-    /// Shared memory, filled by [`stage_row`].
-    Shared(super::ir::Shared),
+    /// Shared memory, filled by [`stage_row`]; with a per-thread array of 4 where the row holds
+    /// whole 16-element chunks, read a quad at a time ([`RowSource::chunk`]).
+    Shared(super::ir::Shared, Option<Local>),
     /// Global memory: `x[base + i]`.
     Global(Param, Var),
 }
@@ -211,14 +214,43 @@ pub(crate) enum RowSource {
 impl RowSource {
     /// Whether the row is in shared memory.
     pub(crate) fn is_shared(self) -> bool {
-        matches!(self, RowSource::Shared(_))
+        matches!(self, RowSource::Shared(..))
     }
 
     /// Element `i` of the row.
-    pub(crate) fn read(self, kb: &Kb, i: Expr) -> Expr {
+    fn read(self, kb: &Kb, i: Expr) -> Expr {
         match self {
-            RowSource::Shared(xs) => kb.lds(xs, i),
+            RowSource::Shared(xs, _) => kb.lds(xs, i),
             RowSource::Global(x, base) => kb.load(x, Expr::from(base) + i),
+        }
+    }
+
+    /// `body(kb, i, x[16·c + i])` for the elements `i` of 16-element chunk `c` of the row (of
+    /// `n`), in order. A staged row of whole chunks is read as 4 vector loads of 4 elements
+    /// ([`Kb::lds4`]), as ggml's `mul_mat_vec_q*_k.comp` read `B` as `vec4`: on lavapipe each
+    /// shared-memory load is a loop over the SIMD lanes, so a chunk costs 4 of them, not 16.
+    /// The values, and so every sum over them in this order, are the same.
+    pub(crate) fn chunk(
+        self,
+        kb: &mut Kb,
+        c: Expr,
+        n: usize,
+        mut body: impl FnMut(&mut Kb, Expr, Expr),
+    ) {
+        match self {
+            RowSource::Shared(xs, Some(xq)) => {
+                kb.for_("q", 0, 4, 1, |kb, q| {
+                    kb.lds4(xs, c * 16 + q.clone() * 4, xq);
+                    kb.for_("i", 0, 4, 1, |kb, i| {
+                        let xv = kb.ldl(xq, i.clone());
+                        body(kb, q * 4 + i, xv);
+                    });
+                });
+            }
+            _ => kb.for_("i", 0, chunk_len(n, c.clone()), 1, |kb, i| {
+                let xv = self.read(kb, c * 16 + i.clone());
+                body(kb, i, xv);
+            }),
         }
     }
 }
@@ -236,7 +268,8 @@ pub(crate) fn stage_row(kb: &mut Kb, x: Param, base: Var, n: usize) -> RowSource
         kb.sts(xs, j, v);
     });
     kb.barrier();
-    RowSource::Shared(xs)
+    let quads = n.is_multiple_of(16).then(|| kb.local("xq", 4));
+    RowSource::Shared(xs, quads)
 }
 
 /// Elements of 16-element chunk `c` inside a row of `n`: the constant 16 when `n` is a multiple
@@ -294,8 +327,7 @@ pub fn mat_vec(s: &MatVecShape, warp: u32) -> R {
     let acc = kb.let_("acc", 0.0f32);
     kb.for_("c", lane, ci(n_chunks), w32, |kb, c| {
         kb.dequant16(w, None, row, c.clone(), buf);
-        kb.for_("i", 0, chunk_len(n_in, c.clone()), 1, |kb, i| {
-            let xv = staged.read(kb, c.clone() * 16 + i.clone());
+        staged.chunk(kb, c, n_in, |kb, i, xv| {
             let wv = kb.ldl(buf, i);
             kb.set(acc, Expr::from(acc) + wv * xv);
         });

@@ -514,8 +514,8 @@ pub fn moe_gate_up(
             c.clone(),
             ub,
         );
-        kb.for_("i", 0, chunk_len(d, c.clone()), 1, |kb, i| {
-            let xv = kb.let_("xv", staged.read(kb, c.clone() * 16 + i.clone()));
+        staged.chunk(kb, c, d, |kb, i, x| {
+            let xv = kb.let_("xv", x);
             kb.set(g, Expr::from(g) + kb.ldl(gb, i.clone()) * xv);
             kb.set(u, Expr::from(u) + kb.ldl(ub, i) * xv);
         });
@@ -570,8 +570,7 @@ pub fn moe_down(name: &str, down: &WeightSpec, d: usize, k: usize, warp: u32) ->
         let acc = kb.let_("acc", 0.0f32);
         kb.for_("c", lane, ci(n_ff.div_ceil(16)), warp as i32, |kb, c| {
             kb.dequant16(wd, Some(e.into()), orow, c.clone(), buf);
-            kb.for_("i", 0, chunk_len(n_ff, c.clone()), 1, |kb, i| {
-                let av = staged.read(kb, c.clone() * 16 + i.clone());
+            staged.chunk(kb, c, n_ff, |kb, i, av| {
                 kb.set(acc, Expr::from(acc) + kb.ldl(buf, i) * av);
             });
         });

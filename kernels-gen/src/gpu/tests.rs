@@ -628,6 +628,74 @@ fn execution_catches_out_of_bounds_and_divergent_barriers() {
     assert!(matches!(e, ExecError::Binding { .. }), "{e}");
 }
 
+/// A block stages 128 values in shared memory and reads them back a quad at a time
+/// ([`Kb::lds4`]): the quads hold the staged bits, a quad that does not start at a multiple of 4
+/// is a fault, and the dialects lay the array out for 16-byte loads.
+fn quad_read_kernel(offset: i32) -> Kernel {
+    let mut kb = Kb::new("quads", "test", [Size::Const(1), Size::Const(1)], 32, 32);
+    let x = kb.input_f32("x", Size::Const(128));
+    let y = kb.output_f32("y", Some(Size::Const(128)));
+    let s = kb.shared("s", super::ir::Scalar::F32, 128);
+    let xq = kb.local("xq", 4);
+    kb.for_("j", tid(), ci(128), 32, |kb, j| {
+        let v = kb.load(x, j.clone());
+        kb.sts(s, j, v);
+    });
+    kb.barrier();
+    kb.lds4(s, tid() * 4 + offset, xq);
+    kb.for_("i", 0, 4, 1, |kb, i| {
+        let v = kb.ldl(xq, i.clone());
+        kb.store(y, tid() * 4 + i, v);
+    });
+    kb.finish().expect("kernel")
+}
+
+#[test]
+fn vector_shared_reads_copy_aligned_quads_and_refuse_the_rest() {
+    let mut xs: Vec<f32> = mixed_vals(7, 128, 3.0);
+    xs[5] = f32::NAN;
+    xs[9] = -0.0;
+    let k = quad_read_kernel(0);
+    let mut out = vec![0f32; 128];
+    cpu_exec::run(
+        &k,
+        &mut [Arg::F32(&mut xs), Arg::F32(&mut out)],
+        1,
+        1,
+        &no_dequant,
+    )
+    .expect("runs");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&out), bits(&xs));
+
+    let e = cpu_exec::run(
+        &quad_read_kernel(2),
+        &mut [Arg::F32(&mut xs), Arg::F32(&mut out)],
+        1,
+        1,
+        &no_dequant,
+    )
+    .expect_err("a quad at 2");
+    assert!(matches!(e, ExecError::Fault { .. }), "{e}");
+
+    let glsl = super::glsl::render_glsl(&k, &[]).expect("renders");
+    assert!(glsl.contains("shared vec4 s_s[32];"), "{glsl}");
+    assert!(glsl.contains("s_s[(v0_j) >> 2][(v0_j) & 3] = "), "{glsl}");
+    let hip = super::emit::render(&Hip, &k, &[]).expect("renders");
+    assert!(hip.contains("__shared__ __attribute__((aligned(16))) float s_s[128];"));
+
+    let mut kb = Kb::new("odd", "test", [Size::Const(1), Size::Const(1)], 32, 32);
+    let s = kb.shared("s", super::ir::Scalar::F32, 6);
+    let xq = kb.local("xq", 4);
+    kb.lds4(s, 0, xq);
+    assert!(kb.finish().is_err(), "an array of 6 is not whole quads");
+    let mut kb = Kb::new("short", "test", [Size::Const(1), Size::Const(1)], 32, 32);
+    let s = kb.shared("s", super::ir::Scalar::F32, 8);
+    let xq = kb.local("xq", 3);
+    kb.lds4(s, 0, xq);
+    assert!(kb.finish().is_err(), "a destination of 3");
+}
+
 #[test]
 fn ill_typed_kernels_are_refused() {
     let mut kb = Kb::new("bad", "test", [Size::Const(1), Size::Const(1)], 32, 32);
