@@ -532,6 +532,24 @@ impl Block<'_, '_, '_, '_> {
                     }
                 }
             }
+            Stmt::LoadShared4(a, i, dst) => {
+                let idx = self.eval(i, m)?.i();
+                for l in 0..n {
+                    if !m[l] {
+                        continue;
+                    }
+                    let j = i64::from(idx[l]) * 4;
+                    let arr = &self.shared[a.0];
+                    let four = usize::try_from(j)
+                        .ok()
+                        .and_then(|j| arr.get(j..j + 4))
+                        .ok_or_else(|| self.oob(&self.k.shared[a.0].0, j, arr.len(), l))?;
+                    let four: [u32; 4] = std::array::from_fn(|c| four[c]);
+                    for (v, bits) in dst.iter().zip(four) {
+                        self.vars[v.0][l] = bits;
+                    }
+                }
+            }
             Stmt::StoreLocal(a, i, e) => {
                 let idx = self.eval(i, m)?.i();
                 let x = self.eval(e, m)?.f();

@@ -19,7 +19,7 @@
 //! prints any width, the device's subgroup size.
 
 use super::error::GenError;
-use super::ir::{BinOp, Builtin, Expr, Kernel, ParamKind, ReduceOp, Scalar, Stmt, UnOp};
+use super::ir::{BinOp, Builtin, Expr, Kernel, ParamKind, ReduceOp, Scalar, Shared, Stmt, UnOp};
 use super::quant::{self, Lang};
 use std::fmt::{self, Display, Formatter};
 
@@ -105,10 +105,35 @@ pub trait Dialect {
         }
         writeln!(f, "    int T, int S) {{")?;
         writeln!(f, "  (void)T; (void)S;")?;
-        for (name, ty, len) in &k.shared {
-            writeln!(f, "  __shared__ {} s_{name}[{len}];", Ty(*ty))?;
+        let mut vec4 = false;
+        for (i, (name, ty, len)) in k.shared.iter().enumerate() {
+            let align = if k.shared_vec4(Shared(i)) {
+                vec4 = true;
+                " __attribute__((aligned(16)))"
+            } else {
+                ""
+            };
+            writeln!(f, "  __shared__{align} {} s_{name}[{len}];", Ty(*ty))?;
+        }
+        if vec4 {
+            writeln!(
+                f,
+                "  typedef float aubier_f4 __attribute__((ext_vector_type(4)));"
+            )?;
         }
         Ok(())
+    }
+    /// Element `idx` of shared array `name` (`vec4`: the array is read by
+    /// [`Stmt::LoadShared4`], [`Kernel::shared_vec4`]).
+    fn shared_at(&self, name: &str, idx: String, _vec4: bool) -> String {
+        format!("s_{name}[{idx}]")
+    }
+    /// The statement `dst[c] = s_name[4·idx + c]`, `c < 4`, as one 16-byte load.
+    fn shared_load4(&self, name: &str, idx: String, dst: [String; 4]) -> String {
+        let [a, b, c, d] = dst;
+        format!(
+            "{{ const aubier_f4 q = ((const aubier_f4*)s_{name})[{idx}]; {a} = q.x; {b} = q.y; {c} = q.z; {d} = q.w; }}"
+        )
     }
     /// An f32 literal of exactly `v`.
     fn f32_lit(&self, v: f32, f: &mut Formatter<'_>) -> fmt::Result {
@@ -439,7 +464,9 @@ impl<D: Dialect> Display for E<'_, D> {
                 (name, _) => write!(f, "{}[{}]", d.param(name), e(i)),
             },
             Expr::Table(t, i) => write!(f, "t_{}[{}]", k.tables[*t].0, e(i)),
-            Expr::LoadShared(a, i) => write!(f, "s_{}[{}]", k.shared[a.0].0, e(i)),
+            Expr::LoadShared(a, i) => {
+                f.write_str(&d.shared_at(&k.shared[a.0].0, e(i).to_string(), k.shared_vec4(*a)))
+            }
             Expr::LoadLocal(a, i) => write!(f, "l_{}[{}]", k.locals[a.0].0, e(i)),
             Expr::Bin(op, a, b) => {
                 let float = matches!(k.ty(a), Ok(Scalar::F32));
@@ -498,7 +525,12 @@ impl<D: Dialect> Display for St<'_, D> {
                 )
             }
             Stmt::StoreShared(a, i, x) => {
-                writeln!(f, "{pad}s_{}[{}] = {};", k.shared[a.0].0, e(i), e(x))
+                let at = d.shared_at(&k.shared[a.0].0, e(i).to_string(), k.shared_vec4(*a));
+                writeln!(f, "{pad}{at} = {};", e(x))
+            }
+            Stmt::LoadShared4(a, i, dst) => {
+                let load = d.shared_load4(&k.shared[a.0].0, e(i).to_string(), dst.map(|v| var(&v)));
+                writeln!(f, "{pad}{load}")
             }
             Stmt::StoreLocal(a, i, x) => {
                 writeln!(f, "{pad}l_{}[{}] = {};", k.locals[a.0].0, e(i), e(x))

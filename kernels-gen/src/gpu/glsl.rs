@@ -48,7 +48,7 @@
 
 use super::emit::{comments, min_max, Dialect, Ty, Words};
 use super::error::GenError;
-use super::ir::{BinOp, Builtin, IrError, Kernel, ParamKind};
+use super::ir::{BinOp, Builtin, IrError, Kernel, ParamKind, Shared};
 use super::math::{device_math, ExactF32};
 use super::quant::Lang;
 use std::fmt::{self, Display, Formatter};
@@ -131,14 +131,29 @@ impl Dialect for Glsl {
         writeln!(f, "}};")
     }
     fn kernel_open(&self, f: &mut Formatter<'_>, k: &Kernel) -> fmt::Result {
-        for (name, ty, len) in &k.shared {
-            writeln!(f, "shared {} s_{name}[{len}];", Ty(*ty))?;
+        for (i, (name, ty, len)) in k.shared.iter().enumerate() {
+            if k.shared_vec4(Shared(i)) {
+                writeln!(f, "shared vec4 s_{name}[{}];", len / 4)?;
+            } else {
+                writeln!(f, "shared {} s_{name}[{len}];", Ty(*ty))?;
+            }
         }
         writeln!(f, "void main() {{")?;
         writeln!(
             f,
             "  const int aubier_T = args.extents.v[0];\n  const int aubier_S = args.extents.v[1];"
         )
+    }
+    fn shared_at(&self, name: &str, idx: String, vec4: bool) -> String {
+        if vec4 {
+            format!("s_{name}[({idx}) >> 2][({idx}) & 3]")
+        } else {
+            format!("s_{name}[{idx}]")
+        }
+    }
+    fn shared_load4(&self, name: &str, idx: String, dst: [String; 4]) -> String {
+        let [a, b, c, d] = dst;
+        format!("{{ const vec4 q = s_{name}[{idx}]; {a} = q.x; {b} = q.y; {c} = q.z; {d} = q.w; }}")
     }
     fn f32_lit(&self, v: f32, f: &mut Formatter<'_>) -> fmt::Result {
         write!(f, "{}", F(v))

@@ -416,6 +416,11 @@ pub enum Stmt {
     StoreShared(Shared, Expr, Expr),
     /// `local[idx] = val`.
     StoreLocal(Local, Expr, Expr),
+    /// `dst[c] = shared[4·idx + c]` for `c` in `0..4`: one vector load of four consecutive f32
+    /// elements (the array must be f32 with a length that is a multiple of 4; the emitters
+    /// declare an array read this way as 16-byte aligned four-element vectors, see
+    /// [`Kernel::shared_vec4`]).
+    LoadShared4(Shared, Expr, [Var; 4]),
     /// `for (var = start; var < end; var += step) body` (i32; `step > 0`). Lanes may leave the loop
     /// at different iterations (a divergent loop) unless the body holds a barrier or a collective.
     For {
@@ -540,6 +545,21 @@ impl Kernel {
                     self.local_len(*a)?;
                     self.expect(v, Scalar::F32)?;
                 }
+                Stmt::LoadShared4(a, i, dst) => {
+                    self.expect(i, Scalar::I32)?;
+                    let len = self.shared.get(a.0).map_or(0, |x| x.2);
+                    if self.shared_ty(*a)? != Scalar::F32 || !len.is_multiple_of(4) {
+                        return Err(format!(
+                            "shared array {} is read as vectors of 4 but is not f32 of a length that is a multiple of 4",
+                            a.0
+                        ));
+                    }
+                    for v in dst {
+                        if self.var_ty(*v)? != Scalar::F32 {
+                            return Err("a vector shared load writes f32 registers".into());
+                        }
+                    }
+                }
                 Stmt::For {
                     var,
                     start,
@@ -593,6 +613,20 @@ impl Kernel {
             }
         }
         Ok(())
+    }
+
+    /// Whether shared array `a` is read as vectors of 4 ([`Stmt::LoadShared4`]) anywhere in the
+    /// body: the emitters then declare it as 16-byte aligned four-element vectors.
+    pub fn shared_vec4(&self, a: Shared) -> bool {
+        fn reads(body: &[Stmt], a: Shared) -> bool {
+            body.iter().any(|s| match s {
+                Stmt::LoadShared4(b, ..) => *b == a,
+                Stmt::For { body, .. } => reads(body, a),
+                Stmt::If(_, x, y) => reads(x, a) || reads(y, a),
+                _ => false,
+            })
+        }
+        reads(&self.body, a)
     }
 
     fn var_ty(&self, v: Var) -> Result<Scalar, String> {
@@ -824,6 +858,17 @@ impl Kb {
     /// `a[idx]` of a shared array.
     pub fn lds(&self, a: Shared, idx: impl Into<Expr>) -> Expr {
         Expr::LoadShared(a, Box::new(idx.into()))
+    }
+
+    /// Four fresh f32 registers `name0..name3` loaded with `a[4·idx .. 4·idx + 4]` by one vector
+    /// load ([`Stmt::LoadShared4`]).
+    pub fn lds4(&mut self, name: &str, a: Shared, idx: impl Into<Expr>) -> [Var; 4] {
+        let dst = std::array::from_fn(|c| {
+            self.k.vars.push((format!("{name}{c}"), Scalar::F32));
+            Var(self.k.vars.len() - 1)
+        });
+        self.push(Stmt::LoadShared4(a, idx.into(), dst));
+        dst
     }
 
     /// `a[idx] = val` of a shared array.

@@ -19,7 +19,8 @@
 //! - Mat-mat ([`mat_mat`]; the same products for a run of `T > 1` tokens): the mat-vec's lane
 //!   partition of K, [`MAT_MAT_WEIGHT_ROWS`] weight rows per warp and [`mat_mat_tokens`] tokens
 //!   per block; K is walked in slices whose activations for the block's tokens are staged in
-//!   shared memory, each lane dequantizes a chunk of each of its rows once and adds it into one
+//!   shared memory (4 tokens' values of one element side by side, read as one vector), each
+//!   lane dequantizes a chunk of each of its rows once and adds it into one
 //!   accumulator per row and token (each activation read serving every row), and each
 //!   (row, token)'s `W` partials take the mat-vec's butterfly, so every output has the mat-vec's bits while a
 //!   weight is read once per block of tokens instead of once per token (ggml's
@@ -325,7 +326,8 @@ fn mat_mat_slice(warp: u32) -> usize {
 }
 
 /// Tokens per mat-mat block for warps of `warp` lanes: the tokens whose K slices
-/// ([`mat_mat_slice`]) fill [`MAT_VEC_STAGE_BYTES`] of shared memory (8 for `W ≤ 32`, 4 for 64).
+/// ([`mat_mat_slice`]) fill [`MAT_VEC_STAGE_BYTES`] of shared memory (8 for `W ≤ 32`, 4 for 64;
+/// a multiple of 4, as [`tile_sweep`]'s four-token vectors need).
 pub fn mat_mat_tokens(warp: u32) -> usize {
     (MAT_VEC_STAGE_BYTES / (4 * mat_mat_slice(warp))).max(1)
 }
@@ -373,7 +375,11 @@ pub(crate) struct TileRows<'a> {
 /// accumulator summing `w·x` over its chunks `l, l + W, …` of the row in order, as the
 /// mat-vec's single accumulator does (`lane` = `tid % W`); the caller reduces them with the
 /// butterfly. `x` rows hold
-/// `n_in` elements at the bases `rows` gives; invalid rows stage zeros. Ends with a barrier.
+/// `n_in` elements at the bases `rows` gives; invalid rows stage zeros. The staged slice holds
+/// each position's four consecutive tile rows as one four-element vector, so a lane reads the
+/// activations of 4 tokens with one vector load ([`Kb::lds4`]): one lane loop on llvmpipe instead
+/// of four, one 128-bit load on a GPU, consecutive lanes on consecutive 16-byte words. Ends with
+/// a barrier.
 pub(crate) fn tile_sweep(
     kb: &mut Kb,
     lane: Var,
@@ -395,11 +401,13 @@ pub(crate) fn tile_sweep(
         })
         .collect();
     kb.for_("k0", 0, ci(n_in), slice as i32, |kb, k0| {
-        // Row `j / slice`'s element `16·cl + i` of the slice goes to `i·(slice / 16) + cl`
-        // of its part, so the lanes of a warp read consecutive words for each element `i`.
+        // Row `r`'s element `16·cl + i` of the slice sits at position `p = i·(slice / 16) + cl`
+        // (the lanes of a warp, each on its own chunk `cl`, read consecutive positions), and
+        // position `p` of rows `4g .. 4g + 4` is the four-element vector `g·slice + p`: thread
+        // `j` fills element `j` (row `4·(j / 4 / slice) + j % 4`, position `j / 4 % slice`).
         kb.for_("j", tid(), ci(tt * slice), BLOCK as i32, |kb, j| {
-            let r = kb.let_("r", j.clone() / ci(slice));
-            let p = kb.let_("p", j.clone() % ci(slice));
+            let r = kb.let_("r", (j.clone() / ci(4 * slice)) * 4 + j.clone() % 4);
+            let p = kb.let_("p", (j.clone() / 4) % ci(slice));
             let k = kb.let_(
                 "k",
                 k0.clone() + (Expr::from(p) % ci(slice / 16)) * 16 + Expr::from(p) / ci(slice / 16),
@@ -429,10 +437,13 @@ pub(crate) fn tile_sweep(
                     .map(|(n, tw)| kb.let_(&format!("wv{n}"), kb.ldl(tw.buf, i.clone())))
                     .collect();
                 let at = kb.let_("at", i * ci(slice / 16) + cl);
-                for j in 0..tt {
-                    let xv = kb.let_("xv", kb.lds(xs, ci(j * slice) + Expr::from(at)));
-                    for (acc, &wv) in accs.iter().zip(&wvs) {
-                        kb.set(acc[j], Expr::from(acc[j]) + Expr::from(wv) * xv);
+                for g in 0..tt / 4 {
+                    let xv = kb.lds4("xv", xs, ci(g * slice) + Expr::from(at));
+                    for (c, &xv) in xv.iter().enumerate() {
+                        for (acc, &wv) in accs.iter().zip(&wvs) {
+                            let a = acc[4 * g + c];
+                            kb.set(a, Expr::from(a) + Expr::from(wv) * xv);
+                        }
                     }
                 }
             });
@@ -452,9 +463,10 @@ pub(crate) fn tile_sweep(
 /// ([`mat_mat_row`]); block row `by = tb·heads + h` takes tokens `tb·TT .. tb·TT + TT` of head
 /// `h`. K is cut into slices of [`mat_mat_slice`] elements; per slice the block copies the slice
 /// of its `TT` activation rows into shared memory (zeros past the last token), element
-/// `16·c + i` of a token's slice at `i·(slice / 16) + c` so that the lanes of a warp, each on its
-/// own chunk `c`, read consecutive words (no gather on a SIMD CPU, no bank conflicts on a GPU),
-/// then lane `l` dequantizes each of its chunks of the slice (chunks `l, l + W, …` of the row, as
+/// `16·c + i` of a token's slice at position `i·(slice / 16) + c` so that the lanes of a warp,
+/// each on its own chunk `c`, read consecutive words (no gather on a SIMD CPU, no bank conflicts
+/// on a GPU), the same position of 4 consecutive tokens side by side as one vector read by one
+/// 16-byte load, then lane `l` dequantizes each of its chunks of the slice (chunks `l, l + W, …` of the row, as
 /// in the mat-vec) of each of its `R` rows once into registers and adds `w·x` of its 16 elements,
 /// in order, into one accumulator per row and token; each activation element read from shared
 /// memory serves the `R` rows. So each (row, token) accumulator in each lane sums the same
@@ -462,7 +474,8 @@ pub(crate) fn tile_sweep(
 /// reduces its `W` partials: every output has the mat-vec's bits. Learned from ggml's Vulkan
 /// `vulkan-shaders/mul_mm.comp`, which tiles outputs by rows × tokens, walks K in shared-memory
 /// slices so a weight is read once per tile, and keeps a register tile of several rows per
-/// thread so each value read from shared memory serves several products; ggml sums each output
+/// thread so each value read from shared memory serves several products, and reads its shared
+/// tiles as vectors (`FLOAT_TYPEV2`/`FLOAT_TYPEV4` `buf_b`, `cache_b`); ggml sums each output
 /// along K within one thread, which would change the order of every sum here, so the lane
 /// partition of K and the butterfly stay the mat-vec's.
 ///

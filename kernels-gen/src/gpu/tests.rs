@@ -5,7 +5,7 @@
 
 use super::cpu_exec::{self, Arg, ExecError};
 use super::emit::{Cuda, Hip};
-use super::ir::{block_reduce, ci, tid, Expr, Kb, Kernel, ReduceOp, Size};
+use super::ir::{block_reduce, ci, tid, Expr, Kb, Kernel, ReduceOp, Scalar, Size};
 use super::kernels::*;
 use super::steps;
 use aubier_compiler::config::{QueryTemperature, YarnParams};
@@ -645,6 +645,69 @@ fn ill_typed_kernels_are_refused() {
     let mut kb = Kb::new("bad_mix", "test", [Size::Const(1), Size::Const(1)], 32, 32);
     kb.let_("v", Expr::F(1.0) + tid());
     assert!(kb.finish().is_err());
+}
+
+/// A vector shared load reads elements `4·idx .. 4·idx + 4` into its four registers (the
+/// staging writes element `j` with value `j`, so each register must hold its own index), a read
+/// past the array's end is caught, and an array that is not f32 of a length that is a multiple
+/// of 4 is refused.
+#[test]
+fn vector_shared_loads_read_four_consecutive_elements() {
+    let mut kb = Kb::new("ld4", "test", [Size::Const(1), Size::Const(1)], 32, 32);
+    let x = kb.input_f32("x", Size::Const(32));
+    let y = kb.output_f32("y", Some(Size::Const(128)));
+    let s = kb.shared("s", Scalar::F32, 128);
+    kb.for_("j", tid(), ci(128), 32, |kb, j| {
+        let v = j.clone().to_f32() + kb.load(x, 0);
+        kb.sts(s, j, v);
+    });
+    kb.barrier();
+    // Thread t reads vector 31 − t: elements 124 − 4t .. 128 − 4t.
+    let q = kb.lds4("q", s, ci(31) - tid());
+    for (c, v) in q.iter().enumerate() {
+        kb.store(y, tid() * 4 + ci(c), *v);
+    }
+    let k = kb.finish().expect("kernel");
+    let mut xs = vec![0f32; 32];
+    let mut out = vec![0f32; 128];
+    cpu_exec::run(
+        &k,
+        &mut [Arg::F32(&mut xs), Arg::F32(&mut out)],
+        1,
+        1,
+        &no_dequant,
+    )
+    .expect("run");
+    for t in 0..32 {
+        for c in 0..4 {
+            assert_eq!(
+                out[4 * t + c],
+                (4 * (31 - t) + c) as f32,
+                "thread {t}, element {c}"
+            );
+        }
+    }
+    for warp in [4, 8, 16, 32, 64] {
+        assert_eq!(mat_mat_tokens(warp) % 4, 0, "tokens per tile at W = {warp}");
+    }
+
+    let mut kb = Kb::new("ld4_oob", "test", [Size::Const(1), Size::Const(1)], 32, 32);
+    let y = kb.output_f32("y", Some(Size::Const(32)));
+    let s = kb.shared("s", Scalar::F32, 8);
+    let q = kb.lds4("q", s, tid());
+    kb.store(y, tid(), q[0]);
+    let k = kb.finish().expect("kernel");
+    let mut out = vec![0f32; 32];
+    let e = cpu_exec::run(&k, &mut [Arg::F32(&mut out)], 1, 1, &no_dequant)
+        .expect_err("thread 2 reads past s");
+    assert!(matches!(e, ExecError::OutOfBounds { index: 8, .. }), "{e}");
+
+    for (ty, len) in [(Scalar::F32, 6), (Scalar::I32, 8)] {
+        let mut kb = Kb::new("ld4_bad", "test", [Size::Const(1), Size::Const(1)], 32, 32);
+        let s = kb.shared("s", ty, len);
+        kb.lds4("q", s, 0);
+        assert!(kb.finish().is_err(), "{ty:?} × {len}");
+    }
 }
 
 fn clang() -> Option<&'static str> {
