@@ -17,7 +17,7 @@
 //!   aliases of the quant blocks, words unpacked with byte masks); ggml reads the activations as
 //!   vec4 loads and keeps several rows per thread, which would change the summation order here.
 //! - Mat-mat ([`mat_mat`]; the same products for a run of `T > 1` tokens): the mat-vec's lane
-//!   partition of K, [`MAT_MAT_WEIGHT_ROWS`] weight rows per warp and [`mat_mat_tokens`] tokens
+//!   partition of K, [`mat_mat_weight_rows`] weight rows per warp and [`mat_mat_tokens`] tokens
 //!   per block; K is walked in slices whose activations for the block's tokens are staged in
 //!   shared memory (4 tokens' values of one element side by side, read as one vector), each
 //!   lane dequantizes a chunk of each of its rows once and adds it into one
@@ -332,17 +332,32 @@ pub fn mat_mat_tokens(warp: u32) -> usize {
     (MAT_VEC_STAGE_BYTES / (4 * mat_mat_slice(warp))).max(1)
 }
 
-/// Weight rows each lane of a mat-mat sweeps together ([`tile_sweep`]'s `ws`, counting a fused
-/// gate and up as two): every activation element a lane reads from shared memory serves that
-/// many rows' products (a shared-memory read costs llvmpipe a loop over the SIMD lanes, as a
-/// global one does, so with one row per lane those reads were most of a tile's time).
-pub const MAT_MAT_WEIGHT_ROWS: usize = 4;
+/// Weight rows each lane of a mat-mat sweeps together for warps of `warp` lanes
+/// ([`tile_sweep`]'s `ws`, counting a fused gate and up as two): every activation vector a lane
+/// reads from shared memory serves that many rows' products. 8 at `W ≤ 8`, 4 from `W = 16` up.
+/// A shared-memory read costs llvmpipe (lavapipe's 8-lane subgroups) a loop over the SIMD lanes,
+/// as a global one does, and its per-thread registers live in CPU vector registers and the
+/// stack, so there each read serving 8 rows pays (docs/BENCHMARKS.md, "Vector shared loads and 8
+/// rows per warp");
+/// on a GPU, 8 rows' 16-element chunk arrays and their 64 accumulators would take about 200 of a
+/// thread's registers, so hardware widths keep 4.
+pub fn mat_mat_weight_rows(warp: u32) -> usize {
+    if warp <= 8 {
+        8
+    } else {
+        4
+    }
+}
 
-/// Output rows per warp `R` of a mat-mat whose rows read `weights` weights each (1, or 2 for the
-/// experts' gate and up): [`MAT_MAT_WEIGHT_ROWS`]` / weights`, at least 1. Warp `g` of block
-/// `bx` takes rows `(bx·R + r)·(256 / W) + g`, `r < R` ([`mat_mat_row`]).
-pub fn mat_mat_rows_per_warp(weights: usize) -> usize {
-    (MAT_MAT_WEIGHT_ROWS / weights.max(1)).max(1)
+/// Output rows per warp `R` of a mat-mat of `n_out` rows that reads `weights` weights per row
+/// (1, or 2 for the experts' gate and up), for warps of `warp` lanes:
+/// [`mat_mat_weight_rows`]` / weights`, at least 1, and no more than one block needs to cover
+/// `n_out` rows (`ceil(n_out / (256 / W))`: a warp's rows past `n_out` would repeat the last
+/// row's work). Warp `g` of block `bx` takes rows `(bx·R + r)·(256 / W) + g`, `r < R`
+/// ([`mat_mat_row`]).
+pub fn mat_mat_rows_per_warp(weights: usize, n_out: usize, warp: u32) -> usize {
+    let cover = n_out.div_ceil(rows_per_block(warp)).max(1);
+    (mat_mat_weight_rows(warp) / weights.max(1)).clamp(1, cover)
 }
 
 /// Output row `r` (`r <` [`mat_mat_rows_per_warp`]` = rpw`) of the current warp of a mat-mat
@@ -484,7 +499,7 @@ pub fn mat_mat(s: &MatVecShape, warp: u32) -> R {
     let n_in = s.w.row_len;
     check_dims(&s.name, &[n_in, s.n_out, s.heads, s.tail + 1])?;
     let (xw, yw) = (n_in + s.tail, s.n_out + s.tail);
-    let rpw = mat_mat_rows_per_warp(1);
+    let rpw = mat_mat_rows_per_warp(1, s.n_out, warp);
     let rows = rows_per_block(warp) * rpw;
     let tt = mat_mat_tokens(warp);
     let slice = mat_mat_slice(warp).min(n_in.next_multiple_of(16));

@@ -710,6 +710,21 @@ fn vector_shared_loads_read_four_consecutive_elements() {
     }
 }
 
+/// Rows per warp of a mat-mat: 8 weight rows at `W ≤ 8` and 4 above (gate and up counting as
+/// two), never more than one block needs to cover the product's rows.
+#[test]
+fn mat_mat_rows_per_warp_follow_the_width_and_the_product() {
+    assert_eq!(mat_mat_rows_per_warp(1, 4096, 8), 8);
+    assert_eq!(mat_mat_rows_per_warp(2, 2048, 8), 4);
+    assert_eq!(mat_mat_rows_per_warp(1, 4096, 32), 4);
+    assert_eq!(mat_mat_rows_per_warp(2, 2048, 32), 2);
+    assert_eq!(mat_mat_rows_per_warp(1, 4096, 64), 4);
+    // 8 rows: one block of 32 warps (W = 8) covers them with one row each.
+    assert_eq!(mat_mat_rows_per_warp(1, 8, 8), 1);
+    // 37 rows at W = 8: two rows per warp cover 64.
+    assert_eq!(mat_mat_rows_per_warp(1, 37, 8), 2);
+}
+
 fn clang() -> Option<&'static str> {
     std::process::Command::new("clang-19")
         .arg("--version")
