@@ -77,7 +77,6 @@ __device__ inline void aubier_sincos(float x, float& so, float& co) {
 }
 __device__ inline float aubier_sin(float x) { float s, c; aubier_sincos(x, s, c); return s; }
 __device__ inline float aubier_cos(float x) { float s, c; aubier_sincos(x, s, c); return c; }
-struct __attribute__((aligned(16))) aubier_f4 { float x, y, z, w; };
 __device__ inline float aubier_fmax(float a, float b) { return (a > b || a != a) ? a : b; }
 __device__ inline float aubier_fmin(float a, float b) { return b < a ? b : a; }
 __device__ inline int aubier_imax(int a, int b) { return a > b ? a : b; }

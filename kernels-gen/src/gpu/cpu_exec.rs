@@ -532,6 +532,24 @@ impl Block<'_, '_, '_, '_> {
                     }
                 }
             }
+            Stmt::LoadShared4(a, i, dst) => {
+                let idx = self.eval(i, m)?.i();
+                for l in 0..n {
+                    if !m[l] {
+                        continue;
+                    }
+                    let j = i64::from(idx[l]) * 4;
+                    let arr = &self.shared[a.0];
+                    let four = usize::try_from(j)
+                        .ok()
+                        .and_then(|j| arr.get(j..j + 4))
+                        .ok_or_else(|| self.oob(&self.k.shared[a.0].0, j, arr.len(), l))?;
+                    let four: [u32; 4] = std::array::from_fn(|c| four[c]);
+                    for (v, bits) in dst.iter().zip(four) {
+                        self.vars[v.0][l] = bits;
+                    }
+                }
+            }
             Stmt::StoreLocal(a, i, e) => {
                 let idx = self.eval(i, m)?.i();
                 let x = self.eval(e, m)?.f();
@@ -614,30 +632,6 @@ impl Block<'_, '_, '_, '_> {
                         }
                     }
                     off /= 2;
-                }
-            }
-            Stmt::SharedRead4 { src, idx, dst } => {
-                let idx = self.eval(idx, m)?.i();
-                let len = self.shared[src.0].len();
-                let dl = self.k.locals[dst.0].1;
-                for l in 0..n {
-                    if !m[l] {
-                        continue;
-                    }
-                    let j = idx[l];
-                    if j.rem_euclid(4) != 0 {
-                        return Err(self.fault(format!(
-                            "vector read of `{}` at {j}, not a multiple of 4",
-                            self.k.shared[src.0].0
-                        )));
-                    }
-                    let j = usize::try_from(j)
-                        .ok()
-                        .filter(|&j| j + 4 <= len)
-                        .ok_or_else(|| self.oob(&self.k.shared[src.0].0, j as i64, len, l))?;
-                    for q in 0..4 {
-                        self.locals[dst.0][l * dl + q] = f32::from_bits(self.shared[src.0][j + q]);
-                    }
                 }
             }
             Stmt::Dequant16 {

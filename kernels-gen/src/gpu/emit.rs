@@ -19,7 +19,7 @@
 //! prints any width, the device's subgroup size.
 
 use super::error::GenError;
-use super::ir::{BinOp, Builtin, Expr, Kernel, ParamKind, ReduceOp, Scalar, Stmt, UnOp};
+use super::ir::{BinOp, Builtin, Expr, Kernel, ParamKind, ReduceOp, Scalar, Shared, Stmt, UnOp};
 use super::quant::{self, Lang};
 use std::fmt::{self, Display, Formatter};
 
@@ -105,27 +105,34 @@ pub trait Dialect {
         }
         writeln!(f, "    int T, int S) {{")?;
         writeln!(f, "  (void)T; (void)S;")?;
-        for ((name, ty, len), quad) in k.shared.iter().zip(k.quad_shared()) {
-            let align = if quad {
-                "__attribute__((aligned(16))) "
+        let mut vec4 = false;
+        for (i, (name, ty, len)) in k.shared.iter().enumerate() {
+            let align = if k.shared_vec4(Shared(i)) {
+                vec4 = true;
+                " __attribute__((aligned(16)))"
             } else {
                 ""
             };
-            writeln!(f, "  __shared__ {align}{} s_{name}[{len}];", Ty(*ty))?;
+            writeln!(f, "  __shared__{align} {} s_{name}[{len}];", Ty(*ty))?;
+        }
+        if vec4 {
+            writeln!(
+                f,
+                "  typedef float aubier_f4 __attribute__((ext_vector_type(4)));"
+            )?;
         }
         Ok(())
     }
-    /// Element `idx` of shared array `s_<name>`; `quad`: the array is read by
-    /// [`Stmt::SharedRead4`] ([`Kernel::quad_shared`]). C++ keeps a flat `float` array.
-    fn shared_elem(&self, name: &str, _quad: bool, idx: &str) -> String {
+    /// Element `idx` of shared array `name` (`vec4`: the array is read by
+    /// [`Stmt::LoadShared4`], [`Kernel::shared_vec4`]).
+    fn shared_at(&self, name: &str, idx: String, _vec4: bool) -> String {
         format!("s_{name}[{idx}]")
     }
-    /// The statement of [`Stmt::SharedRead4`]: `l_<dst>[0..4]` from the 16-byte aligned quad of
-    /// `s_<name>` at element `idx` (C++: one `aubier_f4` load, `ds_read_b128` / `ld.shared.v4`).
-    fn shared_read4(&self, name: &str, idx: &str, dst: &str) -> String {
+    /// The statement `dst[c] = s_name[4·idx + c]`, `c < 4`, as one 16-byte load.
+    fn shared_load4(&self, name: &str, idx: String, dst: [String; 4]) -> String {
+        let [a, b, c, d] = dst;
         format!(
-            "{{ const aubier_f4 q = *reinterpret_cast<const aubier_f4*>(&s_{name}[{idx}]); \
-             l_{dst}[0] = q.x; l_{dst}[1] = q.y; l_{dst}[2] = q.z; l_{dst}[3] = q.w; }}"
+            "{{ const aubier_f4 q = ((const aubier_f4*)s_{name})[{idx}]; {a} = q.x; {b} = q.y; {c} = q.z; {d} = q.w; }}"
         )
     }
     /// An f32 literal of exactly `v`.
@@ -309,8 +316,7 @@ impl Dialect for Cuda {
 }
 
 /// Helpers of the C++ dialects (after the device math).
-const CPP_HELPERS: &str = r#"struct __attribute__((aligned(16))) aubier_f4 { float x, y, z, w; };
-__device__ inline float aubier_fmax(float a, float b) { return (a > b || a != a) ? a : b; }
+const CPP_HELPERS: &str = r#"__device__ inline float aubier_fmax(float a, float b) { return (a > b || a != a) ? a : b; }
 __device__ inline float aubier_fmin(float a, float b) { return b < a ? b : a; }
 __device__ inline int aubier_imax(int a, int b) { return a > b ? a : b; }
 __device__ inline int aubier_imin(int a, int b) { return a < b ? a : b; }
@@ -458,11 +464,9 @@ impl<D: Dialect> Display for E<'_, D> {
                 (name, _) => write!(f, "{}[{}]", d.param(name), e(i)),
             },
             Expr::Table(t, i) => write!(f, "t_{}[{}]", k.tables[*t].0, e(i)),
-            Expr::LoadShared(a, i) => f.write_str(&d.shared_elem(
-                &k.shared[a.0].0,
-                k.quad_shared()[a.0],
-                &e(i).to_string(),
-            )),
+            Expr::LoadShared(a, i) => {
+                f.write_str(&d.shared_at(&k.shared[a.0].0, e(i).to_string(), k.shared_vec4(*a)))
+            }
             Expr::LoadLocal(a, i) => write!(f, "l_{}[{}]", k.locals[a.0].0, e(i)),
             Expr::Bin(op, a, b) => {
                 let float = matches!(k.ty(a), Ok(Scalar::F32));
@@ -521,13 +525,12 @@ impl<D: Dialect> Display for St<'_, D> {
                 )
             }
             Stmt::StoreShared(a, i, x) => {
-                let at = d.shared_elem(&k.shared[a.0].0, k.quad_shared()[a.0], &e(i).to_string());
+                let at = d.shared_at(&k.shared[a.0].0, e(i).to_string(), k.shared_vec4(*a));
                 writeln!(f, "{pad}{at} = {};", e(x))
             }
-            Stmt::SharedRead4 { src, idx, dst } => {
-                let read =
-                    d.shared_read4(&k.shared[src.0].0, &e(idx).to_string(), &k.locals[dst.0].0);
-                writeln!(f, "{pad}{read}")
+            Stmt::LoadShared4(a, i, dst) => {
+                let load = d.shared_load4(&k.shared[a.0].0, e(i).to_string(), dst.map(|v| var(&v)));
+                writeln!(f, "{pad}{load}")
             }
             Stmt::StoreLocal(a, i, x) => {
                 writeln!(f, "{pad}l_{}[{}] = {};", k.locals[a.0].0, e(i), e(x))

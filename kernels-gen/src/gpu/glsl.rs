@@ -48,7 +48,7 @@
 
 use super::emit::{comments, min_max, Dialect, Ty, Words};
 use super::error::GenError;
-use super::ir::{BinOp, Builtin, IrError, Kernel, ParamKind};
+use super::ir::{BinOp, Builtin, IrError, Kernel, ParamKind, Shared};
 use super::math::{device_math, ExactF32};
 use super::quant::Lang;
 use std::fmt::{self, Display, Formatter};
@@ -131,8 +131,8 @@ impl Dialect for Glsl {
         writeln!(f, "}};")
     }
     fn kernel_open(&self, f: &mut Formatter<'_>, k: &Kernel) -> fmt::Result {
-        for ((name, ty, len), quad) in k.shared.iter().zip(k.quad_shared()) {
-            if quad {
+        for (i, (name, ty, len)) in k.shared.iter().enumerate() {
+            if k.shared_vec4(Shared(i)) {
                 writeln!(f, "shared vec4 s_{name}[{}];", len / 4)?;
             } else {
                 writeln!(f, "shared {} s_{name}[{len}];", Ty(*ty))?;
@@ -144,18 +144,16 @@ impl Dialect for Glsl {
             "  const int aubier_T = args.extents.v[0];\n  const int aubier_S = args.extents.v[1];"
         )
     }
-    fn shared_elem(&self, name: &str, quad: bool, idx: &str) -> String {
-        if quad {
+    fn shared_at(&self, name: &str, idx: String, vec4: bool) -> String {
+        if vec4 {
             format!("s_{name}[({idx}) >> 2][({idx}) & 3]")
         } else {
             format!("s_{name}[{idx}]")
         }
     }
-    fn shared_read4(&self, name: &str, idx: &str, dst: &str) -> String {
-        format!(
-            "{{ const vec4 q = s_{name}[({idx}) >> 2]; \
-             l_{dst}[0] = q.x; l_{dst}[1] = q.y; l_{dst}[2] = q.z; l_{dst}[3] = q.w; }}"
-        )
+    fn shared_load4(&self, name: &str, idx: String, dst: [String; 4]) -> String {
+        let [a, b, c, d] = dst;
+        format!("{{ const vec4 q = s_{name}[{idx}]; {a} = q.x; {b} = q.y; {c} = q.z; {d} = q.w; }}")
     }
     fn f32_lit(&self, v: f32, f: &mut Formatter<'_>) -> fmt::Result {
         write!(f, "{}", F(v))

@@ -416,6 +416,11 @@ pub enum Stmt {
     StoreShared(Shared, Expr, Expr),
     /// `local[idx] = val`.
     StoreLocal(Local, Expr, Expr),
+    /// `dst[c] = shared[4·idx + c]` for `c` in `0..4`: one vector load of four consecutive f32
+    /// elements (the array must be f32 with a length that is a multiple of 4; the emitters
+    /// declare an array read this way as 16-byte aligned four-element vectors, see
+    /// [`Kernel::shared_vec4`]).
+    LoadShared4(Shared, Expr, [Var; 4]),
     /// `for (var = start; var < end; var += step) body` (i32; `step > 0`). Lanes may leave the loop
     /// at different iterations (a divergent loop) unless the body holds a barrier or a collective.
     For {
@@ -439,18 +444,6 @@ pub enum Stmt {
     /// kernel's) by an xor butterfly (offsets `warp/2, …, 2, 1`; at each step
     /// `v = op(v, shuffle_xor(v, off))`); every lane of a participating warp must be active.
     WarpReduce(ReduceOp, Var),
-    /// `dst[0..4] = shared[idx .. idx + 4]` as one 16-byte load (`idx` a multiple of 4): the
-    /// vector read of a staged f32 row (a `vec4` / `float4` load; on lavapipe one loop over the
-    /// SIMD lanes for four values instead of four). The shared array is then laid out in groups
-    /// of 4 ([`Kernel::quad_shared`]); its scalar elements read and write as before.
-    SharedRead4 {
-        /// The shared f32 array (its length a multiple of 4).
-        src: Shared,
-        /// First element (a multiple of 4).
-        idx: Expr,
-        /// Destination per-thread array (≥ 4 elements).
-        dst: Local,
-    },
     /// `dst[0..16] = elements 16·chunk .. 16·chunk + 15 of row `row` of weight `w`` (elements past
     /// the row's end read as 0 for F32 rows whose length is not a multiple of 16); for
     /// [`ParamKind::Experts`], `expert` selects the table entry.
@@ -552,6 +545,21 @@ impl Kernel {
                     self.local_len(*a)?;
                     self.expect(v, Scalar::F32)?;
                 }
+                Stmt::LoadShared4(a, i, dst) => {
+                    self.expect(i, Scalar::I32)?;
+                    let len = self.shared.get(a.0).map_or(0, |x| x.2);
+                    if self.shared_ty(*a)? != Scalar::F32 || !len.is_multiple_of(4) {
+                        return Err(format!(
+                            "shared array {} is read as vectors of 4 but is not f32 of a length that is a multiple of 4",
+                            a.0
+                        ));
+                    }
+                    for v in dst {
+                        if self.var_ty(*v)? != Scalar::F32 {
+                            return Err("a vector shared load writes f32 registers".into());
+                        }
+                    }
+                }
                 Stmt::For {
                     var,
                     start,
@@ -575,19 +583,6 @@ impl Kernel {
                 Stmt::WarpReduce(_, v) => {
                     if self.var_ty(*v)? != Scalar::F32 {
                         return Err("warp reductions are over f32 registers".into());
-                    }
-                }
-                Stmt::SharedRead4 { src, idx, dst } => {
-                    self.expect(idx, Scalar::I32)?;
-                    let (_, ty, len) = self
-                        .shared
-                        .get(src.0)
-                        .ok_or_else(|| format!("no shared array {}", src.0))?;
-                    if *ty != Scalar::F32 || !len.is_multiple_of(4) {
-                        return Err("vector reads are of f32 arrays of whole quads".into());
-                    }
-                    if self.local_len(*dst)? < 4 {
-                        return Err("a vector read's destination needs 4 elements".into());
                     }
                 }
                 Stmt::Dequant16 {
@@ -620,29 +615,18 @@ impl Kernel {
         Ok(())
     }
 
-    /// Per shared array: whether a [`Stmt::SharedRead4`] reads it (so the dialects lay it out
-    /// as 16-byte aligned groups of 4: GLSL `vec4`, C++ a 16-byte aligned `float` array).
-    pub fn quad_shared(&self) -> Vec<bool> {
-        fn mark(body: &[Stmt], quads: &mut [bool]) {
-            for s in body {
-                match s {
-                    Stmt::SharedRead4 { src, .. } => {
-                        if let Some(q) = quads.get_mut(src.0) {
-                            *q = true;
-                        }
-                    }
-                    Stmt::For { body, .. } => mark(body, quads),
-                    Stmt::If(_, a, b) => {
-                        mark(a, quads);
-                        mark(b, quads);
-                    }
-                    _ => {}
-                }
-            }
+    /// Whether shared array `a` is read as vectors of 4 ([`Stmt::LoadShared4`]) anywhere in the
+    /// body: the emitters then declare it as 16-byte aligned four-element vectors.
+    pub fn shared_vec4(&self, a: Shared) -> bool {
+        fn reads(body: &[Stmt], a: Shared) -> bool {
+            body.iter().any(|s| match s {
+                Stmt::LoadShared4(b, ..) => *b == a,
+                Stmt::For { body, .. } => reads(body, a),
+                Stmt::If(_, x, y) => reads(x, a) || reads(y, a),
+                _ => false,
+            })
         }
-        let mut quads = vec![false; self.shared.len()];
-        mark(&self.body, &mut quads);
-        quads
+        reads(&self.body, a)
     }
 
     fn var_ty(&self, v: Var) -> Result<Scalar, String> {
@@ -876,19 +860,20 @@ impl Kb {
         Expr::LoadShared(a, Box::new(idx.into()))
     }
 
+    /// Four fresh f32 registers `name0..name3` loaded with `a[4·idx .. 4·idx + 4]` by one vector
+    /// load ([`Stmt::LoadShared4`]).
+    pub fn lds4(&mut self, name: &str, a: Shared, idx: impl Into<Expr>) -> [Var; 4] {
+        let dst = std::array::from_fn(|c| {
+            self.k.vars.push((format!("{name}{c}"), Scalar::F32));
+            Var(self.k.vars.len() - 1)
+        });
+        self.push(Stmt::LoadShared4(a, idx.into(), dst));
+        dst
+    }
+
     /// `a[idx] = val` of a shared array.
     pub fn sts(&mut self, a: Shared, idx: impl Into<Expr>, val: impl Into<Expr>) {
         self.push(Stmt::StoreShared(a, idx.into(), val.into()));
-    }
-
-    /// `dst[0..4] = a[idx .. idx + 4]` of a shared f32 array, one vector load (`idx` a
-    /// multiple of 4).
-    pub fn lds4(&mut self, a: Shared, idx: impl Into<Expr>, dst: Local) {
-        self.push(Stmt::SharedRead4 {
-            src: a,
-            idx: idx.into(),
-            dst,
-        });
     }
 
     /// A constant table; element `i` is `table(t, i)`.

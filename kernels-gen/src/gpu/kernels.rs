@@ -19,9 +19,10 @@
 //!   product still added in the chunk's order; ggml's several rows per thread would change the
 //!   summation order here.
 //! - Mat-mat ([`mat_mat`]; the same products for a run of `T > 1` tokens): the mat-vec's lane
-//!   partition of K, [`MAT_MAT_WEIGHT_ROWS`] weight rows per warp and [`mat_mat_tokens`] tokens
+//!   partition of K, [`mat_mat_weight_rows`] weight rows per warp and [`mat_mat_tokens`] tokens
 //!   per block; K is walked in slices whose activations for the block's tokens are staged in
-//!   shared memory, each lane dequantizes a chunk of each of its rows once and adds it into one
+//!   shared memory (4 tokens' values of one element side by side, read as one vector), each
+//!   lane dequantizes a chunk of each of its rows once and adds it into one
 //!   accumulator per row and token (each activation read serving every row), and each
 //!   (row, token)'s `W` partials take the mat-vec's butterfly, so every output has the mat-vec's bits while a
 //!   weight is read once per block of tokens instead of once per token (ggml's
@@ -204,9 +205,9 @@ pub const MAT_VEC_STAGE_BYTES: usize = 16384;
 /// Where a mat-vec block reads its activation row of `n` elements from.
 #[derive(Clone, Copy)]
 pub(crate) enum RowSource {
-    /// Shared memory, filled by [`stage_row`]; with a per-thread array of 4 where the row holds
-    /// whole 16-element chunks, read a quad at a time ([`RowSource::chunk`]).
-    Shared(super::ir::Shared, Option<Local>),
+    /// Shared memory, filled by [`stage_row`]; `true` where the row holds whole 16-element
+    /// chunks, read a quad at a time ([`RowSource::chunk`]).
+    Shared(super::ir::Shared, bool),
     /// Global memory: `x[base + i]`.
     Global(Param, Var),
 }
@@ -238,13 +239,12 @@ impl RowSource {
         mut body: impl FnMut(&mut Kb, Expr, Expr),
     ) {
         match self {
-            RowSource::Shared(xs, Some(xq)) => {
+            RowSource::Shared(xs, true) => {
                 kb.for_("q", 0, 4, 1, |kb, q| {
-                    kb.lds4(xs, c * 16 + q.clone() * 4, xq);
-                    kb.for_("i", 0, 4, 1, |kb, i| {
-                        let xv = kb.ldl(xq, i.clone());
-                        body(kb, q * 4 + i, xv);
-                    });
+                    let xq = kb.lds4("xq", xs, c * 4 + q.clone());
+                    for (i, xv) in xq.into_iter().enumerate() {
+                        body(kb, q.clone() * 4 + ci(i), xv.into());
+                    }
                 });
             }
             _ => kb.for_("i", 0, chunk_len(n, c.clone()), 1, |kb, i| {
@@ -268,8 +268,7 @@ pub(crate) fn stage_row(kb: &mut Kb, x: Param, base: Var, n: usize) -> RowSource
         kb.sts(xs, j, v);
     });
     kb.barrier();
-    let quads = n.is_multiple_of(16).then(|| kb.local("xq", 4));
-    RowSource::Shared(xs, quads)
+    RowSource::Shared(xs, n.is_multiple_of(16))
 }
 
 /// Elements of 16-element chunk `c` inside a row of `n`: the constant 16 when `n` is a multiple
@@ -357,22 +356,38 @@ fn mat_mat_slice(warp: u32) -> usize {
 }
 
 /// Tokens per mat-mat block for warps of `warp` lanes: the tokens whose K slices
-/// ([`mat_mat_slice`]) fill [`MAT_VEC_STAGE_BYTES`] of shared memory (8 for `W ≤ 32`, 4 for 64).
+/// ([`mat_mat_slice`]) fill [`MAT_VEC_STAGE_BYTES`] of shared memory (8 for `W ≤ 32`, 4 for 64;
+/// a multiple of 4, as [`tile_sweep`]'s four-token vectors need).
 pub fn mat_mat_tokens(warp: u32) -> usize {
     (MAT_VEC_STAGE_BYTES / (4 * mat_mat_slice(warp))).max(1)
 }
 
-/// Weight rows each lane of a mat-mat sweeps together ([`tile_sweep`]'s `ws`, counting a fused
-/// gate and up as two): every activation element a lane reads from shared memory serves that
-/// many rows' products (a shared-memory read costs llvmpipe a loop over the SIMD lanes, as a
-/// global one does, so with one row per lane those reads were most of a tile's time).
-pub const MAT_MAT_WEIGHT_ROWS: usize = 4;
+/// Weight rows each lane of a mat-mat sweeps together for warps of `warp` lanes
+/// ([`tile_sweep`]'s `ws`, counting a fused gate and up as two): every activation vector a lane
+/// reads from shared memory serves that many rows' products. 8 at `W ≤ 8`, 4 from `W = 16` up.
+/// A shared-memory read costs llvmpipe (lavapipe's 8-lane subgroups) a loop over the SIMD lanes,
+/// as a global one does, and its per-thread registers live in CPU vector registers and the
+/// stack, so there each read serving 8 rows pays (docs/BENCHMARKS.md, "Vector shared loads and 8
+/// rows per warp");
+/// on a GPU, 8 rows' 16-element chunk arrays and their 64 accumulators would take about 200 of a
+/// thread's registers, so hardware widths keep 4.
+pub fn mat_mat_weight_rows(warp: u32) -> usize {
+    if warp <= 8 {
+        8
+    } else {
+        4
+    }
+}
 
-/// Output rows per warp `R` of a mat-mat whose rows read `weights` weights each (1, or 2 for the
-/// experts' gate and up): [`MAT_MAT_WEIGHT_ROWS`]` / weights`, at least 1. Warp `g` of block
-/// `bx` takes rows `(bx·R + r)·(256 / W) + g`, `r < R` ([`mat_mat_row`]).
-pub fn mat_mat_rows_per_warp(weights: usize) -> usize {
-    (MAT_MAT_WEIGHT_ROWS / weights.max(1)).max(1)
+/// Output rows per warp `R` of a mat-mat of `n_out` rows that reads `weights` weights per row
+/// (1, or 2 for the experts' gate and up), for warps of `warp` lanes:
+/// [`mat_mat_weight_rows`]` / weights`, at least 1, and no more than one block needs to cover
+/// `n_out` rows (`ceil(n_out / (256 / W))`: a warp's rows past `n_out` would repeat the last
+/// row's work). Warp `g` of block `bx` takes rows `(bx·R + r)·(256 / W) + g`, `r < R`
+/// ([`mat_mat_row`]).
+pub fn mat_mat_rows_per_warp(weights: usize, n_out: usize, warp: u32) -> usize {
+    let cover = n_out.div_ceil(rows_per_block(warp)).max(1);
+    (mat_mat_weight_rows(warp) / weights.max(1)).clamp(1, cover)
 }
 
 /// Output row `r` (`r <` [`mat_mat_rows_per_warp`]` = rpw`) of the current warp of a mat-mat
@@ -405,7 +420,11 @@ pub(crate) struct TileRows<'a> {
 /// accumulator summing `w·x` over its chunks `l, l + W, …` of the row in order, as the
 /// mat-vec's single accumulator does (`lane` = `tid % W`); the caller reduces them with the
 /// butterfly. `x` rows hold
-/// `n_in` elements at the bases `rows` gives; invalid rows stage zeros. Ends with a barrier.
+/// `n_in` elements at the bases `rows` gives; invalid rows stage zeros. The staged slice holds
+/// each position's four consecutive tile rows as one four-element vector, so a lane reads the
+/// activations of 4 tokens with one vector load ([`Kb::lds4`]): one lane loop on llvmpipe instead
+/// of four, one 128-bit load on a GPU, consecutive lanes on consecutive 16-byte words. Ends with
+/// a barrier.
 pub(crate) fn tile_sweep(
     kb: &mut Kb,
     lane: Var,
@@ -427,11 +446,13 @@ pub(crate) fn tile_sweep(
         })
         .collect();
     kb.for_("k0", 0, ci(n_in), slice as i32, |kb, k0| {
-        // Row `j / slice`'s element `16·cl + i` of the slice goes to `i·(slice / 16) + cl`
-        // of its part, so the lanes of a warp read consecutive words for each element `i`.
+        // Row `r`'s element `16·cl + i` of the slice sits at position `p = i·(slice / 16) + cl`
+        // (the lanes of a warp, each on its own chunk `cl`, read consecutive positions), and
+        // position `p` of rows `4g .. 4g + 4` is the four-element vector `g·slice + p`: thread
+        // `j` fills element `j` (row `4·(j / 4 / slice) + j % 4`, position `j / 4 % slice`).
         kb.for_("j", tid(), ci(tt * slice), BLOCK as i32, |kb, j| {
-            let r = kb.let_("r", j.clone() / ci(slice));
-            let p = kb.let_("p", j.clone() % ci(slice));
+            let r = kb.let_("r", (j.clone() / ci(4 * slice)) * 4 + j.clone() % 4);
+            let p = kb.let_("p", (j.clone() / 4) % ci(slice));
             let k = kb.let_(
                 "k",
                 k0.clone() + (Expr::from(p) % ci(slice / 16)) * 16 + Expr::from(p) / ci(slice / 16),
@@ -461,10 +482,13 @@ pub(crate) fn tile_sweep(
                     .map(|(n, tw)| kb.let_(&format!("wv{n}"), kb.ldl(tw.buf, i.clone())))
                     .collect();
                 let at = kb.let_("at", i * ci(slice / 16) + cl);
-                for j in 0..tt {
-                    let xv = kb.let_("xv", kb.lds(xs, ci(j * slice) + Expr::from(at)));
-                    for (acc, &wv) in accs.iter().zip(&wvs) {
-                        kb.set(acc[j], Expr::from(acc[j]) + Expr::from(wv) * xv);
+                for g in 0..tt / 4 {
+                    let xv = kb.lds4("xv", xs, ci(g * slice) + Expr::from(at));
+                    for (c, &xv) in xv.iter().enumerate() {
+                        for (acc, &wv) in accs.iter().zip(&wvs) {
+                            let a = acc[4 * g + c];
+                            kb.set(a, Expr::from(a) + Expr::from(wv) * xv);
+                        }
                     }
                 }
             });
@@ -484,9 +508,10 @@ pub(crate) fn tile_sweep(
 /// ([`mat_mat_row`]); block row `by = tb·heads + h` takes tokens `tb·TT .. tb·TT + TT` of head
 /// `h`. K is cut into slices of [`mat_mat_slice`] elements; per slice the block copies the slice
 /// of its `TT` activation rows into shared memory (zeros past the last token), element
-/// `16·c + i` of a token's slice at `i·(slice / 16) + c` so that the lanes of a warp, each on its
-/// own chunk `c`, read consecutive words (no gather on a SIMD CPU, no bank conflicts on a GPU),
-/// then lane `l` dequantizes each of its chunks of the slice (chunks `l, l + W, …` of the row, as
+/// `16·c + i` of a token's slice at position `i·(slice / 16) + c` so that the lanes of a warp,
+/// each on its own chunk `c`, read consecutive words (no gather on a SIMD CPU, no bank conflicts
+/// on a GPU), the same position of 4 consecutive tokens side by side as one vector read by one
+/// 16-byte load, then lane `l` dequantizes each of its chunks of the slice (chunks `l, l + W, …` of the row, as
 /// in the mat-vec) of each of its `R` rows once into registers and adds `w·x` of its 16 elements,
 /// in order, into one accumulator per row and token; each activation element read from shared
 /// memory serves the `R` rows. So each (row, token) accumulator in each lane sums the same
@@ -494,7 +519,8 @@ pub(crate) fn tile_sweep(
 /// reduces its `W` partials: every output has the mat-vec's bits. Learned from ggml's Vulkan
 /// `vulkan-shaders/mul_mm.comp`, which tiles outputs by rows × tokens, walks K in shared-memory
 /// slices so a weight is read once per tile, and keeps a register tile of several rows per
-/// thread so each value read from shared memory serves several products; ggml sums each output
+/// thread so each value read from shared memory serves several products, and reads its shared
+/// tiles as vectors (`FLOAT_TYPEV2`/`FLOAT_TYPEV4` `buf_b`, `cache_b`); ggml sums each output
 /// along K within one thread, which would change the order of every sum here, so the lane
 /// partition of K and the butterfly stay the mat-vec's.
 ///
@@ -503,7 +529,7 @@ pub fn mat_mat(s: &MatVecShape, warp: u32) -> R {
     let n_in = s.w.row_len;
     check_dims(&s.name, &[n_in, s.n_out, s.heads, s.tail + 1])?;
     let (xw, yw) = (n_in + s.tail, s.n_out + s.tail);
-    let rpw = mat_mat_rows_per_warp(1);
+    let rpw = mat_mat_rows_per_warp(1, s.n_out, warp);
     let rows = rows_per_block(warp) * rpw;
     let tt = mat_mat_tokens(warp);
     let slice = mat_mat_slice(warp).min(n_in.next_multiple_of(16));

@@ -794,7 +794,7 @@ pub fn moe_gate_up_mm(
     let d = gate.row_len;
     check_dims(name, &[d, n_ff, k, n_exp])?;
     let up_off = if up.is_none() { n_ff } else { 0 };
-    let rpw = mat_mat_rows_per_warp(2);
+    let rpw = mat_mat_rows_per_warp(2, n_ff, warp);
     let (rows, tt) = (rows_per_block(warp) * rpw, mat_mat_tokens(warp));
     let note = format!(
         "moe gate/up mat-mat: act[s,f] = silu(gate_e[f].h[t]) * (up_e[f].h[t]) ({}), tiles of {tt} slots routed to one expert;\n\
@@ -868,7 +868,7 @@ pub fn moe_down_mm(
 ) -> R {
     let n_ff = down.row_len;
     check_dims(name, &[d, n_ff, k, n_exp])?;
-    let rpw = mat_mat_rows_per_warp(1);
+    let rpw = mat_mat_rows_per_warp(1, d, warp);
     let (rows, tt) = (rows_per_block(warp) * rpw, mat_mat_tokens(warp));
     let note = format!(
         "moe down mat-mat: part[s,o] = down_e[o].act[s] ({}), tiles of {tt} slots routed to one expert;\n\

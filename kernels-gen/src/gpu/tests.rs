@@ -5,7 +5,7 @@
 
 use super::cpu_exec::{self, Arg, ExecError};
 use super::emit::{Cuda, Hip};
-use super::ir::{block_reduce, ci, tid, Expr, Kb, Kernel, ReduceOp, Size};
+use super::ir::{block_reduce, ci, tid, Expr, Kb, Kernel, ReduceOp, Scalar, Size};
 use super::kernels::*;
 use super::steps;
 use aubier_compiler::config::{QueryTemperature, YarnParams};
@@ -628,74 +628,6 @@ fn execution_catches_out_of_bounds_and_divergent_barriers() {
     assert!(matches!(e, ExecError::Binding { .. }), "{e}");
 }
 
-/// A block stages 128 values in shared memory and reads them back a quad at a time
-/// ([`Kb::lds4`]): the quads hold the staged bits, a quad that does not start at a multiple of 4
-/// is a fault, and the dialects lay the array out for 16-byte loads.
-fn quad_read_kernel(offset: i32) -> Kernel {
-    let mut kb = Kb::new("quads", "test", [Size::Const(1), Size::Const(1)], 32, 32);
-    let x = kb.input_f32("x", Size::Const(128));
-    let y = kb.output_f32("y", Some(Size::Const(128)));
-    let s = kb.shared("s", super::ir::Scalar::F32, 128);
-    let xq = kb.local("xq", 4);
-    kb.for_("j", tid(), ci(128), 32, |kb, j| {
-        let v = kb.load(x, j.clone());
-        kb.sts(s, j, v);
-    });
-    kb.barrier();
-    kb.lds4(s, tid() * 4 + offset, xq);
-    kb.for_("i", 0, 4, 1, |kb, i| {
-        let v = kb.ldl(xq, i.clone());
-        kb.store(y, tid() * 4 + i, v);
-    });
-    kb.finish().expect("kernel")
-}
-
-#[test]
-fn vector_shared_reads_copy_aligned_quads_and_refuse_the_rest() {
-    let mut xs: Vec<f32> = mixed_vals(7, 128, 3.0);
-    xs[5] = f32::NAN;
-    xs[9] = -0.0;
-    let k = quad_read_kernel(0);
-    let mut out = vec![0f32; 128];
-    cpu_exec::run(
-        &k,
-        &mut [Arg::F32(&mut xs), Arg::F32(&mut out)],
-        1,
-        1,
-        &no_dequant,
-    )
-    .expect("runs");
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&out), bits(&xs));
-
-    let e = cpu_exec::run(
-        &quad_read_kernel(2),
-        &mut [Arg::F32(&mut xs), Arg::F32(&mut out)],
-        1,
-        1,
-        &no_dequant,
-    )
-    .expect_err("a quad at 2");
-    assert!(matches!(e, ExecError::Fault { .. }), "{e}");
-
-    let glsl = super::glsl::render_glsl(&k, &[]).expect("renders");
-    assert!(glsl.contains("shared vec4 s_s[32];"), "{glsl}");
-    assert!(glsl.contains("s_s[(v0_j) >> 2][(v0_j) & 3] = "), "{glsl}");
-    let hip = super::emit::render(&Hip, &k, &[]).expect("renders");
-    assert!(hip.contains("__shared__ __attribute__((aligned(16))) float s_s[128];"));
-
-    let mut kb = Kb::new("odd", "test", [Size::Const(1), Size::Const(1)], 32, 32);
-    let s = kb.shared("s", super::ir::Scalar::F32, 6);
-    let xq = kb.local("xq", 4);
-    kb.lds4(s, 0, xq);
-    assert!(kb.finish().is_err(), "an array of 6 is not whole quads");
-    let mut kb = Kb::new("short", "test", [Size::Const(1), Size::Const(1)], 32, 32);
-    let s = kb.shared("s", super::ir::Scalar::F32, 8);
-    let xq = kb.local("xq", 3);
-    kb.lds4(s, 0, xq);
-    assert!(kb.finish().is_err(), "a destination of 3");
-}
-
 #[test]
 fn ill_typed_kernels_are_refused() {
     let mut kb = Kb::new("bad", "test", [Size::Const(1), Size::Const(1)], 32, 32);
@@ -713,6 +645,84 @@ fn ill_typed_kernels_are_refused() {
     let mut kb = Kb::new("bad_mix", "test", [Size::Const(1), Size::Const(1)], 32, 32);
     kb.let_("v", Expr::F(1.0) + tid());
     assert!(kb.finish().is_err());
+}
+
+/// A vector shared load reads elements `4·idx .. 4·idx + 4` into its four registers (the
+/// staging writes element `j` with value `j`, so each register must hold its own index), a read
+/// past the array's end is caught, and an array that is not f32 of a length that is a multiple
+/// of 4 is refused.
+#[test]
+fn vector_shared_loads_read_four_consecutive_elements() {
+    let mut kb = Kb::new("ld4", "test", [Size::Const(1), Size::Const(1)], 32, 32);
+    let x = kb.input_f32("x", Size::Const(32));
+    let y = kb.output_f32("y", Some(Size::Const(128)));
+    let s = kb.shared("s", Scalar::F32, 128);
+    kb.for_("j", tid(), ci(128), 32, |kb, j| {
+        let v = j.clone().to_f32() + kb.load(x, 0);
+        kb.sts(s, j, v);
+    });
+    kb.barrier();
+    // Thread t reads vector 31 − t: elements 124 − 4t .. 128 − 4t.
+    let q = kb.lds4("q", s, ci(31) - tid());
+    for (c, v) in q.iter().enumerate() {
+        kb.store(y, tid() * 4 + ci(c), *v);
+    }
+    let k = kb.finish().expect("kernel");
+    let mut xs = vec![0f32; 32];
+    let mut out = vec![0f32; 128];
+    cpu_exec::run(
+        &k,
+        &mut [Arg::F32(&mut xs), Arg::F32(&mut out)],
+        1,
+        1,
+        &no_dequant,
+    )
+    .expect("run");
+    for t in 0..32 {
+        for c in 0..4 {
+            assert_eq!(
+                out[4 * t + c],
+                (4 * (31 - t) + c) as f32,
+                "thread {t}, element {c}"
+            );
+        }
+    }
+    for warp in [4, 8, 16, 32, 64] {
+        assert_eq!(mat_mat_tokens(warp) % 4, 0, "tokens per tile at W = {warp}");
+    }
+
+    let mut kb = Kb::new("ld4_oob", "test", [Size::Const(1), Size::Const(1)], 32, 32);
+    let y = kb.output_f32("y", Some(Size::Const(32)));
+    let s = kb.shared("s", Scalar::F32, 8);
+    let q = kb.lds4("q", s, tid());
+    kb.store(y, tid(), q[0]);
+    let k = kb.finish().expect("kernel");
+    let mut out = vec![0f32; 32];
+    let e = cpu_exec::run(&k, &mut [Arg::F32(&mut out)], 1, 1, &no_dequant)
+        .expect_err("thread 2 reads past s");
+    assert!(matches!(e, ExecError::OutOfBounds { index: 8, .. }), "{e}");
+
+    for (ty, len) in [(Scalar::F32, 6), (Scalar::I32, 8)] {
+        let mut kb = Kb::new("ld4_bad", "test", [Size::Const(1), Size::Const(1)], 32, 32);
+        let s = kb.shared("s", ty, len);
+        kb.lds4("q", s, 0);
+        assert!(kb.finish().is_err(), "{ty:?} × {len}");
+    }
+}
+
+/// Rows per warp of a mat-mat: 8 weight rows at `W ≤ 8` and 4 above (gate and up counting as
+/// two), never more than one block needs to cover the product's rows.
+#[test]
+fn mat_mat_rows_per_warp_follow_the_width_and_the_product() {
+    assert_eq!(mat_mat_rows_per_warp(1, 4096, 8), 8);
+    assert_eq!(mat_mat_rows_per_warp(2, 2048, 8), 4);
+    assert_eq!(mat_mat_rows_per_warp(1, 4096, 32), 4);
+    assert_eq!(mat_mat_rows_per_warp(2, 2048, 32), 2);
+    assert_eq!(mat_mat_rows_per_warp(1, 4096, 64), 4);
+    // 8 rows: one block of 32 warps (W = 8) covers them with one row each.
+    assert_eq!(mat_mat_rows_per_warp(1, 8, 8), 1);
+    // 37 rows at W = 8: two rows per warp cover 64.
+    assert_eq!(mat_mat_rows_per_warp(1, 37, 8), 2);
 }
 
 fn clang() -> Option<&'static str> {
