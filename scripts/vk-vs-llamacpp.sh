@@ -174,13 +174,14 @@ SRC = re.compile(r" (.{20}) \(.{5}\) \[.{5} .{8}\]")
 
 def cpu_ops(phase):
     text = open(f"{out}/sched_{phase}.log", errors="replace").read().splitlines()
-    backend, splits, ops = None, 0, {}
+    backend, splits, nodes, ops = None, 0, 0, {}
     for line in text:
         m = SPLIT.match(line)
         if m:
             backend, splits = m.group(1), splits + 1
             continue
         m = NODE.match(line)
+        nodes += bool(m)
         if m and backend is not None and backend.startswith("CPU"):
             op, node = m.group(1).strip(), re.sub(r"-\d+$", "", m.group(2).strip())
             ws = sorted({n for src in SRC.findall(m.group(3)) for n in weights_named(src)})
@@ -190,6 +191,10 @@ def cpu_ops(phase):
         fail(f"no '## SPLIT #n: BACKEND # n inputs' lines in llama-bench's {phase} run with "
              "GGML_SCHED_DEBUG=2 -v: not the ggml_backend_sched_print_assignments format "
              "this script reads")
+    if nodes == 0:
+        fail(f"no 'node #n (OP): NAME (SIZE) [BACKEND CAUSE] use=n,c=n: SRC…' lines in "
+             f"llama-bench's {phase} run with GGML_SCHED_DEBUG=2 -v: not the "
+             "ggml_backend_sched_print_assignments format this script reads")
     return ops
 
 # llama.cpp's device time per op: vk_perf_logger::print_timings blocks, one per device split
