@@ -295,6 +295,40 @@ pub struct KernelReport {
     /// Weight bytes its launches read per decoded token ([`weight_bytes`] of the weights bound
     /// to it, summed over its steps).
     pub decode_weight_bytes_per_token: f64,
+    /// Its share per plan step, in plan order: what each step's launches took and the weights
+    /// they read, so a tool can match the kernel's time to a tensor (scripts/vk-vs-llamacpp.sh
+    /// matches it to llama.cpp's per-op times by the weight's role, type and shape).
+    pub steps: Vec<KernelStepReport>,
+}
+
+/// One plan step's share of a kernel ([`KernelReport::steps`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelStepReport {
+    /// The plan step's index.
+    pub step: usize,
+    /// The step's op (`mat_mul`, `moe_ffn`, `kqkv`, …).
+    pub op: String,
+    /// The weights bound to the kernel in this step, in binding order; a plan weight the file
+    /// lacks is left out.
+    pub weights: Vec<WeightShape>,
+    /// Milliseconds per prefill.
+    pub prefill_ms: f64,
+    /// Milliseconds per decoded token.
+    pub decode_ms_per_token: f64,
+    /// Weight bytes these launches read per decoded token ([`weight_bytes`]; 0 when the step
+    /// ran no decode launch of this kernel).
+    pub decode_weight_bytes_per_token: f64,
+}
+
+/// A weight tensor as the GGUF file stores it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WeightShape {
+    /// The tensor name (`blk.0.attn_q_a.weight`).
+    pub name: String,
+    /// Its ggml type as ggml prints it (`Q2_K`).
+    pub ggml_type: String,
+    /// Its dimensions in ggml order (`ne[0]`, the row length, first).
+    pub ne: Vec<usize>,
 }
 
 impl KernelReport {
@@ -324,12 +358,25 @@ fn kernel_reports(
             .fold(0.0, |sum, (_, b)| sum + b);
         let decode_bytes = if k.decode_s > 0.0 { bytes } else { 0.0 };
         let (p, d) = (k.prefill_s * per_prefill, k.decode_s * per_token);
+        let step = KernelStepReport {
+            step: k.step,
+            op: op.name().to_owned(),
+            weights: k
+                .weights
+                .iter()
+                .filter_map(|&w| weight_shape(model, w))
+                .collect(),
+            prefill_ms: p,
+            decode_ms_per_token: d,
+            decode_weight_bytes_per_token: decode_bytes,
+        };
         match kernels.iter_mut().find(|e| e.name == k.kernel) {
             Some(e) => {
                 e.prefill_ms += p;
                 e.decode_ms_per_token += d;
                 e.launches += k.launches;
                 e.decode_weight_bytes_per_token += decode_bytes;
+                e.steps.push(step);
             }
             None => kernels.push(KernelReport {
                 name: k.kernel.clone(),
@@ -337,11 +384,26 @@ fn kernel_reports(
                 decode_ms_per_token: d,
                 launches: k.launches,
                 decode_weight_bytes_per_token: decode_bytes,
+                steps: vec![step],
             }),
         }
     }
+    for k in &mut kernels {
+        k.steps.sort_by_key(|s| s.step);
+    }
     kernels.sort_by(|a, b| b.decode_ms_per_token.total_cmp(&a.decode_ms_per_token));
     kernels
+}
+
+/// Plan weight `w`'s name, type and dimensions from the file's tensor table; `None` for a weight
+/// the file lacks.
+fn weight_shape(model: &Model, w: usize) -> Option<WeightShape> {
+    let info = model.file.tensor(&model.plan.weights.get(w)?.name)?;
+    Some(WeightShape {
+        name: info.name.clone(),
+        ggml_type: info.ggml_type.name().to_owned(),
+        ne: info.ne.clone(),
+    })
 }
 
 /// The component of each plan step (method step 5): that of its first weight operand; a step

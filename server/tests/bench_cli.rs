@@ -2,8 +2,9 @@
 //! field, rates and times are positive, the weight bytes per decoded token equal a sum taken
 //! straight from the GGUF tensor table (every tensor in full, but `token_embd` one row and the
 //! `*_exps` tensors n_expert_used / n_expert of their bytes), the per-component times add up to
-//! their totals, the kernels' weight bytes add up to the same sum, and the default kernels are
-//! `q8x2`; with `--tools` the report has the grammar section.
+//! their totals, the kernels' weight bytes add up to the same sum, each kernel's per-step shares
+//! add up to it and name the file's tensors with their GGUF types and dimensions, and the default
+//! kernels are `q8x2`; with `--tools` the report has the grammar section.
 
 use aubier_runtime::gguf::GgufFile;
 use aubier_tests::models_dir;
@@ -107,6 +108,49 @@ fn json_report_on_the_bundled_model() {
         "{by_kernel} vs {expected}"
     );
     assert!(kernels.iter().all(|k| k["launches"].as_u64().unwrap() > 0));
+
+    // Per kernel per step: the steps' times and bytes add up to the kernel's, each weight is
+    // named with the type and dimensions of the GGUF table, and over all kernels every tensor
+    // of the file is some step's weight.
+    let mut named = std::collections::BTreeSet::new();
+    for k in kernels {
+        let steps = k["steps"].as_array().unwrap();
+        assert!(!steps.is_empty(), "{}", k["name"]);
+        for f in [
+            "prefill_ms",
+            "decode_ms_per_token",
+            "decode_weight_bytes_per_token",
+        ] {
+            let sum: f64 = steps.iter().map(|s| s[f].as_f64().unwrap()).sum();
+            let total = k[f].as_f64().unwrap();
+            assert!(
+                (sum - total).abs() <= 1e-9 * total.max(1.0),
+                "{}: {f}",
+                k["name"]
+            );
+        }
+        for s in steps {
+            assert!(!s["op"].as_str().unwrap().is_empty());
+            for w in s["weights"].as_array().unwrap() {
+                let name = w["name"].as_str().unwrap();
+                let t = file
+                    .tensor(name)
+                    .unwrap_or_else(|| panic!("{name} not in the file"));
+                assert_eq!(w["ggml_type"], t.ggml_type.name(), "{name}");
+                let ne: Vec<usize> = w["ne"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_u64().unwrap() as usize)
+                    .collect();
+                assert_eq!(ne, t.ne, "{name}");
+                named.insert(name.to_owned());
+            }
+        }
+    }
+    let all: std::collections::BTreeSet<String> =
+        file.tensors().iter().map(|t| t.name.clone()).collect();
+    assert_eq!(named, all);
 }
 
 #[test]
