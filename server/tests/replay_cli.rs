@@ -411,3 +411,41 @@ fn replay_reports_each_run_off_a_terminal() {
         "{err}"
     );
 }
+
+/// With a prefetch budget and no 2Q knobs given, `aubier replay` runs 2Q with the read-ahead's
+/// knobs (`Kout` 25 %, `frequency:32`), on demand paging with the demand ones (`Kout` 200 %,
+/// `frequency:2`): each default gives what its knobs given by flag give, and the two differ
+/// on this trace.
+#[test]
+fn two_q_defaults_follow_the_prefetch_budget() {
+    let served = |extra: &[&str]| {
+        let mut args = vec![
+            "--synthetic",
+            "olmoe-like,rho=0.8,tokens=512,layers=4",
+            "--sweep",
+            "16",
+            "--policies",
+            "2q",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json_stdout(&aubier(&args))[0]["policies"]["2q"]
+            .as_f64()
+            .expect("a served fraction")
+    };
+    let prefetch_knobs = ["--admission", "frequency:32", "--a1out", "0.25"];
+    let demand_knobs = ["--admission", "frequency:2", "--a1out", "2"];
+    let budget = ["--prefetch-budget", "2"];
+    let prefetch_default = served(&budget);
+    assert_eq!(
+        prefetch_default,
+        served(&[&budget[..], &prefetch_knobs].concat())
+    );
+    assert_ne!(
+        prefetch_default,
+        served(&[&budget[..], &demand_knobs].concat())
+    );
+    let demand_default = served(&[]);
+    assert_eq!(demand_default, served(&demand_knobs));
+    assert_ne!(demand_default, served(&prefetch_knobs));
+}
