@@ -205,8 +205,8 @@ fn replay_command(args: &ReplayArgs) -> anyhow::Result<()> {
     let runs = (slot_counts.len() * args.policies.len()) as u64;
     progress.whole(Count::Items(tokens * runs, "tokens"));
     let mut rows = Vec::with_capacity(slot_counts.len());
+    let (a1out, admission) = args.two_q_knobs();
     for &slots in &slot_counts {
-        let (a1out, admission) = args.two_q_knobs();
         let opts = ReplayOptions {
             slots,
             a1in: args.a1in,

@@ -50,9 +50,10 @@ impl PromptArgs {
     /// Loads the model ([`crate::model_file::resolve_model`]) for the backend `spec` names and
     /// resolves the prompt. With `store` (`None`: the backend's fast store, no read-ahead, no
     /// prediction): its fast-store budget, the read-ahead it chooses for the file
-    /// ([`StoreArgs::read_ahead`], its note printed on stderr), and the plan's expert predictor when `predict`
-    /// (`--predict-experts`) or the read-ahead asks for it ([`Model::load_predicting`]). Errors:
-    /// no model file, the backend, the file, the binding, the load, the tokenizer, or no prompt.
+    /// ([`StoreArgs::read_ahead`], its note printed on stderr), and the plan's expert predictor
+    /// when `predict` (`--predict-experts`) or the read-ahead asks for it
+    /// ([`Model::load_predicting`]). Errors: no model file, the backend, the file, the binding,
+    /// the load, the tokenizer, or no prompt.
     pub fn load(
         &self,
         spec: &BackendSpec,

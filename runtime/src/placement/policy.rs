@@ -18,9 +18,9 @@
 //! routed; in [`TwoQ`] a resident FIFO of its own, `Apre`, the first victim), and picks the victim
 //! as its demand misses do. An expert prefetched since the last
 //! [`Policy::begin_step`] is never evicted by another prefetch (it is *pinned* until its step
-//! begins), nor is a resident one named to [`Policy::prefetch`] (the replay and the store name a
-//! step's predicted residents first, so that no prefetch evicts an expert the step is predicted
-//! to read); when every resident is pinned, or the policy keeps a fixed set ([`StaticSet`]) or is
+//! begins), nor is a resident one named to [`Policy::prefetch`] (the replay and the store pin a
+//! step's predicted residents first, [`Policy::pin_resident`], so that no prefetch evicts an
+//! expert the step is predicted to read); when every resident is pinned, or the policy keeps a fixed set ([`StaticSet`]) or is
 //! the demand-paging ceiling ([`Min`]), the prefetch is refused.
 //!
 //! A step's accesses are presented hits first ([`Policy::access_step`] does this), so an admission
@@ -408,6 +408,21 @@ pub trait Policy: SaveState {
     /// ([`Prefetch::Resident`]: nothing loaded). Errors:
     /// [`PolicyError::ExpertOutOfRange`].
     fn prefetch(&mut self, expert: u32) -> Result<Prefetch, PolicyError>;
+
+    /// Pins every resident expert of `predicted` (a [`Policy::prefetch`] of each), so that no
+    /// prefetch before the next [`Policy::begin_step`] evicts an expert the step is predicted to
+    /// read: the replay and the store call it before their loads. Errors: those of `prefetch`.
+    fn pin_resident(
+        &mut self,
+        predicted: &mut dyn Iterator<Item = u32>,
+    ) -> Result<(), PolicyError> {
+        for e in predicted {
+            if self.is_resident(e) {
+                self.prefetch(e)?;
+            }
+        }
+        Ok(())
+    }
 
     /// One step: begins it and serves every routed expert of `experts` (one token's top-k in this
     /// layer), hits before misses. `out` receives one [`Access`] per entry of `experts`, in the same

@@ -6,10 +6,10 @@
 //! each layer's `top_k` experts as one step ([`Policy::access_step`]: hits first). With a prefetch
 //! budget `b` ([`ReplayOptions::prefetch_budget`]), once layer `l`'s experts of a token are known
 //! a [`CoOccurrence`] predictor of the pair `(l, l + 1)` (learned online from the tokens already
-//! replayed) names `top_k` experts for layer `l + 1`: those resident are pinned (named to
-//! [`Policy::prefetch`] first, so that no load evicts them) and the first `b` of the others are
-//! prefetched into layer `l + 1`'s policy before that layer's step; then the predictor learns the token's true `(l, l + 1)` pair. Layer 0 has no predictor. An
-//! expert counts as served when it is resident when its step reads it, prefetched or not. Loads
+//! replayed) names `top_k` experts for layer `l + 1`: those resident are pinned
+//! ([`Policy::pin_resident`], so that no load evicts them) and the first `b` of the others are
+//! prefetched into layer `l + 1`'s policy before that layer's step; then the predictor learns
+//! the token's true `(l, l + 1)` pair. Layer 0 has no predictor. An expert counts as served when it is resident when its step reads it, prefetched or not. Loads
 //! (copies into the fast store) are the demand misses admitted plus the prefetches.
 
 use super::arc::ArcCache;
@@ -232,14 +232,9 @@ pub fn replay(
                 served.predicted_right +=
                     predicted.iter().filter(|e| step.contains(e)).count() as u64;
                 served.predicted_routed += step.len() as u64;
-                // The predicted experts already resident are named first: a prefetch of a
-                // resident pins it, so no load below evicts an expert the step is predicted
-                // to read.
-                for &e in &predicted {
-                    if policy.is_resident(e) {
-                        policy.prefetch(e).map_err(wrap)?;
-                    }
-                }
+                policy
+                    .pin_resident(&mut predicted.iter().copied())
+                    .map_err(wrap)?;
                 for &e in &predicted {
                     if loaded.len() == opts.prefetch_budget {
                         break;

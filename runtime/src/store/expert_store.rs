@@ -632,9 +632,9 @@ impl ExpertStore {
     /// Read-ahead ([`StoreOptions::prefetch_budget`]) for a one-token step, called once the
     /// `layer`-th MoE layer's predicted experts (`predicted`, best first: the plan's
     /// `predicted_ids` of that layer) are known and before its `moe_ffn` runs. As `aubier
-    /// replay`'s prefetch does: the predicted members are pinned (never a prefetch's victim
-    /// until the step's accesses), then up to the budget of predicted experts that are not members
-    /// (resident, or with a copy in flight) go to the layer's policy as prefetches
+    /// replay`'s prefetch does: the predicted members are pinned ([`Policy::pin_resident`]:
+    /// never a prefetch's victim until the step's accesses), then up to the budget of predicted
+    /// experts that are not members (resident, or with a copy in flight) go to the layer's policy as prefetches
     /// ([`Policy::prefetch`], pinned until the step's accesses), the slots of the experts it
     /// evicts are freed at once, and each loaded expert takes a free slot (one with no copy in
     /// flight when there is one; else the new copy is made after the one in flight, the slot
@@ -652,14 +652,16 @@ impl ExpertStore {
         let Some(policy) = l.policy.as_mut().filter(|_| self.prefetch_budget > 0) else {
             return copies;
         };
-        // The predicted members are named first: a prefetch of a resident pins it, so that no
-        // load below evicts an expert the step is predicted to read (as in `aubier replay`).
-        for &id in predicted {
-            if let Ok(e) = u32::try_from(id) {
-                if (e as usize) < self.n_expert && policy.is_resident(e) {
-                    policy.prefetch(e).ok();
-                }
-            }
+        let in_range = |&id: &i32| {
+            u32::try_from(id)
+                .ok()
+                .filter(|&e| (e as usize) < self.n_expert)
+        };
+        if policy
+            .pin_resident(&mut predicted.iter().filter_map(in_range))
+            .is_err()
+        {
+            return copies;
         }
         for &id in predicted {
             if copies.len() == self.prefetch_budget {
