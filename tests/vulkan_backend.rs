@@ -234,7 +234,8 @@ fn a_nan_router_on_the_device_is_an_expert_id_error() {
 
 /// A prefill (its weight products in the tiled mat-mat form) gives the bits of the same tokens
 /// stepped one at a time (the mat-vec form) at every position, on the bundled quantized model:
-/// the binding's `one_token_matches_prefill` holds on the device.
+/// the binding's `one_token_matches_prefill` holds on the device; and a run for the last
+/// position's logits alone (`step_last`) gives the last row of the whole run's.
 #[test]
 fn vulkan_prefill_logits_equal_one_token_steps_bit_for_bit() {
     let file = "ms4-tiny256-q2k.gguf";
@@ -244,6 +245,25 @@ fn vulkan_prefill_logits_equal_one_token_steps_bit_for_bit() {
     let prompt = &prompt[..13];
     let m = model(file, on);
     let all = session(Arc::clone(&m)).step(prompt).expect("prefill");
+    // The last position alone (the last layer's FFN, the final norm and the head for that row,
+    // `Plan::last_rows`): the last row of the whole prefill, then of a whole second step.
+    let mut s = session(Arc::clone(&m));
+    let last = s.step_last(&prompt[..9]).expect("step_last");
+    let next = s.step_last(&prompt[9..]).expect("step_last");
+    let mut whole = session(Arc::clone(&m));
+    let first = whole.step(&prompt[..9]).expect("prefill");
+    for (got, want) in [
+        (&last, &first[8 * N_VOCAB..]),
+        (&next, &all[12 * N_VOCAB..]),
+    ] {
+        assert_eq!(got.len(), N_VOCAB);
+        assert!(
+            got.iter()
+                .zip(want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "step_last is not the last row of step"
+        );
+    }
     let mut s = session(m);
     for (p, &id) in prompt.iter().enumerate() {
         let one = s.step(&[id]).expect("decode");

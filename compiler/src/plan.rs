@@ -21,14 +21,16 @@
 //!   the phase's output through the `wkb` (or unfused head_mat_mul/concat) between them. The CPU
 //!   oracle refuses fused steps;
 //! - `output_head` names the step a compiler pass found to be the output head (`mark_head`): its
-//!   rows are computed independently, so a backend may run it for the last position only;
+//!   rows are computed independently, so a backend may run it for the last position only, and with
+//!   it every step that feeds only such steps ([`Plan::last_rows`]: the last layer's FFN and the
+//!   final norm when only the last position's logits are read);
 //! - [`Plan::moe_layers`] reads the experts of every `moe_ffn` step off the plan (tensors, expert
 //!   count, bytes per expert): what the split expert store places and the backends address.
 
 use crate::config::Mistral4Config;
 use crate::ggml_type::GgmlType;
 use crate::ops::Op;
-use crate::types::{Attrs, DType, Shape, WeightRef};
+use crate::types::{Attrs, DType, Dim, Shape, WeightRef};
 use serde::{Deserialize, Serialize};
 
 /// Index into [`Plan::values`].
@@ -128,6 +130,53 @@ pub struct OutputHead {
     pub value: ValueId,
 }
 
+/// The steps a run computes for its last position alone when only the last row of the output
+/// head is read ([`Plan::last_rows`]), and the values they make (one row each).
+///
+/// Such a step runs as a one-token step (`T = 1`, extents `[1, S]`); a token-indexed operand made
+/// by a step that runs for every position (or a plan input) is read from its last row
+/// ([`LastRows::operand_row`]); one made by such a step is its one row.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LastRows {
+    /// Per step of [`Plan::steps`]: it runs for the last position alone.
+    pub steps: Vec<bool>,
+    /// Per value of [`Plan::values`]: made by such a step, so one row.
+    pub values: Vec<bool>,
+}
+
+impl LastRows {
+    /// Whether step `i` runs for the last position alone.
+    pub fn step(&self, i: usize) -> bool {
+        self.steps.get(i).copied().unwrap_or(false)
+    }
+
+    /// Rows of value `v` in a run of `t` tokens: 1 when a last-row step makes it, else `t`.
+    pub fn rows(&self, v: ValueId, t: usize) -> usize {
+        if self.values.get(v).copied().unwrap_or(false) {
+            1
+        } else {
+            t
+        }
+    }
+
+    /// The element offset at which step `i` reads its operand value `v` in a run of `t`
+    /// tokens: the start of the last of the `t` rows when step `i` runs for the last position
+    /// and `v` is a token-indexed value made for every position (`[T, ..]` without `S`, which
+    /// [`Plan::last_rows`] requires of such operands), else 0.
+    pub fn operand_row(&self, plan: &Plan, i: usize, v: ValueId, t: usize) -> usize {
+        match plan.values.get(v) {
+            Some(value)
+                if self.step(i)
+                    && self.rows(v, t) == t
+                    && value.shape.0.first() == Some(&Dim::Tokens) =>
+            {
+                (t - 1) * value.shape.numel(1, 0)
+            }
+            _ => 0,
+        }
+    }
+}
+
 /// One stacked expert tensor of a `moe_ffn` step (ggml `ne = {ne0, ne1, n_expert}`): expert `e`
 /// is bytes `e · expert_bytes .. (e + 1) · expert_bytes` of the tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -177,6 +226,77 @@ pub struct PlanError {
 pub const PREDICTED_IDS_PREFIX: &str = "predicted_ids.";
 
 impl Plan {
+    /// The steps that may run for the last position alone when a run reads only the last row
+    /// of the output head ([`Plan::output_head`]) and every other plan output whole: empty
+    /// flags when the plan has no head.
+    ///
+    /// Algorithm: one backward walk over the schedule (every consumer of a value comes after
+    /// it). A value needs all its rows when it is a plan output other than the head's or some
+    /// step that runs for every position reads it. A step runs for the last position when its
+    /// output does not need all rows and it is row-wise: it writes no latent cache
+    /// (`cache_write`, `phase` write every row they are given), its output is `[T, ..]` with no
+    /// other `T`, and every token-indexed operand is `[T, ..]` with no other `T` and no `S` (so
+    /// its last row is a fixed offset). Every op of the IR computes output row `t` from row `t`
+    /// of its token-indexed operands alone (ops.rs); the attention reads other positions only
+    /// through the latent cache, which the steps that write it fill for every row first. A
+    /// forward walk then returns a `reshape` to every position when its input was made for
+    /// every position (a reshape shares its input's buffer). llama.cpp does the same for the
+    /// last layer (`inp_out_ids`: the rows after its attention are those it outputs).
+    pub fn last_rows(&self) -> LastRows {
+        let n = self.steps.len();
+        let mut rows = LastRows {
+            steps: vec![false; n],
+            values: vec![false; self.values.len()],
+        };
+        let Some(head) = self.output_head else {
+            return rows;
+        };
+        let tokens_first = |v: &Value| {
+            let dims = &v.shape.0;
+            dims.first() == Some(&Dim::Tokens) && !dims[1..].contains(&Dim::Tokens)
+        };
+        let mut all_rows = vec![false; self.values.len()];
+        for (_, v) in &self.outputs {
+            if *v != head.value {
+                if let Some(a) = all_rows.get_mut(*v) {
+                    *a = true;
+                }
+            }
+        }
+        for i in (0..n).rev() {
+            let step = &self.steps[i];
+            let operands = || {
+                step.args.iter().filter_map(|a| match a {
+                    Operand::Value(v) => self.values.get(*v).map(|value| (*v, value)),
+                    Operand::Weight(_) => None,
+                })
+            };
+            let row_wise = !matches!(step.op, Op::CacheWrite | Op::Phase)
+                && self.values.get(step.out).is_some_and(tokens_first)
+                && operands().all(|(_, v)| {
+                    !v.shape.0.contains(&Dim::Tokens)
+                        || (tokens_first(v) && !v.shape.0.contains(&Dim::Keys))
+                });
+            let last = row_wise && !all_rows.get(step.out).copied().unwrap_or(true);
+            if last {
+                rows.steps[i] = true;
+            } else {
+                for (v, _) in operands() {
+                    all_rows[v] = true;
+                }
+            }
+        }
+        for (i, step) in self.steps.iter().enumerate() {
+            if step.op == Op::Reshape && rows.steps[i] {
+                rows.steps[i] = matches!(step.args.first(), Some(Operand::Value(v)) if rows.values.get(*v) == Some(&true));
+            }
+            if rows.steps[i] {
+                rows.values[step.out] = true;
+            }
+        }
+        rows
+    }
+
     /// The expert predictions of [`crate::passes::predict_experts`]: `(L, value)` for every
     /// output `predicted_ids.L` ([T, k] i32, the top-k of layer `L`'s router applied to the
     /// residual at the end of layer `L − 1`, or earlier with

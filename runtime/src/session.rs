@@ -248,7 +248,10 @@ impl Session {
     }
 
     /// [`Session::step`] returning only the last token's row of logits (`[n_vocab]`): the output
-    /// head runs for that token only (the cheaper call when the caller samples from it alone).
+    /// head, the final norm and the last layer's FFN run for that token only
+    /// (`Plan::last_rows`; the cheaper call when the caller samples from it alone). The routing
+    /// of every token is still computed (the store and the routing log read it), and the
+    /// latent cache is written for every token.
     ///
     /// Errors: as [`Session::step`].
     pub fn step_last(&mut self, tokens: &[u32]) -> Result<Logits, EngineError> {
@@ -334,8 +337,9 @@ impl Session {
         let ids: Vec<i32> = tokens.iter().map(|&id| id as i32).collect();
         let pos: Vec<i32> = (self.position..end).map(|p| p as i32).collect();
         let model = Arc::clone(&self.model);
-        // The head runs for the last position alone when the plan marks the logits as its
-        // output (`Plan::output_head`); else every row is computed and the last one kept.
+        // The head, and the steps only it needs (`Plan::last_rows`), run for the last position
+        // alone when the plan marks the logits as its output (`Plan::output_head`); else every
+        // row is computed and the last one kept.
         let head = model.plan.output_head.map(|h| h.value);
         let keep = head.filter(|&v| last_only && v == self.logits);
         let inputs: [(&str, &[i32]); 2] = [("tokens", &ids), ("pos", &pos)];

@@ -187,7 +187,8 @@ pub struct StepInput<'a> {
     /// The plan values to return, in order.
     pub outputs: &'a [ValueId],
     /// The output head's value, computed and returned for the last token alone
-    /// ([`Plan::output_head`]); `None` computes every row.
+    /// ([`Plan::output_head`]), and with it every step only it needs ([`Plan::last_rows`]: the
+    /// last layer's FFN, the final norm); `None` computes every row.
     pub last_only: Option<ValueId>,
 }
 

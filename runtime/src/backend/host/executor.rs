@@ -15,6 +15,9 @@
 //!    fixed order inside it, so the bits of every result are the same for any thread count and any
 //!    split (tested with 1- and 2-thread pools).
 //!
+//! When the caller reads only the last position's logits, the steps of [`Plan::last_rows`] run as
+//! one-token steps on the last row of each whole input (their outputs one row each).
+//!
 //! i32 values (ids, positions) live in the same 4-byte slot buffers as f32 values, as bit patterns.
 //!
 //! Expert weights (the stacked tensors of a `moe_ffn` step, [`MoeLayer`]) are passed as
@@ -29,7 +32,7 @@ use crate::backend::ExecError;
 use crate::kv_cache::LatentKvCache;
 use crate::store::expert_store::{AheadCopy, ExpertStore, PageAhead, ReadAheadMode};
 use aubier_compiler::ops::Op;
-use aubier_compiler::plan::{MoeLayer, Operand, Plan, Storage, ValueId};
+use aubier_compiler::plan::{LastRows, MoeLayer, Operand, Plan, Storage, ValueId};
 use aubier_compiler::types::{DType, Dim};
 use aubier_kernels_gen::cpu::{CpuProgram, Extent, IndexBound, Kernel, StepArgs};
 use rayon::prelude::*;
@@ -126,8 +129,10 @@ pub(crate) struct Executor<K: StepKernel> {
     tables: Vec<Vec<u64>>,
     /// `(T, S)` of the last successful binding.
     extents: (usize, usize),
-    /// The value of that binding computed for its last token only.
-    last_only: Option<ValueId>,
+    /// The steps the plan may run for the last position alone ([`Plan::last_rows`]).
+    rows: LastRows,
+    /// Whether the last binding runs them so (its `last_only` named the head's value).
+    last: bool,
     /// Buffers of the backend's own kernels.
     buffers: K::Buffers,
     /// The rows an `embed` step read from the file, and their ids in that buffer.
@@ -215,7 +220,8 @@ impl<K: StepKernel> Executor<K> {
             scratch: Vec::new(),
             tables: Vec::new(),
             extents: (0, 0),
-            last_only: None,
+            rows: plan.last_rows(),
+            last: false,
             buffers: K::Buffers::default(),
             embed_rows: EmbedRows::default(),
             times: vec![StepTime::default(); plan.steps.len()],
@@ -240,10 +246,11 @@ impl<K: StepKernel> Executor<K> {
         self.runs = 0;
     }
 
-    /// Runs every step of `bound.plan` for `T = t` tokens over `S = s` keys; with `last_only`,
-    /// computes only the last token's row of that value (the logits, when a caller samples from
-    /// the last position only): the `mat_mul` producing it runs for `T = 1` on the last row of
-    /// its input, its slot is sized for that row, and [`Executor::f32_value`] returns that row.
+    /// Runs every step of `bound.plan` for `T = t` tokens over `S = s` keys; with `last_only`
+    /// (the output head's value: a caller that samples from the last position only), computes
+    /// only the last token's row of that value and of every value only it needs
+    /// ([`Plan::last_rows`]): those steps run for `T = 1` on the last row of each whole input,
+    /// their values' slots are sized for that row, and [`Executor::f32_value`] returns it.
     ///
     /// `inputs` gives each plan input by name (`tokens`, `pos`), `t` i32 each; `cache` is the
     /// session's latent cache (rows written at `pos`, rows `0..s` read).
@@ -253,8 +260,8 @@ impl<K: StepKernel> Executor<K> {
     /// [`ExecError::Extents`] unless `1 ≤ t ≤ s`, [`ExecError::Index`] before a step whose index
     /// operands are out of range (steps before it have run; cache rows may have been written),
     /// [`ExecError::ExpertTable`] when an expert operand is not a weight of `n_expert` slices or a
-    /// slot copy has the wrong length; [`ExecError::Value`] when `last_only` is not made by a
-    /// `mat_mul` whose input is a `[T, n]` value.
+    /// slot copy has the wrong length; [`ExecError::Value`] when `last_only` is not the output
+    /// head's value ([`Plan::output_head`]).
     pub fn run_rows(
         &mut self,
         bound: Bound<'_, K>,
@@ -497,23 +504,25 @@ impl<K: StepKernel> Executor<K> {
         if self.scratch.len() < scratch {
             self.scratch.resize(scratch, 0.0);
         }
-        // `last_only`: this step runs for one token, the last, into row 0.
-        let (t_step, row_in) = if Some(step.out) == self.last_only {
-            (1, self.last_row_input(plan, step, t)?)
-        } else {
-            (t, 0)
-        };
+        // A last-row step runs for one token, the last, into row 0 of its output.
+        let last = self.last && self.rows.step(i);
+        let t_step = if last { 1 } else { t };
         let mut args = StepArgs::new(t_step, s, 0, 0);
         for (j, a) in step.args.iter().enumerate() {
             args.args[j] = match a {
-                Operand::Value(v) => self.value_ptr(plan, cache, *v, s)? as *const u8,
+                Operand::Value(v) => {
+                    let base = self.value_ptr(plan, cache, *v, s)?;
+                    let row = if last {
+                        self.rows.operand_row(plan, i, *v, t)
+                    } else {
+                        0
+                    };
+                    // SAFETY: `row` is 0 or the start of the last of the `t` rows of a `[T, ..]`
+                    // value made for every row, whose slot `bind` sized for `t` rows.
+                    unsafe { base.add(row) as *const u8 }
+                }
                 Operand::Weight(w) => weights[*w].as_ptr(),
             };
-        }
-        if row_in > 0 {
-            // SAFETY: operand 1 is the `[T, n]` input (checked by `last_row_input`), its
-            // slot holds `T · n` f32 and `row_in = (T − 1) · n`.
-            args.args[1] = unsafe { (args.args[1] as *const f32).add(row_in) } as *const u8;
         }
         let kernel = &bound.kernels[i];
         // A kernel of the backend's may read the experts as rows; the cranelift kernels read
@@ -633,7 +642,8 @@ impl<K: StepKernel> Executor<K> {
     }
 
     /// The f32 elements of slot value `id` after the last [`Self::run_rows`] (row-major, its shape
-    /// at that run's `T`, `S`; at `T = 1` for its `last_only` value).
+    /// at that run's `T`, `S`; at `T = 1` for a value of [`Plan::last_rows`] when that run took
+    /// `last_only`).
     ///
     /// Errors: [`ExecError::Value`] for an unknown value, an i32 value or a latent-cache value.
     pub fn f32_value(&self, plan: &Plan, id: ValueId) -> Result<&[f32], ExecError> {
@@ -692,7 +702,7 @@ impl<K: StepKernel> Executor<K> {
                 detail: "lives in the latent cache, not in a slot".into(),
             });
         };
-        let rows = if Some(id) == self.last_only { 1 } else { t };
+        let rows = if self.last { self.rows.rows(id, t) } else { t };
         let len = v.shape.numel(rows, s);
         self.slots[n].get(..len).ok_or_else(|| ExecError::Value {
             value: id,
@@ -746,8 +756,11 @@ impl<K: StepKernel> Executor<K> {
         Ok(())
     }
 
-    /// Grows every slot to its largest value at `(t, s)` (`last_only` at one token: only its
-    /// last row is computed).
+    /// Grows every slot to its largest value at `(t, s)` (with `last_only`, the values of
+    /// [`Plan::last_rows`] at one row: only their last row is computed).
+    ///
+    /// Errors: [`ExecError::Value`] when `last_only` is not the output head's value;
+    /// [`ExecError::Extents`] when a size overflows.
     fn bind(
         &mut self,
         plan: &Plan,
@@ -755,10 +768,25 @@ impl<K: StepKernel> Executor<K> {
         s: usize,
         last_only: Option<ValueId>,
     ) -> Result<(), ExecError> {
+        let last = match last_only {
+            None => false,
+            Some(v) if plan.output_head.is_some_and(|h| h.value == v) => true,
+            Some(v) => {
+                return Err(ExecError::Value {
+                    value: v,
+                    name: plan
+                        .values
+                        .get(v)
+                        .map(|x| x.name.clone())
+                        .unwrap_or_default(),
+                    detail: "cannot compute the last row only: it is not the output head's".into(),
+                })
+            }
+        };
         for (slot, ids) in self.slots.iter_mut().zip(&self.slot_values) {
             let mut need = 0usize;
             for &id in ids {
-                let rows = if Some(id) == last_only { 1 } else { t };
+                let rows = if last { self.rows.rows(id, t) } else { t };
                 let n = Extent::of_dims(&plan.values[id].shape.0)
                     .and_then(|e| e.eval(rows, s))
                     .filter(|n| n.checked_mul(4).is_some_and(|b| b <= isize::MAX as usize))
@@ -774,48 +802,8 @@ impl<K: StepKernel> Executor<K> {
             }
         }
         self.extents = (t, s);
-        self.last_only = last_only;
+        self.last = last;
         Ok(())
-    }
-
-    /// The value id of operand `arg` of `step`.
-    fn value_id(
-        &self,
-        step: &aubier_compiler::plan::Step,
-        arg: usize,
-    ) -> Result<ValueId, ExecError> {
-        match step.args.get(arg) {
-            Some(Operand::Value(v)) => Ok(*v),
-            _ => Err(ExecError::Value {
-                value: step.out,
-                name: format!("operand {arg} of `{}`", step.op.name()),
-                detail: "is not a value".into(),
-            }),
-        }
-    }
-
-    /// For `last_only`: the element offset of the last row of the `[T, n]` input of the
-    /// `mat_mul` `step`.
-    fn last_row_input(
-        &self,
-        plan: &Plan,
-        step: &aubier_compiler::plan::Step,
-        t: usize,
-    ) -> Result<usize, ExecError> {
-        let v = &plan.values[step.out];
-        let bad = |detail: &str| ExecError::Value {
-            value: step.out,
-            name: v.name.clone(),
-            detail: format!("cannot compute the last row only: {detail}"),
-        };
-        if step.op != aubier_compiler::ops::Op::MatMul {
-            return Err(bad("it is not made by a mat_mul"));
-        }
-        let x = &plan.values[self.value_id(step, 1)?];
-        match x.shape.0.as_slice() {
-            [Dim::Tokens, Dim::Fixed(n)] if x.dtype == DType::F32 => Ok((t - 1) * n),
-            _ => Err(bad(&format!("its input is {} {}", x.name, x.shape))),
-        }
     }
 
     fn value_ptr(
@@ -969,7 +957,7 @@ mod tests {
     use crate::gguf::quant::host_symbols;
     use aubier_compiler::config::{ExpertLayout, Mistral4Config, QueryTemperature, YarnParams};
     use aubier_compiler::ops::Op;
-    use aubier_compiler::plan::{Step, Value};
+    use aubier_compiler::plan::{OutputHead, Step, Value};
     use aubier_compiler::types::{Attrs, Shape, WeightRef};
 
     /// `plan` bound to the oracle.
@@ -1478,6 +1466,113 @@ mod tests {
         }
         assert_eq!(outs[0].len(), 6);
         assert_eq!(outs[0], outs[1]);
+    }
+
+    /// With `last_only` the head and the steps only it needs run for the last token alone: the
+    /// hand plan's FFN output (`moe`, read by the head's residual add) has one row after such a
+    /// run, the values the router and the attention make keep every row, and the head's row is
+    /// the last row of a run without `last_only`, bit for bit, under the oracle and `q8x2`, in a
+    /// prompt over earlier keys and at one token.
+    #[test]
+    fn the_last_row_steps_run_for_the_last_token_alone() {
+        let mut b = build();
+        let y = b.plan.outputs[0].1;
+        let moe = b
+            .plan
+            .steps
+            .iter()
+            .find(|s| s.op == Op::MoeFfn)
+            .expect("moe")
+            .out;
+        let h = b
+            .plan
+            .steps
+            .iter()
+            .find(|s| s.op == Op::RmsNorm)
+            .expect("norm")
+            .out;
+        let logits = push_value(
+            &mut b.plan.values,
+            DType::F32,
+            vec![Dim::Tokens, Dim::Fixed(16)],
+            None,
+        );
+        b.plan.n_slots = b.plan.values.len();
+        b.plan.steps.push(step(
+            Op::MatMul,
+            Attrs::None,
+            vec![Operand::Weight(2), Operand::Value(y)],
+            logits,
+        ));
+        b.plan.output_head = Some(OutputHead {
+            step: b.plan.steps.len() - 1,
+            value: logits,
+        });
+        let ids = b.plan.outputs[2].1;
+        b.plan.outputs = vec![("logits".into(), logits), ("ids".into(), ids)];
+        let rows = b.plan.last_rows();
+        assert!(rows.values[moe] && rows.values[y] && rows.values[logits]);
+        assert!(!rows.values[h] && !rows.values[ids]);
+        let prog = CpuProgram::compile(&b.plan, &host_symbols()).expect("lowering");
+        let cpu = CpuBackend::new(CpuNumerics::Q8x2);
+        let views: Vec<&[u8]> = b.weights.iter().map(Vec::as_slice).collect();
+        for backend in [&OracleBackend as &dyn Backend, &cpu] {
+            let binding = backend.bind(&b.plan).expect("bind");
+            let mut runs = Vec::new();
+            for last_only in [None, Some(logits)] {
+                let mut exec = Executor::new(&b.plan, &prog).expect("exec");
+                let mut cache = LatentKvCache::new(1, 16, 8).expect("cache");
+                let mut got = Vec::new();
+                for (p0, tokens) in [
+                    (0, &[3, 1, 4, 1, 5][..]),
+                    (5, &[9, 2, 6][..]),
+                    (8, &[5][..]),
+                ] {
+                    let t = tokens.len();
+                    let pos: Vec<i32> = (p0..p0 + t).map(|p| p as i32).collect();
+                    exec.run_rows(
+                        test_bound(&b.plan, &prog, &binding, &views, None),
+                        &mut cache,
+                        &[("tokens", tokens), ("pos", &pos)],
+                        t,
+                        p0 + t,
+                        last_only,
+                    )
+                    .expect("run");
+                    let head = exec.f32_value(&b.plan, logits).expect("logits");
+                    let row: Vec<u32> = head[head.len() - 16..]
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .collect();
+                    let one = if last_only.is_some() { 1 } else { t };
+                    assert_eq!(head.len(), 16 * one, "{}", backend.name());
+                    assert_eq!(exec.f32_value(&b.plan, moe).expect("moe").len(), 32 * one);
+                    assert_eq!(exec.f32_value(&b.plan, h).expect("h").len(), 32 * t);
+                    assert_eq!(exec.i32_value(&b.plan, ids).expect("ids").len(), 2 * t);
+                    got.push(row);
+                }
+                runs.push(got);
+            }
+            assert_eq!(runs[0], runs[1], "{}", backend.name());
+        }
+        // Another value than the head's cannot be asked for its last row alone.
+        let mut exec = Executor::new(&b.plan, &prog).expect("exec");
+        let mut cache = LatentKvCache::new(1, 16, 8).expect("cache");
+        let binding = oracle_binding(&b.plan);
+        let err = exec
+            .run_rows(
+                test_bound(&b.plan, &prog, &binding, &views, None),
+                &mut cache,
+                &[("tokens", &[1, 2]), ("pos", &[0, 1])],
+                2,
+                2,
+                Some(y),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(err, ExecError::Value { value, .. } if value == y),
+            "{err}"
+        );
     }
 
     /// The bits of every output of `b` after a 20-token prompt (positions 0–19) and after one

@@ -24,8 +24,9 @@
 //! layer's routed expert ids back and has the caller upload the missed experts and rewrite
 //! their table entries ([`DeviceRun::run`]'s `stage`). Slot and
 //! scratch buffers grow to at least twice their size when they must, so a window growing a key
-//! at a time makes few of them anew. The output head, when only the last position's logits are
-//! wanted, runs for that row alone (its input's address advanced to the row, extents `[1, S]`).
+//! at a time makes few of them anew. When only the last position's logits are wanted, the steps
+//! only they need ([`Plan::last_rows`]: the last layer's FFN, the final norm, the head) run for
+//! that row alone (each whole input's address advanced to its last row, extents `[1, S]`).
 //!
 //! Contract. Inputs are checked by the caller (the session): token ids below the vocabulary,
 //! positions below `S ≤` the cache's capacity. Routed-expert ids come from the device's `top_k`;
@@ -41,7 +42,7 @@ use super::shader::compile_glsl;
 use crate::backend::KernelTime;
 use crate::progress::{Count, Progress};
 use crate::weights::Weights;
-use aubier_compiler::plan::{Operand, Plan, Storage, ValueId};
+use aubier_compiler::plan::{LastRows, Operand, Plan, Storage, ValueId};
 use aubier_compiler::types::Dim;
 use aubier_kernels_gen::gpu::glsl;
 use aubier_kernels_gen::gpu::ir::{Kernel, ParamKind};
@@ -78,6 +79,8 @@ pub(crate) struct DevicePlan {
     /// Per MoE layer, its `moe_ffn` step and the value of its routed expert ids (`[T, k]` i32),
     /// in step order: where a staged run ([`HostMode::Stage`]) stops to upload the misses.
     moe_ids: Vec<(usize, ValueId)>,
+    /// The steps a run for the last position's logits runs for that position alone.
+    rows: LastRows,
 }
 
 /// A plan weight on the device.
@@ -254,6 +257,7 @@ impl DevicePlan {
             tables,
             host,
             moe_ids,
+            rows: plan.last_rows(),
         })
     }
 
@@ -470,8 +474,8 @@ pub(crate) struct DeviceRun {
     scratch: HashMap<String, Buffer>,
     /// Host-visible staging of the inputs, then of the outputs.
     staging: Option<Buffer>,
-    /// Host-visible arguments of a run: the extents `[T, S]`, those of a head run for the last
-    /// token `[1, S]`, then one `VkDispatchIndirectCommand` per launch of the plan, in order.
+    /// Host-visible arguments of a run: the extents `[T, S]`, those of a step run for the last
+    /// position alone `[1, S]`, then one `VkDispatchIndirectCommand` per launch of the plan, in order.
     args: Buffer,
     /// Launches of the plan.
     n_launches: usize,
@@ -495,10 +499,10 @@ const EXTENTS_BYTES: usize = 16;
 /// key replays it (every decode step of a session after the first, while no buffer grows).
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct RecordKey {
-    /// Tokens (the inputs' and outputs' copies, the head's input row).
+    /// Tokens (the inputs' and outputs' copies, the last-row steps' input rows).
     t: usize,
-    /// The step of the output head run for the last token alone.
-    head: Option<usize>,
+    /// Whether the steps of [`Plan::last_rows`] run for the last position alone.
+    last: bool,
     /// The values read back and their bytes.
     reads: Vec<(ValueId, usize)>,
     /// [`DeviceRun::generation`] at recording.
@@ -531,7 +535,7 @@ pub(crate) type StageFn<'a> = dyn FnMut(usize, &[i32]) -> Result<(), VulkanError
 /// What a recording moves besides the launches: the inputs' and outputs' copies.
 struct Reading<'a> {
     t: usize,
-    head: Option<usize>,
+    last: bool,
     input_at: &'a [(ValueId, usize, usize)],
     reads: &'a [Readback],
     inputs_len: usize,
@@ -546,8 +550,8 @@ impl std::fmt::Debug for DeviceRun {
     }
 }
 
-/// An output of a run: the value and the bytes to read (the last row only for a head run for
-/// the last position).
+/// An output of a run: the value and the bytes to read (the last row only for a value of
+/// [`Plan::last_rows`] in a run for the last position).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Readback {
     value: ValueId,
@@ -677,8 +681,9 @@ impl DeviceRun {
 
     /// Runs every step of `plan` for `T = t` tokens over `S = s` keys: `inputs` (each plan input
     /// by name, `t` i32) copied in, `outputs` read back as raw 4-byte elements. When
-    /// `last_only` names the output head's value, the head runs for the last token alone and
-    /// that value's read-back is its one row. The host writes the inputs, the extents and every
+    /// `last_only` names the output head's value, the steps only it needs ([`Plan::last_rows`]:
+    /// the last layer's FFN, the final norm, the head) run for the last token alone and that
+    /// value's read-back is its one row. The host writes the inputs, the extents and every
     /// launch's workgroup counts, then submits the command buffer of the last run when it was
     /// recorded for the same tokens, head and outputs over the same buffers (a decode step after
     /// the first), else records it anew. With `stage` (the host store of [`HostMode::Stage`])
@@ -710,11 +715,17 @@ impl DeviceRun {
                 self.capacity
             )));
         }
-        let head = plan
-            .output_head
-            .filter(|h| last_only == Some(h.value))
-            .map(|h| h.step);
-        self.size_slots(dp, plan, t, s, head)?;
+        let last = match last_only {
+            None => false,
+            Some(v) if plan.output_head.is_some_and(|h| h.value == v) => true,
+            Some(v) => {
+                return Err(bad(format!(
+                    "value {v} cannot be computed for the last row only: it is not the output \
+                     head's"
+                )))
+            }
+        };
+        self.size_slots(dp, plan, t, s, last)?;
         self.size_scratch(dp, t, s)?;
         // Staging: inputs first, then outputs.
         let mut input_bytes = Vec::new();
@@ -741,7 +752,7 @@ impl DeviceRun {
                 .ok_or_else(|| bad(format!("no value {v}")))?;
             let mut n =
                 elements(&value.shape.0, t, s).ok_or_else(|| bad("size overflow".into()))?;
-            if head.is_some() && last_only == Some(v) {
+            if last && dp.rows.rows(v, t) == 1 {
                 n /= t;
             }
             reads.push(Readback {
@@ -768,7 +779,7 @@ impl DeviceRun {
         let mut live = Vec::with_capacity(self.n_launches);
         for (i, ls) in dp.steps.iter().enumerate() {
             for l in ls {
-                let groups = groups(dp, plan, i, l, t, s, head == Some(i))?;
+                let groups = groups(dp, plan, i, l, t, s, last && dp.rows.step(i))?;
                 live.push(!groups.contains(&0));
                 args.extend(groups.iter().flat_map(|g| g.to_le_bytes()));
             }
@@ -778,13 +789,13 @@ impl DeviceRun {
         dp.ctx.upload(staging, 0, &input_bytes)?;
         let key = RecordKey {
             t,
-            head,
+            last,
             reads: reads.iter().map(|r| (r.value, r.bytes)).collect(),
             generation: self.generation,
         };
         let reading = Reading {
             t,
-            head,
+            last,
             input_at: &input_at,
             reads: &reads,
             inputs_len: input_bytes.len(),
@@ -884,7 +895,7 @@ impl DeviceRun {
     ) -> Result<Recording, VulkanError> {
         let &Reading {
             t,
-            head,
+            last: last_rows,
             input_at,
             reads,
             inputs_len,
@@ -921,7 +932,7 @@ impl DeviceRun {
                     r.copy(p.src, p.src_offset, p.dst, p.dst_offset, p.bytes)?;
                 }
                 for l in ls {
-                    let push = self.push_constants(dp, plan, i, l, t, head == Some(i))?;
+                    let push = self.push_constants(dp, plan, i, l, t, last_rows)?;
                     let counts = EXTENTS_BYTES + INDIRECT_BYTES * launch;
                     r.dispatch_indirect(
                         &dp.pipelines[l.pipeline].1,
@@ -950,26 +961,23 @@ impl DeviceRun {
         })
     }
 
-    /// Grows every slot buffer to the largest value placed in it at `(t, s)` (the head's output
-    /// one row when `head` runs for the last token alone), to at least twice its size, so that
-    /// a cache window growing by a token at a time makes few buffers anew.
+    /// Grows every slot buffer to the largest value placed in it at `(t, s)` (the values of
+    /// [`Plan::last_rows`] one row when `last`), to at least twice its size, so that a cache
+    /// window growing by a token at a time makes few buffers anew.
     fn size_slots(
         &mut self,
         dp: &DevicePlan,
         plan: &Plan,
         t: usize,
         s: usize,
-        head: Option<usize>,
+        last: bool,
     ) -> Result<(), VulkanError> {
         let mut need = vec![0usize; plan.n_slots];
-        let head_value = head.map(|h| plan.steps[h].out);
         for (id, v) in plan.values.iter().enumerate() {
             if let Storage::Slot(n) = v.storage {
-                let mut e = elements(&v.shape.0, t, s)
+                let rows = if last { dp.rows.rows(id, t) } else { t };
+                let e = elements(&v.shape.0, rows, s)
                     .ok_or_else(|| VulkanError::Invalid(format!("`{}`: size overflow", v.name)))?;
-                if head_value == Some(id) {
-                    e /= t;
-                }
                 let slot = need
                     .get_mut(n)
                     .ok_or_else(|| VulkanError::Invalid(format!("`{}`: slot {n}", v.name)))?;
@@ -1027,8 +1035,9 @@ impl DeviceRun {
     }
 
     /// The push constants of launch `l` of step `i`: its buffers' addresses, then that of its
-    /// extents. `last_row`: the output head run for the last of `t` tokens alone (its input's
-    /// address advanced to that row, the extents `[1, S]`).
+    /// extents. With `last`, a step of [`Plan::last_rows`] runs for the last of `t` tokens
+    /// alone: the address of each whole token-indexed input advanced to its last row
+    /// ([`LastRows::operand_row`]), the extents `[1, S]`.
     fn push_constants(
         &self,
         dp: &DevicePlan,
@@ -1036,8 +1045,9 @@ impl DeviceRun {
         i: usize,
         l: &DeviceLaunch,
         t: usize,
-        last_row: bool,
+        last: bool,
     ) -> Result<Vec<u8>, VulkanError> {
+        let last_row = last && dp.rows.step(i);
         let step = &plan.steps[i];
         let bad = |m: String| VulkanError::Invalid(format!("step {i} ({}): {m}", step.op.name()));
         let mut push = Vec::with_capacity(8 * l.args.len() + 8);
@@ -1047,13 +1057,7 @@ impl DeviceRun {
                     Some(Operand::Value(v)) => {
                         let base = self.value_buffer(plan, *v)?.address();
                         if last_row {
-                            let shape = &plan.values[*v].shape.0;
-                            if shape.contains(&Dim::Keys) {
-                                return Err(bad(format!("`{name}`: a head input of S rows")));
-                            }
-                            let row =
-                                elements(shape, 1, 1).ok_or_else(|| bad("size overflow".into()))?;
-                            base + ((t - 1) * row * 4) as u64
+                            base + 4 * dp.rows.operand_row(plan, i, *v, t) as u64
                         } else {
                             base
                         }
@@ -1096,8 +1100,8 @@ impl DeviceRun {
     }
 }
 
-/// The workgroup counts of launch `l` of step `i` at `T = t` (1 for the head's `last_row`
-/// run), `S = s`.
+/// The workgroup counts of launch `l` of step `i` at `T = t` (1 for a step of
+/// [`Plan::last_rows`] run for the last position, `last_row`), `S = s`.
 ///
 /// Errors: [`VulkanError::Invalid`] when the grid overflows or exceeds the device's
 /// `maxComputeWorkGroupCount`.
