@@ -46,8 +46,8 @@
 //! bytes before its block's end as its last word reaches past it: 4, 14 and 18 or more; Q4_K
 //! and Q5_K read whole words of their own block).
 //! The other types load by `aubier_load16_a4` (four 32-bit loads) where the block size and the
-//! run's offset are multiples of 4 (Q4_1, Q5_1, IQ4_XS) and by `aubier_load16_a2` (eight 16-bit
-//! loads) where a block is only 2-byte aligned (Q4_0 18 B, Q8_0 34 B, IQ2_XXS 66 B, …: their runs
+//! run's offset are multiples of 4 (Q4_1, Q5_1, IQ4_XS; F32 rows, four per chunk) and by
+//! `aubier_load16_a2` (eight 16-bit loads) where a block is only 2-byte aligned (Q4_0 18 B, Q8_0 34 B, IQ2_XXS 66 B, …: their runs
 //! end at the block's end, so a covering word could pass the weight's last byte; 32-bit loads
 //! there are undefined on hardware); `aubier_byte(w, l)` takes byte `l` out of them. Every f16
 //! scale is one 16-bit load (a `d`, `dmin` pair at a 4-byte offset of a 4-byte block one 32-bit
@@ -612,7 +612,18 @@ enum Float {
 impl Display for Float {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
         let value = match self {
-            Float::F32 => "aubier_as_f32(aubier_u32(b + 4 * j))",
+            // Four 32-bit loads per 16 bytes (an F32 row is 4-byte aligned), not two 16-bit ones
+            // per element: on lavapipe each load is a loop over the SIMD lanes.
+            Float::F32 => {
+                return f.write_str(
+                    "  uint w[4];
+  for (int q = 0; q < 4; ++q) {
+    aubier_load16_a4(b + 16 * q, w);
+    for (int j = 0; j < 4; ++j) y[4 * q + j] = aubier_as_f32(w[j]);
+  }
+",
+                );
+            }
             Float::F16 => "aubier_f16(b + 2 * j)",
             Float::BF16 => "aubier_as_f32(aubier_u16(b + 2 * j) << 16)",
         };

@@ -204,13 +204,14 @@ void main() {
   int v4_xb = 0;
   int v5_j = 0;
   float v6_acc = 0.0f;
-  int v7_c = 0;
-  int v8_q = 0;
-  float v9_xq0 = 0.0f;
-  float v10_xq1 = 0.0f;
-  float v11_xq2 = 0.0f;
-  float v12_xq3 = 0.0f;
-  int v13_yb = 0;
+  int v7_c_end = 0;
+  int v8_c = 0;
+  int v9_q = 0;
+  float v10_xq0 = 0.0f;
+  float v11_xq1 = 0.0f;
+  float v12_xq2 = 0.0f;
+  float v13_xq3 = 0.0f;
+  int v14_yb = 0;
   float l_chunk[16];
   v0_lane = aubier_irem(int(gl_LocalInvocationID.x), 32);
   v1_o = ((int(gl_WorkGroupID.x) * 8) + (int(gl_LocalInvocationID.x) / 32));
@@ -222,19 +223,20 @@ void main() {
   }
   barrier();
   v6_acc = 0.0f;
-  for (v7_c = v0_lane; v7_c < 4; v7_c += 32) {
-    aubier_dq16_q4_0(args.w + uint64_t(v3_row) * 36ul, v7_c, l_chunk);
-    for (v8_q = 0; v8_q < 4; v8_q += 1) {
-      { const vec4 q = s_xrow[((v7_c * 4) + v8_q)]; v9_xq0 = q.x; v10_xq1 = q.y; v11_xq2 = q.z; v12_xq3 = q.w; }
-      v6_acc = aubier_add(v6_acc, aubier_mul(l_chunk[((v8_q * 4) + 0)], v9_xq0));
-      v6_acc = aubier_add(v6_acc, aubier_mul(l_chunk[((v8_q * 4) + 1)], v10_xq1));
-      v6_acc = aubier_add(v6_acc, aubier_mul(l_chunk[((v8_q * 4) + 2)], v11_xq2));
-      v6_acc = aubier_add(v6_acc, aubier_mul(l_chunk[((v8_q * 4) + 3)], v12_xq3));
+  v7_c_end = (int(v1_o < 32) != 0 ? 4 : 0);
+  for (v8_c = v0_lane; v8_c < v7_c_end; v8_c += 32) {
+    aubier_dq16_q4_0(args.w + uint64_t(v3_row) * 36ul, v8_c, l_chunk);
+    for (v9_q = 0; v9_q < 4; v9_q += 1) {
+      { const vec4 q = s_xrow[((v8_c * 4) + v9_q)]; v10_xq0 = q.x; v11_xq1 = q.y; v12_xq2 = q.z; v13_xq3 = q.w; }
+      v6_acc = aubier_add(v6_acc, aubier_mul(l_chunk[((v9_q * 4) + 0)], v10_xq0));
+      v6_acc = aubier_add(v6_acc, aubier_mul(l_chunk[((v9_q * 4) + 1)], v11_xq1));
+      v6_acc = aubier_add(v6_acc, aubier_mul(l_chunk[((v9_q * 4) + 2)], v12_xq2));
+      v6_acc = aubier_add(v6_acc, aubier_mul(l_chunk[((v9_q * 4) + 3)], v13_xq3));
     }
   }
   for (int o = 16; o > 0; o >>= 1) v6_acc = aubier_add(v6_acc, aubier_shfl_xor(v6_acc, o));
-  v13_yb = (int(gl_WorkGroupID.y) * 32);
+  v14_yb = (int(gl_WorkGroupID.y) * 32);
   if (int(int(v0_lane == 0) != 0 && int(v1_o < 32) != 0) != 0) {
-    args.y.v[(v13_yb + v1_o)] = v6_acc;
+    args.y.v[(v14_yb + v1_o)] = v6_acc;
   }
 }
