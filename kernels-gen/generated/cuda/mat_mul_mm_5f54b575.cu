@@ -131,6 +131,15 @@ AUBIER_FN void aubier_load16_a2(aubier_ptr p, AUBIER_OUT4(w)) {
 AUBIER_FN void aubier_load16_a4(aubier_ptr p, AUBIER_OUT4(w)) {
   for (int i = 0; i < 4; ++i) w[i] = aubier_ld32(p + 4 * i);
 }
+/* The same from two 64-bit loads where p is 8-byte aligned (_a8). */
+AUBIER_FN void aubier_load16_a8(aubier_ptr p, AUBIER_OUT4(w)) {
+  const uint64_t lo = aubier_ld64(p);
+  const uint64_t hi = aubier_ld64(p + 8);
+  w[0] = uint(lo);
+  w[1] = uint(lo >> 32);
+  w[2] = uint(hi);
+  w[3] = uint(hi >> 32);
+}
 /* The same from the 8-byte aligned 64-bit words that cover them (_w8), funnel-shifted by the
    offset of p in its word: two loads where p is 8-byte aligned, three where it is not (the
    third then starts inside the run). Reads up to 6 bytes before p and after p + 16: the

@@ -324,7 +324,13 @@ pub fn mat_vec(s: &MatVecShape, warp: u32) -> R {
     let xb = kb.let_("xb", by() * ci(xw));
     let staged = stage_row(&mut kb, x, xb, n_in);
     let acc = kb.let_("acc", 0.0f32);
-    kb.for_("c", lane, ci(n_chunks), w32, |kb, c| {
+    // A warp past the last row (a product of fewer rows than a block has warps, as the 8-row
+    // router) sweeps no chunks: its row is clamped and never stored.
+    let end = kb.let_(
+        "c_end",
+        Expr::from(o).lt(ci(s.n_out)).select(ci(n_chunks), ci(0)),
+    );
+    kb.for_("c", lane, end, w32, |kb, c| {
         kb.dequant16(w, None, row, c.clone(), buf);
         staged.chunk(kb, c, n_in, |kb, i, xv| {
             let wv = kb.ldl(buf, i);

@@ -25,11 +25,17 @@
 //! Loads. Quant bytes are read as words and unpacked in registers, never from a repacked copy:
 //! the 16 bytes a chunk reads (Q2_K's two-bit planes, Q6_K's `ql` and `qh` runs, a legacy
 //! block's nibbles, …) are four words. The k-quants load them by `aubier_load16_w8`: the two or
-//! three 8-byte aligned 64-bit words that cover the run (two where the run starts 8-byte
-//! aligned: always in Q4_K 144 B and Q5_K 176 B), funnel-shifted in registers by the run's
+//! three 8-byte aligned 64-bit words that cover the run, funnel-shifted in registers by the run's
 //! offset in its word — 3 loads where Q3_K (110 B) and Q6_K (210 B) took eight 16-bit ones, since
-//! their blocks are only 2-byte aligned. Learned from ggml's Vulkan mat-vecs (llama.cpp PR
-//! 10387, "vulkan: further optimize mul_mat_vec using larger loads": aliases of the quant blocks
+//! their blocks are only 2-byte aligned. Q4_K (144 B) and Q5_K (176 B) blocks are whole 8-byte
+//! words, so every run of theirs starts 8-byte aligned: `aubier_load16_a8`, two 64-bit loads and
+//! no shift; and their 16-byte head (`d`, `dmin`, the 12 packed scale bytes) is two 64-bit loads,
+//! the 6-bit scale and min unpacked from its words in registers (`aubier_scale_min_k4`, no
+//! branch), where a chunk took a 32-bit load and three to five byte loads — as ggml's
+//! `vulkan-shaders/mul_mat_vec_q5_k.comp` reads `scales` as words (`data_a_packed16`) and masks
+//! them in registers. On lavapipe the Q5_K `attn_output` mat-vec took 0.7–0.85× its time
+//! (docs/BENCHMARKS.md, "Q4_K and Q5_K heads as words"). Learned from ggml's Vulkan mat-vecs
+//! (llama.cpp PR 10387, "vulkan: further optimize mul_mat_vec using larger loads": aliases of the quant blocks
 //! as 16-bit words, 32-bit where the block size is a multiple of 4), taken one step further: an
 //! aligned word is legal on every GPU whatever the block's alignment, and on lavapipe, where each
 //! load is a loop over the SIMD lanes, the count of loads is what a mat-vec pays for. The
@@ -37,15 +43,17 @@
 //! (which starts 8-byte aligned: GGUF's 32-byte data alignment, one device buffer per dense
 //! weight, expert slots and imports at multiples of 16 and of the page); after, into the same
 //! block (Q4_K and Q5_K runs are 8-byte aligned; a Q2_K, Q3_K or Q6_K run ends at least as many
-//! bytes before its block's end as its last word reaches past it: 4, 14 and 18 or more).
+//! bytes before its block's end as its last word reaches past it: 4, 14 and 18 or more; Q4_K
+//! and Q5_K read whole words of their own block).
 //! The other types load by `aubier_load16_a4` (four 32-bit loads) where the block size and the
-//! run's offset are multiples of 4 (Q4_1, Q5_1, IQ4_XS) and by `aubier_load16_a2` (eight 16-bit
-//! loads) where a block is only 2-byte aligned (Q4_0 18 B, Q8_0 34 B, IQ2_XXS 66 B, …: their runs
+//! run's offset are multiples of 4 (Q4_1, Q5_1, IQ4_XS; F32 rows, four per chunk) and by
+//! `aubier_load16_a2` (eight 16-bit loads) where a block is only 2-byte aligned (Q4_0 18 B, Q8_0 34 B, IQ2_XXS 66 B, …: their runs
 //! end at the block's end, so a covering word could pass the weight's last byte; 32-bit loads
 //! there are undefined on hardware); `aubier_byte(w, l)` takes byte `l` out of them. Every f16
 //! scale is one 16-bit load (a `d`, `dmin` pair at a 4-byte offset of a 4-byte block one 32-bit
 //! load). Every block size is even and every word sits at an even offset of its block, so this
-//! needs `row` to be 2-byte aligned, 4-byte aligned for the types of 4-byte blocks, and the
+//! needs `row` to be 2-byte aligned, 4-byte aligned for the types of 4-byte blocks, 8-byte
+//! aligned for Q4_K and Q5_K (whole-block rows of a weight that starts 8-byte aligned), and the
 //! weight to start 8-byte aligned for the k-quants. Single scale bytes stay byte loads.
 //! Words are little-endian, as every GPU and the host harness of `tests/kernels_quant.rs` are.
 //!
@@ -222,9 +230,9 @@ float aubier_as_f32(uint u) { return uintBitsToFloat(u); }
 /// `<type>` the name lower-cased (`aubier_dq16_q2_k`). It writes elements `16c .. 16c + 16`
 /// of a row (ggml `ne0` order) to `y[0..16]`, bit-exact with llama.cpp `dequantize_row_*`
 /// (`ggml/src/ggml-quants.c`) and gguf-py `gguf.quants.dequantize`. `row` is the row's first
-/// byte, 2-byte aligned, 4-byte aligned when the type's block size is a multiple of 4 (the module
-/// note's loads); the caller guarantees `0 ≤ 16c` and `16c + 16 ≤` the row length,
-/// which is a whole number of blocks. The tables it reads are [`device_tables`]`(ggml_type)`,
+/// byte, 2-byte aligned, 4-byte aligned when the type's block size is a multiple of 4, 8-byte
+/// aligned for Q4_K and Q5_K (the module note's loads); the caller guarantees `0 ≤ 16c` and
+/// `16c + 16 ≤` the row length, which is a whole number of blocks. The tables it reads are [`device_tables`]`(ggml_type)`,
 /// which must come earlier in the translation unit.
 ///
 /// Returns `None` for a type without a device function (see [`supported_types`]) or an
@@ -377,6 +385,15 @@ AUBIER_FN void aubier_load16_a2(aubier_ptr p, AUBIER_OUT4(w)) {
 AUBIER_FN void aubier_load16_a4(aubier_ptr p, AUBIER_OUT4(w)) {
   for (int i = 0; i < 4; ++i) w[i] = aubier_ld32(p + 4 * i);
 }
+/* The same from two 64-bit loads where p is 8-byte aligned (_a8). */
+AUBIER_FN void aubier_load16_a8(aubier_ptr p, AUBIER_OUT4(w)) {
+  const uint64_t lo = aubier_ld64(p);
+  const uint64_t hi = aubier_ld64(p + 8);
+  w[0] = uint(lo);
+  w[1] = uint(lo >> 32);
+  w[2] = uint(hi);
+  w[3] = uint(hi >> 32);
+}
 /* The same from the 8-byte aligned 64-bit words that cover them (_w8), funnel-shifted by the
    offset of p in its word: two loads where p is 8-byte aligned, three where it is not (the
    third then starts inside the run). Reads up to 6 bytes before p and after p + 16: the
@@ -449,15 +466,16 @@ AUBIER_FN void aubier_put_iq1(AUBIER_INOUT16(y), int at, float dl, uint64_t grid
 "
             }
             Helper::ScaleMinK4 => {
-                "/* Scale and min j (0..8) of Q4_K/Q5_K from the 12 packed bytes at q (get_scale_min_k4). */
-AUBIER_FN void aubier_scale_min_k4(int j, aubier_ptr q, AUBIER_OUTU(sc), AUBIER_OUTU(m)) {
-  if (j < 4) {
-    sc = aubier_b8(q + j) & 63u;
-    m = aubier_b8(q + (j + 4)) & 63u;
-  } else {
-    sc = (aubier_b8(q + (j + 4)) & 15u) | ((aubier_b8(q + (j - 4)) >> 6) << 4);
-    m = (aubier_b8(q + (j + 4)) >> 4) | ((aubier_b8(q + j) >> 6) << 4);
-  }
+                "/* Scale and min j (0..8) of Q4_K/Q5_K (get_scale_min_k4) from the 12 packed bytes held
+   as the words s0, s1, s2 (bytes 0..4, 4..8, 8..12): byte j % 4 of each, in registers. */
+AUBIER_FN void aubier_scale_min_k4(int j, uint s0, uint s1, uint s2, AUBIER_OUTU(sc),
+                                   AUBIER_OUTU(m)) {
+  const uint sh = 8u * uint(j & 3);
+  const uint lo = (s0 >> sh) & 255u;
+  const uint mid = (s1 >> sh) & 255u;
+  const uint top = (s2 >> sh) & 255u;
+  sc = j < 4 ? lo & 63u : (top & 15u) | ((lo >> 6) << 4);
+  m = j < 4 ? mid & 63u : (top >> 4) | ((mid >> 6) << 4);
 }
 "
             }
@@ -594,7 +612,18 @@ enum Float {
 impl Display for Float {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
         let value = match self {
-            Float::F32 => "aubier_as_f32(aubier_u32(b + 4 * j))",
+            // Four 32-bit loads per 16 bytes (an F32 row is 4-byte aligned), not two 16-bit ones
+            // per element: on lavapipe each load is a loop over the SIMD lanes.
+            Float::F32 => {
+                return f.write_str(
+                    "  uint w[4];
+  for (int q = 0; q < 4; ++q) {
+    aubier_load16_a4(b + 16 * q, w);
+    for (int j = 0; j < 4; ++j) y[4 * q + j] = aubier_as_f32(w[j]);
+  }
+",
+                );
+            }
             Float::F16 => "aubier_f16(b + 2 * j)",
             Float::BF16 => "aubier_as_f32(aubier_u16(b + 2 * j) << 16)",
         };
@@ -692,8 +721,27 @@ enum KQuant {
     Q6_K,
 }
 
+/// The opening of Q4_K's and Q5_K's bodies: their 16-byte head (`d`, `dmin`, the 12 scale
+/// bytes) as two 64-bit words, run `r` = s / 4 of 64 elements, its nibble `hi` = (s / 2) % 2,
+/// and the chunk's scale `dl` and min `ml` (scale and min `2r + hi`).
+const K4_HEAD: &str = "  const uint64_t h0 = aubier_ld64(b);
+  const uint64_t h1 = aubier_ld64(b + 8);
+  precise float d = aubier_f16_bits(uint(h0) & 0xffffu);
+  precise float dmin = aubier_f16_bits(uint(h0 >> 16) & 0xffffu);
+  const int r = s >> 2;
+  const int hi = (s >> 1) & 1;
+  uint sc;
+  uint mn;
+  aubier_scale_min_k4(2 * r + hi, uint(h0 >> 32), uint(h1), uint(h1 >> 32), sc, mn);
+  precise float dl = d * float(sc);
+  precise float ml = dmin * float(mn);
+";
+
 impl Display for KQuant {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        if matches!(self, KQuant::Q4_K | KQuant::Q5_K) {
+            f.write_str(K4_HEAD)?;
+        }
         f.write_str(match self {
             // Half n = s / 8 of the super-block reads qs[32n ..]; inside it, bit plane
             // j = (s / 2) % 4 (shift 2j) of byte run h = s % 2 (16 bytes).
@@ -727,41 +775,20 @@ impl Display for KQuant {
   for (int l = 0; l < 16; ++l) y[l] = dl * float(int(aubier_byte(q, l)) - 4);
 "
             }
-            // Run r = s / 4 of 64 elements: low nibbles of qs[32r ..] then their high nibbles;
-            // hi = (s / 2) % 2 picks the nibble and the scale 2r + hi.
+            // After K4_HEAD: run r's low nibbles of qs[32r ..], then their high nibbles (hi).
             KQuant::Q4_K => {
-                "  const uint dd = aubier_ld32(b);
-  precise float d = aubier_f16_bits(dd & 0xffffu);
-  precise float dmin = aubier_f16_bits(dd >> 16);
-  const int r = s >> 2;
-  const int hi = (s >> 1) & 1;
-  uint sc;
-  uint mn;
-  aubier_scale_min_k4(2 * r + hi, b + 4, sc, mn);
-  precise float dl = d * float(sc);
-  precise float ml = dmin * float(mn);
-  uint w[4];
-  aubier_load16_w8(b + 16 + 32 * r + 16 * (s & 1), w);
+                "  uint w[4];
+  aubier_load16_a8(b + 16 + 32 * r + 16 * (s & 1), w);
   for (int i = 0; i < 4; ++i) w[i] = (w[i] >> (4 * hi)) & 0x0f0f0f0fu;
   for (int l = 0; l < 16; ++l) y[l] = dl * float(aubier_byte(w, l)) - ml;
 "
             }
             // Q4_K plus the fifth bit 2r + hi of qh[l], merged four bytes to a word.
             KQuant::Q5_K => {
-                "  const uint dd = aubier_ld32(b);
-  precise float d = aubier_f16_bits(dd & 0xffffu);
-  precise float dmin = aubier_f16_bits(dd >> 16);
-  const int r = s >> 2;
-  const int hi = (s >> 1) & 1;
-  uint sc;
-  uint mn;
-  aubier_scale_min_k4(2 * r + hi, b + 4, sc, mn);
-  precise float dl = d * float(sc);
-  precise float ml = dmin * float(mn);
-  uint qh[4];
-  aubier_load16_w8(b + 16 + 16 * (s & 1), qh);
+                "  uint qh[4];
+  aubier_load16_a8(b + 16 + 16 * (s & 1), qh);
   uint ql[4];
-  aubier_load16_w8(b + 48 + 32 * r + 16 * (s & 1), ql);
+  aubier_load16_a8(b + 48 + 32 * r + 16 * (s & 1), ql);
   for (int i = 0; i < 4; ++i) {
     ql[i] = ((ql[i] >> (4 * hi)) & 0x0f0f0f0fu) | (((qh[i] >> (2 * r + hi)) & 0x01010101u) << 4);
   }
@@ -1142,11 +1169,22 @@ mod tests {
                 .expect("the function")..];
             let wide = body.contains("aubier_load16_a4") || body.contains("aubier_ld32");
             assert!(!wide || ty.type_size().is_multiple_of(4), "{name}");
-            if matches!(name, "Q2_K" | "Q4_K" | "Q5_K") {
+            // Aligned 64-bit words without a shift only in the 8-byte blocks.
+            let whole_words = body.contains("aubier_load16_a8") || body.contains("aubier_ld64(b");
+            assert!(!whole_words || ty.type_size().is_multiple_of(8), "{name}");
+            if matches!(name, "Q2_K") {
                 assert!(wide, "{name}");
             }
             let k_quant = matches!(name, "Q2_K" | "Q3_K" | "Q4_K" | "Q5_K" | "Q6_K");
-            assert_eq!(body.contains("aubier_load16_w8"), k_quant, "{name}");
+            let eight = matches!(name, "Q4_K" | "Q5_K");
+            assert_eq!(
+                body.contains("aubier_load16_w8"),
+                k_quant && !eight,
+                "{name}"
+            );
+            assert_eq!(body.contains("aubier_load16_a8"), eight, "{name}");
+            // Their scales come out of the head's words, not byte by byte.
+            assert!(!eight || !body.contains("aubier_b8"), "{name}");
             assert!(!k_quant || !body.contains("aubier_load16_a2"), "{name}");
         }
         assert_eq!(load16(84, 16), "aubier_load16_a4");

@@ -7,12 +7,17 @@
 #define __device__ __attribute__((device))
 #define __shared__ __attribute__((shared))
 #define __constant__ __attribute__((constant))
-__device__ inline int aubier_tid() { return __nvvm_read_ptx_sreg_tid_x(); }
-__device__ inline int aubier_bid_x() { return __nvvm_read_ptx_sreg_ctaid_x(); }
-__device__ inline int aubier_bid_y() { return __nvvm_read_ptx_sreg_ctaid_y(); }
-__device__ inline void aubier_barrier() { __nvvm_bar_sync(0); }
+__device__ inline int aubier_tid() { return (int)__builtin_amdgcn_workitem_id_x(); }
+__device__ inline int aubier_bid_x() { return (int)__builtin_amdgcn_workgroup_id_x(); }
+__device__ inline int aubier_bid_y() { return (int)__builtin_amdgcn_workgroup_id_y(); }
+__device__ inline void aubier_barrier() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_s_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
 __device__ inline float aubier_shfl_xor(float v, int mask) {
-  return __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, mask, 31);
+  int lane = (int)__builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
+  return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute((lane ^ mask) << 2, __builtin_bit_cast(int, v)));
 }
 __device__ inline float aubier_pow2(int k) { return __builtin_bit_cast(float, (k + 127) << 23); }
 __device__ inline float aubier_exp(float x) {
@@ -129,6 +134,15 @@ AUBIER_FN void aubier_load16_a2(aubier_ptr p, AUBIER_OUT4(w)) {
 AUBIER_FN void aubier_load16_a4(aubier_ptr p, AUBIER_OUT4(w)) {
   for (int i = 0; i < 4; ++i) w[i] = aubier_ld32(p + 4 * i);
 }
+/* The same from two 64-bit loads where p is 8-byte aligned (_a8). */
+AUBIER_FN void aubier_load16_a8(aubier_ptr p, AUBIER_OUT4(w)) {
+  const uint64_t lo = aubier_ld64(p);
+  const uint64_t hi = aubier_ld64(p + 8);
+  w[0] = uint(lo);
+  w[1] = uint(lo >> 32);
+  w[2] = uint(hi);
+  w[3] = uint(hi >> 32);
+}
 /* The same from the 8-byte aligned 64-bit words that cover them (_w8), funnel-shifted by the
    offset of p in its word: two loads where p is 8-byte aligned, three where it is not (the
    third then starts inside the run). Reads up to 6 bytes before p and after p + 16: the
@@ -187,7 +201,7 @@ AUBIER_FN void aubier_dq16_q2_k(aubier_ptr row, int c, AUBIER_OUT16(y)) {
   for (int i = 0; i < 4; ++i) w[i] = (w[i] >> shift) & 0x03030303u;
   for (int l = 0; l < 16; ++l) y[l] = dl * float(aubier_byte(w, l)) - ml;
 }
-extern "C" __global__ __attribute__((launch_bounds(256))) void mat_mul_cd8bbce6(
+extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, 256))) void mat_mul_86f9b7d1(
     const unsigned char* __restrict__ w,
     const float* __restrict__ x,
     float* __restrict__ y,
@@ -202,13 +216,14 @@ extern "C" __global__ __attribute__((launch_bounds(256))) void mat_mul_cd8bbce6(
   int v4_xb = 0;
   int v5_j = 0;
   float v6_acc = 0.0f;
-  int v7_c = 0;
-  int v8_q = 0;
-  float v9_xq0 = 0.0f;
-  float v10_xq1 = 0.0f;
-  float v11_xq2 = 0.0f;
-  float v12_xq3 = 0.0f;
-  int v13_yb = 0;
+  int v7_c_end = 0;
+  int v8_c = 0;
+  int v9_q = 0;
+  float v10_xq0 = 0.0f;
+  float v11_xq1 = 0.0f;
+  float v12_xq2 = 0.0f;
+  float v13_xq3 = 0.0f;
+  int v14_yb = 0;
   float l_chunk[16];
   v0_lane = (aubier_tid() % 32);
   v1_o = ((aubier_bid_x() * 8) + (aubier_tid() / 32));
@@ -220,19 +235,20 @@ extern "C" __global__ __attribute__((launch_bounds(256))) void mat_mul_cd8bbce6(
   }
   aubier_barrier();
   v6_acc = 0.0f;
-  for (v7_c = v0_lane; v7_c < 16; v7_c += 32) {
-    aubier_dq16_q2_k(w + (unsigned long long)v3_row * 84ull, v7_c, l_chunk);
-    for (v8_q = 0; v8_q < 4; v8_q += 1) {
-      { const aubier_f4 q = ((const aubier_f4*)s_xrow)[((v7_c * 4) + v8_q)]; v9_xq0 = q.x; v10_xq1 = q.y; v11_xq2 = q.z; v12_xq3 = q.w; }
-      v6_acc = (v6_acc + (l_chunk[((v8_q * 4) + 0)] * v9_xq0));
-      v6_acc = (v6_acc + (l_chunk[((v8_q * 4) + 1)] * v10_xq1));
-      v6_acc = (v6_acc + (l_chunk[((v8_q * 4) + 2)] * v11_xq2));
-      v6_acc = (v6_acc + (l_chunk[((v8_q * 4) + 3)] * v12_xq3));
+  v7_c_end = ((v1_o < 256) ? 16 : 0);
+  for (v8_c = v0_lane; v8_c < v7_c_end; v8_c += 32) {
+    aubier_dq16_q2_k(w + (unsigned long long)v3_row * 84ull, v8_c, l_chunk);
+    for (v9_q = 0; v9_q < 4; v9_q += 1) {
+      { const aubier_f4 q = ((const aubier_f4*)s_xrow)[((v8_c * 4) + v9_q)]; v10_xq0 = q.x; v11_xq1 = q.y; v12_xq2 = q.z; v13_xq3 = q.w; }
+      v6_acc = (v6_acc + (l_chunk[((v9_q * 4) + 0)] * v10_xq0));
+      v6_acc = (v6_acc + (l_chunk[((v9_q * 4) + 1)] * v11_xq1));
+      v6_acc = (v6_acc + (l_chunk[((v9_q * 4) + 2)] * v12_xq2));
+      v6_acc = (v6_acc + (l_chunk[((v9_q * 4) + 3)] * v13_xq3));
     }
   }
   for (int o = 16; o > 0; o >>= 1) v6_acc = (v6_acc + aubier_shfl_xor(v6_acc, o));
-  v13_yb = (aubier_bid_y() * 256);
+  v14_yb = (aubier_bid_y() * 256);
   if (((v0_lane == 0) && (v1_o < 256))) {
-    y[(v13_yb + v1_o)] = v6_acc;
+    y[(v14_yb + v1_o)] = v6_acc;
   }
 }

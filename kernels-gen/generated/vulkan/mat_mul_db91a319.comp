@@ -133,6 +133,15 @@ AUBIER_FN void aubier_load16_a2(aubier_ptr p, AUBIER_OUT4(w)) {
 AUBIER_FN void aubier_load16_a4(aubier_ptr p, AUBIER_OUT4(w)) {
   for (int i = 0; i < 4; ++i) w[i] = aubier_ld32(p + 4 * i);
 }
+/* The same from two 64-bit loads where p is 8-byte aligned (_a8). */
+AUBIER_FN void aubier_load16_a8(aubier_ptr p, AUBIER_OUT4(w)) {
+  const uint64_t lo = aubier_ld64(p);
+  const uint64_t hi = aubier_ld64(p + 8);
+  w[0] = uint(lo);
+  w[1] = uint(lo >> 32);
+  w[2] = uint(hi);
+  w[3] = uint(hi >> 32);
+}
 /* The same from the 8-byte aligned 64-bit words that cover them (_w8), funnel-shifted by the
    offset of p in its word: two loads where p is 8-byte aligned, three where it is not (the
    third then starts inside the run). Reads up to 6 bytes before p and after p + 16: the
@@ -202,13 +211,14 @@ void main() {
   int v4_xb = 0;
   int v5_j = 0;
   float v6_acc = 0.0f;
-  int v7_c = 0;
-  int v8_q = 0;
-  float v9_xq0 = 0.0f;
-  float v10_xq1 = 0.0f;
-  float v11_xq2 = 0.0f;
-  float v12_xq3 = 0.0f;
-  int v13_yb = 0;
+  int v7_c_end = 0;
+  int v8_c = 0;
+  int v9_q = 0;
+  float v10_xq0 = 0.0f;
+  float v11_xq1 = 0.0f;
+  float v12_xq2 = 0.0f;
+  float v13_xq3 = 0.0f;
+  int v14_yb = 0;
   float l_chunk[16];
   v0_lane = aubier_irem(int(gl_LocalInvocationID.x), 32);
   v1_o = ((int(gl_WorkGroupID.x) * 8) + (int(gl_LocalInvocationID.x) / 32));
@@ -220,19 +230,20 @@ void main() {
   }
   barrier();
   v6_acc = 0.0f;
-  for (v7_c = v0_lane; v7_c < 16; v7_c += 32) {
-    aubier_dq16_q6_k(args.w + uint64_t(v3_row) * 210ul, v7_c, l_chunk);
-    for (v8_q = 0; v8_q < 4; v8_q += 1) {
-      { const vec4 q = s_xrow[((v7_c * 4) + v8_q)]; v9_xq0 = q.x; v10_xq1 = q.y; v11_xq2 = q.z; v12_xq3 = q.w; }
-      v6_acc = aubier_add(v6_acc, aubier_mul(l_chunk[((v8_q * 4) + 0)], v9_xq0));
-      v6_acc = aubier_add(v6_acc, aubier_mul(l_chunk[((v8_q * 4) + 1)], v10_xq1));
-      v6_acc = aubier_add(v6_acc, aubier_mul(l_chunk[((v8_q * 4) + 2)], v11_xq2));
-      v6_acc = aubier_add(v6_acc, aubier_mul(l_chunk[((v8_q * 4) + 3)], v12_xq3));
+  v7_c_end = (int(v1_o < 8192) != 0 ? 16 : 0);
+  for (v8_c = v0_lane; v8_c < v7_c_end; v8_c += 32) {
+    aubier_dq16_q6_k(args.w + uint64_t(v3_row) * 210ul, v8_c, l_chunk);
+    for (v9_q = 0; v9_q < 4; v9_q += 1) {
+      { const vec4 q = s_xrow[((v8_c * 4) + v9_q)]; v10_xq0 = q.x; v11_xq1 = q.y; v12_xq2 = q.z; v13_xq3 = q.w; }
+      v6_acc = aubier_add(v6_acc, aubier_mul(l_chunk[((v9_q * 4) + 0)], v10_xq0));
+      v6_acc = aubier_add(v6_acc, aubier_mul(l_chunk[((v9_q * 4) + 1)], v11_xq1));
+      v6_acc = aubier_add(v6_acc, aubier_mul(l_chunk[((v9_q * 4) + 2)], v12_xq2));
+      v6_acc = aubier_add(v6_acc, aubier_mul(l_chunk[((v9_q * 4) + 3)], v13_xq3));
     }
   }
   for (int o = 16; o > 0; o >>= 1) v6_acc = aubier_add(v6_acc, aubier_shfl_xor(v6_acc, o));
-  v13_yb = (int(gl_WorkGroupID.y) * 8192);
+  v14_yb = (int(gl_WorkGroupID.y) * 8192);
   if (int(int(v0_lane == 0) != 0 && int(v1_o < 8192) != 0) != 0) {
-    args.y.v[(v13_yb + v1_o)] = v6_acc;
+    args.y.v[(v14_yb + v1_o)] = v6_acc;
   }
 }

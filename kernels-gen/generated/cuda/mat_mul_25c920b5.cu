@@ -86,7 +86,7 @@ __device__ inline void aubier_ld16_f32(const unsigned char* row, int c, int n, f
   const float* r = (const float*)row;
   for (int i = 0; i < 16; ++i) { int j = 16 * c + i; out[i] = j < n ? r[j] : 0.0f; }
 }
-extern "C" __global__ __attribute__((launch_bounds(256))) void mat_mul_6d1080c2(
+extern "C" __global__ __attribute__((launch_bounds(256))) void mat_mul_25c920b5(
     const unsigned char* __restrict__ w,
     const float* __restrict__ x,
     float* __restrict__ y,
@@ -101,13 +101,14 @@ extern "C" __global__ __attribute__((launch_bounds(256))) void mat_mul_6d1080c2(
   int v4_xb = 0;
   int v5_j = 0;
   float v6_acc = 0.0f;
-  int v7_c = 0;
-  int v8_q = 0;
-  float v9_xq0 = 0.0f;
-  float v10_xq1 = 0.0f;
-  float v11_xq2 = 0.0f;
-  float v12_xq3 = 0.0f;
-  int v13_yb = 0;
+  int v7_c_end = 0;
+  int v8_c = 0;
+  int v9_q = 0;
+  float v10_xq0 = 0.0f;
+  float v11_xq1 = 0.0f;
+  float v12_xq2 = 0.0f;
+  float v13_xq3 = 0.0f;
+  int v14_yb = 0;
   float l_chunk[16];
   v0_lane = (aubier_tid() % 32);
   v1_o = ((aubier_bid_x() * 8) + (aubier_tid() / 32));
@@ -119,19 +120,20 @@ extern "C" __global__ __attribute__((launch_bounds(256))) void mat_mul_6d1080c2(
   }
   aubier_barrier();
   v6_acc = 0.0f;
-  for (v7_c = v0_lane; v7_c < 16; v7_c += 32) {
-    aubier_ld16_f32(w + (unsigned long long)v3_row * 1024ull, v7_c, 256, l_chunk);
-    for (v8_q = 0; v8_q < 4; v8_q += 1) {
-      { const aubier_f4 q = ((const aubier_f4*)s_xrow)[((v7_c * 4) + v8_q)]; v9_xq0 = q.x; v10_xq1 = q.y; v11_xq2 = q.z; v12_xq3 = q.w; }
-      v6_acc = (v6_acc + (l_chunk[((v8_q * 4) + 0)] * v9_xq0));
-      v6_acc = (v6_acc + (l_chunk[((v8_q * 4) + 1)] * v10_xq1));
-      v6_acc = (v6_acc + (l_chunk[((v8_q * 4) + 2)] * v11_xq2));
-      v6_acc = (v6_acc + (l_chunk[((v8_q * 4) + 3)] * v12_xq3));
+  v7_c_end = ((v1_o < 16) ? 16 : 0);
+  for (v8_c = v0_lane; v8_c < v7_c_end; v8_c += 32) {
+    aubier_ld16_f32(w + (unsigned long long)v3_row * 1024ull, v8_c, 256, l_chunk);
+    for (v9_q = 0; v9_q < 4; v9_q += 1) {
+      { const aubier_f4 q = ((const aubier_f4*)s_xrow)[((v8_c * 4) + v9_q)]; v10_xq0 = q.x; v11_xq1 = q.y; v12_xq2 = q.z; v13_xq3 = q.w; }
+      v6_acc = (v6_acc + (l_chunk[((v9_q * 4) + 0)] * v10_xq0));
+      v6_acc = (v6_acc + (l_chunk[((v9_q * 4) + 1)] * v11_xq1));
+      v6_acc = (v6_acc + (l_chunk[((v9_q * 4) + 2)] * v12_xq2));
+      v6_acc = (v6_acc + (l_chunk[((v9_q * 4) + 3)] * v13_xq3));
     }
   }
   for (int o = 16; o > 0; o >>= 1) v6_acc = (v6_acc + aubier_shfl_xor(v6_acc, o));
-  v13_yb = (aubier_bid_y() * 16);
+  v14_yb = (aubier_bid_y() * 16);
   if (((v0_lane == 0) && (v1_o < 16))) {
-    y[(v13_yb + v1_o)] = v6_acc;
+    y[(v14_yb + v1_o)] = v6_acc;
   }
 }
