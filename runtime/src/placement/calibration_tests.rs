@@ -3,8 +3,11 @@
 //! [`Preset::TUNING_SEED`]). The targets below are typed in from that file — external reference
 //! values, measured by others on traces this repository does not have: the table "What real MoE
 //! routing looks like" (per layer, mean over layers; a range is taken at its midpoint) and the
-//! table of hit rates "at two cache sizes". Tolerances are the issue's: each statistic within
-//! ±10 % of its target, each hit rate within ±3 points.
+//! table of hit rates "at two cache sizes" — and from issue 34, which gives `aubier replay`'s own
+//! figures on the same real traces at 37.5 % slots (ROUTING.md's replay has conventions of its own:
+//! its LFU is 1.8 / 4.0 points above `aubier replay`'s `lfu` on Qwen / OLMoE, its MIN 1.7 / 1.9
+//! below). Tolerances are the issue's: each statistic within ±10 % of its target, each hit rate
+//! within ±3 points.
 
 use super::policy::{Admission, PolicyKind, TwoQParams};
 use super::replay::{replay, ReplayOptions};
@@ -62,24 +65,40 @@ fn target(p: Preset) -> RoutingStats {
     }
 }
 
-/// ROUTING.md's hit rates (fractions): (slots, [LRU, LFU, 2Q with Kin 25 % and Kout 50 %, MIN]).
-fn target_hits(p: Preset) -> &'static [(usize, [f64; 4])] {
+/// The policies of the hit-rate checks, in the order of [`hits`] and [`target_hits`].
+const POLICIES: [&str; 5] = ["lru", "lfu", "2q", "static", "min"];
+
+/// ROUTING.md's hit rates (fractions): (slots, [LRU, LFU, 2Q with Kin 25 % and Kout 50 %, best
+/// static set (offline), MIN]).
+fn target_hits(p: Preset) -> &'static [(usize, [f64; 5])] {
     match p {
         Preset::QwenLike => &[
-            (15, [0.309, 0.344, 0.331, 0.569]),
-            (23, [0.441, 0.491, 0.463, 0.713]),
+            (15, [0.309, 0.344, 0.331, 0.341, 0.569]),
+            (23, [0.441, 0.491, 0.463, 0.490, 0.713]),
         ],
         Preset::OlmoeLike => &[
-            (16, [0.473, 0.517, 0.503, 0.654]),
-            (24, [0.625, 0.651, 0.641, 0.796]),
+            (16, [0.473, 0.517, 0.503, 0.484, 0.654]),
+            (24, [0.625, 0.651, 0.641, 0.614, 0.796]),
         ],
         Preset::MixtralLike | Preset::Mistral4Like => &[],
     }
 }
 
+/// Issue 34's hit rates of `aubier replay` on ROUTING.md's real traces at 37.5 % slots (the same
+/// code as [`hits`], so the same conventions): (slots, [LRU, LFU, 2Q, static, MIN]), `None`
+/// where the issue gives no figure (its 2Q was the default of the day, whose knobs it does not
+/// give; static it does not report).
+fn target_replayed(p: Preset) -> &'static [(usize, [Option<f64>; 5])] {
+    match p {
+        Preset::QwenLike => &[(23, [Some(0.441), Some(0.473), None, None, Some(0.730)])],
+        Preset::OlmoeLike => &[(24, [Some(0.622), Some(0.611), None, None, Some(0.815)])],
+        Preset::MixtralLike | Preset::Mistral4Like => &[],
+    }
+}
+
 /// The measured hit rates of LRU, LFU, 2Q with the paper's knobs (ROUTING.md's "Kin 25%, Kout
-/// 50%") and MIN.
-fn hits(trace: &Trace, slots: usize) -> [f64; 4] {
+/// 50%"), the offline static set and MIN, in the order of [`POLICIES`].
+fn hits(trace: &Trace, slots: usize) -> [f64; 5] {
     let opts = ReplayOptions {
         a1in: TwoQParams::PAPER_A1IN,
         a1out: TwoQParams::PAPER_A1OUT,
@@ -90,6 +109,7 @@ fn hits(trace: &Trace, slots: usize) -> [f64; 4] {
         PolicyKind::Lru,
         PolicyKind::Lfu,
         PolicyKind::TwoQ,
+        PolicyKind::Static,
         PolicyKind::Min,
     ]
     .map(|k| replay(trace, k, &opts).unwrap().fraction())
@@ -123,16 +143,27 @@ fn presets_match_real_routing_on_the_held_out_seed() {
                 misses.push((p, name.to_string()));
             }
         }
+        let mut check_hit = |label: String, g: f64, w: f64| {
+            let ok = (g - w).abs() <= 0.03;
+            eprintln!(
+                "{p} {label}: {g:.3} (target {w:.3} ± 0.03){}",
+                if ok { "" } else { " MISS" }
+            );
+            if !ok {
+                misses.push((p, label));
+            }
+        };
         for &(slots, want) in target_hits(p) {
             let got = hits(&trace, slots);
-            for ((name, g), w) in ["lru", "lfu", "2q", "min"].iter().zip(got).zip(want) {
-                let ok = (g - w).abs() <= 0.03;
-                eprintln!(
-                    "{p} {slots} slots {name}: {g:.3} (target {w:.3} ± 0.03){}",
-                    if ok { "" } else { " MISS" }
-                );
-                if !ok {
-                    misses.push((p, format!("{slots} slots {name}")));
+            for ((name, g), w) in POLICIES.iter().zip(got).zip(want) {
+                check_hit(format!("{slots} slots {name}"), g, w);
+            }
+        }
+        for &(slots, want) in target_replayed(p) {
+            let got = hits(&trace, slots);
+            for ((name, g), w) in POLICIES.iter().zip(got).zip(want) {
+                if let Some(w) = w {
+                    check_hit(format!("{slots} slots {name} (issue 34)"), g, w);
                 }
             }
         }
