@@ -294,7 +294,7 @@ short = sorted({(keys[key][0], tokens(MM.search(key))) for key in prefill_keys
 if short:
     print(f"llama.cpp's prefill ran these mat-muls over fewer than the {n_prompt} prompt tokens "
           "(after the last layer's attention it computes only the rows it outputs; aubier "
-          "computes every token): "
+          "too since Plan::last_rows, from its routing weights on): "
           + ", ".join(f"{r} ({n} token{'s' if n > 1 else ''})" for r, n in short))
 print(f"device time by role (llama.cpp: GGML_VK_PERF_LOGGER=1, -p 0 -n {perf_gen} and "
       f"-p {n_prompt} -n 0, warmup graph dropped; aubier: its timestamps in the run above; "
