@@ -251,7 +251,10 @@ impl Session {
     /// head, the final norm and the last layer's FFN run for that token only
     /// (`Plan::last_rows`; the cheaper call when the caller samples from it alone). The routing
     /// of every token is still computed (the store and the routing log read it), and the
-    /// latent cache is written for every token.
+    /// latent cache is written for every token. Its row is the last row of [`Session::step`]'s
+    /// bit for bit where the binding's one-token runs compute a prefill's bits; the cpu
+    /// backend's F32 products take another summation order at one token (`set_ubatch`), so on a
+    /// model with F32 FFN or head weights the two may differ in the last bits.
     ///
     /// Errors: as [`Session::step`].
     pub fn step_last(&mut self, tokens: &[u32]) -> Result<Logits, EngineError> {
