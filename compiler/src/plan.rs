@@ -226,6 +226,18 @@ pub struct PlanError {
 pub const PREDICTED_IDS_PREFIX: &str = "predicted_ids.";
 
 impl Plan {
+    /// Whether a run given `last_only` computes [`Plan::last_rows`] for the last position alone:
+    /// `Ok(false)` for `None`, `Ok(true)` for the output head's value.
+    ///
+    /// Errors: `Err(v)` for another value `v` (only the head's rows may be left out).
+    pub fn runs_last_rows(&self, last_only: Option<ValueId>) -> Result<bool, ValueId> {
+        match last_only {
+            None => Ok(false),
+            Some(v) if self.output_head.is_some_and(|h| h.value == v) => Ok(true),
+            Some(v) => Err(v),
+        }
+    }
+
     /// The steps that may run for the last position alone when a run reads only the last row
     /// of the output head ([`Plan::output_head`]) and every other plan output whole: empty
     /// flags when the plan has no head.
@@ -288,7 +300,10 @@ impl Plan {
         }
         for (i, step) in self.steps.iter().enumerate() {
             if step.op == Op::Reshape && rows.steps[i] {
-                rows.steps[i] = matches!(step.args.first(), Some(Operand::Value(v)) if rows.values.get(*v) == Some(&true));
+                rows.steps[i] = match step.args.first() {
+                    Some(Operand::Value(v)) => rows.values.get(*v).copied().unwrap_or(false),
+                    _ => false,
+                };
             }
             if rows.steps[i] {
                 rows.values[step.out] = true;

@@ -20,8 +20,8 @@
 //! [`Policy::begin_step`] is never evicted by another prefetch (it is *pinned* until its step
 //! begins), nor is a resident one named to [`Policy::prefetch`] (the replay and the store pin a
 //! step's predicted residents first, [`Policy::pin_resident`], so that no prefetch evicts an
-//! expert the step is predicted to read); when every resident is pinned, or the policy keeps a fixed set ([`StaticSet`]) or is
-//! the demand-paging ceiling ([`Min`]), the prefetch is refused.
+//! expert the step is predicted to read); when every resident is pinned, or the policy keeps a
+//! fixed set ([`StaticSet`]) or is the demand-paging ceiling ([`Min`]), the prefetch is refused.
 //!
 //! A step's accesses are presented hits first ([`Policy::access_step`] does this), so an admission
 //! never evicts an expert the same step still needs.

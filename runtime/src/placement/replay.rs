@@ -9,8 +9,9 @@
 //! replayed) names `top_k` experts for layer `l + 1`: those resident are pinned
 //! ([`Policy::pin_resident`], so that no load evicts them) and the first `b` of the others are
 //! prefetched into layer `l + 1`'s policy before that layer's step; then the predictor learns
-//! the token's true `(l, l + 1)` pair. Layer 0 has no predictor. An expert counts as served when it is resident when its step reads it, prefetched or not. Loads
-//! (copies into the fast store) are the demand misses admitted plus the prefetches.
+//! the token's true `(l, l + 1)` pair. Layer 0 has no predictor. An expert counts as served when
+//! it is resident when its step reads it, prefetched or not. Loads (copies into the fast store)
+//! are the demand misses admitted plus the prefetches.
 
 use super::arc::ArcCache;
 use super::hotset::{HotSet, HotSetError};

@@ -634,11 +634,11 @@ impl ExpertStore {
     /// `predicted_ids` of that layer) are known and before its `moe_ffn` runs. As `aubier
     /// replay`'s prefetch does: the predicted members are pinned ([`Policy::pin_resident`]:
     /// never a prefetch's victim until the step's accesses), then up to the budget of predicted
-    /// experts that are not members (resident, or with a copy in flight) go to the layer's policy as prefetches
-    /// ([`Policy::prefetch`], pinned until the step's accesses), the slots of the experts it
-    /// evicts are freed at once, and each loaded expert takes a free slot (one with no copy in
-    /// flight when there is one; else the new copy is made after the one in flight, the slot
-    /// memory's worker making them in order). The copies to make are returned; each is read by
+    /// experts that are not members (resident, or with a copy in flight) go to the layer's
+    /// policy as prefetches ([`Policy::prefetch`], pinned until the step's accesses), the slots
+    /// of the experts it evicts are freed at once, and each loaded expert takes a free slot (one
+    /// with no copy in flight when there is one; else the new copy is made after the one in
+    /// flight, the slot memory's worker making them in order). The copies to make are returned; each is read by
     /// kernels only once published ([`ExpertStore::publish`], or its ticket
     /// ([`ExpertStore::queued`]) saying done). Nothing without a policy, a budget, or for an id
     /// out of range.

@@ -768,21 +768,17 @@ impl<K: StepKernel> Executor<K> {
         s: usize,
         last_only: Option<ValueId>,
     ) -> Result<(), ExecError> {
-        let last = match last_only {
-            None => false,
-            Some(v) if plan.output_head.is_some_and(|h| h.value == v) => true,
-            Some(v) => {
-                return Err(ExecError::Value {
-                    value: v,
-                    name: plan
-                        .values
-                        .get(v)
-                        .map(|x| x.name.clone())
-                        .unwrap_or_default(),
-                    detail: "cannot compute the last row only: it is not the output head's".into(),
-                })
-            }
-        };
+        let last = plan
+            .runs_last_rows(last_only)
+            .map_err(|v| ExecError::Value {
+                value: v,
+                name: plan
+                    .values
+                    .get(v)
+                    .map(|x| x.name.clone())
+                    .unwrap_or_default(),
+                detail: "cannot compute the last row only: it is not the output head's".into(),
+            })?;
         for (slot, ids) in self.slots.iter_mut().zip(&self.slot_values) {
             let mut need = 0usize;
             for &id in ids {

@@ -475,7 +475,8 @@ pub(crate) struct DeviceRun {
     /// Host-visible staging of the inputs, then of the outputs.
     staging: Option<Buffer>,
     /// Host-visible arguments of a run: the extents `[T, S]`, those of a step run for the last
-    /// position alone `[1, S]`, then one `VkDispatchIndirectCommand` per launch of the plan, in order.
+    /// position alone `[1, S]`, then one `VkDispatchIndirectCommand` per launch of the plan, in
+    /// order.
     args: Buffer,
     /// Launches of the plan.
     n_launches: usize,
@@ -715,16 +716,11 @@ impl DeviceRun {
                 self.capacity
             )));
         }
-        let last = match last_only {
-            None => false,
-            Some(v) if plan.output_head.is_some_and(|h| h.value == v) => true,
-            Some(v) => {
-                return Err(bad(format!(
-                    "value {v} cannot be computed for the last row only: it is not the output \
-                     head's"
-                )))
-            }
-        };
+        let last = plan.runs_last_rows(last_only).map_err(|v| {
+            bad(format!(
+                "value {v} cannot be computed for the last row only: it is not the output head's"
+            ))
+        })?;
         self.size_slots(dp, plan, t, s, last)?;
         self.size_scratch(dp, t, s)?;
         // Staging: inputs first, then outputs.
