@@ -988,8 +988,14 @@ impl Kb {
     /// The shared scratch [`block_reduce`] needs (f32, named `red`):
     /// [`reduce_scratch_len`] elements.
     pub fn reduce_scratch(&mut self) -> Shared {
+        self.reduce_scratch_rows(1)
+    }
+
+    /// The shared scratch [`block_reduce_rows`] needs for `rows` registers (f32, named `red`):
+    /// `rows ·` [`reduce_scratch_len`] elements.
+    pub fn reduce_scratch_rows(&mut self, rows: usize) -> Shared {
         let len = reduce_scratch_len(self.k.block, self.k.warp);
-        self.shared("red", Scalar::F32, len)
+        self.shared("red", Scalar::F32, len * rows.max(1))
     }
 
     fn push(&mut self, s: Stmt) {
@@ -1052,42 +1058,73 @@ pub fn reduce_scratch_len(block: u32, warp: u32) -> usize {
 ///
 /// `scratch` must hold [`reduce_scratch_len`] f32 ([`Kb::reduce_scratch`]).
 pub fn block_reduce(kb: &mut Kb, op: ReduceOp, v: Var, scratch: Shared) {
+    block_reduce_rows(kb, op, &[v], scratch);
+}
+
+/// [`block_reduce`] of several registers at once: each by the same tree, so each gets the bits
+/// a [`block_reduce`] of it alone gives, with the barriers shared. Register `r` uses its own
+/// [`reduce_scratch_len`] elements of `scratch`, from `r · reduce_scratch_len`
+/// ([`Kb::reduce_scratch_rows`]).
+pub fn block_reduce_rows(kb: &mut Kb, op: ReduceOp, vs: &[Var], scratch: Shared) {
     let w = kb.warp() as i32;
     let mut n = kb.block() as i32 / w;
-    kb.warp_reduce(op, v);
+    let len = reduce_scratch_len(kb.block(), kb.warp());
+    let at = |r: usize, i: Expr| if r == 0 { i } else { i + ci(r * len) };
+    for &v in vs {
+        kb.warp_reduce(op, v);
+    }
     if n == 1 {
         return;
     }
     let lane = tid() % w;
     let warp = tid() / w;
-    kb.if_(lane.clone().eq(0), |kb| kb.sts(scratch, warp.clone(), v));
+    let store_partials = |kb: &mut Kb| {
+        kb.if_(lane.clone().eq(0), |kb| {
+            for (r, &v) in vs.iter().enumerate() {
+                kb.sts(scratch, at(r, warp.clone()), v);
+            }
+        });
+    };
+    store_partials(kb);
     kb.barrier();
     let ident = match op {
         ReduceOp::Sum => 0.0,
         ReduceOp::Max => f32::NEG_INFINITY,
     };
+    let read_partials = |kb: &mut Kb, n: i32| {
+        for (r, &v) in vs.iter().enumerate() {
+            let part = kb.lds(scratch, at(r, tid()));
+            kb.set(v, tid().lt(n).select(part, ident));
+        }
+    };
     while n > w {
         let active = tid().lt((n + w - 1) / w * w);
-        kb.if_(active.clone(), |kb| {
-            let part = kb.lds(scratch, tid());
-            kb.set(v, tid().lt(n).select(part, ident));
-        });
+        kb.if_(active.clone(), |kb| read_partials(kb, n));
         kb.barrier();
         kb.if_(active, |kb| {
-            kb.warp_reduce(op, v);
-            kb.if_(lane.clone().eq(0), |kb| kb.sts(scratch, warp.clone(), v));
+            for &v in vs {
+                kb.warp_reduce(op, v);
+            }
+            store_partials(kb);
         });
         kb.barrier();
         n = (n + w - 1) / w;
     }
     kb.if_(tid().lt(w), |kb| {
-        let part = kb.lds(scratch, tid());
-        kb.set(v, tid().lt(n).select(part, ident));
-        kb.warp_reduce(op, v);
-        kb.if_(tid().eq(0), |kb| kb.sts(scratch, 0, v));
+        read_partials(kb, n);
+        for &v in vs {
+            kb.warp_reduce(op, v);
+        }
+        kb.if_(tid().eq(0), |kb| {
+            for (r, &v) in vs.iter().enumerate() {
+                kb.sts(scratch, at(r, Expr::from(0)), v);
+            }
+        });
     });
     kb.barrier();
-    let total = kb.lds(scratch, 0);
-    kb.set(v, total);
+    for (r, &v) in vs.iter().enumerate() {
+        let total = kb.lds(scratch, at(r, Expr::from(0)));
+        kb.set(v, total);
+    }
     kb.barrier();
 }

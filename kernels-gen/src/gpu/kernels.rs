@@ -35,17 +35,21 @@
 //! - Row kernels (RMSNorm, softmax, rope, copies): one block per row, threads stride the row;
 //!   reductions are [`block_reduce`] (warp butterflies, then shared-memory rounds).
 //! - KQKV ([`kqkv_split`] + [`kqkv_merge`]): flash-decoding. Keys are cut into splits of
-//!   [`KQKV_SPLIT`] keys (`grid.x = ceil(S / KQKV_SPLIT)`, `grid.y = T·H`); a block walks its split
-//!   in tiles of [`KQKV_TILE`] keys keeping the online-softmax state `(m, l, acc[C])`: thread `j`
-//!   scores key `j` of the tile, the block max and sum come from [`block_reduce`], the weights go
-//!   to shared memory and thread `c` accumulates `acc[c] = acc[c]·α + Σ_j p_j·K_j[c]` in key order.
+//!   [`KQKV_SPLIT`] keys (`grid.x = ceil(S / KQKV_SPLIT)`, `grid.y = T·H / g`); a block takes `g`
+//!   heads of one token ([`kqkv_heads`]: the latent cache row of a key serves every head, so the
+//!   block reads it once for `g` heads) and walks its split in tiles of [`KQKV_TILE`] keys keeping
+//!   each head's online-softmax state `(m, l, acc[C])`: thread `j` scores key `j` of the tile
+//!   against the `g` queries (staged in shared memory), the block maxima and sums come from
+//!   [`block_reduce_rows`], the weights go to shared memory and thread `c` accumulates
+//!   `acc[c] = acc[c]·α + Σ_j p_j·K_j[c]` in key order for each head. Each head's operations are
+//!   those of a block of its own, so `g` changes no bit.
 //!   The merge kernel combines the splits in ascending order: `M = max m_i`,
 //!   `o = Σ e^(m_i − M)·acc_i / Σ e^(m_i − M)·l_i`. Masked keys (`j > pos[t]`) never enter a
 //!   sum, so the result is the same for any cache contents past the window.
 
 use super::ir::{
-    block_reduce, bx, by, ci, keys, tid, tokens, Expr, IrError, Kb, Kernel, Local, Param,
-    ParamKind, ReduceOp, Scalar, Size, Var,
+    block_reduce, block_reduce_rows, bx, by, ci, keys, reduce_scratch_len, tid, tokens, Expr,
+    IrError, Kb, Kernel, Local, Param, ParamKind, ReduceOp, Scalar, Shared, Size, Var,
 };
 use crate::ggml_type::GgmlType;
 use aubier_compiler::config::{QueryTemperature, YarnParams};
@@ -813,107 +817,209 @@ pub fn kqkv_scratch(s: &KqkvShape) -> Size {
     )
 }
 
+/// Most heads one KQKV split block scores against each key row it reads ([`kqkv_heads`]).
+pub const KQKV_HEADS: usize = 8;
+
+/// Shared f32 of a KQKV split block of `g` heads: the tile's weights (`g · KQKV_TILE`), the
+/// reduction scratch (`g` registers) and, with `staged`, the `g` query rows (`g · W`).
+fn kqkv_shared(s: &KqkvShape, warp: u32, g: usize, staged: bool) -> usize {
+    let red = reduce_scratch_len(KQKV_TILE as u32, warp);
+    g * (KQKV_TILE + red + if staged { s.width } else { 0 })
+}
+
+/// Heads per KQKV split block: the largest divisor `g` of `H`, at most [`KQKV_HEADS`], whose
+/// block stages its `g` query rows within [`MAT_VEC_STAGE_BYTES`] of shared memory (the 16 KiB
+/// every Vulkan device has); 1 when none does. The latent cache is one row per key for every
+/// head (MLA), so a block of `g` heads reads each key row once where `g` blocks read it `g`
+/// times — FlashMLA's grouping of a token's heads (DeepSeek, 2025), and what ggml's flash
+/// attention does for the heads that share a KV head.
+pub fn kqkv_heads(s: &KqkvShape, warp: u32) -> usize {
+    (1..=KQKV_HEADS.min(s.heads))
+        .rev()
+        .find(|&g| {
+            s.heads.is_multiple_of(g) && kqkv_shared(s, warp, g, true) * 4 <= MAT_VEC_STAGE_BYTES
+        })
+        .unwrap_or(1)
+}
+
+/// `body(kb, r, v)` for `v` = element `i` of each of the `g` rows `r` held `g`-interleaved in
+/// `a` (row `r`'s element `i` at `i·g + r`), in row order: vector loads of 4 rows
+/// ([`Kb::lds4`]: one lane loop on llvmpipe) when `g` is a multiple of 4, else one load each.
+fn rows_at(kb: &mut Kb, a: Shared, g: usize, i: Expr, mut body: impl FnMut(&mut Kb, usize, Expr)) {
+    if g.is_multiple_of(4) {
+        for r4 in 0..g / 4 {
+            let v = kb.lds4("rv", a, i.clone() * ci(g / 4) + ci(r4));
+            for (c, x) in v.into_iter().enumerate() {
+                body(kb, 4 * r4 + c, x.into());
+            }
+        }
+    } else {
+        for r in 0..g {
+            let x = kb.lds(a, i.clone() * ci(g) + ci(r));
+            body(kb, r, x);
+        }
+    }
+}
+
 /// Builds the KQKV split kernel for warps of `warp` lanes. Params: `q` `[T, H, W]`, `pos` `[T]`,
 /// `cache` (rows of `W`), `part` (scratch, [`kqkv_scratch`]).
-/// `grid = (ceil(S / KQKV_SPLIT), T·H)`.
+/// `grid = (ceil(S / KQKV_SPLIT), T·H / g)`, `g` = [`kqkv_heads`]: block `(x, y)` takes heads
+/// `(y mod H/g)·g ..` of token `y / (H/g)`, each head's operations those of a block of its own.
 ///
 /// Errors: [`IrError`] for zero extents, `C > W` or a bad warp width.
 pub fn kqkv_split(s: &KqkvShape, warp: u32) -> R {
+    kqkv_split_heads(s, warp, kqkv_heads(s, warp))
+}
+
+/// [`kqkv_split`] with `g` heads per block (the queries staged in shared memory when they fit
+/// [`MAT_VEC_STAGE_BYTES`], else read in place).
+///
+/// Errors: as [`kqkv_split`]; also when `g` does not divide `H`.
+pub(crate) fn kqkv_split_heads(s: &KqkvShape, warp: u32, g: usize) -> R {
     let (h, w, c) = (s.heads, s.width, s.kv_lora);
     check_dims(&s.name, &[h, w, c])?;
     if c > w {
         return Err(bad(&s.name, "kv_lora exceeds the row width"));
     }
+    if g == 0 || !h.is_multiple_of(g) {
+        return Err(bad(&s.name, format!("{g} heads per block for {h} heads")));
+    }
+    let staged = kqkv_shared(s, warp, g, true) * 4 <= MAT_VEC_STAGE_BYTES;
     let name = format!("{}_split", s.name);
     let note = format!(
-        "KQKV split: per (split of {KQKV_SPLIT} keys, token, head), online softmax over tiles of {KQKV_TILE} keys of\n\
-         kq_scale*q.K_j (j <= pos[t]); writes (m, l, acc[{c}]) to the split's partial."
+        "KQKV split: per (split of {KQKV_SPLIT} keys, token, {g} heads), online softmax over tiles of {KQKV_TILE} keys of\n\
+         kq_scale*q.K_j (j <= pos[t]), each key read once for the {g} heads; writes (m, l, acc[{c}]) to each head's partial."
     );
     let tile = KQKV_TILE as i32;
-    let grid = [Size::ceil_div(Size::Keys, KQKV_SPLIT), tk(h)];
+    let grid = [Size::ceil_div(Size::Keys, KQKV_SPLIT), tk(h / g)];
     let mut kb = Kb::new(&name, note, grid, KQKV_TILE as u32, warp);
     let q = kb.input_f32("q", tk(h * w));
     let pos = kb.input_i32("pos", Size::Tokens);
     let cache = kb.input_f32("cache", Size::prod(Size::Keys, Size::Const(w)));
     let part = kb.output_f32("part", Some(kqkv_scratch(s)));
-    let red = kb.reduce_scratch();
-    let pbuf = kb.shared("pbuf", Scalar::F32, KQKV_TILE);
+    let red = kb.reduce_scratch_rows(g);
+    let pbuf = kb.shared("pbuf", Scalar::F32, KQKV_TILE * g);
+    let qs = staged.then(|| kb.shared("qs", Scalar::F32, g * w));
     let per = c.div_ceil(KQKV_TILE);
-    let acc = kb.local("acc", per.max(16));
-    let row = kb.let_("row", by());
-    let t = kb.let_("t", Expr::from(row) / ci(h));
+    let acc = kb.local("acc", (per * g).max(16));
+    let grp = kb.let_("grp", by());
+    let t = kb.let_("t", Expr::from(grp) / ci(h / g));
     let p = kb.let_("p", kb.load(pos, t));
     let last = kb.let_("last", Expr::from(p).min(keys() - 1));
-    let qb = kb.let_("qb", Expr::from(row) * ci(w));
-    let m = kb.let_("m", f32::NEG_INFINITY);
-    let l = kb.let_("l", 0.0f32);
-    kb.for_("ci", 0, ci(per), 1, |kb, i| kb.stl(acc, i, 0.0f32));
+    // Rows grp·g .. grp·g + g of q [T·H, W] are heads h0 .. h0 + g of token t.
+    let qb = kb.let_("qb", Expr::from(grp) * ci(g * w));
+    if let Some(qs) = qs {
+        kb.for_("e", tid(), ci(g * w), tile, |kb, e| {
+            let v = kb.load(q, Expr::from(qb) + e.clone());
+            kb.sts(qs, (e.clone() % ci(w)) * ci(g) + e / ci(w), v);
+        });
+        kb.barrier();
+    }
+    let ms: Vec<Var> = (0..g).map(|_| kb.let_("m", f32::NEG_INFINITY)).collect();
+    let ls: Vec<Var> = (0..g).map(|_| kb.let_("l", 0.0f32)).collect();
+    kb.for_("ci", 0, ci(per * g), 1, |kb, i| kb.stl(acc, i, 0.0f32));
     let start = kb.let_("start", bx() * ci(KQKV_SPLIT));
     kb.for_("tile", 0, ci(KQKV_SPLIT / KQKV_TILE), 1, |kb, ti| {
         let j0 = kb.let_("j0", Expr::from(start) + ti * tile);
         kb.if_(Expr::from(j0).le(last), |kb| {
             let j = kb.let_("j", Expr::from(j0) + tid());
-            let sc = kb.let_("s", f32::NEG_INFINITY);
+            let scs: Vec<Var> = (0..g).map(|_| kb.let_("s", f32::NEG_INFINITY)).collect();
             kb.if_(Expr::from(j).le(last), |kb| {
-                let d = kb.let_("dot", 0.0f32);
+                let dots: Vec<Var> = (0..g).map(|_| kb.let_("dot", 0.0f32)).collect();
                 kb.for_("i", 0, ci(w), 1, |kb, i| {
-                    let qv = kb.load(q, Expr::from(qb) + i.clone());
-                    let kv = kb.load(cache, Expr::from(j) * ci(w) + i);
-                    kb.set(d, Expr::from(d) + qv * kv);
+                    let kv = kb.let_("kv", kb.load(cache, Expr::from(j) * ci(w) + i.clone()));
+                    let add = |kb: &mut Kb, r: usize, qv: Expr| {
+                        kb.set(dots[r], Expr::from(dots[r]) + qv * kv);
+                    };
+                    match qs {
+                        Some(qs) => rows_at(kb, qs, g, i, add),
+                        None => {
+                            for r in 0..g {
+                                let qv = kb.load(q, Expr::from(qb) + ci(r * w) + i.clone());
+                                add(kb, r, qv);
+                            }
+                        }
+                    }
                 });
-                kb.set(sc, Expr::from(d) * s.kq_scale);
+                for (&sc, &d) in scs.iter().zip(&dots) {
+                    kb.set(sc, Expr::from(d) * s.kq_scale);
+                }
             });
-            let tmax = kb.let_("tmax", sc);
-            block_reduce(kb, ReduceOp::Max, tmax, red);
-            let mn = kb.let_("m_new", Expr::from(m).max(tmax));
+            let tmax: Vec<Var> = scs.iter().map(|&sc| kb.let_("tmax", sc)).collect();
+            block_reduce_rows(kb, ReduceOp::Max, &tmax, red);
             let ninf = Expr::F(f32::NEG_INFINITY);
-            let alpha = kb.let_(
-                "alpha",
-                Expr::from(mn)
-                    .eq(ninf.clone())
-                    .select(1.0f32, (Expr::from(m) - mn).exp()),
-            );
-            let pj = kb.let_(
-                "pj",
-                Expr::from(sc)
-                    .eq(ninf)
-                    .select(0.0f32, (Expr::from(sc) - mn).exp()),
-            );
-            let ps = kb.let_("ps", pj);
-            block_reduce(kb, ReduceOp::Sum, ps, red);
-            kb.set(l, Expr::from(l) * alpha + ps);
-            kb.sts(pbuf, tid(), pj);
+            let mut alphas = Vec::with_capacity(g);
+            let mut pjs = Vec::with_capacity(g);
+            for r in 0..g {
+                let mn = kb.let_("m_new", Expr::from(ms[r]).max(tmax[r]));
+                alphas.push(
+                    kb.let_(
+                        "alpha",
+                        Expr::from(mn)
+                            .eq(ninf.clone())
+                            .select(1.0f32, (Expr::from(ms[r]) - mn).exp()),
+                    ),
+                );
+                pjs.push(
+                    kb.let_(
+                        "pj",
+                        Expr::from(scs[r])
+                            .eq(ninf.clone())
+                            .select(0.0f32, (Expr::from(scs[r]) - mn).exp()),
+                    ),
+                );
+                kb.set(ms[r], mn);
+            }
+            let ps: Vec<Var> = pjs.iter().map(|&pj| kb.let_("ps", pj)).collect();
+            block_reduce_rows(kb, ReduceOp::Sum, &ps, red);
+            for r in 0..g {
+                kb.set(ls[r], Expr::from(ls[r]) * alphas[r] + ps[r]);
+                kb.sts(pbuf, tid() * ci(g) + ci(r), pjs[r]);
+            }
             kb.barrier();
             let nk = kb.let_("nk", (Expr::from(last) - j0 + 1).min(tile));
             kb.for_("ci", 0, ci(per), 1, |kb, i| {
                 let col = kb.let_("col", tid() + i.clone() * tile);
                 kb.if_(Expr::from(col).lt(ci(c)), |kb| {
-                    let a = kb.let_("a", kb.ldl(acc, i.clone()) * alpha);
+                    let a: Vec<Var> = (0..g)
+                        .map(|r| {
+                            let v = kb.ldl(acc, ci(r * per) + i.clone()) * alphas[r];
+                            kb.let_("a", v)
+                        })
+                        .collect();
                     kb.for_("jj", 0, nk, 1, |kb, jj| {
-                        let pv = kb.lds(pbuf, jj.clone());
-                        let kv = kb.load(cache, (Expr::from(j0) + jj) * ci(w) + col);
-                        kb.set(a, Expr::from(a) + pv * kv);
+                        let kv = kb.let_(
+                            "kv",
+                            kb.load(cache, (Expr::from(j0) + jj.clone()) * ci(w) + col),
+                        );
+                        rows_at(kb, pbuf, g, jj, |kb, r, pv| {
+                            kb.set(a[r], Expr::from(a[r]) + pv * kv);
+                        });
                     });
-                    kb.stl(acc, i, a);
+                    for (r, &ar) in a.iter().enumerate() {
+                        kb.stl(acc, ci(r * per) + i.clone(), ar);
+                    }
                 });
             });
-            kb.set(m, mn);
             kb.barrier();
         });
     });
     let ns = (keys() + ci(KQKV_SPLIT - 1)) / ci(KQKV_SPLIT);
-    let pb = kb.let_("pb", (Expr::from(row) * ns + bx()) * ci(partial_len(s)));
-    kb.if_(tid().eq(0), |kb| {
-        kb.store(part, pb, m);
-        kb.store(part, Expr::from(pb) + 1, l);
-    });
-    kb.for_("ci", 0, ci(per), 1, |kb, i| {
-        let col = tid() + i.clone() * tile;
-        kb.if_(col.clone().lt(ci(c)), |kb| {
-            let v = kb.ldl(acc, i);
-            kb.store(part, Expr::from(pb) + 2 + col, v);
+    for r in 0..g {
+        let row = Expr::from(grp) * ci(g) + ci(r);
+        let pb = kb.let_("pb", (row * ns.clone() + bx()) * ci(partial_len(s)));
+        kb.if_(tid().eq(0), |kb| {
+            kb.store(part, pb, ms[r]);
+            kb.store(part, Expr::from(pb) + 1, ls[r]);
         });
-    });
+        kb.for_("ci", 0, ci(per), 1, |kb, i| {
+            let col = tid() + i.clone() * tile;
+            kb.if_(col.clone().lt(ci(c)), |kb| {
+                let v = kb.ldl(acc, ci(r * per) + i);
+                kb.store(part, Expr::from(pb) + 2 + col, v);
+            });
+        });
+    }
     kb.finish()
 }
 

@@ -916,3 +916,56 @@ fn cpp_device_math_matches_the_rust_functions_bit_for_bit() {
         &bad[..bad.len().min(10)]
     );
 }
+
+/// KQKV's head groups change no bit: the split kernel's partials with `g` heads per block equal
+/// those of one head per block, for every head, at every warp width, over two splits and
+/// partly masked tiles — 8 heads with staged queries read as 4-row vectors, 6 with one load
+/// per row, 4 with the queries read in place (too wide to stage). The widths are those
+/// [`kqkv_heads`] picks for the first two shapes.
+#[test]
+fn kqkv_head_groups_keep_every_bit() {
+    let (t, s) = (2, 1100);
+    for (heads, width, kv_lora, g) in [(8, 40, 24, 8), (6, 21, 13, 6), (4, 1200, 900, 4)] {
+        let shape = KqkvShape {
+            name: "kqkv".into(),
+            heads,
+            width,
+            kv_lora,
+            kq_scale: 0.19,
+        };
+        let q = mixed_vals(31 + heads as u64, t * heads * width, 4.0);
+        let cache = mixed_vals(77 + heads as u64, s * width, 4.0);
+        let pos: Vec<i32> = (0..t).map(|i| (s - t + i) as i32).collect();
+        let parts = s.div_ceil(KQKV_SPLIT) * t * heads * (kv_lora + 2);
+        for warp in WIDTHS {
+            if width < 100 {
+                assert_eq!(kqkv_heads(&shape, warp), g, "{heads} heads, warp {warp}");
+            }
+            let run = |g: usize| {
+                let k = kqkv_split_heads(&shape, warp, g).expect("kernel");
+                let (mut q, mut pos, mut cache) = (q.clone(), pos.clone(), cache.clone());
+                let mut part = vec![f32::from_bits(0x7fc0_dead); parts];
+                cpu_exec::run(
+                    &k,
+                    &mut [
+                        Arg::F32(&mut q),
+                        Arg::I32(&mut pos),
+                        Arg::F32(&mut cache),
+                        Arg::F32(&mut part),
+                    ],
+                    t,
+                    s,
+                    &no_dequant,
+                )
+                .unwrap_or_else(|e| panic!("{e}"));
+                part.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            };
+            let one = run(1);
+            assert!(
+                one.iter().all(|&b| b != 0x7fc0_dead),
+                "every partial written"
+            );
+            assert!(one == run(g), "{heads} heads, {g} per block, warp {warp}");
+        }
+    }
+}
