@@ -37,9 +37,12 @@
 # index (`aubier devices`; default: aubier's own choice, the first hardware GPU, else a software
 # device); GGML_VK_VISIBLE_DEVICES: llama.cpp's device (default 0: llama.cpp uses a CPU-type
 # device such as lavapipe only when it is named). Name the same device to both.
-# Exits non-zero with a message when llama-bench's debug or perf output is not in the format this
-# script reads (ggml-backend.cpp's ggml_backend_sched_print_assignments, ggml-vulkan.cpp's
-# vk_perf_logger::print_timings, llama.cpp 0c1e570).
+# The tok/s comparison and aubier's kernel table are printed before the untimed runs, so they
+# stand when one of those fails (llama.cpp 0c1e570's perf logger aborts in the prefill run on an
+# 8-layer file). Exits non-zero with a message when a run fails or llama-bench's debug or perf
+# output is not in the format this script reads (ggml-backend.cpp's
+# ggml_backend_sched_print_assignments, ggml-vulkan.cpp's vk_perf_logger::print_timings,
+# llama.cpp 0c1e570).
 set -euo pipefail
 if [ $# -ne 3 ]; then
     sed -n '2,/^set -e/p' "$0" | sed '$d' >&2
@@ -60,25 +63,6 @@ echo "model: $model ($(stat -c %s "$model") bytes); prompt $n_prompt tokens, $n_
 "$llama" -m "$model" -ngl 99 -fa on -p "$n_prompt" -n "$n_gen" -r "$reps" -o json >"$out/llama.json"
 "$aubier" bench --model "$model" --backend vulkan "${device[@]}" --n-prompt "$n_prompt" \
     --n-gen "$n_gen" --reps "$reps" --json >"$out/aubier.json"
-
-# The untimed runs: where llama.cpp's scheduler puts each op, then its device time per op.
-perf_gen=2
-llama_probe() { # NAME ENV... LLAMA_BENCH ARGS: its stderr to $out/NAME.log, its stdout dropped
-    local name=$1
-    shift
-    if ! env -u GGML_VK_PERF_LOGGER_CONCURRENT "$@" >/dev/null 2>"$out/$name.log"; then
-        echo "llama-bench failed in the $name run:" >&2
-        tail -n 20 "$out/$name.log" >&2
-        exit 1
-    fi
-}
-llama_probe sched_decode GGML_SCHED_DEBUG=2 "$llama" -m "$model" -ngl 99 -fa on -p 0 -n 2 -r 1 -v
-llama_probe sched_prefill GGML_SCHED_DEBUG=2 "$llama" -m "$model" -ngl 99 -fa on \
-    -p "$n_prompt" -n 0 -r 1 -v
-llama_probe perf_decode GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=1 "$llama" \
-    -m "$model" -ngl 99 -fa on -p 0 -n "$perf_gen" -r 1
-llama_probe perf_prefill GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=1 "$llama" \
-    -m "$model" -ngl 99 -fa on -p "$n_prompt" -n 0 -r 1
 
 python3 - "$out/llama.json" "$out/aubier.json" <<'PY'
 import json, statistics, sys
@@ -110,6 +94,25 @@ for k in aubier["kernels"][:20]:
     print(f"{k['name']:<28} {k['prefill_ms']:>11.2f} {k['decode_ms_per_token']:>10.3f} "
           f"{mb:>9.2f} {gbs:>7.2f} {k['launches']:>9}")
 PY
+
+# The untimed runs: where llama.cpp's scheduler puts each op, then its device time per op.
+perf_gen=2
+llama_probe() { # NAME ENV... LLAMA_BENCH ARGS: its stderr to $out/NAME.log, its stdout dropped
+    local name=$1
+    shift
+    if ! env -u GGML_VK_PERF_LOGGER_CONCURRENT "$@" >/dev/null 2>"$out/$name.log"; then
+        echo "llama-bench failed in the $name run:" >&2
+        tail -n 20 "$out/$name.log" >&2
+        exit 1
+    fi
+}
+llama_probe sched_decode GGML_SCHED_DEBUG=2 "$llama" -m "$model" -ngl 99 -fa on -p 0 -n 2 -r 1 -v
+llama_probe sched_prefill GGML_SCHED_DEBUG=2 "$llama" -m "$model" -ngl 99 -fa on \
+    -p "$n_prompt" -n 0 -r 1 -v
+llama_probe perf_decode GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=1 "$llama" \
+    -m "$model" -ngl 99 -fa on -p 0 -n "$perf_gen" -r 1
+llama_probe perf_prefill GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=1 "$llama" \
+    -m "$model" -ngl 99 -fa on -p "$n_prompt" -n 0 -r 1
 
 python3 - "$out" "$n_prompt" "$perf_gen" <<'PY'
 import json, re, sys
