@@ -820,11 +820,12 @@ pub fn kqkv_scratch(s: &KqkvShape) -> Size {
 /// Most heads one KQKV split block scores against each key row it reads ([`kqkv_heads`]).
 pub const KQKV_HEADS: usize = 8;
 
-/// Shared f32 of a KQKV split block of `g` heads: the tile's weights (`g · KQKV_TILE`), the
-/// reduction scratch (`g` registers) and, with `staged`, the `g` query rows (`g · W`).
-fn kqkv_shared(s: &KqkvShape, warp: u32, g: usize, staged: bool) -> usize {
+/// Whether a KQKV split block of `g` heads stages its `g` query rows (`g · W` f32) beside the
+/// tile's weights (`g · KQKV_TILE`) and the reduction scratch (`g` registers) within
+/// [`MAT_VEC_STAGE_BYTES`] of shared memory.
+fn kqkv_stages(s: &KqkvShape, warp: u32, g: usize) -> bool {
     let red = reduce_scratch_len(KQKV_TILE as u32, warp);
-    g * (KQKV_TILE + red + if staged { s.width } else { 0 })
+    g * (KQKV_TILE + red + s.width) * 4 <= MAT_VEC_STAGE_BYTES
 }
 
 /// Heads per KQKV split block: the largest divisor `g` of `H`, at most [`KQKV_HEADS`], whose
@@ -836,9 +837,7 @@ fn kqkv_shared(s: &KqkvShape, warp: u32, g: usize, staged: bool) -> usize {
 pub fn kqkv_heads(s: &KqkvShape, warp: u32) -> usize {
     (1..=KQKV_HEADS.min(s.heads))
         .rev()
-        .find(|&g| {
-            s.heads.is_multiple_of(g) && kqkv_shared(s, warp, g, true) * 4 <= MAT_VEC_STAGE_BYTES
-        })
+        .find(|&g| s.heads.is_multiple_of(g) && kqkv_stages(s, warp, g))
         .unwrap_or(1)
 }
 
@@ -884,7 +883,7 @@ pub(crate) fn kqkv_split_heads(s: &KqkvShape, warp: u32, g: usize) -> R {
     if g == 0 || !h.is_multiple_of(g) {
         return Err(bad(&s.name, format!("{g} heads per block for {h} heads")));
     }
-    let staged = kqkv_shared(s, warp, g, true) * 4 <= MAT_VEC_STAGE_BYTES;
+    let staged = kqkv_stages(s, warp, g);
     let name = format!("{}_split", s.name);
     let note = format!(
         "KQKV split: per (split of {KQKV_SPLIT} keys, token, {g} heads), online softmax over tiles of {KQKV_TILE} keys of\n\
