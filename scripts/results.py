@@ -258,8 +258,16 @@ def bench_key(r):
             base(r["model"]))
 
 
-def speed_vs_peer(rs, plots):
-    out = []
+def is_vulkan(r):
+    """Whether a receipt measured the `vulkan` backend (its name starts with it)."""
+    return (r["backend"] or "").startswith("vulkan")
+
+
+def peer_table(rs, device):
+    """The table of the latest receipt per key against its peer (with a device column and
+    prefill to two decimals when `device`), each row with the ratio range over every receipt
+    of its key."""
+    digits = 2 if device else 1
     rows = []
     for r in latest_by(rs, bench_key):
         f, p = r["figures"], r["peer"]
@@ -274,20 +282,26 @@ def speed_vs_peer(rs, plots):
         pr = ratio(get(f, "prefill_tok_s", "median"), get(p, "prefill_tok_s", "median"))
         dr = ratio(get(f, "decode_tok_s", "median"), get(p, "decode_tok_s", "median"))
         rows.append([
-            key[0], key[1] or DASH, key[2] or DASH, key[4],
+            key[0], key[1] or DASH, key[2] or DASH] + ([key[3] or DASH] if device else []) + [
+            key[4],
             f"{get(f, 'n_prompt') or DASH} + {get(f, 'n_gen') or DASH}",
-            num(get(f, "prefill_tok_s", "median"), 1), num(get(p, "prefill_tok_s", "median"), 1),
+            num(get(f, "prefill_tok_s", "median"), digits),
+            num(get(p, "prefill_tok_s", "median"), digits),
             "**" + num(pr, 2) + "×**" if pr is not None else DASH,
             num(get(f, "decode_tok_s", "median"), 2), num(get(p, "decode_tok_s", "median"), 2),
             "**" + num(dr, 2) + "×**" if dr is not None else DASH,
             rng[0], rng[1],
             short(r["commit"]), r["date"] or DASH, link(r)])
-    out += table(["host", "ISA", "backend", "model", "prompt + gen tokens",
+    return table(["host", "ISA", "backend"] + (["device"] if device else []) + [
+                  "model", "prompt + gen tokens",
                   "aubier prefill tok/s", "llama.cpp prefill", "ratio",
                   "aubier decode tok/s", "llama.cpp decode", "ratio",
                   "prefill ratio range (receipts)", "decode ratio range (receipts)",
-                  "commit", "date", "receipt"], rows)
-    out.append("")
+                  "commit", "date", "receipt"], rows) + [""]
+
+
+def speed_vs_peer(rs, plots):
+    out = peer_table(rs, device=False)
     hosts = sorted({host_label(r["host"]) for r in rs})
     for host in hosts:
         hr = [r for r in rs if host_label(r["host"]) == host]
@@ -306,6 +320,10 @@ def speed_vs_peer(rs, plots):
             [(x, str(x)) for x in xs if (x - 1) % every == 0], series, PEER_GOALS, y_min=0.0)
         out += [f"![aubier ÷ llama.cpp on {host}](results/{name})", ""]
     return out
+
+
+def speed_vs_peer_vulkan(rs, plots):
+    return peer_table(rs, device=True)
 
 
 def speed_by_backend(rs, plots):
@@ -425,12 +443,22 @@ def has_grammar(r):
 # The page's sections: title, body, which receipts it shows, its introduction.
 SECTIONS = (
     ("Speed against llama.cpp (CPU)", speed_vs_peer,
-     lambda r: r["kind"] == "bench" and r["peer"] is not None and not has_grammar(r),
+     lambda r: r["kind"] == "bench" and r["peer"] is not None and not has_grammar(r)
+     and not is_vulkan(r),
      "The latest receipt of each host, ISA tier, backend and model; the peer ran the same "
      "file and shape on the same host (`docs/llamacpp_bench.py`). Ratios are aubier ÷ "
      "llama.cpp (medians); the goals of issue 7 are prefill ≥ 1.0× and decode ≥ 1.25×. "
      "The range is that of the ratios over every receipt of the row's key: these hosts' "
      "figures move from run to run."),
+    ("Speed against llama.cpp's Vulkan backend (same device)", speed_vs_peer_vulkan,
+     lambda r: r["kind"] == "bench" and r["peer"] is not None and not has_grammar(r)
+     and is_vulkan(r),
+     "`scripts/vk-vs-llamacpp.sh` with `RECEIPT` set: aubier's `vulkan` backend and "
+     "llama.cpp's Vulkan backend (`llama-bench -ngl 99 -fa on`) on the same file and device, "
+     "the latest receipt per host, device and model. Ratios are aubier ÷ llama.cpp (medians); "
+     "the goals of issue 37 are prefill ≥ 1.0× and decode ≥ 1.0×. On lavapipe (a software "
+     "device on the CPU) llama.cpp keeps the output head on the CPU, which weighs most in a "
+     "file of few layers (BENCHMARKS.md, \"The layer count\")."),
     ("Speed by backend", speed_by_backend,
      lambda r: r["kind"] == "bench" and r["peer"] is None and not has_grammar(r),
      "The latest `aubier bench` without a peer for each host, ISA tier, backend, device "

@@ -108,6 +108,27 @@ class Generator(unittest.TestCase):
         self.assertEqual(cells[11:13], ["0.50–1.50× (2)", "0.50–0.50× (1)"])
         self.assertIn("new.json", cells[-1])
 
+    def test_vulkan_receipts_have_their_own_table_with_the_device(self):
+        self.write("cpu.json", receipt(date="2026-01-01", figures=speed(100.0, 10.0),
+                                       peer=speed(200.0, 20.0)))
+        self.write("vk.json", receipt(date="2026-01-02", backend="vulkan", device="lavapipe",
+                                      figures=speed(0.6, 0.12), peer=speed(0.45, 0.1)))
+        self.assertEqual(self.run_main(), (0, ""))
+        page = self.page()
+        cpu = page.index("## Speed against llama.cpp (CPU)")
+        vulkan = page.index("## Speed against llama.cpp's Vulkan backend (same device)")
+        after = page.index("## Speed by backend")
+        rows = [line for line in page[cpu:vulkan].splitlines() if line.startswith("| Test CPU")]
+        self.assertEqual(len(rows), 1, rows)
+        self.assertNotIn("vk.json", rows[0])
+        rows = [line for line in page[vulkan:after].splitlines() if line.startswith("| Test CPU")]
+        self.assertEqual(len(rows), 1, rows)
+        cells = [c.strip() for c in rows[0].strip("|").split("|")]
+        # backend, device; then prefill 0.6 against 0.45 is 1.33×, decode 0.12 against 0.1 1.20×.
+        self.assertEqual(cells[2:4], ["vulkan", "lavapipe"])
+        self.assertEqual(cells[6:12], ["0.60", "0.45", "**1.33×**", "0.12", "0.10", "**1.20×**"])
+        self.assertIn("vk.json", cells[-1])
+
     def test_check_reports_a_stale_page(self):
         self.write("a.json", receipt(figures=speed(1.0, 1.0)))
         self.assertEqual(self.run_main(), (0, ""))

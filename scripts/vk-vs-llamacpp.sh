@@ -37,6 +37,8 @@
 # index (`aubier devices`; default: aubier's own choice, the first hardware GPU, else a software
 # device); GGML_VK_VISIBLE_DEVICES: llama.cpp's device (default 0: llama.cpp uses a CPU-type
 # device such as lavapipe only when it is named). Name the same device to both.
+# RECEIPT: a file to write the measurement's receipt to (`aubier bench --receipt`, for
+# docs/bench/ and docs/RESULTS.md), llama-bench's medians, minima and maxima as its peer.
 # The tok/s comparison and aubier's kernel table are printed before the untimed runs, so they
 # stand when one of those fails (llama.cpp 0c1e570's perf logger aborts in the prefill run on an
 # 8-layer file). Exits non-zero with a message when a run fails or llama-bench's debug or perf
@@ -61,8 +63,38 @@ lscpu | grep -E 'Model name|^CPU\(s\)'
 echo "model: $model ($(stat -c %s "$model") bytes); prompt $n_prompt tokens, $n_gen generated, $reps reps"
 
 "$llama" -m "$model" -ngl 99 -fa on -p "$n_prompt" -n "$n_gen" -r "$reps" -o json >"$out/llama.json"
+receipt=()
+if [ -n "${RECEIPT:-}" ]; then
+    # llama-bench's figures as the receipt's peer, in the shape of docs/llamacpp_bench.py's.
+    python3 - "$out/llama.json" "$n_prompt" "$n_gen" "$reps" >"$out/peer.json" <<'PY'
+import json, statistics, sys
+
+llama = json.load(open(sys.argv[1]))
+n_prompt, n_gen, reps = map(int, sys.argv[2:5])
+
+def spread(prefill):
+    rows = [r for r in llama if (r["n_gen"] == 0) == prefill]
+    if len(rows) != 1:
+        sys.exit(f"llama-bench gave {len(rows)} {'prefill' if prefill else 'decode'} rows, expected 1")
+    v = rows[0]["samples_ts"]
+    return rows[0], {"median": statistics.median(v), "min": min(v), "max": max(v)}
+
+row, prefill = spread(True)
+_, decode = spread(False)
+print(json.dumps({
+    "engine": f"llama.cpp {row.get('build_commit', '?')} Vulkan (llama-bench -ngl 99 -fa on)",
+    "device": row.get("gpu_info") or row.get("backends"),
+    "n_prompt": n_prompt, "n_gen": n_gen, "reps": reps,
+    "prefill_tok_s": prefill, "decode_tok_s": decode,
+    "ttft_ms": None, "peak_rss_bytes": None,
+    "note": "llama-bench's tok/s: prefill of n_prompt tokens, decode of n_gen tokens, "
+            "each its own timed test (scripts/vk-vs-llamacpp.sh)",
+}, indent=2))
+PY
+    receipt=(--receipt "$RECEIPT" --peer "$out/peer.json")
+fi
 "$aubier" bench --model "$model" --backend vulkan "${device[@]}" --n-prompt "$n_prompt" \
-    --n-gen "$n_gen" --reps "$reps" --json >"$out/aubier.json"
+    --n-gen "$n_gen" --reps "$reps" --json "${receipt[@]}" >"$out/aubier.json"
 
 python3 - "$out/llama.json" "$out/aubier.json" <<'PY'
 import json, statistics, sys
