@@ -36,6 +36,13 @@ async fn create(addr: SocketAddr, body: &Value) -> Value {
     resp.json()
 }
 
+/// POSTs `body` and returns its error object, asserting 400.
+async fn refused(addr: SocketAddr, body: &Value) -> Value {
+    let resp = post(addr, body).await;
+    resp.assert_status(400, &body.to_string());
+    resp.json()["error"].clone()
+}
+
 /// The events of a streamed response: each transfer chunk is one SSE event whose `event:` field
 /// is its data's `type`, numbered 0, 1, 2, … by `sequence_number`.
 async fn events(addr: SocketAddr, body: &Value) -> Vec<Value> {
@@ -262,6 +269,80 @@ async fn previous_response_id_continues_a_stored_response() {
     srv.stop().await;
 }
 
+/// Function call outputs answer calls, and calls have outputs, in the items sent (and a
+/// stored response's): one that does not is a 400 naming its item, with OpenAI's message (not
+/// the chat validator's, which counts chat messages and says "tool"). An answer sent back as
+/// openai-python's `model_dump()` writes it, with `"phase": null`, is accepted.
+#[tokio::test]
+async fn calls_and_outputs_pair_up_and_dumped_answers_come_back() {
+    let text = text_model();
+    let tok = text.tokenizer();
+    let mut ids = vec![tok.special_id("[TOOL_CALLS]").expect("[TOOL_CALLS]")];
+    ids.extend(byte_ids("f"));
+    ids.push(tok.special_id("[ARGS]").expect("[ARGS]"));
+    ids.extend(byte_ids("{}"));
+    let srv = start_fake(script(ids), 4096, limits()).await;
+    let tools = json!([{"type": "function", "name": "f", "strict": false}]);
+    let user = json!({"role": "user", "content": "x"});
+    let call =
+        |id: &str| json!({"type": "function_call", "call_id": id, "name": "f", "arguments": "{}"});
+    let output = |id: &str| json!({"type": "function_call_output", "call_id": id, "output": "1"});
+    let cases = [
+        (
+            vec![user.clone(), output("call_a")],
+            "input[1]",
+            "No tool call found for function call output with call_id call_a.",
+        ),
+        (
+            vec![user.clone(), call("call_a"), output("call_b")],
+            "input[1]",
+            "No tool output found for function call call_a.",
+        ),
+        (
+            vec![user.clone(), output("call_a"), call("call_a")],
+            "input[1]",
+            "No tool call found for function call output with call_id call_a.",
+        ),
+    ];
+    for (input, param, message) in cases {
+        let b = body(json!({"input": input, "tools": tools, "instructions": "Be brief."}));
+        let e = refused(srv.addr, &b).await;
+        assert_eq!(
+            (e["param"].as_str(), e["message"].as_str()),
+            (Some(param), Some(message)),
+            "{b}\n{e}"
+        );
+    }
+    let answered = body(json!({"tools": tools,
+        "input": [user.clone(), call("call_a"), call("call_b"), output("call_b"), output("call_a")]}));
+    let first = create(srv.addr, &answered).await;
+    let made = &first["output"][0];
+    assert_eq!(made["type"], "function_call", "{first}");
+    // Continuing without the new call's output names the stored call.
+    let b = body(json!({"previous_response_id": first["id"], "input": "And?", "tools": tools}));
+    let e = refused(srv.addr, &b).await;
+    assert_eq!(e["param"], "previous_response_id", "{e}");
+    let continued = body(json!({"previous_response_id": first["id"], "tools": tools,
+        "input": [output(made["call_id"].as_str().expect("call_id"))]}));
+    create(srv.addr, &continued).await;
+    // An earlier answer's message as the SDK dumps it back.
+    let dumped = json!({"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+        "phase": null, "content": [{"type": "output_text", "text": "Hi", "annotations": [],
+        "logprobs": []}]});
+    create(
+        srv.addr,
+        &body(json!({"input": [user.clone(), dumped, user.clone()]})),
+    )
+    .await;
+    let final_answer = json!({"role": "assistant", "content": "Hi", "phase": "final_answer"});
+    create(
+        srv.addr,
+        &body(json!({"input": [user.clone(), final_answer, user]})),
+    )
+    .await;
+    srv.stop().await;
+}
+
 #[tokio::test]
 async fn refused_and_invalid_parameters_are_named() {
     let srv = start_fake(script(byte_ids("ok")), 4096, limits()).await;
@@ -382,9 +463,7 @@ async fn refused_and_invalid_parameters_are_named() {
     ];
     for (extra, param, code) in cases {
         let b = body(extra);
-        let resp = post(srv.addr, &b).await;
-        resp.assert_status(400, &b.to_string());
-        let e = &resp.json()["error"];
+        let e = refused(srv.addr, &b).await;
         assert_eq!(
             (e["param"].as_str(), e["code"].as_str()),
             (Some(param), Some(code)),

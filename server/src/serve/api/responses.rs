@@ -152,6 +152,17 @@ pub enum InputItemStatus {
     Incomplete,
 }
 
+/// The phase OpenAI labels an assistant message with, which clients are asked to send back
+/// (ignored: the template has no place for it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MessagePhase {
+    /// Intermediate commentary.
+    Commentary,
+    /// The final answer.
+    FinalAnswer,
+}
+
 /// `{"type": "input_text", "text": …}`.
 #[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -236,6 +247,8 @@ pub struct InputMessage {
     pub id: Option<String>,
     /// An earlier answer's status (ignored).
     pub status: Option<InputItemStatus>,
+    /// An earlier answer's phase (ignored).
+    pub phase: Option<MessagePhase>,
 }
 
 /// A function call of an earlier answer.

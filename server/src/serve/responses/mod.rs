@@ -364,6 +364,46 @@ fn renamed(mut e: ApiError) -> ApiError {
     e
 }
 
+/// Checks that every `function_call_output` answers a `function_call` before it and every
+/// `function_call` has an output after it, in `items` (the stored response's `stored` items,
+/// then `input`), as OpenAI does, before the chat validator (whose errors count chat messages,
+/// not items) sees them.
+///
+/// Errors: 400 naming the item, `input[i]` (or `previous_response_id` for a stored call), with
+/// OpenAI's messages: "No tool call found for function call output with call_id …" and "No tool
+/// output found for function call …".
+fn paired(items: &[Item], stored: usize) -> Result<(), ApiError> {
+    let param = |i: usize| match i.checked_sub(stored) {
+        Some(j) => format!("input[{j}]"),
+        None => "previous_response_id".to_owned(),
+    };
+    for (i, item) in items.iter().enumerate() {
+        let answered = |want: &str, range: &[Item], output: bool| {
+            range.iter().any(|other| match other {
+                Item::Output { call_id, .. } if output => call_id == want,
+                Item::Call { call_id, .. } if !output => call_id == want,
+                _ => false,
+            })
+        };
+        match item {
+            Item::Output { call_id, .. } if !answered(call_id, &items[..i], false) => {
+                return Err(ApiError::bad_value(
+                    &param(i),
+                    format!("No tool call found for function call output with call_id {call_id}."),
+                ))
+            }
+            Item::Call { call_id, .. } if !answered(call_id, &items[i + 1..], true) => {
+                return Err(ApiError::bad_value(
+                    &param(i),
+                    format!("No tool output found for function call {call_id}."),
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Parses and validates a `POST /v1/responses` body.
 ///
 /// Errors: 400 for malformed JSON, a missing `model` or `input`, a value of the wrong type or out
@@ -875,7 +915,9 @@ impl RequestKind for ResponsesKind {
             None => Vec::new(),
             Some(id) => app.responses.get(id).ok_or_else(|| not_found(id))?.to_vec(),
         };
+        let stored = items.len();
         items.append(&mut params.input);
+        paired(&items, stored)?;
         Ok(ResponsesKind {
             params,
             items,
