@@ -14,8 +14,8 @@
 //! carries its default value (a silently ignored parameter would give an answer that looks like
 //! the one the client asked for), inside messages too. The parameter names and defaults follow
 //! the OpenAI API reference (Chat Completions and legacy Completions) and, for `top_k` /
-//! `repetition_penalty` / `min_p` / `ignore_eos` / `continue_final_message`, vLLM's OpenAI
-//! server.
+//! `repetition_penalty` / `min_p` / `ignore_eos` / `continue_final_message` /
+//! `add_generation_prompt`, vLLM's OpenAI server.
 
 use super::api::request::{
     ChatCompletionRequest, CompletionRequest, ContentChunk as WireChunk, DebugTokensRequest,
@@ -530,6 +530,13 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatParams, ApiError> {
             })?),
             None => None,
         };
+    let continue_final_message = r.continue_final_message.unwrap_or(false);
+    if continue_final_message && r.add_generation_prompt == Some(true) {
+        return Err(ApiError::bad_value(
+            "add_generation_prompt",
+            "Cannot set both 'continue_final_message' and 'add_generation_prompt' to true.",
+        ));
+    }
     let messages = r
         .messages
         .into_iter()
@@ -546,7 +553,7 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatParams, ApiError> {
             }
             .to_owned()
         }),
-        continue_final_message: r.continue_final_message.unwrap_or(false),
+        continue_final_message,
     };
     Ok(ChatParams {
         chat,
@@ -639,6 +646,18 @@ mod tests {
         let body =
             format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}]{extra}}}"#);
         parse_chat(body.as_bytes())
+    }
+
+    #[test]
+    fn add_generation_prompt_is_vllms_switch() {
+        // vLLM's prefill recipe: continue the final message, without a generation prompt.
+        let prefill = r#","continue_final_message":true,"add_generation_prompt":false"#;
+        assert!(chat(prefill).unwrap().chat.continue_final_message);
+        let answer = chat(r#","add_generation_prompt":true"#).unwrap();
+        assert!(!answer.chat.continue_final_message);
+        let e = chat(r#","continue_final_message":true,"add_generation_prompt":true"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("add_generation_prompt"));
+        assert_eq!(e.code, Some("invalid_value"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The request bodies of `/v1/chat/completions`, `/v1/completions` and `/debug/tokens` (OpenAI
 //! API reference, Chat Completions and legacy Completions; `top_k` / `min_p` /
-//! `repetition_penalty` / `ignore_eos` / `continue_final_message` from vLLM's OpenAI server).
+//! `repetition_penalty` / `ignore_eos` / `continue_final_message` / `add_generation_prompt` from
+//! vLLM's OpenAI server).
 //!
 //! Every object denies unknown fields; `null` is an absent optional field. A field's doc comment
 //! is its description in `/openapi.json`. The checks that compare values or narrow them to the
@@ -393,6 +394,10 @@ pub struct ChatCompletionRequest {
     pub reasoning_effort: Option<ReasoningEffort>,
     /// Continue the final assistant message instead of answering it (vLLM).
     pub continue_final_message: Option<bool>,
+    /// vLLM's switch, default true, false with 'continue_final_message' (true with it is an
+    /// error, as in vLLM). Either value renders the same prompt: the model's template ends each
+    /// user and tool turn where the answer begins, with no generation prompt of its own.
+    pub add_generation_prompt: Option<bool>,
     /// Choices to generate, one after the other (choice i samples with seed + i); default 1.
     #[schemars(range(max = 8))]
     pub n: Option<Count>,
