@@ -269,6 +269,28 @@ async fn previous_response_id_continues_a_stored_response() {
     srv.stop().await;
 }
 
+/// An engine failure mid-stream ends the stream with `response.failed`: the response failed, its
+/// open message incomplete with the text so far, and `error.code` one of OpenAI's codes
+/// (`server_error`), which strict clients (openai-python's `_strict_response_validation`)
+/// require.
+#[tokio::test]
+async fn a_failure_mid_stream_is_response_failed_with_an_openai_code() {
+    let mut s = script(byte_ids("abcdefghij"));
+    s.fail_at_step = Some(4);
+    let srv = start_fake(s, 4096, limits()).await;
+    let ev = events(srv.addr, &body(json!({}))).await;
+    let last = ev.last().expect("events");
+    assert_eq!(last["type"], "response.failed", "{last}");
+    let r = &last["response"];
+    assert_eq!(r["status"], "failed", "{r}");
+    assert_eq!(r["error"]["code"], "server_error", "{r}");
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("step 4"), "{r}");
+    assert_eq!(r["output"][0]["status"], "incomplete", "{r}");
+    assert_eq!(deltas(&ev, "response.output_text.delta"), "abc");
+    srv.stop().await;
+}
+
 /// Function call outputs answer calls, and calls have outputs, in the items sent (and a
 /// stored response's): one that does not is a 400 naming its item, with OpenAI's message (not
 /// the chat validator's, which counts chat messages and says "tool"). An answer sent back as

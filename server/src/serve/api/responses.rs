@@ -759,7 +759,7 @@ pub struct IncompleteDetails {
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResponseError {
-    /// A machine-readable code.
+    /// `server_error` (a code of OpenAI's closed list; the message says what failed).
     pub code: String,
     /// What failed.
     pub message: String,

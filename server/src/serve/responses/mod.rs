@@ -880,8 +880,11 @@ impl Builder {
     fn failed(&mut self, e: &ApiError) {
         self.close(OutputItemStatus::Incomplete);
         self.response.status = ResponseStatus::Failed;
+        // OpenAI's `error.code` is one of a closed list (strict clients refuse others), with no
+        // code of aubier's failures (engine_error, grammar_limit): `server_error`, the message
+        // saying what failed.
         self.response.error = Some(ResponseError {
-            code: e.code.unwrap_or("server_error").to_owned(),
+            code: "server_error".to_owned(),
             message: e.message.clone(),
         });
         let response = self.response.clone();
