@@ -608,6 +608,43 @@ async fn cancelled_and_failed_streams_are_not_counted_as_200() {
     srv.stop().await;
 }
 
+/// A HEAD request is answered with its head alone, as HTTP wants, and counted with its status:
+/// the body a HEAD answer never sends is not a client that left (499).
+#[tokio::test]
+async fn head_requests_are_counted_with_their_status() {
+    let srv = start_fake(script(byte_ids("ok")), 4096, limits()).await;
+    let routes = ["/health", "/v1/models"];
+    for route in routes {
+        let mut s = TcpStream::connect(srv.addr).await.expect("connect");
+        let head = format!(
+            "HEAD {route} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            srv.addr
+        );
+        s.write_all(head.as_bytes()).await.expect("write head");
+        let (status, _) = HttpReader::new(s).read_head().await;
+        assert_eq!(status, 200, "{route}");
+    }
+    // Each is counted once its body is done with, shortly after its head was written.
+    let t0 = Instant::now();
+    let text = loop {
+        let text = metrics_text(&srv).await;
+        let counted = |r| requests(&text, r, 200) + requests(&text, r, 499);
+        if routes.iter().all(|r| counted(r) > 0) {
+            break text;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "uncounted in\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    for route in routes {
+        assert_eq!(requests(&text, route, 200), 1, "{route}\n{text}");
+        assert_eq!(requests(&text, route, 499), 0, "{route}\n{text}");
+    }
+    srv.stop().await;
+}
+
 #[tokio::test]
 async fn metrics_have_latency_and_first_token_histograms_and_process_figures() {
     let srv = start_fake(script(byte_ids("abc")), 4096, limits()).await;

@@ -97,6 +97,8 @@ pub(super) async fn count_requests(
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "other".to_owned());
+    // A HEAD answer's body is never sent: its end is not the client leaving.
+    let head = req.method() == Method::HEAD;
     let started = Instant::now();
     let metrics = app.metrics.clone();
     let pending = PendingCount {
@@ -110,7 +112,7 @@ pub(super) async fn count_requests(
     let status = resp.status().as_u16();
     let failed = resp.extensions().get::<StreamFailed>().cloned();
     on_end(resp, move |completed| {
-        let status = match (completed, failed) {
+        let status = match (completed || head, failed) {
             (false, _) => STATUS_CLIENT_CLOSED,
             (true, Some(f)) if f.0.load(Ordering::SeqCst) => 500,
             (true, _) => status,

@@ -2,8 +2,8 @@
 //! `prometheus` registry of the server's own (one per server, so tests can run several).
 //!
 //! Families: requests answered by route and status (a response whose body was not sent to its end
-//! counts as status 499, nginx's "client closed request"; a stream that failed after its 200 head
-//! counts as 500), request duration and time-to-first-token histograms, prompt / completion token
+//! counts as status 499, nginx's "client closed request", except a HEAD answer, which sends none;
+//! a stream that failed after its 200 head counts as 500), request duration and time-to-first-token histograms, prompt / completion token
 //! counters, prefill and decode rate histograms (one observation per request), the engine's step
 //! counter, the queue depth, running and in-flight requests, open connections, the latent KV
 //! cache's usage, the expert store's counters and last served ratio, the read-ahead's counters
