@@ -178,11 +178,14 @@ fn field_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     ApiError::bad_value(&path, text)
 }
 
-/// Reads `bytes` as the wire type `T`.
+/// Reads `bytes` as the wire type `T`. A leading UTF-8 byte order mark is skipped: RFC 8259
+/// § 8.1 lets a parser ignore it, and the parsers behind vLLM (Python's `json`) and llama.cpp
+/// (nlohmann) do, so a body saved by an editor that writes one is read as sent.
 ///
 /// Errors: 400 `invalid_json` for malformed JSON or a body that is not an object; else
 /// [`field_error`]'s.
 pub(super) fn read<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
     let value: Value = serde_json::from_slice(bytes).map_err(|e| {
         ApiError::invalid(
             None,
@@ -646,6 +649,20 @@ mod tests {
         let body =
             format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}]{extra}}}"#);
         parse_chat(body.as_bytes())
+    }
+
+    #[test]
+    fn a_leading_byte_order_mark_is_skipped() {
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#;
+        let marked = format!("\u{feff}{body}");
+        let p = parse_chat(marked.as_bytes()).unwrap();
+        assert_eq!(p.generation.max_tokens, Some(2));
+        // Only at the start: elsewhere it is not JSON whitespace.
+        let inside = body.replacen('{', "{\u{feff}", 1);
+        assert_eq!(
+            parse_chat(inside.as_bytes()).unwrap_err().code,
+            Some("invalid_json")
+        );
     }
 
     #[test]
