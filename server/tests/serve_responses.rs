@@ -291,9 +291,10 @@ async fn a_failure_mid_stream_is_response_failed_with_an_openai_code() {
     srv.stop().await;
 }
 
-/// Function call outputs answer calls, and calls have outputs, in the items sent (and a
-/// stored response's): one that does not is a 400 naming its item, with OpenAI's message (not
-/// the chat validator's, which counts chat messages and says "tool"). An answer sent back as
+/// Function call outputs answer calls, calls have outputs and the last item is not an answer,
+/// in the items sent (and a stored response's): one that does not is a 400 naming its item,
+/// with OpenAI's message (not the chat validator's, which counts chat messages and speaks of
+/// roles "tool" and continue_final_message). An answer sent back as
 /// openai-python's `model_dump()` writes it, with `"phase": null`, is accepted.
 #[tokio::test]
 async fn calls_and_outputs_pair_up_and_dumped_answers_come_back() {
@@ -324,6 +325,12 @@ async fn calls_and_outputs_pair_up_and_dumped_answers_come_back() {
             vec![user.clone(), output("call_a"), call("call_a")],
             "input[1]",
             "No tool call found for function call output with call_id call_a.",
+        ),
+        (
+            vec![user.clone(), json!({"role": "assistant", "content": "Hi"})],
+            "input[1]",
+            "The input ends with an answer (an assistant message or a reasoning item); end it \
+             with what the model should answer: a user message or a function_call_output.",
         ),
     ];
     for (input, param, message) in cases {
@@ -473,7 +480,7 @@ async fn refused_and_invalid_parameters_are_named() {
         (json!({"temperature": 3}), "temperature", "invalid_value"),
         (
             json!({"input": [{"role": "assistant", "content": "x"}]}),
-            "input",
+            "input[0]",
             "invalid_value",
         ),
         (json!({"frobnicate": 1}), "frobnicate", "unknown_parameter"),

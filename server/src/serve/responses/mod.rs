@@ -364,15 +364,16 @@ fn renamed(mut e: ApiError) -> ApiError {
     e
 }
 
-/// Checks that every `function_call_output` answers a `function_call` before it and every
-/// `function_call` has an output after it, in `items` (the stored response's `stored` items,
-/// then `input`), as OpenAI does, before the chat validator (whose errors count chat messages,
-/// not items) sees them.
+/// Checks, in `items` (the stored response's `stored` items, then `input`), that every
+/// `function_call_output` answers a `function_call` before it, every `function_call` has an
+/// output after it (as OpenAI does) and the last item is one the model can answer (not an
+/// assistant message or reasoning), before the chat validator (whose errors count chat
+/// messages, not items, and speak of chat roles) sees them.
 ///
-/// Errors: 400 naming the item, `input[i]` (or `previous_response_id` for a stored call), with
-/// OpenAI's messages: "No tool call found for function call output with call_id …" and "No tool
-/// output found for function call …".
-fn paired(items: &[Item], stored: usize) -> Result<(), ApiError> {
+/// Errors: 400 naming the item, `input[i]` (or `previous_response_id` for a stored one), with
+/// OpenAI's messages "No tool call found for function call output with call_id …" and "No tool
+/// output found for function call …", or saying the input ends with an answer.
+fn answerable(items: &[Item], stored: usize) -> Result<(), ApiError> {
     let param = |i: usize| match i.checked_sub(stored) {
         Some(j) => format!("input[{j}]"),
         None => "previous_response_id".to_owned(),
@@ -396,6 +397,20 @@ fn paired(items: &[Item], stored: usize) -> Result<(), ApiError> {
                 return Err(ApiError::bad_value(
                     &param(i),
                     format!("No tool output found for function call {call_id}."),
+                ))
+            }
+            Item::Message {
+                role: Role::Assistant,
+                ..
+            }
+            | Item::Reasoning(_)
+                if i + 1 == items.len() =>
+            {
+                return Err(ApiError::bad_value(
+                    &param(i),
+                    "The input ends with an answer (an assistant message or a reasoning item); \
+                     end it with what the model should answer: a user message or a \
+                     function_call_output.",
                 ))
             }
             _ => {}
@@ -920,7 +935,7 @@ impl RequestKind for ResponsesKind {
         };
         let stored = items.len();
         items.append(&mut params.input);
-        paired(&items, stored)?;
+        answerable(&items, stored)?;
         Ok(ResponsesKind {
             params,
             items,
