@@ -62,6 +62,7 @@ use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
+use std::collections::HashSet;
 use std::sync::Arc;
 pub use store::{Item, ResponseStore, STORE_BYTES, STORE_RESPONSES, STORE_TTL};
 
@@ -378,26 +379,36 @@ fn answerable(items: &[Item], stored: usize) -> Result<(), ApiError> {
         Some(j) => format!("input[{j}]"),
         None => "previous_response_id".to_owned(),
     };
-    for (i, item) in items.iter().enumerate() {
-        let answered = |want: &str, range: &[Item], output: bool| {
-            range.iter().any(|other| match other {
-                Item::Output { call_id, .. } if output => call_id == want,
-                Item::Call { call_id, .. } if !output => call_id == want,
-                _ => false,
-            })
-        };
+    // Whether each function_call has an output after it, in one backward pass, so that a body
+    // of many items costs time linear in their count.
+    let mut outputs_after = HashSet::new();
+    let mut answered = vec![true; items.len()];
+    for (i, item) in items.iter().enumerate().rev() {
         match item {
-            Item::Output { call_id, .. } if !answered(call_id, &items[..i], false) => {
+            Item::Output { call_id, .. } => {
+                outputs_after.insert(call_id.as_str());
+            }
+            Item::Call { call_id, .. } => answered[i] = outputs_after.contains(call_id.as_str()),
+            _ => {}
+        }
+    }
+    let mut calls_before = HashSet::new();
+    for (i, item) in items.iter().enumerate() {
+        match item {
+            Item::Output { call_id, .. } if !calls_before.contains(call_id.as_str()) => {
                 return Err(ApiError::bad_value(
                     &param(i),
                     format!("No tool call found for function call output with call_id {call_id}."),
                 ))
             }
-            Item::Call { call_id, .. } if !answered(call_id, &items[i + 1..], true) => {
+            Item::Call { call_id, .. } if !answered[i] => {
                 return Err(ApiError::bad_value(
                     &param(i),
                     format!("No tool output found for function call {call_id}."),
                 ))
+            }
+            Item::Call { call_id, .. } => {
+                calls_before.insert(call_id.as_str());
             }
             Item::Message {
                 role: Role::Assistant,
