@@ -46,9 +46,12 @@ impl StopMatcher {
             };
         }
         self.pending.push_str(text);
+        // A stop longer than the text held cannot occur in it; `find` would still read all of
+        // it (a client's megabyte stop string cost every token milliseconds).
         let first = self
             .stops
             .iter()
+            .filter(|s| s.len() <= self.pending.len())
             .filter_map(|s| self.pending.find(s.as_str()))
             .min();
         if let Some(at) = first {
