@@ -762,7 +762,8 @@ mod tests {
             (r#","temperature":2.5"#, "temperature"),
             (r#","temperature":"hot""#, "temperature"),
             (r#","top_p":0"#, "top_p"),
-            (r#","top_k":-1"#, "top_k"),
+            (r#","top_k":-2"#, "top_k"),
+            (r#","top_k":-1.5"#, "top_k"),
             (r#","seed":-3"#, "seed"),
             (r#","max_tokens":0"#, "max_tokens"),
             (r#","max_tokens":5,"max_completion_tokens":6"#, "max_tokens"),
@@ -827,6 +828,15 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("temperature"));
         let e = parse_debug_tokens(br#"{"ids":[1],"max_tokens":1,"top_p":1e-300}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("top_p"));
+    }
+
+    #[test]
+    fn top_k_minus_one_is_off_as_in_vllm_and_llama_cpp() {
+        for extra in [r#","top_k":-1"#, r#","top_k":-1.0"#, r#","top_k":0"#] {
+            assert_eq!(chat(extra).unwrap().generation.sampling.top_k, 0, "{extra}");
+        }
+        let e = chat(r#","top_k":-2"#).unwrap_err();
+        assert!(e.message.contains("-1 (off)"), "{}", e.message);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 
 use super::scalar::{
     Count, DefaultValue, EmptyDefault, FalseDefault, FunctionCallDefault, ModelId, NullDefault,
-    OneDefault, Refused, ServiceTierDefault, StrOr, TextModalityDefault, TokenIds, UInt,
+    OneDefault, Refused, ServiceTierDefault, StrOr, TextModalityDefault, TokenIds, TopK, UInt,
     VerbosityDefault,
 };
 use aubier_runtime::text::chat::Role;
@@ -278,7 +278,7 @@ pub struct SamplingFields {
     /// `top_p`.
     pub top_p: Option<f64>,
     /// `top_k`.
-    pub top_k: Option<UInt>,
+    pub top_k: Option<TopK>,
     /// `min_p`.
     pub min_p: Option<f64>,
     /// `presence_penalty`.
@@ -305,8 +305,9 @@ macro_rules! sampling_request {
             /// value must stay above 0 once narrowed: above 2^-150.
             #[schemars(range(max = 1.0), extend("exclusiveMinimum" = F32_ROUNDS_TO_ZERO))]
             pub top_p: Option<f64>,
-            /// Keep the k most likely tokens; 0 (default) is off.
-            pub top_k: Option<UInt>,
+            /// Keep the k most likely tokens; 0 (default) is off, and so is -1 (vLLM's and
+            /// llama.cpp's "off").
+            pub top_k: Option<TopK>,
             /// vLLM extension: after temperature, drop the tokens whose probability is below
             /// min_p times the top probability; 0 (default) is off.
             #[schemars(range(min = 0.0, max = 1.0))]

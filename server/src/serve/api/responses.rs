@@ -15,7 +15,7 @@ use super::request::{
 };
 use super::scalar::{
     Count, DisabledDefault, EmptyDefault, FalseDefault, ModelId, NullDefault, Refused,
-    ServiceTierDefault, StrOr, UInt, VerbosityDefault,
+    ServiceTierDefault, StrOr, TopK, UInt, VerbosityDefault,
 };
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::de::value::MapAccessDeserializer;

@@ -1,7 +1,7 @@
 //! The value types the request bodies are built from, each with the rule it deserializes by and
 //! the JSON Schema that states that rule.
 //!
-//! - [`UInt`] / [`Count`]: integers as JSON Schema counts them (`2.0` is the integer 2).
+//! - [`UInt`] / [`Count`] / [`TopK`]: integers as JSON Schema counts them (`2.0` is the integer 2).
 //! - [`TokenIds`]: an array of token ids (u32), refused as a whole with the first bad element named.
 //! - [`StrOr`]: a string, or an array / object of another type (`stop`, `content`,
 //!   `tool_choice`); the inner value is read through the same deserializer, so its errors keep
@@ -112,6 +112,39 @@ impl JsonSchema for UInt {
 
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({"type": "integer", "minimum": 0, "maximum": u64::MAX})
+    }
+}
+
+/// `top_k`: an integer in `[0, 2^64)` (0 is off), or −1, which vLLM's and llama.cpp's servers
+/// take for "off" and which is read as 0; integral floats count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TopK(pub u64);
+
+impl<'de> Deserialize<'de> for TopK {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<TopK, D::Error> {
+        let v = Value::deserialize(d)?;
+        if v.as_f64() == Some(-1.0) {
+            return Ok(TopK(0));
+        }
+        json_uint(&v).map(TopK).ok_or_else(|| {
+            de::Error::custom(format!(
+                "must be an integer in [0, 2^64) or -1 (off), got {v}"
+            ))
+        })
+    }
+}
+
+impl JsonSchema for TopK {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> Cow<'static, str> {
+        "TopK".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "integer", "minimum": -1, "maximum": u64::MAX})
     }
 }
 
