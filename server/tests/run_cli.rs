@@ -524,3 +524,113 @@ fn loading_reports_each_step_off_a_terminal() {
         "the whole load's time, at least its steps' ({within} s), in:\n{err}"
     );
 }
+
+/// Runs the binary with `args`; returns (exit code, stderr).
+fn aubier_stderr(args: &[&str]) -> (Option<i32>, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
+        .args(args)
+        .output()
+        .expect("runs");
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn llama_cpp_flags_say_aubiers_name_for_them() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["run", "-m", "x.gguf"], "`-m` is `--model`"),
+        (&["run", "-p", "hi"], "`-p` is `--prompt`"),
+        (&["run", "-n", "5"], "`-n` is `--max-tokens`"),
+        // clap's guess by spelling was `--n-res`.
+        (
+            &["run", "--n-predict", "5"],
+            "`--n-predict` is `--max-tokens`",
+        ),
+        (&["run", "--ctx-size=10"], "`--ctx-size` is `--kv-max`"),
+        (&["run", "-c", "10"], "`-c` is `--kv-max`"),
+        (&["run", "--temp", "0.5"], "`--temp` is `--temperature`"),
+        (&["run", "-ub", "4"], "`-ub` is `--ubatch`"),
+        (
+            &["trace", "-n", "4"],
+            "`-n` is `--max-tokens` in `aubier trace`",
+        ),
+        (
+            &["serve", "-c", "100"],
+            "`-c` is `--kv-max` in `aubier serve`",
+        ),
+        (&["serve", "--alias", "m"], "`--alias` is `--model-id`"),
+        (
+            &["bench", "-p", "512"],
+            "`-p` is `--n-prompt` in `aubier bench`",
+        ),
+        (
+            &["bench", "-n", "128"],
+            "`-n` is `--n-gen` in `aubier bench`",
+        ),
+        (&["run", "-ngl", "99"], "aubier has no `-ngl`"),
+    ];
+    for (args, tip) in cases {
+        let (code, err) = aubier_stderr(args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(tip), "{args:?}: {err}");
+        assert!(!err.contains("similar argument"), "{args:?}: {err}");
+    }
+    // A flag llama.cpp does not have keeps clap's own message.
+    let (code, err) = aubier_stderr(&["run", "--bogus"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("unexpected argument '--bogus'") && !err.contains("llama.cpp"));
+}
+
+#[test]
+fn a_negative_number_is_the_options_value_not_an_unknown_flag() {
+    // Refused by clap's parser of the option's type: it names the option.
+    for (args, what) in [
+        (
+            &["run", "--top-k", "-1"][..],
+            "invalid value '-1' for '--top-k",
+        ),
+        (
+            &["run", "--seed", "-1"][..],
+            "invalid value '-1' for '--seed",
+        ),
+        (
+            &["run", "--kv-max", "-1"][..],
+            "invalid value '-1' for '--kv-max",
+        ),
+        (
+            &["bench", "--reps", "-3"][..],
+            "invalid value '-3' for '--reps",
+        ),
+    ] {
+        let (code, err) = aubier_stderr(args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(what), "{args:?}: {err}");
+    }
+    // Accepted by clap and refused by the sampler's own check, which names the range.
+    let model = models_dir().join("ms4-tiny256-q2k.gguf");
+    let model = model.to_str().expect("utf-8 path");
+    for (flag, value, what) in [
+        (
+            "--temperature",
+            "-1",
+            "temperature must be a finite number >= 0, got -1",
+        ),
+        ("--top-p", "-0.1", "top_p must be in (0, 1], got -0.1"),
+    ] {
+        let (code, err) = aubier_stderr(&[
+            "run",
+            "--model",
+            model,
+            "--backend",
+            "cpu",
+            "--prompt-ids",
+            "1",
+            flag,
+            value,
+        ]);
+        assert_eq!(code, Some(1), "{flag} {value}: {err}");
+        assert!(err.contains(what), "{flag} {value}: {err}");
+    }
+}
