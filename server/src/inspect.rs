@@ -74,7 +74,8 @@ pub struct Report {
     pub tensor_bytes: u64,
     /// Totals per ggml type name.
     pub bytes_per_type: BTreeMap<String, TypeTotals>,
-    /// Data bytes of the tensors of each layer `blk.N.*`, index N (empty without layers).
+    /// Data bytes of the tensors of each layer `blk.N.*`, index N (empty without layers); an N
+    /// not below the file's tensor count names no layer and counts in `bytes_outside_layers`.
     pub bytes_per_layer: Vec<u64>,
     /// Data bytes outside the layers (embeddings, output norm, output).
     pub bytes_outside_layers: u64,
@@ -106,6 +107,9 @@ pub struct Validation {
     pub gguf: String,
     /// "ok", or why `aubier_runtime::model` refused the file.
     pub model: String,
+    /// "ok", "none" (no `tokenizer.ggml.*` keys: `run --prompt-ids` only), or why the keys make
+    /// no tokenizer (`run` and `serve` refuse such a file).
+    pub tokenizer: String,
 }
 
 /// Runs `aubier inspect`; prints the report (or the refusal) and returns the exit status.
@@ -163,6 +167,10 @@ pub fn build_report(path: &Path, file: &GgufFile) -> Report {
     let mut bytes_per_layer: Vec<u64> = Vec::new();
     let mut bytes_per_expert: Vec<u64> = Vec::new();
     let mut outside = 0u64;
+    // A layer list 0..=N needs at least N + 1 tensors, so an index past the tensor count names
+    // no layer of this file (a hostile `blk.99999999999.*` would otherwise size the per-layer
+    // table at that many entries); such a tensor counts outside the layers.
+    let n_tensors = file.tensors().len();
     for t in file.tensors() {
         let n_bytes = t.n_bytes as u64;
         let e = bytes_per_type
@@ -171,7 +179,7 @@ pub fn build_report(path: &Path, file: &GgufFile) -> Report {
         e.tensors += 1;
         e.elements += t.n_elements() as u64;
         e.bytes += n_bytes;
-        match layer_of(t) {
+        match layer_of(t).filter(|&l| l < n_tensors) {
             Some(l) => {
                 if bytes_per_layer.len() <= l {
                     bytes_per_layer.resize(l + 1, 0);
@@ -219,6 +227,11 @@ pub fn build_report(path: &Path, file: &GgufFile) -> Report {
         validation: Validation {
             gguf: "ok".to_owned(),
             model,
+            tokenizer: match crate::run::file_tokenizer(file) {
+                Ok(Some(_)) => "ok".to_owned(),
+                Ok(None) => "none".to_owned(),
+                Err(e) => e.to_string(),
+            },
         },
         config,
     }
@@ -324,9 +337,10 @@ fn print_text(r: &Report) -> anyhow::Result<()> {
         );
     }
     outln!(
-        "validation: gguf {}; model {}",
+        "validation: gguf {}; model {}; tokenizer {}",
         r.validation.gguf,
-        r.validation.model
+        r.validation.model,
+        r.validation.tokenizer
     );
     Ok(())
 }

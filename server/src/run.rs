@@ -38,7 +38,7 @@ pub struct PromptArgs {
 pub struct Loaded {
     /// The compiled model.
     pub model: Arc<Model>,
-    /// The file's tokenizer, if it carries `tokenizer.ggml.*`.
+    /// The file's tokenizer, if it carries `tokenizer.ggml.*` ([`file_tokenizer`]).
     pub tokenizer: Option<Tokenizer>,
     /// Prompt token ids.
     pub prompt: Vec<u32>,
@@ -77,7 +77,7 @@ impl PromptArgs {
         let model = Model::load_predicting(&path, backend, budget, prediction, &mut progress)
             .with_context(|| format!("loading {}", path.display()))?;
         progress.done("loaded");
-        let tokenizer = Tokenizer::from_gguf(&model.file).ok();
+        let tokenizer = file_tokenizer(&model.file).context("the file's tokenizer")?;
         let prompt: Vec<u32> = match (&self.prompt_ids, &self.prompt) {
             (Some(ids), _) => ids.clone(),
             (None, Some(text)) => {
@@ -100,6 +100,23 @@ impl PromptArgs {
             read_ahead,
         })
     }
+}
+
+/// The tokenizer of a file that carries `tokenizer.ggml.*` keys, `None` for one that carries
+/// none (a weights-only file, run with `--prompt-ids`). Errors: keys that do not make a
+/// tokenizer (a BOS or EOS id outside the vocabulary, a missing merges list, …): such a file's
+/// text and stop tokens cannot be trusted, as `serve` also refuses it.
+pub fn file_tokenizer(
+    file: &aubier_runtime::gguf::GgufFile,
+) -> Result<Option<Tokenizer>, aubier_runtime::text::tokenizer::TokenizerError> {
+    if !file
+        .metadata()
+        .iter()
+        .any(|(k, _)| k.starts_with("tokenizer.ggml."))
+    {
+        return Ok(None);
+    }
+    Tokenizer::from_gguf(file).map(Some)
 }
 
 /// `--backend NAME` among the backend registry's (`aubier_runtime::backend::registry`) and

@@ -303,3 +303,80 @@ fn truncated_file_is_refused_with_its_reason() {
         assert!(err.contains("ref.NVFP4"), "{err}");
     }
 }
+
+/// The bundled model with `key` set to `value` (every other key/value and tensor as it is),
+/// written to a temporary file named after `tag`.
+fn bundled_with(tag: &str, key: &str, value: aubier_runtime::gguf::MetaValue) -> PathBuf {
+    use aubier_runtime::gguf::write::{tensor_specs, GgufWriter};
+    let file = GgufFile::open(&bundled_q2k()).expect("bundled model");
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata() {
+        w.kv(k, if k == key { &value } else { v });
+    }
+    w.tensors = tensor_specs(&file);
+    let path = std::env::temp_dir().join(format!("aubier-{tag}-{}.gguf", std::process::id()));
+    std::fs::write(&path, w.finish()).expect("write");
+    path
+}
+
+#[test]
+fn a_layer_index_past_the_tensor_count_does_not_size_the_layer_table() {
+    use aubier_runtime::gguf::write::GgufWriter;
+    // blk.N for a huge N: the per-layer table was resized to N + 1 entries (800 GB: the
+    // allocation aborted the process; a smaller N printed N lines for minutes).
+    let mut w = GgufWriter::new();
+    w.kv(
+        "general.architecture",
+        &aubier_runtime::gguf::MetaValue::String("mistral4".into()),
+    )
+    .tensor("blk.99999999999.attn_norm.weight", &[8], 0, &[0u8; 32])
+    .tensor("blk.0.attn_norm.weight", &[8], 0, &[0u8; 32]);
+    let path = std::env::temp_dir().join(format!("aubier-blk-huge-{}.gguf", std::process::id()));
+    std::fs::write(&path, w.finish()).expect("write");
+    let r = inspect_json(&path);
+    let text = aubier(&["inspect", path.to_str().expect("utf-8")]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(r["bytes_per_layer"], serde_json::json!([32]), "{r}");
+    assert_eq!(r["bytes_outside_layers"], 32, "{r}");
+    assert!(text.status.success());
+    assert!(text.stdout.len() < 100_000, "{} bytes", text.stdout.len());
+}
+
+#[test]
+fn a_tokenizer_the_runtime_refuses_is_named_in_the_validation() {
+    let path = bundled_with(
+        "bad-bos",
+        "tokenizer.ggml.bos_token_id",
+        aubier_runtime::gguf::MetaValue::U32(8192),
+    );
+    let r = inspect_json(&path);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(r["validation"]["model"], "ok");
+    let why = r["validation"]["tokenizer"].as_str().expect("string");
+    assert!(
+        why.contains("tokenizer.ggml.bos_token_id = 8192 is outside the vocabulary"),
+        "{why}"
+    );
+    assert_eq!(
+        inspect_json(&bundled_q2k())["validation"]["tokenizer"],
+        "ok"
+    );
+    // A file without tokenizer.ggml.* keys has none (run takes --prompt-ids only).
+    let path = bundled_with(
+        "no-tokenizer",
+        "general.name",
+        aubier_runtime::gguf::MetaValue::String("x".into()),
+    );
+    let file = GgufFile::open(&path).expect("written");
+    let mut w = aubier_runtime::gguf::write::GgufWriter::new();
+    for (k, v) in file.metadata() {
+        if !k.starts_with("tokenizer.") {
+            w.kv(k, v);
+        }
+    }
+    w.tensors = aubier_runtime::gguf::write::tensor_specs(&file);
+    std::fs::write(&path, w.finish()).expect("write");
+    let r = inspect_json(&path);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(r["validation"]["tokenizer"], "none", "{}", r["validation"]);
+}

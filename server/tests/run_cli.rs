@@ -634,3 +634,38 @@ fn a_negative_number_is_the_options_value_not_an_unknown_flag() {
         assert!(err.contains(what), "{flag} {value}: {err}");
     }
 }
+
+#[test]
+fn a_broken_tokenizer_is_named_not_reported_as_missing() {
+    use aubier_runtime::gguf::write::{tensor_specs, GgufWriter};
+    use aubier_runtime::gguf::{GgufFile, MetaValue};
+    let file = GgufFile::open(models_dir().join("ms4-tiny256-q2k.gguf")).expect("bundled");
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata() {
+        let eos = MetaValue::U32(8192);
+        w.kv(
+            k,
+            if k == "tokenizer.ggml.eos_token_id" {
+                &eos
+            } else {
+                v
+            },
+        );
+    }
+    w.tensors = tensor_specs(&file);
+    let path = std::env::temp_dir().join(format!("aubier-run-bad-eos-{}.gguf", std::process::id()));
+    std::fs::write(&path, w.finish()).expect("write");
+    let model = path.to_str().expect("utf-8 path").to_owned();
+    // --prompt said "this file has none"; --prompt-ids ran on without the file's EOS.
+    for prompt in [["--prompt", "hi"], ["--prompt-ids", "1"]] {
+        let mut args = vec!["run", "--model", &model, "--backend", "cpu"];
+        args.extend(prompt);
+        let (code, err) = aubier_stderr(&args);
+        assert_eq!(code, Some(1), "{prompt:?}: {err}");
+        assert!(
+            err.contains("the file's tokenizer: tokenizer.ggml.eos_token_id = 8192 is outside"),
+            "{prompt:?}: {err}"
+        );
+    }
+    let _ = std::fs::remove_file(&path);
+}
