@@ -79,7 +79,7 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub admission: Option<Admission>,
     /// LRFU: decay λ per token, in 0..=1 (0 = LFU, 1 = LRU).
-    #[arg(long, default_value_t = Lrfu::DEFAULT_LAMBDA)]
+    #[arg(long, default_value_t = Lrfu::DEFAULT_LAMBDA, value_parser = parse_lambda)]
     pub lrfu_lambda: f64,
     /// Prefetch loads per token per layer, issued one layer ahead from the cross-layer
     /// co-occurrence predictor learned online (0 = demand paging only); static and min take no
@@ -90,7 +90,7 @@ pub struct ReplayArgs {
     /// Small 4 in llama-quantize's Q2_K mix (gate/up Q2_K, down Q3_K), 9,109,504 bytes.
     #[arg(long)]
     pub expert_bytes: Option<u64>,
-    /// Seed membership `{"layers": [[e, …], …]}` (hottest first; the first N of each list seed N
+    /// File of the seed membership, JSON `{"layers": [[e, …], …]}` (hottest first; the first N of each list seed N
     /// slots) for every policy but static (which uses its own set); default: the identity set
     /// 0..N.
     #[arg(long)]
@@ -134,12 +134,23 @@ fn receipt_model(args: &ReplayArgs, source: String) -> String {
     model
 }
 
+/// `--lrfu-lambda`: a number in `0..=1`, checked when parsed rather than when (and only if)
+/// the lrfu policy is replayed.
+fn parse_lambda(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not in 0..=1 (0 is LFU, 1 is LRU)"))
+    }
+}
+
 /// Runs `aubier replay`; exit status 1 with a message on stderr when it fails.
 pub fn run(args: ReplayArgs) -> ExitCode {
     match replay_command(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("aubier replay: {e:#}");
+            eprintln!("aubier replay: {}", crate::error_text::error_text(&e));
             ExitCode::FAILURE
         }
     }

@@ -294,7 +294,8 @@ pub struct StoreArgs {
     /// layer are derived from each expert's bytes.
     #[arg(long, value_parser = parse_bytes)]
     pub fast_budget: Option<u64>,
-    /// Seed membership, {"layers": [[e, …], …]} hottest first (default: experts 0..n_res).
+    /// File of the seed membership, JSON {"layers": [[e, …], …]} hottest first (default:
+    /// experts 0..n_res).
     #[arg(long)]
     pub resident_set: Option<PathBuf>,
     /// Placement policy: 2q, lru, lfu, arc, lrfu, lecar, or static (the seed set, never

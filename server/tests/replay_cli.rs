@@ -370,6 +370,67 @@ fn bad_input_fails_with_a_message_naming_it() {
     assert!(err.contains("hot = 9 must be in 1..experts (4)"), "{err}");
 }
 
+/// Each cause is printed once (`{:#}` repeated a cause already in its message: "slots = 5 must
+/// be in 1..=4: slots = 5 must be in 1..=4"), on one line.
+#[test]
+fn an_error_names_each_cause_once() {
+    let dir = Scratch::new("once");
+    let trace = dir.file("t.jsonl", REPEAT_2);
+    let trace = trace.to_str().unwrap();
+    let missing = dir.0.join("missing.json");
+    let not_json = dir.file("hot.txt", "hello");
+    for (args, once) in [
+        (vec![trace, "--slots", "5"], "slots = 5 must be in 1..=4"),
+        (
+            vec![trace, "--slots", "1", "--a1out", "NaN"],
+            "a1out = NaN must be a finite fraction",
+        ),
+        (
+            vec![
+                trace,
+                "--slots",
+                "1",
+                "--resident-set",
+                missing.to_str().unwrap(),
+            ],
+            "No such file or directory",
+        ),
+        (
+            vec![
+                trace,
+                "--slots",
+                "1",
+                "--resident-set",
+                not_json.to_str().unwrap(),
+            ],
+            "expected value at line 1 column 1",
+        ),
+    ] {
+        let err = stderr_of_failure(&args);
+        let last = err.lines().last().unwrap_or_default();
+        assert_eq!(last.matches(once).count(), 1, "{args:?}: {err}");
+        assert!(last.starts_with("aubier replay: "), "{args:?}: {err}");
+    }
+}
+
+/// `--lrfu-lambda` is checked when parsed, whichever policies run, and said to be LRFU's decay
+/// (the policy's check called it "2Q lambda", "a finite fraction >= 0 of the slots", and
+/// refused 2 with that message).
+#[test]
+fn lrfu_lambda_outside_zero_to_one_is_refused_as_lrfus() {
+    let dir = Scratch::new("lambda");
+    let trace = dir.file("t.jsonl", REPEAT_2);
+    for v in ["2", "-0.5", "NaN"] {
+        let out = aubier(&[trace.to_str().unwrap(), "--slots", "1", "--lrfu-lambda", v]);
+        assert_eq!(out.status.code(), Some(2), "{v}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--lrfu-lambda") && err.contains("is not in 0..=1"),
+            "{v}: {err}"
+        );
+    }
+}
+
 /// Off a terminal, a replay says each step on stderr as it ends, with its time: making the
 /// trace, then every policy at every slot count with the tokens it replayed; then the whole
 /// replay's time. Stdout keeps the JSON.

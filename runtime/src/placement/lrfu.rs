@@ -53,7 +53,7 @@ impl Lrfu {
 
     /// LRFU with `slots` slots, decay `lambda` (in `0..=1`, per step) and `initial` resident (never
     /// referenced). Errors: [`PolicyError::Slots`], the seed errors, and
-    /// [`PolicyError::Fraction`] (named `lambda`) for a `lambda` outside `0..=1`.
+    /// [`PolicyError::Lambda`] for a `lambda` outside `0..=1` (NaN included).
     pub fn new(
         n_experts: u32,
         slots: usize,
@@ -62,10 +62,7 @@ impl Lrfu {
     ) -> Result<Self, PolicyError> {
         check_seed(initial, slots, n_experts)?;
         if !(0.0..=1.0).contains(&lambda) {
-            return Err(PolicyError::Fraction {
-                name: "lambda",
-                value: lambda,
-            });
+            return Err(PolicyError::Lambda { value: lambda });
         }
         let mut is_resident = vec![false; n_experts as usize];
         for &e in initial {
@@ -215,7 +212,7 @@ mod tests {
         );
         assert!(matches!(
             Lrfu::new(2, 1, 1.5, &[]),
-            Err(PolicyError::Fraction { name: "lambda", .. })
+            Err(PolicyError::Lambda { .. })
         ));
     }
 }

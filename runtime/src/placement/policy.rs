@@ -276,6 +276,12 @@ pub enum PolicyError {
         /// The value given.
         value: f64,
     },
+    /// LRFU's decay is outside `0..=1` or not a number.
+    #[error("LRFU lambda = {value} must be in 0..=1 (0 is LFU, 1 is LRU)")]
+    Lambda {
+        /// The value given.
+        value: f64,
+    },
     /// An oracle ([`Min`]) was asked about an expert that its trace does not route at this step.
     #[error(
         "expert {expert} is not routed at step {step} of the trace this oracle was built from"
