@@ -313,9 +313,11 @@ pub fn tensors(d: &Dims, mix: QuantMix) -> Vec<SynthTensor> {
     // ffn_down tensors as it goes.
     let mut names: Vec<&str> = out.iter().map(|(n, _, _)| n.as_str()).collect();
     names.sort_unstable();
-    let down_order: Vec<&str> = names
+    let down_order: std::collections::HashMap<&str, usize> = names
         .into_iter()
         .filter(|n| n.contains("ffn_down"))
+        .enumerate()
+        .map(|(i, n)| (n, i))
         .collect();
     let ctx = MixContext {
         mix,
@@ -324,7 +326,7 @@ pub fn tensors(d: &Dims, mix: QuantMix) -> Vec<SynthTensor> {
     };
     out.iter()
         .map(|(name, ne, init)| {
-            let i_ffn_down = down_order.iter().position(|n| n == name).unwrap_or(0);
+            let i_ffn_down = down_order.get(name.as_str()).copied().unwrap_or(0);
             SynthTensor {
                 info: StreamedTensor {
                     name: name.clone(),
@@ -425,10 +427,88 @@ fn mix_type(c: &MixContext, name: &str, ne: &[usize], i_ffn_down: usize) -> Ggml
 /// Rows generated per parallel chunk: about 4 MiB of output.
 const CHUNK_BYTES: usize = 4 << 20;
 
+/// llama.cpp's `LLAMA_MAX_LAYERS` (`src/llama-hparams.h`): a file with more layers is one
+/// llama.cpp refuses, so no comparison can use it.
+const MAX_LAYERS: usize = 512;
+
+/// Refuses to start a file of `bytes` tensor bytes that the file system holding `out` has no
+/// room for (`statvfs`'s blocks available to this user): `--layers 100000` would otherwise
+/// write until the disk is full and only then fail. Where the free space cannot be read the
+/// write goes ahead, and a full disk is the write's error.
+fn check_free_space(out: &std::path::Path, bytes: u64) -> anyhow::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    let Ok(c_dir) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return Ok(());
+    };
+    // SAFETY: `c_dir` is a NUL-terminated path; `st` is written by statvfs before it is read.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c_dir.as_ptr(), &mut st) } != 0 {
+        return Ok(());
+    }
+    let free = (st.f_bavail as u64).saturating_mul(st.f_frsize as u64);
+    if bytes > free {
+        bail!(
+            "--out {}: the file needs {:.2} GB and its file system has {:.2} GB free",
+            out.display(),
+            bytes as f64 / 1e9,
+            free as f64 / 1e9
+        );
+    }
+    Ok(())
+}
+
+/// The partial file [`remove_on_signal`] removes; set once, before the handlers are installed.
+static PARTIAL: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+
+/// SIGINT / SIGTERM / SIGHUP handler: removes the partial file, then dies of the signal.
+extern "C" fn remove_partial_and_die(sig: libc::c_int) {
+    // SAFETY: unlink, signal and raise are async-signal-safe; PARTIAL was set before the
+    // handler was installed and is only read here.
+    unsafe {
+        if let Some(path) = PARTIAL.get() {
+            libc::unlink(path.as_ptr());
+        }
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+}
+
+/// An interrupted write (Ctrl-C, `kill`, `timeout`) removes `partial` instead of leaving a
+/// hidden file as large as what was written so far beside `--out`.
+fn remove_on_signal(partial: &std::path::Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(partial.as_os_str().as_bytes()) else {
+        return;
+    };
+    if PARTIAL.set(c).is_err() {
+        return;
+    }
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: installs a handler that only makes async-signal-safe calls.
+        unsafe {
+            libc::signal(
+                sig,
+                remove_partial_and_die as *const () as libc::sighandler_t,
+            );
+        }
+    }
+}
+
 /// Runs `aubier synth`.
 pub fn run(args: SynthArgs) -> anyhow::Result<()> {
     if args.layers == 0 {
         bail!("--layers must be at least 1");
+    }
+    if args.layers > MAX_LAYERS {
+        bail!(
+            "--layers {} is more than the {MAX_LAYERS} layers llama.cpp loads \
+             (LLAMA_MAX_LAYERS; the real model has 36)",
+            args.layers
+        );
     }
     if args.experts < 4 {
         bail!("--experts must be at least 4 (the model routes each token to 4)");
@@ -463,16 +543,26 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
     }
     let list = tensors(&dims, args.quant);
     let infos: Vec<StreamedTensor> = list.iter().map(|t| t.info.clone()).collect();
-    let samplers = list
-        .iter()
-        .map(|t| BlockSampler::new(t.info.ggml_type))
-        .collect::<Result<Vec<_>, _>>()?;
     if std::fs::metadata(&args.out).is_ok_and(|m| !m.is_file()) {
         bail!(
             "--out {} exists and is not a regular file",
             args.out.display()
         );
     }
+    let total = infos
+        .iter()
+        .try_fold(0u64, |acc, t| acc.checked_add(t.n_bytes()?))
+        .with_context(|| {
+            format!(
+                "--layers {} --experts {}: the tensor data's size overflows u64",
+                args.layers, args.experts
+            )
+        })?;
+    check_free_space(&args.out, total)?;
+    let samplers = list
+        .iter()
+        .map(|t| BlockSampler::new(t.info.ggml_type))
+        .collect::<Result<Vec<_>, _>>()?;
     // Written beside `--out` and renamed over it once whole: a failed run (disk full, an
     // interrupted write) leaves neither a truncated file nor a destroyed old one.
     let name = args
@@ -492,8 +582,8 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
                 partial.display()
             )
         })?;
+        remove_on_signal(&partial);
         let mut out = BufWriter::with_capacity(8 << 20, file);
-        let total = infos.iter().filter_map(StreamedTensor::n_bytes).sum();
         let mut progress =
             crate::progress::ByteProgress::new(&format!("writing {}", args.out.display()), total);
         let bytes = writer

@@ -201,3 +201,101 @@ fn a_failed_write_keeps_the_old_file() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("not a regular file"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A file the disk has no room for is refused before anything is written (it wrote until the
+/// disk was full), and so is a layer count llama.cpp would not load (it spent minutes listing
+/// the tensors first: the ffn_down order was a quadratic search).
+#[test]
+fn a_file_larger_than_the_free_space_is_refused_before_writing() {
+    let dir = tmp("no-room");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let out = dir.join("model.gguf");
+    let vocab = small_vocab();
+    let o = aubier(&[
+        "synth",
+        "--layers",
+        "512",
+        "--experts",
+        "100000",
+        "--vocab",
+        &vocab,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the file needs") && err.contains("GB free"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 0);
+    let o = aubier(&[
+        "synth",
+        "--tiny",
+        "--layers",
+        "100000",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--layers 100000 is more than the 512 layers"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SIGTERM (Ctrl-C's SIGINT, `timeout`) during the write removes the partial file: it stayed,
+/// hidden, as large as what had been written.
+#[test]
+fn an_interrupted_write_leaves_no_partial_file() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tmp("interrupted");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let out = dir.join("model.gguf");
+    let vocab = small_vocab();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_aubier"))
+        .args([
+            "synth", "--tiny", "--layers", "40", "--vocab", &vocab, "--out",
+        ])
+        .arg(&out)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawns");
+    let start = std::time::Instant::now();
+    let partial_seen = loop {
+        let partial = std::fs::read_dir(&dir)
+            .expect("dir")
+            .filter_map(Result::ok)
+            .any(|e| e.file_name().to_string_lossy().contains(".partial-"));
+        if partial || start.elapsed() > std::time::Duration::from_secs(60) {
+            break partial;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert!(partial_seen, "the write started");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    // SAFETY: kill(2) on the child's pid.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let status = child.wait().expect("waits");
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .expect("dir")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    if status.success() {
+        // The write ended before the signal: nothing to check but that no partial is left.
+        assert!(
+            left.iter()
+                .all(|n| !n.to_string_lossy().contains(".partial-")),
+            "{left:?}"
+        );
+        return;
+    }
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+    assert!(left.is_empty(), "{left:?}");
+}
