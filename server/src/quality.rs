@@ -438,6 +438,30 @@ pub fn run(args: QualityArgs) -> anyhow::Result<()> {
     };
     let total = tokens.len();
     tokens.truncate(limit);
+    if tokens.len() < 2 {
+        // Position i scores token i + 1: no position, no NLL (it printed NaN and exited 0).
+        let input = args
+            .text
+            .as_ref()
+            .or(args.ids.as_ref())
+            .map_or_else(String::new, |p| p.display().to_string());
+        match args.max_tokens {
+            Some(m) if m < total => bail!(
+                "--max-tokens {m} leaves {} token(s) of {input}: scoring needs at least 2 \
+                 (each position scores the next token)",
+                tokens.len()
+            ),
+            _ => bail!(
+                "{input} has {total} token(s){}: scoring needs at least 2 (each position \
+                 scores the next token)",
+                if args.text.is_some() {
+                    ", BOS included"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
     let nll_a = teacher_forced_nll(model_a, flags_a.backend.ubatch, &tokens, args.chunk)
         .context("configuration A")?;
     let model_b = flags_b.load(&path).context("configuration B")?;

@@ -245,3 +245,44 @@ fn quality_reports_loading_and_scoring_off_a_terminal() {
         "{err}"
     );
 }
+
+/// A text of fewer than 2 tokens has no position to score: an error naming the input (it
+/// printed a NaN mean NLL and exited 0).
+#[test]
+fn fewer_than_two_tokens_is_an_error() {
+    let dir = std::env::temp_dir().join(format!("aubier-quality-short-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let empty = dir.join("empty.txt");
+    std::fs::write(&empty, "").expect("write");
+    let no_ids = dir.join("ids.txt");
+    std::fs::write(&no_ids, "\n").expect("write");
+    let alice = alice();
+    let model = model();
+    for (input, extra, what) in [
+        (
+            vec!["--text", empty.to_str().unwrap()],
+            vec![],
+            "has 1 token(s), BOS included: scoring needs at least 2",
+        ),
+        (
+            vec!["--ids", no_ids.to_str().unwrap()],
+            vec![],
+            "has 0 token(s): scoring needs at least 2",
+        ),
+        (
+            vec!["--text", alice.as_str()],
+            vec!["--max-tokens", "1"],
+            "--max-tokens 1 leaves 1 token(s)",
+        ),
+    ] {
+        let mut args = vec!["quality", "--model", model.as_str(), "--a", "--backend cpu"];
+        args.extend(input.iter().copied());
+        args.extend(extra.iter().copied());
+        let o = aubier(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(what), "{args:?}: {err}");
+        assert!(o.stdout.is_empty(), "{args:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
