@@ -400,6 +400,16 @@ fn stale_files(dir: &Path, files: &[GeneratedFile]) -> anyhow::Result<Vec<String
 /// Errors: an I/O error naming the path.
 fn write_dir(dir: &Path, files: &[GeneratedFile]) -> anyhow::Result<usize> {
     let stale = stale_files(dir, files)?;
+    if !stale.is_empty() && !is_earlier_generation(dir) {
+        // `--out` naming a directory of the user's own with a `vulkan/` or `cuda/` in it would
+        // otherwise lose every file there that this generation does not write.
+        anyhow::bail!(
+            "--out {}: {} is not a file of an earlier `aubier gen` (the directory has no \
+             {MANIFEST} of one), and would be removed as stale; give a new or empty directory",
+            dir.display(),
+            stale[0]
+        );
+    }
     for f in files {
         let path = dir.join(&f.path);
         if let Some(parent) = path.parent() {
@@ -414,6 +424,15 @@ fn write_dir(dir: &Path, files: &[GeneratedFile]) -> anyhow::Result<usize> {
         std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
     }
     Ok(stale.len())
+}
+
+/// Whether `dir` holds the manifest of an earlier `aubier gen`, whose stale files it may remove.
+fn is_earlier_generation(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join(MANIFEST))
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .and_then(|v| v["generator"].as_str().map(|g| g.starts_with("aubier gen")))
+        .unwrap_or(false)
 }
 
 /// Compares `dir` with `files`.
@@ -548,6 +567,23 @@ mod tests {
         assert!(summary.contains("removed 1 stale"), "{summary}");
         assert!(!stale.exists());
         kernels_to(dir.path(), true).unwrap();
+    }
+
+    /// A directory that no earlier generation wrote keeps its files: a `vulkan/` of the user's
+    /// own under `--out` is refused, not emptied of every file the generation does not write.
+    #[test]
+    fn a_directory_of_other_files_is_refused_not_emptied() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("vulkan")).unwrap();
+        let mine = dir.path().join("vulkan").join("notes.txt");
+        std::fs::write(&mine, "mine").unwrap();
+        let e = format!("{:#}", kernels_to(dir.path(), false).unwrap_err());
+        assert!(
+            e.contains("vulkan/notes.txt is not a file of an earlier `aubier gen`"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_to_string(&mine).unwrap(), "mine");
+        assert!(!dir.path().join(MANIFEST).exists(), "nothing written");
     }
 
     #[test]
