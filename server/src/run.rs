@@ -587,6 +587,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(choice) = model.loaded().fast_store_choice() {
         eprintln!("{choice}");
     }
+    if let Some((i, id)) = prompt
+        .iter()
+        .enumerate()
+        .find(|&(_, &id)| id as usize >= model.config.n_vocab)
+    {
+        bail!(
+            "--prompt-ids: id {id} (position {i}) is outside the model's vocabulary of {} tokens",
+            model.config.n_vocab
+        );
+    }
     let opts = match args.kv_max {
         Some(kv_max) => SessionOptions { kv_max },
         None => SessionOptions::for_config(&model.config),
@@ -626,6 +636,21 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         ControlFlow::Continue(())
     })?;
+    // The cache, not --max-tokens, ended the generation: say so (after the text) rather than
+    // stop short in silence.
+    let kv_note =
+        (out.finish == FinishReason::Length && out.ids.len() < args.max_tokens).then(|| {
+            format!(
+                "aubier run: stopped after {} of --max-tokens {}: the KV cache holds {} tokens \
+             (prompt {} + generated {}); --kv-max raises it up to the model's context_length {}",
+                out.ids.len(),
+                args.max_tokens,
+                opts.kv_max,
+                prompt.len(),
+                out.ids.len(),
+                model.config.n_ctx_train
+            )
+        });
     if let (Some(path), Some(logits)) = (&args.logits_out, &out.prompt_logits) {
         let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
         std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
@@ -651,6 +676,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             "prediction_lead": args.store.prediction(args.predict_experts, &read_ahead),
         });
         outln!("{v}");
+        if let Some(note) = &kv_note {
+            eprintln!("{note}");
+        }
     } else {
         if let Some(d) = decoder.as_mut() {
             out!("{}", d.finish());
@@ -659,6 +687,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             outln!("{:?}", out.ids);
         } else {
             outln!();
+        }
+        if let Some(note) = &kv_note {
+            eprintln!("{note}");
         }
         eprintln!(
             "prefill {:.1} tok/s, decode {:.1} tok/s, finish {}",

@@ -669,3 +669,67 @@ fn a_broken_tokenizer_is_named_not_reported_as_missing() {
     }
     let _ = std::fs::remove_file(&path);
 }
+
+/// A generation the KV cache ends before --max-tokens says so on stderr (it stopped short with
+/// only `finish length`); one --max-tokens ends does not.
+#[test]
+fn a_generation_the_kv_cache_ends_says_so() {
+    let model = models_dir().join("ms4-tiny256-q2k.gguf");
+    let model = model.to_str().expect("utf-8 path");
+    let base = [
+        "run",
+        "--model",
+        model,
+        "--backend",
+        "cpu",
+        "--kv-max",
+        "8",
+        "--prompt-ids",
+        "1,2,3,4",
+        "--json",
+        "--max-tokens",
+    ];
+    let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
+        .args(base)
+        .arg("9")
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(v["generated_ids"].as_array().map(Vec::len), Some(4));
+    assert!(
+        err.contains(
+            "stopped after 4 of --max-tokens 9: the KV cache holds 8 tokens (prompt 4 + generated 4)"
+        ),
+        "{err}"
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_aubier"))
+        .args(base)
+        .arg("4")
+        .output()
+        .expect("runs");
+    assert!(o.status.success());
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("stopped after"));
+}
+
+#[test]
+fn a_prompt_id_outside_the_vocabulary_names_the_flag_and_position() {
+    let model = models_dir().join("ms4-tiny256-q2k.gguf");
+    let (code, err) = aubier_stderr(&[
+        "run",
+        "--model",
+        model.to_str().expect("utf-8 path"),
+        "--backend",
+        "cpu",
+        "--prompt-ids",
+        "1,2,8192",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(
+            "--prompt-ids: id 8192 (position 2) is outside the model's vocabulary of 8192 tokens"
+        ),
+        "{err}"
+    );
+}
