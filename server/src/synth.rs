@@ -444,8 +444,9 @@ fn check_free_space(out: &std::path::Path, bytes: u64) -> anyhow::Result<()> {
     let Ok(c_dir) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
         return Ok(());
     };
-    // SAFETY: `c_dir` is a NUL-terminated path; `st` is written by statvfs before it is read.
+    // SAFETY: statvfs is plain old data, for which all zero bytes are a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c_dir` is a NUL-terminated path and `st` a valid statvfs to write.
     if unsafe { libc::statvfs(c_dir.as_ptr(), &mut st) } != 0 {
         return Ok(());
     }

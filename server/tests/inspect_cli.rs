@@ -308,7 +308,7 @@ fn truncated_file_is_refused_with_its_reason() {
 /// written to a temporary file named after `tag`.
 fn bundled_with(tag: &str, key: &str, value: aubier_runtime::gguf::MetaValue) -> PathBuf {
     use aubier_runtime::gguf::write::{tensor_specs, GgufWriter};
-    let file = GgufFile::open(&bundled_q2k()).expect("bundled model");
+    let file = GgufFile::open(bundled_q2k()).expect("bundled model");
     let mut w = GgufWriter::new();
     for (k, v) in file.metadata() {
         w.kv(k, if k == key { &value } else { v });
