@@ -120,7 +120,21 @@ impl ModelFlags {
     ///
     /// Errors: clap's message for an unknown flag or a bad value.
     pub fn parse_line(line: &str) -> anyhow::Result<ModelFlags> {
-        Ok(ConfigLine::try_parse_from(line.split_whitespace())?.flags)
+        match ConfigLine::try_parse_from(line.split_whitespace()) {
+            Ok(c) => Ok(c.flags),
+            // One line: clap's usage block named the library's binary (`aubier-server`).
+            Err(e) => {
+                let text = e.render().to_string();
+                let parts: Vec<&str> = text
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| {
+                        !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more")
+                    })
+                    .collect();
+                anyhow::bail!("{}", parts.join("; ").trim_start_matches("error: "))
+            }
+        }
     }
 
     /// Loads `path` with these flags: opens the GGUF, applies the overrides to its metadata

@@ -163,6 +163,15 @@ fn bad_flags_and_overrides_are_errors() {
             "{b}: {err}"
         );
     }
+    // A flag of --a / --b clap refuses is one line, without clap's usage block (which named
+    // the library's binary, `aubier-server`).
+    let o = aubier(&["quality", "--model", &m, "--text", &a, "--a", "--bogus"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        "aubier quality: --a: unexpected argument '--bogus' found"
+    );
     let o = aubier(&["quality", "--model", &m, "--a", ""]);
     assert!(!o.status.success(), "a text is required");
     for (flag, value, needle) in [

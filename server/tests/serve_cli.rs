@@ -158,3 +158,30 @@ fn a_missing_model_is_a_clear_error() {
     assert!(lines.join("\n").contains("nope.gguf"), "{lines:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An --cors-origin no browser sends (a trailing `/`, no scheme) and a --body-limit of 0 are
+/// refused when parsed: the first refused every browser request with 403, the second every
+/// request body with 413, and nothing said why.
+#[test]
+fn an_origin_no_browser_sends_and_a_zero_body_limit_are_refused() {
+    for (args, what) in [
+        (
+            ["--cors-origin", "http://localhost:3000/"],
+            "has a path or a trailing `/`",
+        ),
+        (["--cors-origin", "localhost:3000"], "has no scheme"),
+        (["--body-limit", "0"], "0 would refuse every request body"),
+    ] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_aubier"))
+            .arg("serve")
+            .args(args)
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(what) && err.contains(args[0]),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -123,13 +123,13 @@ pub struct ServeArgs {
     pub allow_host: Vec<String>,
     /// Answer browser requests from this origin (`http://localhost:3000`; repeatable; `*` is
     /// any), with CORS headers; other cross-origin requests are refused with 403.
-    #[arg(long, value_name = "ORIGIN")]
+    #[arg(long, value_name = "ORIGIN", value_parser = parse_origin)]
     pub cors_origin: Vec<String>,
     /// Longest wait for the single-flight engine before a 503 (Retry-After), ms.
     #[arg(long, default_value_t = 30_000)]
     pub queue_wait_ms: u64,
     /// Largest request body, bytes (413 beyond).
-    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    #[arg(long, default_value_t = 4 * 1024 * 1024, value_parser = parse_body_limit)]
     pub body_limit: usize,
     /// Exclusive lock file taken at boot (default: $TMPDIR/aubier.lock).
     #[arg(long)]
@@ -397,6 +397,39 @@ pub fn run(args: ServeArgs) -> ExitCode {
             eprintln!("aubier serve: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `--cors-origin`: `*`, or an origin as a browser sends it in `Origin:`, `scheme://host[:port]`
+/// with no path: `http://localhost:3000/` or `localhost:3000` never matched one, so every
+/// browser request was refused with 403 and nothing said why.
+fn parse_origin(s: &str) -> Result<String, String> {
+    if s == "*" {
+        return Ok(s.to_owned());
+    }
+    let shape = "an origin is scheme://host[:port] as browsers send it (`http://localhost:3000`), \
+                 or `*`";
+    let Some((scheme, rest)) = s.split_once("://") else {
+        return Err(format!("`{s}` has no scheme: {shape}"));
+    };
+    if scheme.is_empty() || rest.is_empty() {
+        return Err(format!("`{s}` is not an origin: {shape}"));
+    }
+    if rest.contains('/') {
+        return Err(format!("`{s}` has a path or a trailing `/`: {shape}"));
+    }
+    if axum::http::HeaderValue::from_str(s).is_err() {
+        return Err(format!("`{s}` is not a valid header value: {shape}"));
+    }
+    Ok(s.to_owned())
+}
+
+/// `--body-limit`: at least 1 byte (0 answered every request with a body 413).
+fn parse_body_limit(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("0 would refuse every request body (413); give at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
     }
 }
 
