@@ -479,7 +479,9 @@ extern "C" fn remove_partial_and_die(sig: libc::c_int) {
 }
 
 /// An interrupted write (Ctrl-C, `kill`, `timeout`) removes `partial` instead of leaving a
-/// hidden file as large as what was written so far beside `--out`.
+/// hidden file as large as what was written so far beside `--out`. A signal the process was
+/// started ignoring (`nohup` ignores SIGHUP; a shell's background job, SIGINT) stays ignored:
+/// the write goes on, as it did before these handlers.
 fn remove_on_signal(partial: &std::path::Path) {
     use std::os::unix::ffi::OsStrExt;
     let Ok(c) = std::ffi::CString::new(partial.as_os_str().as_bytes()) else {
@@ -489,6 +491,14 @@ fn remove_on_signal(partial: &std::path::Path) {
         return;
     }
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: sigaction is plain old data (all zero bytes are valid); with a null new
+        // action, sigaction(2) only reads the current one into `old`.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let read = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } == 0;
+        if read && old.sa_sigaction == libc::SIG_IGN {
+            continue;
+        }
         // SAFETY: installs a handler that only makes async-signal-safe calls.
         unsafe {
             libc::signal(
@@ -575,6 +585,9 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         name.to_string_lossy(),
         std::process::id()
     ));
+    // Before the file exists, so that no signal finds it there without the handler (unlinking
+    // a file not yet made is harmless).
+    remove_on_signal(&partial);
     let written = (|| -> anyhow::Result<u64> {
         let file = std::fs::File::create(&partial).with_context(|| {
             format!(
@@ -583,7 +596,6 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
                 partial.display()
             )
         })?;
-        remove_on_signal(&partial);
         let mut out = BufWriter::with_capacity(8 << 20, file);
         let mut progress =
             crate::progress::ByteProgress::new(&format!("writing {}", args.out.display()), total);

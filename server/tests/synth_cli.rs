@@ -246,26 +246,36 @@ fn a_file_larger_than_the_free_space_is_refused_before_writing() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// SIGTERM (Ctrl-C's SIGINT, `timeout`) during the write removes the partial file: it stayed,
-/// hidden, as large as what had been written.
-#[test]
-fn an_interrupted_write_leaves_no_partial_file() {
-    use std::os::unix::process::ExitStatusExt;
-    let dir = tmp("interrupted");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let out = dir.join("model.gguf");
+/// Starts a 40-layer tiny synth (0.42 GB) in `dir`, `ignoring` that signal from its start (as
+/// `nohup` starts a process ignoring SIGHUP), sends it `sig` 20 ms after its partial file
+/// appears, and returns how it ended and the names left in `dir`.
+fn interrupt(
+    dir: &Path,
+    sig: libc::c_int,
+    ignoring: bool,
+) -> (std::process::ExitStatus, Vec<String>) {
+    use std::os::unix::process::CommandExt;
+    std::fs::create_dir_all(dir).expect("dir");
     let vocab = small_vocab();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_aubier"))
-        .args([
-            "synth", "--tiny", "--layers", "40", "--vocab", &vocab, "--out",
-        ])
-        .arg(&out)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("spawns");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_aubier"));
+    cmd.args([
+        "synth", "--tiny", "--layers", "40", "--vocab", &vocab, "--out",
+    ])
+    .arg(dir.join("model.gguf"))
+    .stderr(std::process::Stdio::null());
+    if ignoring {
+        // SAFETY: signal(2) is async-signal-safe, as pre_exec requires.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::signal(sig, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd.spawn().expect("spawns");
     let start = std::time::Instant::now();
     let partial_seen = loop {
-        let partial = std::fs::read_dir(&dir)
+        let partial = std::fs::read_dir(dir)
             .expect("dir")
             .filter_map(Result::ok)
             .any(|e| e.file_name().to_string_lossy().contains(".partial-"));
@@ -278,24 +288,38 @@ fn an_interrupted_write_leaves_no_partial_file() {
     std::thread::sleep(std::time::Duration::from_millis(20));
     // SAFETY: kill(2) on the child's pid.
     unsafe {
-        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+        libc::kill(child.id() as libc::pid_t, sig);
     }
     let status = child.wait().expect("waits");
-    let left: Vec<_> = std::fs::read_dir(&dir)
+    let left = std::fs::read_dir(dir)
         .expect("dir")
         .filter_map(Result::ok)
-        .map(|e| e.file_name())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
-    let _ = std::fs::remove_dir_all(&dir);
-    if status.success() {
-        // The write ended before the signal: nothing to check but that no partial is left.
-        assert!(
-            left.iter()
-                .all(|n| !n.to_string_lossy().contains(".partial-")),
-            "{left:?}"
-        );
-        return;
-    }
+    let _ = std::fs::remove_dir_all(dir);
+    (status, left)
+}
+
+/// SIGTERM (Ctrl-C's SIGINT, `timeout`) during the write removes the partial file: it stayed,
+/// hidden, as large as what had been written.
+#[test]
+fn an_interrupted_write_leaves_no_partial_file() {
+    use std::os::unix::process::ExitStatusExt;
+    let (status, left) = interrupt(&tmp("interrupted"), libc::SIGTERM, false);
+    // 0.42 GB take far longer than the 20 ms the signal waited after the file appeared.
+    assert!(
+        !status.success(),
+        "the write ended before the signal, so nothing was tested: {left:?}"
+    );
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// A signal the process was started ignoring stays ignored (`nohup aubier synth … &`, then the
+/// terminal hangs up): the write goes on and the file is whole.
+#[test]
+fn a_signal_ignored_from_the_start_does_not_stop_the_write() {
+    let (status, left) = interrupt(&tmp("nohup"), libc::SIGHUP, true);
+    assert!(status.success(), "{status:?}");
+    assert_eq!(left, ["model.gguf"]);
 }
