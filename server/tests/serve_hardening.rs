@@ -422,7 +422,7 @@ async fn integer_fields_take_integral_floats() {
     for (extra, param) in [
         (r#","max_tokens":2.5"#, "max_tokens"),
         (r#","seed":1e20"#, "seed"),
-        (r#","top_k":-1.0"#, "top_k"),
+        (r#","top_k":-2.0"#, "top_k"),
     ] {
         let resp = post_chat(&srv, extra).await;
         assert_eq!(
