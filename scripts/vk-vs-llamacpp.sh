@@ -63,10 +63,9 @@ lscpu | grep -E 'Model name|^CPU\(s\)'
 echo "model: $model ($(stat -c %s "$model") bytes); prompt $n_prompt tokens, $n_gen generated, $reps reps"
 
 "$llama" -m "$model" -ngl 99 -fa on -p "$n_prompt" -n "$n_gen" -r "$reps" -o json >"$out/llama.json"
-receipt=()
-if [ -n "${RECEIPT:-}" ]; then
-    # llama-bench's figures as the receipt's peer, in the shape of docs/llamacpp_bench.py's.
-    python3 - "$out/llama.json" "$n_prompt" "$n_gen" "$reps" >"$out/peer.json" <<'PY'
+# llama-bench's figures in the shape of docs/llamacpp_bench.py's: the receipt's peer, and what the
+# comparison below reads.
+python3 - "$out/llama.json" "$n_prompt" "$n_gen" "$reps" >"$out/peer.json" <<'PY'
 import json, statistics, sys
 
 llama = json.load(open(sys.argv[1]))
@@ -83,6 +82,7 @@ row, prefill = spread(True)
 _, decode = spread(False)
 print(json.dumps({
     "engine": f"llama.cpp {row.get('build_commit', '?')} Vulkan (llama-bench -ngl 99 -fa on)",
+    "build": row.get("build_commit", "?"),
     "device": row.get("gpu_info") or row.get("backends"),
     "n_prompt": n_prompt, "n_gen": n_gen, "reps": reps,
     "prefill_tok_s": prefill, "decode_tok_s": decode,
@@ -91,27 +91,18 @@ print(json.dumps({
             "each its own timed test (scripts/vk-vs-llamacpp.sh)",
 }, indent=2))
 PY
-    receipt=(--receipt "$RECEIPT" --peer "$out/peer.json")
-fi
+receipt=()
+if [ -n "${RECEIPT:-}" ]; then receipt=(--receipt "$RECEIPT" --peer "$out/peer.json"); fi
 "$aubier" bench --model "$model" --backend vulkan "${device[@]}" --n-prompt "$n_prompt" \
     --n-gen "$n_gen" --reps "$reps" --json "${receipt[@]}" >"$out/aubier.json"
 
-python3 - "$out/llama.json" "$out/aubier.json" <<'PY'
-import json, statistics, sys
+python3 - "$out/peer.json" "$out/aubier.json" <<'PY'
+import json, sys
 
-llama = json.load(open(sys.argv[1]))
+peer = json.load(open(sys.argv[1]))
 aubier = json.load(open(sys.argv[2]))
-
-def llama_rate(kind):
-    rows = [r for r in llama if (r["n_gen"] == 0) == (kind == "prefill")]
-    if len(rows) != 1:
-        sys.exit(f"llama-bench gave {len(rows)} {kind} rows, expected 1")
-    r = rows[0]
-    info = f"{r.get('gpu_info') or r.get('backends', '')}, build {r.get('build_commit', '?')}"
-    return statistics.median(r["samples_ts"]), info
-
-lp, info = llama_rate("prefill")
-ld, _ = llama_rate("decode")
+lp, ld = peer["prefill_tok_s"]["median"], peer["decode_tok_s"]["median"]
+info = f"{peer['device'] or ''}, build {peer['build']}"
 ap, ad = aubier["prefill_tok_s"]["median"], aubier["decode_tok_s"]["median"]
 print(f"llama.cpp ({info}): prefill {lp:.2f} tok/s, decode {ld:.2f} tok/s (medians)")
 print(f"aubier ({aubier['device']}): prefill {ap:.2f} tok/s, decode {ad:.2f} tok/s (medians)")
