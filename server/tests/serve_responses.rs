@@ -269,6 +269,265 @@ async fn previous_response_id_continues_a_stored_response() {
     srv.stop().await;
 }
 
+/// An input whose calls and outputs pair up but which Mistral's chat template refuses is a 400
+/// naming the item, `input[i]`, in Responses terms; not the chat message the template's rules
+/// count (instructions and answer items in a row are one message each) nor chat roles.
+#[tokio::test]
+async fn what_the_template_refuses_is_named_by_item() {
+    let srv = start_fake(script(byte_ids("ok")), 4096, limits()).await;
+    let tools = json!([{"type": "function", "name": "f", "strict": false}]);
+    let msg = |role: &str, text: &str| json!({"role": role, "content": text});
+    let call = json!({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"});
+    let output = json!({"type": "function_call_output", "call_id": "c1", "output": "1"});
+    let cases = [
+        (
+            json!([call, output, msg("user", "x")]),
+            "input[0]",
+            "input[0]: the conversation must start with a user, system or developer message \
+             (or instructions), not a function_call.",
+        ),
+        (
+            json!([
+                msg("user", "x"),
+                msg("assistant", "a"),
+                msg("system", "s"),
+                msg("user", "y")
+            ]),
+            "input[2]",
+            "input[2]: a system message cannot follow an assistant message in Mistral's chat \
+             template (after an answer comes a user message or a function_call_output; a system \
+             or developer message comes after a user or system message).",
+        ),
+        (
+            json!([msg("user", "x"), call, msg("user", "y"), output]),
+            "input[3]",
+            "input[3]: a function_call_output cannot follow a user message in Mistral's chat \
+             template (after an answer comes a user message or a function_call_output; a system \
+             or developer message comes after a user or system message).",
+        ),
+        (
+            json!([msg("user", "x"), msg("assistant", ""), msg("user", "y")]),
+            "input[1]",
+            "input[1]: an answer (assistant messages, reasoning and function calls in a row) \
+             needs non-empty text or a function call.",
+        ),
+        (
+            json!([msg("user", "x"), call, call, output, output]),
+            "input[1]",
+            "input[1]: duplicate call_id \"c1\".",
+        ),
+        (
+            json!([msg("user", "x"), msg("system", "s")]),
+            "input[1]",
+            "input[1]: the input ends with a system message; end it with what the model should \
+             answer: a user message or a function_call_output.",
+        ),
+    ];
+    for (input, param, message) in cases {
+        let b = body(json!({"input": input, "tools": tools}));
+        let e = refused(srv.addr, &b).await;
+        assert_eq!(
+            (e["param"].as_str(), e["message"].as_str()),
+            (Some(param), Some(message)),
+            "{b}\n{e}"
+        );
+    }
+    // With instructions first, the same input is accepted.
+    let b = body(
+        json!({"input": [call, output, msg("user", "x")], "tools": tools,
+        "instructions": "Be brief."}),
+    );
+    create(srv.addr, &b).await;
+    srv.stop().await;
+}
+
+async fn get(addr: SocketAddr, path: &str) -> RawResponse {
+    raw_request(addr, "GET", path, b"").await
+}
+
+/// A validator of answers against the served document's schema `name`.
+async fn answer_schema(addr: SocketAddr, name: &str) -> jsonschema::Validator {
+    let doc = get(addr, "/openapi.json").await.json();
+    let schema = json!({
+        "$ref": format!("#/components/schemas/{name}"),
+        "components": doc["components"],
+    });
+    jsonschema::validator_for(&schema).expect("a valid JSON Schema")
+}
+
+/// The ids of a page of input items, in its order.
+fn item_ids(page: &Value) -> Vec<&str> {
+    page["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|i| i["id"].as_str().expect("id"))
+        .collect()
+}
+
+/// A stored response comes back by GET as it was answered; its input items (the continued
+/// response's first, each keeping its id, the output left out) page newest first or oldest
+/// first; DELETE drops it (then GET, DELETE and previous_response_id miss) and leaves the
+/// response that continued it; what aubier does not do is a 400 naming the query parameter.
+#[tokio::test]
+async fn stored_responses_are_retrieved_listed_and_deleted() {
+    let srv = start_fake(script(byte_ids("ok")), 4096, limits()).await;
+    let (object, list) = (
+        answer_schema(srv.addr, "ResponseObject").await,
+        answer_schema(srv.addr, "InputItemList").await,
+    );
+    let call = json!({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"});
+    let output = json!({"type": "function_call_output", "call_id": "c1", "output": "1"});
+    let tools = json!([{"type": "function", "name": "f", "strict": false}]);
+    let first = create(
+        srv.addr,
+        &body(json!({"tools": tools, "input": [
+            {"role": "user", "content": "one"}, call, output, {"role": "user", "content": "two"}]})),
+    )
+    .await;
+    let id = first["id"].as_str().expect("id");
+    let got = get(srv.addr, &format!("/v1/responses/{id}")).await;
+    got.assert_status(200, "GET a stored response");
+    assert_eq!(got.header("content-type"), Some("application/json"));
+    assert_eq!(got.json(), first);
+    assert!(object.is_valid(&got.json()), "{first}");
+
+    let items = get(
+        srv.addr,
+        &format!("/v1/responses/{id}/input_items?order=asc"),
+    )
+    .await;
+    items.assert_status(200, "input_items");
+    let items = items.json();
+    assert!(list.is_valid(&items), "{items}");
+    let data = &items["data"];
+    assert_eq!(data.as_array().map(Vec::len), Some(4), "{items}");
+    assert_eq!(
+        (&data[0]["type"], &data[0]["role"], &data[0]["content"]),
+        (
+            &json!("message"),
+            &json!("user"),
+            &json!([{"type": "input_text", "text": "one"}])
+        ),
+        "{items}"
+    );
+    assert_eq!(data[1]["type"], "function_call");
+    assert_eq!(
+        (&data[1]["call_id"], &data[1]["name"]),
+        (&json!("c1"), &json!("f"))
+    );
+    assert_eq!(data[2]["type"], "function_call_output");
+    assert_eq!(data[2]["output"], "1");
+    assert_eq!(data[3]["content"][0]["text"], "two");
+    let ids = item_ids(&items);
+    assert!(
+        ids[0].starts_with("msg_") && ids[1].starts_with("fc_"),
+        "{items}"
+    );
+    assert!(ids[2].starts_with("fco_"), "{items}");
+    assert_eq!(items["first_id"], ids[0]);
+    assert_eq!(items["last_id"], ids[3]);
+    assert_eq!(items["has_more"], false);
+
+    let next = create(
+        srv.addr,
+        &body(json!({"previous_response_id": id, "input": "three"})),
+    )
+    .await;
+    let next_id = next["id"].as_str().expect("id");
+    let page = |query: String| {
+        let path = format!("/v1/responses/{next_id}/input_items{query}");
+        async move {
+            let r = get(srv.addr, &path).await;
+            r.assert_status(200, &path);
+            r.json()
+        }
+    };
+    // Newest first: the new input, the first response's answer (its output item's id), then
+    // the first response's inputs with their ids.
+    let newest = page("?limit=2".to_owned()).await;
+    assert!(list.is_valid(&newest), "{newest}");
+    let answer_id = first["output"][0]["id"].as_str().expect("output id");
+    assert_eq!(item_ids(&newest)[1], answer_id, "{newest}");
+    assert_eq!(newest["data"][1]["role"], "assistant");
+    assert_eq!(newest["data"][1]["content"][0]["type"], "output_text");
+    assert_eq!(newest["data"][0]["content"][0]["text"], "three");
+    assert_eq!(newest["has_more"], true);
+    let rest = page(format!("?limit=10&after={answer_id}")).await;
+    let mut carried = ids.clone();
+    carried.reverse();
+    assert_eq!(item_ids(&rest), carried, "{rest}");
+    assert_eq!(rest["has_more"], false);
+
+    let deleted = raw_request(srv.addr, "DELETE", &format!("/v1/responses/{id}"), b"").await;
+    deleted.assert_status(200, "DELETE a stored response");
+    assert_eq!(
+        deleted.json(),
+        json!({"id": id, "object": "response", "deleted": true})
+    );
+    for (method, path) in [
+        ("GET", format!("/v1/responses/{id}")),
+        ("GET", format!("/v1/responses/{id}/input_items")),
+        ("DELETE", format!("/v1/responses/{id}")),
+    ] {
+        let r = raw_request(srv.addr, method, &path, b"").await;
+        r.assert_status(404, &format!("{method} {path} after DELETE"));
+        let message = r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(message.contains(id), "{message}");
+    }
+    let e = post(srv.addr, &body(json!({"previous_response_id": id}))).await;
+    e.assert_status(400, "previous_response_id of a deleted response");
+    let again = get(srv.addr, &format!("/v1/responses/{next_id}")).await;
+    again.assert_status(200, "the continuation stays");
+    assert_eq!(
+        page(String::new()).await["data"].as_array().map(Vec::len),
+        Some(6)
+    );
+
+    let unstored = create(srv.addr, &body(json!({"store": false}))).await;
+    let path = format!("/v1/responses/{}", unstored["id"].as_str().expect("id"));
+    get(srv.addr, &path)
+        .await
+        .assert_status(404, "store: false");
+
+    for (query, param) in [
+        ("?stream=true", "stream"),
+        ("?stream=yes", "stream"),
+        ("?include=reasoning.encrypted_content", "include"),
+        ("?starting_after=3", "starting_after"),
+        ("?foo=1", "foo"),
+    ] {
+        let r = get(srv.addr, &format!("/v1/responses/{next_id}{query}")).await;
+        r.assert_status(400, query);
+        assert_eq!(r.json()["error"]["param"], param, "{query}");
+    }
+    for (query, param) in [
+        ("?limit=0", "limit"),
+        ("?limit=101", "limit"),
+        ("?order=newest", "order"),
+        ("?after=msg_0", "after"),
+        ("?limit=1&limit=2", "limit"),
+    ] {
+        let r = get(
+            srv.addr,
+            &format!("/v1/responses/{next_id}/input_items{query}"),
+        )
+        .await;
+        r.assert_status(400, query);
+        assert_eq!(r.json()["error"]["param"], param, "{query}");
+    }
+    let ok = get(
+        srv.addr,
+        &format!("/v1/responses/{next_id}?stream=false&include_obfuscation=true"),
+    )
+    .await;
+    ok.assert_status(200, "stream=false");
+    srv.stop().await;
+}
+
 /// An engine failure mid-stream ends the stream with `response.failed`: the response failed, its
 /// open message incomplete with the text so far, and `error.code` one of OpenAI's codes
 /// (`server_error`), which strict clients (openai-python's `_strict_response_validation`)

@@ -6,7 +6,7 @@ use super::connection;
 use super::generation::generation;
 use super::guard::{admission, cors, count_requests, guard, no_route, require_json, wrong_method};
 use super::params::{ChatParams, CompletionParams};
-use super::responses::ResponsesKind;
+use super::responses::{stored, ResponsesKind};
 use super::routes::{debug_tokens, get_model, health, list_models, metrics, openapi};
 use super::state::AppState;
 use axum::extract::DefaultBodyLimit;
@@ -32,6 +32,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
+        .route(
+            "/v1/responses/{id}",
+            get(stored::retrieve).delete(stored::delete),
+        )
+        .route("/v1/responses/{id}/input_items", get(stored::input_items))
         .merge(limited)
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)

@@ -17,8 +17,9 @@
 //! and [`real`] (the two engines), [`lock`], [`metrics`], [`openapi`] (`GET /openapi.json`,
 //! generated from [`api`]), [`tools`] (`tools`, `tool_choice`, `response_format` → the grammar),
 //! [`responses`] (`POST /v1/responses`, OpenAI's Responses API on the same engine and grammar,
-//! with its store of recent responses for `previous_response_id`: the last 256, each for at
-//! most an hour, 64 MiB of text together).
+//! with its store of recent responses for `previous_response_id` and `GET` / `DELETE
+//! /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`: the last 256, each for at most an
+//! hour, 64 MiB of text together).
 #![warn(missing_docs)]
 
 pub mod api;

@@ -13,7 +13,9 @@ use super::api::response::{
     ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, DebugTokens, ErrorBody,
     Health, Model, ModelList,
 };
-use super::api::responses::{ResponseEvent, ResponseObject, ResponseRequest};
+use super::api::responses::{
+    InputItemList, ResponseDeleted, ResponseEvent, ResponseObject, ResponseRequest,
+};
 use schemars::generate::{Contract, SchemaSettings};
 use schemars::{JsonSchema, SchemaGenerator};
 use serde_json::{json, Map, Value};
@@ -169,6 +171,8 @@ fn document() -> (Value, Vec<String>) {
             refs.response::<CompletionChunk>(),
         )),
     }});
+    // A stored response's id, for the routes of stored responses (OpenAPI links).
+    let by_id = |operation: &str| json!({"operationId": operation, "parameters": {"response_id": "$response.body#/id"}});
     let responses = json!({"post": {
         "operationId": "createResponse",
         "summary": "A response of the Responses API (typed SSE with 'stream': true).",
@@ -176,6 +180,10 @@ fn document() -> (Value, Vec<String>) {
         "responses": generation(json!({"description": "The response, or its stream.", "content": {
             "application/json": {"schema": refs.response::<ResponseObject>()},
             "text/event-stream": {"schema": typed_event_stream(&refs.response::<ResponseEvent>())},
+        }, "links": {
+            "RetrieveResponse": by_id("retrieveResponse"),
+            "ListInputItems": by_id("listInputItems"),
+            "DeleteResponse": by_id("deleteResponse"),
         }})),
     }});
     let debug_tokens = json!({"post": {
@@ -207,6 +215,59 @@ fn document() -> (Value, Vec<String>) {
             "403": forbidden,
             "404": not_found,
             "503": overloaded,
+        },
+    }});
+    let response_id = json!({"name": "response_id", "in": "path", "required": true,
+        "schema": {"type": "string"}});
+    let gone = err(
+        "No response stored under this id (never created, created with 'store': \
+        false, past the store's bounds, or deleted).",
+    );
+    let refused = err(
+        "A query parameter unknown, repeated, out of range, or asking for what \
+        aubier does not do (streamed retrieval, 'include'), named in 'param'.",
+    );
+    let stored = json!({
+        "get": {
+            "operationId": "retrieveResponse",
+            "summary": "A stored response, as it was answered.",
+            "parameters": [response_id,
+                {"name": "stream", "in": "query", "schema": {"const": false}},
+                {"name": "include_obfuscation", "in": "query", "schema": {"type": "boolean"}}],
+            "responses": {
+                "200": json_response("The response.", &refs.response::<ResponseObject>()),
+                "400": refused,
+                "403": forbidden,
+                "404": gone,
+            },
+        },
+        "delete": {
+            "operationId": "deleteResponse",
+            "summary": "Drops a stored response.",
+            "parameters": [response_id],
+            "responses": {
+                "200": json_response("It was dropped.", &refs.response::<ResponseDeleted>()),
+                "400": refused,
+                "403": forbidden,
+                "404": gone,
+            },
+        },
+    });
+    let input_items = json!({"get": {
+        "operationId": "listInputItems",
+        "summary": "The items before a stored response's output, one page at a time.",
+        "parameters": [response_id,
+            {"name": "after", "in": "query", "schema": {"type": "string"},
+                "description": "The id of the item before the page."},
+            {"name": "limit", "in": "query",
+                "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}},
+            {"name": "order", "in": "query",
+                "schema": {"enum": ["asc", "desc"], "default": "desc"}}],
+        "responses": {
+            "200": json_response("One page.", &refs.response::<InputItemList>()),
+            "400": refused,
+            "403": forbidden,
+            "404": gone,
         },
     }});
     let health_body = refs.response::<Health>();
@@ -249,6 +310,8 @@ fn document() -> (Value, Vec<String>) {
             "/v1/chat/completions": chat,
             "/v1/completions": completions,
             "/v1/responses": responses,
+            "/v1/responses/{response_id}": stored,
+            "/v1/responses/{response_id}/input_items": input_items,
             "/debug/tokens": debug_tokens,
             "/v1/models": models,
             "/v1/models/{model}": retrieve,

@@ -4,7 +4,9 @@ Usage: python responses_test.py http://127.0.0.1:PORT (run by server/tests/serve
 starts the server; .ci/run installs openai and openai-agents into the interpreter it names).
 
 openai-python: `client.responses.create` parses the answer (`output_text`), streamed and not, and
-a function call answered by its output through `previous_response_id` reuses the prompt cache.
+a function call answered by its output through `previous_response_id` reuses the prompt cache;
+the stored response comes back by `responses.retrieve`, the continuation's input by
+`responses.input_items.list` (paged), and `responses.delete` drops it.
 The OpenAI Agents SDK on its default model (the Responses API) runs a tool round trip streamed,
 chained by `previous_response_id`, then a continued run. The demo model's text is gibberish: the
 tool calls are forced (`tool_choice` required) and only the protocol is checked.
@@ -28,7 +30,7 @@ from agents import (  # noqa: E402
     set_default_openai_client,
     set_tracing_disabled,
 )
-from openai import AsyncOpenAI, OpenAI  # noqa: E402
+from openai import AsyncOpenAI, NotFoundError, OpenAI  # noqa: E402
 
 MODEL = "ms4-tiny256-q2k"
 WEATHER = {
@@ -93,6 +95,25 @@ def openai_python(url):
     assert second.previous_response_id == first.id, second
     cached = second.usage.input_tokens_details.cached_tokens
     assert 0 < cached < second.usage.input_tokens, second.usage
+
+    got = client.responses.retrieve(first.id)
+    assert got.model_dump() == first.model_dump(), (got, first)
+    # The continuation's input: the first response's input message, its call (the id of its
+    # output item), then the call's output; paged oldest first, one at a time.
+    items = list(client.responses.input_items.list(second.id, order="asc", limit=1))
+    assert [i.type for i in items] == ["message", "function_call", "function_call_output"], items
+    assert items[0].role == "user" and items[0].content[0].text == "Weather in Paris?", items
+    assert items[1].id == call.id and items[1].call_id == call.call_id, (items, call)
+    assert items[2].call_id == call.call_id and items[2].output == "sunny", items
+    deleted = client.responses.delete(first.id)
+    assert deleted is None, deleted
+    for fetch in (lambda: client.responses.retrieve(first.id), lambda: client.responses.delete(first.id)):
+        try:
+            fetch()
+            raise AssertionError("a deleted response was found")
+        except NotFoundError:
+            pass
+    assert client.responses.retrieve(second.id).id == second.id
     print("openai-python: ok, cached", cached, "of", second.usage.input_tokens)
 
 

@@ -61,6 +61,15 @@ pub use request::{
 use segment::Segment;
 use validate::validate_and_normalize;
 
+impl ChatRequest {
+    /// Step 1 of the module note alone: `Ok` when the request is one both renderers accept.
+    ///
+    /// Errors: the rule broken, naming the message index (0-based) or field at fault.
+    pub fn validate(&self) -> Result<(), ChatError> {
+        validate_and_normalize(self).map(|_| ())
+    }
+}
+
 enum Renderer {
     Builtin,
     Jinja(Box<JinjaTemplate>),

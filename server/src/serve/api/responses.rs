@@ -1044,3 +1044,131 @@ pub struct ResponseEvent {
     /// 0, 1, 2, … in stream order.
     pub sequence_number: u64,
 }
+
+/// `DELETE /v1/responses/{id}`'s answer.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseDeleted {
+    /// The deleted response's id.
+    pub id: String,
+    /// `"response"`.
+    #[schemars(extend("const" = "response"))]
+    pub object: &'static str,
+    /// Always true (an id not stored is a 404).
+    #[schemars(extend("const" = true))]
+    pub deleted: bool,
+}
+
+/// A text part of an input message listed by `input_items`.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListedInputText {
+    /// `"input_text"`.
+    #[serde(rename = "type")]
+    #[schemars(extend("const" = "input_text"))]
+    pub kind: &'static str,
+    /// The text.
+    pub text: String,
+}
+
+/// The one text part of a listed message: input_text, or output_text for an earlier answer.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum ListedText {
+    /// A user, system or developer message's text.
+    Input(ListedInputText),
+    /// An earlier answer's text.
+    Output(OutputText),
+}
+
+/// A message listed by `input_items`.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListedMessage {
+    /// `msg_` and 32 hex digits.
+    #[schemars(pattern(r"^msg_[0-9a-f]{32}$"))]
+    pub id: String,
+    /// `"message"`.
+    #[serde(rename = "type")]
+    #[schemars(extend("const" = "message"))]
+    pub kind: &'static str,
+    /// Who wrote it.
+    #[schemars(extend("enum" = ["user", "system", "developer", "assistant"]))]
+    pub role: &'static str,
+    /// `completed`.
+    pub status: OutputItemStatus,
+    /// Its text, one part.
+    #[schemars(length(min = 1, max = 1))]
+    pub content: Vec<ListedText>,
+}
+
+/// A function call listed by `input_items` (an earlier answer's, or one sent as input).
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListedFunctionCall {
+    /// `fc_` and 32 hex digits.
+    #[schemars(pattern(r"^fc_[0-9a-f]{32}$"))]
+    pub id: String,
+    /// `"function_call"`.
+    #[serde(rename = "type")]
+    #[schemars(extend("const" = "function_call"))]
+    pub kind: &'static str,
+    /// What its function_call_output answers.
+    pub call_id: String,
+    /// The function called.
+    pub name: String,
+    /// The JSON text of the arguments.
+    pub arguments: String,
+    /// `completed`.
+    pub status: OutputItemStatus,
+}
+
+/// A function call's output listed by `input_items`.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListedFunctionCallOutput {
+    /// `fco_` and 32 hex digits.
+    #[schemars(pattern(r"^fco_[0-9a-f]{32}$"))]
+    pub id: String,
+    /// `"function_call_output"`.
+    #[serde(rename = "type")]
+    #[schemars(extend("const" = "function_call_output"))]
+    pub kind: &'static str,
+    /// The call it answers.
+    pub call_id: String,
+    /// The result.
+    pub output: String,
+    /// `completed`.
+    pub status: OutputItemStatus,
+}
+
+/// One item of a response's input, as `GET /v1/responses/{id}/input_items` lists it.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum ListedItem {
+    /// A message.
+    Message(ListedMessage),
+    /// Reasoning of an earlier answer.
+    Reasoning(OutputReasoning),
+    /// A function call.
+    FunctionCall(ListedFunctionCall),
+    /// A function call's output.
+    FunctionCallOutput(ListedFunctionCallOutput),
+}
+
+/// `GET /v1/responses/{id}/input_items`'s answer: one page of the response's input items.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputItemList {
+    /// `"list"`.
+    #[schemars(extend("const" = "list"))]
+    pub object: &'static str,
+    /// The page's items, in the order asked (`order`, default `desc`: the newest first).
+    pub data: Vec<ListedItem>,
+    /// The first item's id (null when the page is empty).
+    pub first_id: Option<String>,
+    /// The last item's id (null when the page is empty); `after` for the next page.
+    pub last_id: Option<String>,
+    /// Whether items remain past this page.
+    pub has_more: bool,
+}

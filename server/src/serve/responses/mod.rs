@@ -24,13 +24,19 @@
 //! (max_output_tokens or the context reached, `incomplete_details.reason: "max_output_tokens"`)
 //! or `response.failed`. Not streamed, the same builder makes the one response object.
 //!
+//! Before the engine sees a request, its items must pair up (each `function_call_output` after
+//! its call, each call answered) and their chat messages pass the template's rules
+//! (`ChatRequest::validate`); a refusal names the item (`input[i]`), not the chat message.
+//!
 //! Store ([`store`]): a finished response (completed or incomplete) with `store` (default true) is kept in
-//! memory as its items, for `previous_response_id`: the last [`STORE_RESPONSES`] responses, each
+//! memory as its response object and items, for `previous_response_id` and the routes of
+//! [`stored`] (retrieve, delete, list input items): the last [`STORE_RESPONSES`] responses, each
 //! for at most [`STORE_TTL`], at most [`STORE_BYTES`] of text together (oldest dropped first; a
 //! response past that alone is not kept).
 //! An unknown, dropped or unstored id is a 400 `previous_response_not_found`.
 
 pub mod store;
+pub mod stored;
 
 use super::api::request::{
     ChosenFunction, FormatType, FunctionDefinition, FunctionType, JsonSchemaFormat,
@@ -55,7 +61,7 @@ use super::state::AppState;
 use super::text::{Delta, TextMode, TextModel, ToolCallDelta};
 use super::tools::{self, Structured};
 use aubier_runtime::text::chat::{
-    ChatMessage, ChatRequest, ContentChunk, FunctionCall, MessageContent, Role, ToolCall,
+    ChatError, ChatMessage, ChatRequest, ContentChunk, FunctionCall, MessageContent, Role, ToolCall,
 };
 use aubier_runtime::text::grammar::GrammarSpec;
 use axum::response::sse::Event as SseEvent;
@@ -64,7 +70,7 @@ use axum::Json;
 use serde_json::{json, Map, Value};
 use std::collections::HashSet;
 use std::sync::Arc;
-pub use store::{Item, ResponseStore, STORE_BYTES, STORE_RESPONSES, STORE_TTL};
+pub use store::{Item, ResponseStore, Stored, STORE_BYTES, STORE_RESPONSES, STORE_TTL};
 
 /// The assistant turn being gathered from consecutive answer items.
 #[derive(Default)]
@@ -94,62 +100,193 @@ fn message(role: Role, content: Option<String>) -> ChatMessage {
     }
 }
 
+/// Chat messages being gathered from items, each with the index of the item it starts at.
+#[derive(Default)]
+struct Turns {
+    messages: Vec<ChatMessage>,
+    origins: Vec<Option<usize>>,
+    answer: Option<(usize, Answer)>,
+}
+
+impl Turns {
+    /// The open assistant turn, opened at item `i` if none is.
+    fn answer(&mut self, i: usize) -> &mut Answer {
+        &mut self.answer.get_or_insert_with(|| (i, Answer::default())).1
+    }
+
+    /// Ends the open assistant turn, if any.
+    fn close(&mut self) {
+        if let Some((i, answer)) = self.answer.take() {
+            self.messages.push(answer.message());
+            self.origins.push(Some(i));
+        }
+    }
+
+    /// Adds `m`, from item `origin` (`None`: the instructions), after the open turn.
+    fn push(&mut self, origin: Option<usize>, m: ChatMessage) {
+        self.close();
+        self.messages.push(m);
+        self.origins.push(origin);
+    }
+}
+
 /// The chat messages of `instructions` (a system message) and `items`: consecutive reasoning,
-/// assistant text and calls form one assistant turn, a call's output a tool message.
-pub fn messages(instructions: Option<&str>, items: &[Item]) -> Vec<ChatMessage> {
-    let mut out: Vec<ChatMessage> = instructions
-        .map(|i| message(Role::System, Some(i.to_owned())))
-        .into_iter()
-        .collect();
-    let mut answer: Option<Answer> = None;
-    for item in items {
+/// assistant text and calls form one assistant turn, a call's output a tool message. With them,
+/// for each message, the index in `items` of the item it starts at (`None` for the
+/// instructions).
+pub fn messages(
+    instructions: Option<&str>,
+    items: &[Item],
+) -> (Vec<ChatMessage>, Vec<Option<usize>>) {
+    let mut t = Turns::default();
+    if let Some(text) = instructions {
+        t.push(None, message(Role::System, Some(text.to_owned())));
+    }
+    for (i, item) in items.iter().enumerate() {
         match item {
             Item::Message {
                 role: Role::Assistant,
                 text,
-            } => answer
-                .get_or_insert_with(Answer::default)
+            } => t
+                .answer(i)
                 .chunks
                 .push(ContentChunk::Text { text: text.clone() }),
-            Item::Reasoning(text) => {
-                answer
-                    .get_or_insert_with(Answer::default)
-                    .chunks
-                    .push(ContentChunk::Thinking {
-                        thinking: text.clone(),
-                        closed: true,
-                    })
-            }
+            Item::Reasoning(text) => t.answer(i).chunks.push(ContentChunk::Thinking {
+                thinking: text.clone(),
+                closed: true,
+            }),
             Item::Call {
                 call_id,
                 name,
                 arguments,
-            } => answer
-                .get_or_insert_with(Answer::default)
-                .calls
-                .push(ToolCall {
-                    id: Some(call_id.clone()),
-                    kind: Some("function".to_owned()),
-                    function: FunctionCall {
-                        name: name.clone(),
-                        arguments: Value::String(arguments.clone()),
-                    },
-                }),
-            Item::Message { role, text } => {
-                out.extend(answer.take().map(Answer::message));
-                out.push(message(*role, Some(text.clone())));
-            }
-            Item::Output { call_id, output } => {
-                out.extend(answer.take().map(Answer::message));
-                out.push(ChatMessage {
+            } => t.answer(i).calls.push(ToolCall {
+                id: Some(call_id.clone()),
+                kind: Some("function".to_owned()),
+                function: FunctionCall {
+                    name: name.clone(),
+                    arguments: Value::String(arguments.clone()),
+                },
+            }),
+            Item::Message { role, text } => t.push(Some(i), message(*role, Some(text.clone()))),
+            Item::Output { call_id, output } => t.push(
+                Some(i),
+                ChatMessage {
                     tool_call_id: Some(call_id.clone()),
                     ..message(Role::Tool, Some(output.clone()))
-                });
-            }
+                },
+            ),
         }
     }
-    out.extend(answer.map(Answer::message));
-    out
+    t.close();
+    (t.messages, t.origins)
+}
+
+/// What `item` is, for errors: "a user message", "a function_call", ….
+fn item_kind(item: &Item) -> String {
+    match item {
+        Item::Message {
+            role: Role::Assistant,
+            ..
+        } => "an assistant message".to_owned(),
+        Item::Message { role, .. } => format!("a {} message", role.name()),
+        Item::Reasoning(_) => "a reasoning item".to_owned(),
+        Item::Call { .. } => "a function_call".to_owned(),
+        Item::Output { .. } => "a function_call_output".to_owned(),
+    }
+}
+
+/// The parameter of item `i` of a conversation whose first `stored` items are a stored
+/// response's: `input[i - stored]`, or `previous_response_id`.
+fn item_param(i: usize, stored: usize) -> String {
+    match i.checked_sub(stored) {
+        Some(j) => format!("input[{j}]"),
+        None => "previous_response_id".to_owned(),
+    }
+}
+
+/// The chat validator's error `e` about the messages [`messages`] made of `items` (the first
+/// `stored` a stored response's), in Responses terms: the message it names becomes the item
+/// that message starts at (or `instructions`), chat roles become item types.
+fn in_item_terms(
+    e: ChatError,
+    origins: &[Option<usize>],
+    items: &[Item],
+    stored: usize,
+) -> ApiError {
+    let param = |index: usize| match origins.get(index).copied().flatten() {
+        Some(i) => item_param(i, stored),
+        None => "instructions".to_owned(),
+    };
+    let kind = |index: usize| match origins.get(index).copied().flatten() {
+        Some(i) => item_kind(&items[i]),
+        None => "the instructions".to_owned(),
+    };
+    let at = |index: usize, message: String| {
+        let p = param(index);
+        ApiError::bad_value(&p, format!("{p}: {message}"))
+    };
+    match e {
+        ChatError::NoMessages => ApiError::bad_value(
+            "input",
+            "The input has no items: send at least one message.",
+        ),
+        ChatError::FirstRole(_) => at(
+            0,
+            format!(
+                "the conversation must start with a user, system or developer message (or \
+                 instructions), not {}.",
+                kind(0)
+            ),
+        ),
+        ChatError::RoleOrder { index, .. } => {
+            let before = match origins.get(index).copied().flatten() {
+                Some(i) if i > 0 => item_kind(&items[i - 1]),
+                _ => kind(index.saturating_sub(1)),
+            };
+            at(
+                index,
+                format!(
+                    "{} cannot follow {before} in Mistral's chat template (after an answer \
+                     comes a user message or a function_call_output; a system or developer \
+                     message comes after a user or system message).",
+                    kind(index)
+                ),
+            )
+        }
+        ChatError::LastRole(_) => {
+            let last = origins.len().saturating_sub(1);
+            at(
+                last,
+                format!(
+                    "the input ends with {}; end it with what the model should answer: a user \
+                     message or a function_call_output.",
+                    kind(last)
+                ),
+            )
+        }
+        ChatError::Content { index, .. } => at(
+            index,
+            "an answer (assistant messages, reasoning and function calls in a row) needs \
+             non-empty text or a function call."
+                .to_owned(),
+        ),
+        ChatError::ToolCalls { index, reason } => {
+            const TERMS: [(&str, &str); 6] = [
+                ("tool call id", "call_id"),
+                ("tool_call_id", "call_id"),
+                ("tool result", "function_call_output"),
+                ("tool message", "function_call_output"),
+                ("tool call", "function_call"),
+                ("assistant turn", "answer"),
+            ];
+            let reason = TERMS
+                .iter()
+                .fold(reason, |r, (chat, item)| r.replace(chat, item));
+            at(index, format!("{reason}."))
+        }
+        ChatError::Tools(_) => ApiError::bad_value("tools", e.to_string()),
+        e => ApiError::bad_value("input", e.to_string()),
+    }
 }
 
 /// A validated `POST /v1/responses` body.
@@ -183,7 +320,9 @@ pub struct ResponseParams {
 pub(super) struct ResponsesKind {
     params: ResponseParams,
     items: Vec<Item>,
+    ids: Vec<String>,
     store: Arc<ResponseStore>,
+    chat: ChatRequest,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -375,10 +514,7 @@ fn renamed(mut e: ApiError) -> ApiError {
 /// OpenAI's messages "No tool call found for function call output with call_id …" and "No tool
 /// output found for function call …", or saying the input ends with an answer.
 fn answerable(items: &[Item], stored: usize) -> Result<(), ApiError> {
-    let param = |i: usize| match i.checked_sub(stored) {
-        Some(j) => format!("input[{j}]"),
-        None => "previous_response_id".to_owned(),
-    };
+    let param = |i: usize| item_param(i, stored);
     // Whether each function_call has an output after it, in one backward pass, so that a body
     // of many items costs time linear in their count.
     let mut outputs_after = HashSet::new();
@@ -658,10 +794,12 @@ fn part(reasoning: bool, text: &str) -> Part {
     }
 }
 
-/// Where a finished response is kept: the store's owner and the items before its output.
+/// Where a finished response is kept: the store's owner, and the items before its output with
+/// their ids.
 struct Keep {
     store: Arc<ResponseStore>,
     items: Vec<Item>,
+    ids: Vec<String>,
 }
 
 /// The state machine from the engine's events to the response object and its stream events
@@ -669,7 +807,7 @@ struct Keep {
 struct Builder {
     response: ResponseObject,
     open: Option<Open>,
-    said: Vec<Item>,
+    said: Vec<(String, Item)>,
     streaming: bool,
     seq: u64,
     events: Vec<ResponseEvent>,
@@ -759,18 +897,19 @@ impl Builder {
                     },
                 });
                 self.emit(|| EventBody::ContentPartDone {
-                    item_id: id,
+                    item_id: id.clone(),
                     output_index,
                     content_index: 0,
                     part: part(reasoning, &text),
                 });
-                self.said.push(match reasoning {
+                let item = match reasoning {
                     true => Item::Reasoning(text),
                     false => Item::Message {
                         role: Role::Assistant,
                         text,
                     },
-                });
+                };
+                self.said.push((id, item));
             }
             Open::Call {
                 id,
@@ -779,16 +918,17 @@ impl Builder {
                 arguments,
             } => {
                 self.emit(|| EventBody::FunctionCallArgumentsDone {
-                    item_id: id,
+                    item_id: id.clone(),
                     output_index,
                     name: name.clone(),
                     arguments: arguments.clone(),
                 });
-                self.said.push(Item::Call {
+                let item = Item::Call {
                     call_id,
                     name,
                     arguments,
-                });
+                };
+                self.said.push((id, item));
             }
         }
         let item = whole.clone();
@@ -891,9 +1031,27 @@ impl Builder {
                 reason: "max_output_tokens",
             });
         }
-        if let Some(Keep { store, mut items }) = self.keep.take() {
-            items.append(&mut self.said);
-            store.put(r.id.clone(), items);
+        if let Some(Keep {
+            store,
+            mut items,
+            mut ids,
+        }) = self.keep.take()
+        {
+            let inputs = items.len();
+            for (id, item) in self.said.drain(..) {
+                ids.push(id);
+                items.push(item);
+            }
+            let stored = serde_json::to_string(&*r).map(|response| Stored {
+                response,
+                items,
+                ids,
+                inputs,
+            });
+            // A response object always serializes (its maps have string keys).
+            if let Ok(stored) = stored {
+                store.put(r.id.clone(), stored);
+            }
         }
         let response = r.clone();
         self.emit(|| match complete {
@@ -918,6 +1076,16 @@ impl Builder {
     }
 }
 
+/// A new id for an input item: `msg_`, `rs_`, `fc_` or `fco_` (by its type) and 32 hex digits.
+fn new_item_id(item: &Item) -> String {
+    request_id(match item {
+        Item::Message { .. } => "msg_",
+        Item::Reasoning(_) => "rs_",
+        Item::Call { .. } => "fc_",
+        Item::Output { .. } => "fco_",
+    })
+}
+
 /// 400 `previous_response_not_found`.
 fn not_found(id: &str) -> ApiError {
     ApiError::invalid(
@@ -940,17 +1108,32 @@ impl RequestKind for ResponsesKind {
     /// does not hold.
     fn parse(app: &AppState, bytes: &[u8]) -> Result<ResponsesKind, ApiError> {
         let mut params = parse(bytes)?;
-        let mut items = match &params.previous_response_id {
-            None => Vec::new(),
-            Some(id) => app.responses.get(id).ok_or_else(|| not_found(id))?.to_vec(),
+        let (mut items, mut ids) = match &params.previous_response_id {
+            None => (Vec::new(), Vec::new()),
+            Some(id) => {
+                let s = app.responses.get(id).ok_or_else(|| not_found(id))?;
+                (s.items.clone(), s.ids.clone())
+            }
         };
         let stored = items.len();
+        ids.extend(params.input.iter().map(new_item_id));
         items.append(&mut params.input);
         answerable(&items, stored)?;
+        let (messages, origins) = messages(params.instructions.as_deref(), &items);
+        let chat = ChatRequest {
+            messages,
+            tools: params.tools.take(),
+            reasoning_effort: params.effort.map(|e| effort_name(e).to_owned()),
+            continue_final_message: false,
+        };
+        chat.validate()
+            .map_err(|e| in_item_terms(e, &origins, &items, stored))?;
         Ok(ResponsesKind {
             params,
             items,
+            ids,
             store: app.responses.clone(),
+            chat,
         })
     }
 
@@ -959,13 +1142,7 @@ impl RequestKind for ResponsesKind {
     }
 
     fn take_prompt(&mut self) -> PromptSource {
-        let p = &mut self.params;
-        let chat = ChatRequest {
-            messages: messages(p.instructions.as_deref(), &self.items),
-            tools: p.tools.take(),
-            reasoning_effort: p.effort.map(|e| effort_name(e).to_owned()),
-            continue_final_message: false,
-        };
+        let chat = std::mem::take(&mut self.chat);
         PromptSource::Build(Box::new(move |t: &TextModel, limit| {
             t.chat_prompt_within(&chat, limit).map_err(renamed)
         }))
@@ -1023,6 +1200,7 @@ impl ResponsesKind {
         let keep = self.params.store.then_some(Keep {
             store: self.store,
             items: self.items,
+            ids: self.ids,
         });
         Builder::new(self.params.head(&head.object), streaming, keep)
     }
@@ -1069,28 +1247,6 @@ impl ChunkFormat for ResponseEvents {
 mod tests {
     use super::*;
 
-    fn said(text: &str) -> Vec<Item> {
-        vec![Item::Message {
-            role: Role::User,
-            text: text.to_owned(),
-        }]
-    }
-
-    #[test]
-    fn the_store_keeps_the_last_responses_within_its_bytes() {
-        let store = ResponseStore::default();
-        for i in 0..STORE_RESPONSES + 10 {
-            store.put(format!("resp_{i}"), said("x"));
-        }
-        assert!(store.get("resp_9").is_none());
-        assert_eq!(store.get("resp_10").as_deref(), Some(&said("x")));
-        let last = format!("resp_{}", STORE_RESPONSES + 9);
-        assert!(store.get(&last).is_some());
-        store.put("big".to_owned(), said(&"y".repeat(STORE_BYTES)));
-        assert!(store.get("big").is_none(), "past the byte bound alone");
-        assert!(store.get(&last).is_some(), "the newer ones stay");
-    }
-
     #[test]
     fn answer_items_in_a_row_are_one_assistant_turn() {
         let items = [
@@ -1113,7 +1269,8 @@ mod tests {
                 output: "o".to_owned(),
             },
         ];
-        let m = messages(Some("be brief"), &items);
+        let (m, origins) = messages(Some("be brief"), &items);
+        assert_eq!(origins, [None, Some(0), Some(1), Some(4)]);
         let roles: Vec<Role> = m.iter().map(|m| m.role).collect();
         assert_eq!(
             roles,

@@ -1,7 +1,10 @@
-//! The store of recent responses behind `previous_response_id`: each finished response (completed
-//! or incomplete, with `store`) as its [`Item`]s — its inputs, the inputs before it, its output —
-//! the last [`STORE_RESPONSES`], each for at most [`STORE_TTL`], at most [`STORE_BYTES`] of text
-//! together (oldest dropped first; a response past that alone is not kept).
+//! The store of recent responses behind `previous_response_id`, `GET` / `DELETE
+//! /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`: each finished response
+//! (completed or incomplete, with `store`) as its response object's JSON text and its [`Item`]s —
+//! the inputs before it, its own inputs, its output — each with its item id (an item carried
+//! over from a stored response keeps its id); the last [`STORE_RESPONSES`], each for at most
+//! [`STORE_TTL`], at most [`STORE_BYTES`] of text together (oldest dropped first; a response past
+//! that alone is not kept).
 
 use aubier_runtime::text::chat::Role;
 use std::collections::VecDeque;
@@ -62,7 +65,29 @@ impl Item {
     }
 }
 
-/// The recently finished responses, as their items (module note).
+/// One kept response (module note).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stored {
+    /// The response object as the route answered it, JSON text.
+    pub response: String,
+    /// Its conversation: the inputs of the responses before it, its own inputs, its output.
+    pub items: Vec<Item>,
+    /// The id of each of `items`, in their order.
+    pub ids: Vec<String>,
+    /// How many of `items` are inputs (the rest is its output).
+    pub inputs: usize,
+}
+
+impl Stored {
+    /// Bytes of text it holds.
+    fn bytes(&self) -> usize {
+        let items: usize = self.items.iter().map(Item::bytes).sum();
+        let ids: usize = self.ids.iter().map(String::len).sum();
+        self.response.len() + items + ids
+    }
+}
+
+/// The recently finished responses (module note).
 #[derive(Debug, Default)]
 pub struct ResponseStore {
     kept: Mutex<VecDeque<Kept>>,
@@ -72,7 +97,7 @@ pub struct ResponseStore {
 struct Kept {
     id: String,
     at: Instant,
-    items: Arc<Vec<Item>>,
+    stored: Arc<Stored>,
     bytes: usize,
 }
 
@@ -96,16 +121,16 @@ impl ResponseStore {
         self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The items of response `id` (its inputs and its output), if kept.
-    pub fn get(&self, id: &str) -> Option<Arc<Vec<Item>>> {
+    /// Response `id`, if kept.
+    pub fn get(&self, id: &str) -> Option<Arc<Stored>> {
         let mut kept = self.lock();
         Self::prune(&mut kept);
-        kept.iter().find(|k| k.id == id).map(|k| k.items.clone())
+        kept.iter().find(|k| k.id == id).map(|k| k.stored.clone())
     }
 
-    /// Keeps response `id` as `items`, unless they alone are past [`STORE_BYTES`].
-    pub fn put(&self, id: String, items: Vec<Item>) {
-        let bytes = items.iter().map(Item::bytes).sum::<usize>() + id.len();
+    /// Keeps response `id`, unless it alone is past [`STORE_BYTES`].
+    pub fn put(&self, id: String, stored: Stored) {
+        let bytes = stored.bytes() + id.len();
         if bytes > STORE_BYTES {
             return;
         }
@@ -113,9 +138,61 @@ impl ResponseStore {
         kept.push_back(Kept {
             id,
             at: Instant::now(),
-            items: Arc::new(items),
+            stored: Arc::new(stored),
             bytes,
         });
         Self::prune(&mut kept);
+    }
+
+    /// Drops response `id`; whether it was kept.
+    pub fn delete(&self, id: &str) -> bool {
+        let mut kept = self.lock();
+        Self::prune(&mut kept);
+        let before = kept.len();
+        kept.retain(|k| k.id != id);
+        kept.len() < before
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn said(text: &str) -> Stored {
+        Stored {
+            response: "{}".to_owned(),
+            items: vec![Item::Message {
+                role: Role::User,
+                text: text.to_owned(),
+            }],
+            ids: vec!["msg_1".to_owned()],
+            inputs: 1,
+        }
+    }
+
+    #[test]
+    fn the_store_keeps_the_last_responses_within_its_bytes() {
+        let store = ResponseStore::default();
+        for i in 0..STORE_RESPONSES + 10 {
+            store.put(format!("resp_{i}"), said("x"));
+        }
+        assert!(store.get("resp_9").is_none());
+        assert_eq!(store.get("resp_10").as_deref(), Some(&said("x")));
+        let last = format!("resp_{}", STORE_RESPONSES + 9);
+        assert!(store.get(&last).is_some());
+        store.put("big".to_owned(), said(&"y".repeat(STORE_BYTES)));
+        assert!(store.get("big").is_none(), "past the byte bound alone");
+        assert!(store.get(&last).is_some(), "the newer ones stay");
+    }
+
+    #[test]
+    fn a_deleted_response_is_gone_and_the_others_stay() {
+        let store = ResponseStore::default();
+        store.put("resp_a".to_owned(), said("a"));
+        store.put("resp_b".to_owned(), said("b"));
+        assert!(store.delete("resp_a"));
+        assert!(store.get("resp_a").is_none());
+        assert!(!store.delete("resp_a"), "deleted once");
+        assert_eq!(store.get("resp_b").as_deref(), Some(&said("b")));
     }
 }
