@@ -438,6 +438,19 @@ async fn errors_are_openai_shaped() {
         404,
     );
     assert_eq!(v["error"]["param"], "model");
+    // An id in the path that is not UTF-8 once percent-decoded: 400 in the same shape (axum's
+    // own rejection is plain text).
+    for (method, path) in [
+        ("GET", "/v1/models/%FF"),
+        ("GET", "/v1/responses/%FF"),
+        ("DELETE", "/v1/responses/%FF"),
+        ("GET", "/v1/responses/%C3%28/input_items"),
+    ] {
+        let v = check(&raw_request(srv.addr, method, path, b"").await, 400);
+        assert_eq!(v["error"]["code"], "invalid_url", "{method} {path}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("UTF-8"), "{method} {path}: {message}");
+    }
     // Malformed JSON: 400.
     let v = check(
         &raw_request(srv.addr, "POST", "/v1/chat/completions", b"{\"model\":").await,

@@ -212,6 +212,7 @@ fn document() -> (Value, Vec<String>) {
             "schema": {"type": "string"}}],
         "responses": {
             "200": json_response("The model.", &model),
+            "400": err("The id in the path is not UTF-8 once percent-decoded."),
             "403": forbidden,
             "404": not_found,
             "503": overloaded,
@@ -225,7 +226,8 @@ fn document() -> (Value, Vec<String>) {
     );
     let refused = err(
         "A query parameter unknown, repeated, out of range, or asking for what \
-        aubier does not do (streamed retrieval, 'include'), named in 'param'.",
+        aubier does not do (streamed retrieval, 'include'), named in 'param'; or an id in \
+        the path that is not UTF-8 once percent-decoded.",
     );
     let stored = json!({
         "get": {

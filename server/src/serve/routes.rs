@@ -1,6 +1,6 @@
 //! The routes that are not [`super::generation`]'s: `/health`, `/metrics`, `/openapi.json`,
 //! `/v1/models`, `/debug/tokens` (token ids in and out, no tokenizer), and the body reading and
-//! model check every route shares.
+//! model check every route shares; [`PathId`], the `{id}` of a route's path.
 
 use super::api::response::{DebugTokens, Health, HealthStatus, Model, ModelList};
 use super::connection::ConnState;
@@ -11,7 +11,8 @@ use super::guard::refusal;
 use super::params;
 use super::state::AppState;
 use super::text::TextMode;
-use axum::extract::{Extension, Path, Request, State};
+use axum::extract::{Extension, FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -85,9 +86,31 @@ pub(super) async fn list_models(State(app): State<Arc<AppState>>) -> Json<ModelL
     })
 }
 
+/// The `{id}` segment of a route's path, percent-decoded.
+///
+/// Rejection: 400 `invalid_url` in OpenAI's error shape when it does not decode to UTF-8
+/// (axum's own rejection is a plain-text body).
+pub(super) struct PathId(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<PathId, ApiError> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(id)) => Ok(PathId(id)),
+            Err(e) if e.status().is_client_error() => Err(ApiError::invalid(
+                None,
+                "invalid_url",
+                format!("{}.", e.body_text()),
+            )),
+            Err(e) => Err(ApiError::internal(e.body_text())),
+        }
+    }
+}
+
 pub(super) async fn get_model(
     State(app): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<Model>, ApiError> {
     app.check_model(&id)?;
     Ok(Json(model_object(&app)))

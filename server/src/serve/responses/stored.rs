@@ -9,7 +9,7 @@
 //!   the id of the item before the page; `has_more` says whether items remain past it.
 //!
 //! An id the store does not hold (never created, created with `store: false`, dropped past the
-//! store's bounds, or deleted) is a 404. The query is checked as bodies are: an unknown parameter,
+//! store's bounds, or deleted) is a 404; one that does not decode to UTF-8 a 400. The query is checked as bodies are: an unknown parameter,
 //! a repeated one, a bad value, or one asking for what aubier does not do (`stream=true`: a stored
 //! response is not replayed as events; `include`: aubier keeps no extra fields) is a 400 naming
 //! it.
@@ -20,11 +20,12 @@ use super::super::api::responses::{
     ListedMessage, ListedText, OutputItemStatus, OutputReasoning, ReasoningText, ResponseDeleted,
 };
 use super::super::error::{unknown_parameter, ApiError};
+use super::super::routes::PathId;
 use super::super::state::AppState;
 use super::store::{Item, Stored};
 use super::{text_part, STORE_RESPONSES, STORE_TTL};
 use aubier_runtime::text::chat::Role;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -105,7 +106,7 @@ fn stored(app: &AppState, id: &str) -> Result<Arc<Stored>, ApiError> {
 /// non-boolean `include_obfuscation` or an unknown query parameter.
 pub(in super::super) async fn retrieve(
     State(app): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let q = query(
@@ -148,7 +149,7 @@ pub(in super::super) async fn retrieve(
 /// query parameter.
 pub(in super::super) async fn delete(
     State(app): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<ResponseDeleted>, ApiError> {
     query(raw.as_deref(), &[])?;
@@ -279,7 +280,7 @@ fn page(s: &Stored, q: &HashMap<String, String>) -> Result<InputItemList, ApiErr
 /// parameter.
 pub(in super::super) async fn input_items(
     State(app): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<InputItemList>, ApiError> {
     let q = query(
