@@ -317,6 +317,13 @@ async fn what_the_template_refuses_is_named_by_item() {
             "input[1]: duplicate call_id \"c1\".",
         ),
         (
+            json!([msg("user", "x"),
+                {"type": "function_call", "call_id": "", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "", "output": "1"}]),
+            "input[1]",
+            "input[1]: every function_call needs a call_id.",
+        ),
+        (
             json!([msg("user", "x"), msg("system", "s")]),
             "input[1]",
             "input[1]: the input ends with a system message; end it with what the model should \

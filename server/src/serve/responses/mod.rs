@@ -271,7 +271,8 @@ fn in_item_terms(
                 .to_owned(),
         ),
         ChatError::ToolCalls { index, reason } => {
-            const TERMS: [(&str, &str); 6] = [
+            const TERMS: [(&str, &str); 7] = [
+                ("tool call needs an id", "function_call needs a call_id"),
                 ("tool call id", "call_id"),
                 ("tool_call_id", "call_id"),
                 ("tool result", "function_call_output"),
