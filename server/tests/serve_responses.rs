@@ -192,15 +192,20 @@ async fn a_stream_sends_the_typed_events_in_order() {
     srv.stop().await;
 }
 
-#[tokio::test]
-async fn reasoning_is_a_reasoning_item_before_the_message() {
+/// The ids of "[THINK]plan[/THINK]answer".
+fn plan_then_answer() -> Vec<u32> {
     let tok = text_model();
     let special = |s: &str| tok.tokenizer().special_id(s).expect("in the vocabulary");
     let mut ids = vec![special("[THINK]")];
     ids.extend(byte_ids("plan"));
     ids.push(special("[/THINK]"));
     ids.extend(byte_ids("answer"));
-    let srv = start_fake(script(ids), 4096, limits()).await;
+    ids
+}
+
+#[tokio::test]
+async fn reasoning_is_a_reasoning_item_before_the_message() {
+    let srv = start_fake(script(plan_then_answer()), 4096, limits()).await;
     let high = body(json!({"reasoning": {"effort": "high"}}));
     let v = create(srv.addr, &high).await;
     assert_eq!(v["reasoning"]["effort"], "high");
@@ -266,6 +271,92 @@ async fn previous_response_id_continues_a_stored_response() {
     )
     .await;
     resp.assert_status(400, "an unstored response");
+    srv.stop().await;
+}
+
+/// With `include: ["reasoning.encrypted_content"]` a done reasoning item carries
+/// `encrypted_content`, and sent back without the store (and without its content) it is the
+/// same past reasoning as its content: the prompt has as many tokens. A blob aubier did not
+/// write is a 400 naming it; `reasoning.summary` `auto` is echoed and the summary stays empty;
+/// another `include` value or summary mode is refused by name.
+#[tokio::test]
+async fn encrypted_reasoning_comes_back_without_the_store() {
+    let srv = start_fake(script(plan_then_answer()), 4096, limits()).await;
+    let asked = body(
+        json!({"reasoning": {"effort": "high", "summary": "auto"}, "store": false,
+        "include": ["reasoning.encrypted_content"]}),
+    );
+    let v = create(srv.addr, &asked).await;
+    assert_eq!(v["reasoning"], json!({"effort": "high", "summary": "auto"}));
+    let reasoning = &v["output"][0];
+    assert_eq!(
+        (&reasoning["type"], &reasoning["summary"]),
+        (&json!("reasoning"), &json!([]))
+    );
+    let blob = reasoning["encrypted_content"]
+        .as_str()
+        .expect("encrypted_content");
+    assert!(blob.starts_with("aubier.reasoning.v1."), "{blob}");
+    let ev = events(srv.addr, &asked).await;
+    let item = |kind: &str| {
+        ev.iter()
+            .find(|e| e["type"] == kind && e["item"]["type"] == "reasoning")
+            .map(|e| e["item"].clone())
+            .expect("a reasoning item event")
+    };
+    assert!(item("response.output_item.added")
+        .get("encrypted_content")
+        .is_none());
+    assert_eq!(item("response.output_item.done")["encrypted_content"], blob);
+    let plain = create(srv.addr, &body(json!({"reasoning": {"effort": "high"}}))).await;
+    assert!(
+        plain["output"][0].get("encrypted_content").is_none(),
+        "{plain}"
+    );
+    assert_eq!(plain["reasoning"]["summary"], Value::Null);
+
+    let sent_back = |reasoning: Value| {
+        body(json!({"store": false, "input": [
+            {"role": "user", "content": "x"}, reasoning,
+            {"role": "assistant", "content": "answer"}, {"role": "user", "content": "y"}]}))
+    };
+    let sealed = create(
+        srv.addr,
+        &sent_back(json!({"type": "reasoning", "summary": [], "encrypted_content": blob})),
+    )
+    .await;
+    let with_text = create(
+        srv.addr,
+        &sent_back(json!({"type": "reasoning", "summary": [],
+            "content": [{"type": "reasoning_text", "text": "plan"}]})),
+    )
+    .await;
+    let without = create(
+        srv.addr,
+        &sent_back(json!({"type": "reasoning", "summary": []})),
+    )
+    .await;
+    let tokens = |v: &Value| v["usage"]["input_tokens"].as_u64().expect("input_tokens");
+    assert_eq!(tokens(&sealed), tokens(&with_text));
+    assert!(tokens(&sealed) > tokens(&without), "{sealed}\n{without}");
+
+    let foreign = sent_back(json!({"type": "reasoning", "summary": [],
+        "encrypted_content": "gAAAAABoOpaqueBlobFromElsewhere"}));
+    let e = refused(srv.addr, &foreign).await;
+    assert_eq!(e["param"], "input[1].encrypted_content", "{e}");
+    for (extra, param) in [
+        (
+            json!({"include": ["message.output_text.logprobs"]}),
+            "include[0]",
+        ),
+        (
+            json!({"reasoning": {"summary": "concise"}}),
+            "reasoning.summary",
+        ),
+    ] {
+        let e = refused(srv.addr, &body(extra.clone())).await;
+        assert_eq!(e["param"], param, "{extra}: {e}");
+    }
     srv.stop().await;
 }
 
@@ -644,9 +735,9 @@ async fn refused_and_invalid_parameters_are_named() {
     let tool = json!({"type": "function", "name": "f"});
     let cases = [
         (
-            json!({"include": ["reasoning.encrypted_content"]}),
-            "include",
-            "unsupported_parameter",
+            json!({"include": ["file_search_call.results"]}),
+            "include[0]",
+            "invalid_value",
         ),
         (
             json!({"background": true}),
@@ -674,9 +765,9 @@ async fn refused_and_invalid_parameters_are_named() {
             "unsupported_parameter",
         ),
         (
-            json!({"reasoning": {"summary": "auto"}}),
+            json!({"reasoning": {"summary": "detailed"}}),
             "reasoning.summary",
-            "unsupported_parameter",
+            "invalid_value",
         ),
         (
             json!({"reasoning": {"effort": "medium"}}),

@@ -327,9 +327,10 @@ pub struct ReasoningItem {
     pub id: Option<String>,
     /// The item's status (ignored).
     pub status: Option<InputItemStatus>,
-    /// Not implemented: accepted only at its default.
-    #[serde(default)]
-    pub encrypted_content: Refused<NullDefault>,
+    /// The reasoning as aubier wrote it with `include` `reasoning.encrypted_content` (used when
+    /// there is no content; one aubier did not write is refused).
+    #[schemars(pattern(r"^aubier\.reasoning\.v1\.[A-Za-z0-9+/]*={0,2}$"))]
+    pub encrypted_content: Option<String>,
 }
 
 /// One item of `input`.
@@ -454,6 +455,22 @@ pub struct TextConfig {
     pub verbosity: Refused<VerbosityDefault>,
 }
 
+/// `reasoning.summary`: the one value aubier can honour.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SummaryMode {
+    /// The model chooses (and writes no summary).
+    Auto,
+}
+
+/// What `include` may ask for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+pub enum Includable {
+    /// Reasoning items carry `encrypted_content`, to send back with `store: false`.
+    #[serde(rename = "reasoning.encrypted_content")]
+    ReasoningEncryptedContent,
+}
+
 /// `reasoning`.
 #[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -461,9 +478,9 @@ pub struct ReasoningConfig {
     /// `high` reasons in [THINK]…[/THINK] first (returned as a reasoning item); `none` (the
     /// default) does not. The model knows no other effort.
     pub effort: Option<ReasoningEffort>,
-    /// Reasoning summaries. Not implemented: accepted only at its default.
-    #[serde(default)]
-    pub summary: Refused<NullDefault>,
+    /// Reasoning summaries: `auto` lets the model choose, and it writes none (a reasoning
+    /// item's summary stays empty); `concise` and `detailed` are refused.
+    pub summary: Option<SummaryMode>,
     /// The older name of summary. Not implemented: accepted only at its default.
     #[serde(default)]
     pub generate_summary: Refused<NullDefault>,
@@ -518,9 +535,8 @@ pub struct ResponseRequest {
     pub previous_response_id: Option<String>,
     /// Keep the response for previous_response_id (default true; the last 256, for an hour).
     pub store: Option<bool>,
-    /// Extra output data. Not implemented: accepted only at its default.
-    #[serde(default)]
-    pub include: Refused<EmptyDefault>,
+    /// Extra output data: `reasoning.encrypted_content` alone.
+    pub include: Option<Vec<Includable>>,
     /// Stored-response tags. Not implemented: accepted only at its default.
     #[serde(default)]
     pub metadata: Refused<EmptyDefault>,
@@ -568,13 +584,12 @@ pub struct ResponseRequest {
 
 refused_fields! {
     ResponseRequest {
-        include, metadata, truncation, background, conversation, prompt, max_tool_calls,
+        metadata, truncation, background, conversation, prompt, max_tool_calls,
         top_logprobs, service_tier, prompt_cache_retention, prompt_cache_options,
         context_management, moderation
     }
     TextConfig { verbosity }
-    ReasoningConfig { summary, generate_summary }
-    ReasoningItem { encrypted_content }
+    ReasoningConfig { generate_summary }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -696,6 +711,11 @@ pub struct OutputReasoning {
     /// The reasoning text (none in response.output_item.added).
     #[schemars(length(max = 1))]
     pub content: Vec<ReasoningText>,
+    /// With `include` `reasoning.encrypted_content`, once the item is done: the reasoning to
+    /// send back as input with `store: false` (not encrypted: `aubier.reasoning.v1.` and the
+    /// text in base64).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encrypted_content: Option<String>,
     /// Its status.
     pub status: OutputItemStatus,
 }
@@ -772,8 +792,9 @@ pub struct ReasoningUsed {
     /// `none` or `high`; null when not sent.
     #[schemars(extend("enum" = ["none", "high", null]))]
     pub effort: Option<&'static str>,
-    /// Always null.
-    pub summary: (),
+    /// `auto` when sent; else null.
+    #[schemars(extend("enum" = ["auto", null]))]
+    pub summary: Option<&'static str>,
 }
 
 fn object_schema(_: &mut SchemaGenerator) -> Schema {

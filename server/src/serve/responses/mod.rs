@@ -15,8 +15,10 @@
 //! `messages` → `input`).
 //!
 //! Output: [`Builder`] turns the engine's events into output items, in the order generated: a
-//! `reasoning` item for reasoning text, a `message` item for answer text, a `function_call` item
-//! per call (`call_id` the chat route's `call_…` id). Streamed, each step is one typed SSE event
+//! `reasoning` item for reasoning text (with `include` `reasoning.encrypted_content`, the text
+//! also as [`sealed`] `encrypted_content`, which [`unsealed`] reads back from an input reasoning
+//! item), a `message` item for answer text, a `function_call` item per call (`call_id` the chat
+//! route's `call_…` id). Streamed, each step is one typed SSE event
 //! (`event: <type>`, data with `type` and `sequence_number`): `response.created`,
 //! `response.in_progress`, then per item `response.output_item.added`, its
 //! `content_part.added` / text deltas / `content_part.done` or its arguments deltas and done,
@@ -44,11 +46,11 @@ use super::api::request::{
 };
 use super::api::response::ObjectHead;
 use super::api::responses::{
-    ContentPart, EventBody, FunctionTool, IncompleteDetails, InputItem, InputRole,
+    ContentPart, EventBody, FunctionTool, Includable, IncompleteDetails, InputItem, InputRole,
     InputTokensDetails, Object, OutputFunctionCall, OutputItem, OutputItemStatus, OutputMessage,
     OutputReasoning, OutputText, OutputTokensDetails, Part, ReasoningText, ReasoningUsed,
     ResponseError, ResponseEvent, ResponseInput, ResponseObject, ResponseRequest, ResponseStatus,
-    ResponseUsage, TextFormat,
+    ResponseUsage, SummaryMode, TextFormat,
 };
 use super::api::scalar::StrOr;
 use super::engine::{Chunk, Finish, Summary};
@@ -67,6 +69,8 @@ use aubier_runtime::text::grammar::GrammarSpec;
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
 use serde_json::{json, Map, Value};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -306,6 +310,10 @@ pub struct ResponseParams {
     pub structured: Structured,
     /// `reasoning.effort`.
     pub effort: Option<ReasoningEffort>,
+    /// `reasoning.summary`.
+    pub summary: Option<SummaryMode>,
+    /// Whether `include` asks for reasoning items' `encrypted_content`.
+    pub include_reasoning: bool,
     /// `previous_response_id`.
     pub previous_response_id: Option<String>,
     /// `store` (default true).
@@ -407,15 +415,26 @@ fn items(input: ResponseInput) -> Result<Vec<Item>, ApiError> {
                     output: joined(&format!("input[{i}].output"), o.output)?,
                 },
                 InputItem::Reasoning(r) => {
-                    params::refuse(&r.refused(), &format!("input[{i}]."))?;
                     let content: Vec<&str> =
                         r.content.iter().flatten().map(|c| &*c.0.text).collect();
-                    let text = if content.is_empty() {
-                        r.summary.iter().map(|s| &*s.0.text).collect::<Vec<_>>()
-                    } else {
-                        content
+                    let text = match (content.is_empty(), &r.encrypted_content) {
+                        (false, _) => content.join("\n\n"),
+                        (true, Some(blob)) => unsealed(blob).ok_or_else(|| {
+                            ApiError::bad_value(
+                                &format!("input[{i}].encrypted_content"),
+                                format!(
+                                    "'input[{i}].encrypted_content' was not written by aubier \
+                                     (it starts with '{SEALED_PREFIX}' and base64 text): send \
+                                     the reasoning as 'content', or leave the item out."
+                                ),
+                            )
+                        })?,
+                        (true, None) => {
+                            let summary: Vec<&str> = r.summary.iter().map(|s| &*s.0.text).collect();
+                            summary.join("\n\n")
+                        }
                     };
-                    Item::Reasoning(text.join("\n\n"))
+                    Item::Reasoning(text)
                 }
                 InputItem::Other(kind) => {
                     return Err(unsupported_type(
@@ -427,6 +446,22 @@ fn items(input: ResponseInput) -> Result<Vec<Item>, ApiError> {
             })
         })
         .collect()
+}
+
+/// What [`sealed`] writes before the base64 of the reasoning text.
+const SEALED_PREFIX: &str = "aubier.reasoning.v1.";
+
+/// A reasoning item's `encrypted_content` (`include` `reasoning.encrypted_content`): the text,
+/// readable by whoever has it (aubier keeps no secret; the field is opaque to clients, who send
+/// it back so that a `store: false` conversation keeps its past reasoning).
+fn sealed(text: &str) -> String {
+    format!("{SEALED_PREFIX}{}", BASE64.encode(text))
+}
+
+/// The text [`sealed`] wrote into `blob`; `None` for a blob it did not write.
+fn unsealed(blob: &str) -> Option<String> {
+    let bytes = BASE64.decode(blob.strip_prefix(SEALED_PREFIX)?).ok()?;
+    String::from_utf8(bytes).ok()
 }
 
 /// `text.format` as the chat route's `response_format`, and as the response repeats it.
@@ -592,7 +627,11 @@ pub fn parse(bytes: &[u8]) -> Result<ResponseParams, ApiError> {
         ));
     }
     let max_tokens = params::count("max_output_tokens", r.max_output_tokens)?;
-    let effort = reasoning.and_then(|x| x.effort);
+    let effort = reasoning.as_ref().and_then(|x| x.effort);
+    let summary = reasoning.and_then(|x| x.summary);
+    let include_reasoning = r
+        .include
+        .is_some_and(|i| i.contains(&Includable::ReasoningEncryptedContent));
     let flat: Vec<FunctionTool> = r
         .tools
         .unwrap_or_default()
@@ -677,6 +716,8 @@ pub fn parse(bytes: &[u8]) -> Result<ResponseParams, ApiError> {
         tools,
         structured,
         effort,
+        summary,
+        include_reasoning,
         previous_response_id: r.previous_response_id,
         store: r.store.unwrap_or(true),
         echo,
@@ -702,7 +743,7 @@ impl ResponseParams {
             previous_response_id: self.previous_response_id.clone(),
             reasoning: ReasoningUsed {
                 effort: self.effort.map(effort_name),
-                summary: (),
+                summary: self.summary.map(|SummaryMode::Auto| "auto"),
             },
             store: self.store,
             temperature: e.temperature,
@@ -733,8 +774,9 @@ enum Open {
 }
 
 impl Open {
-    /// The wire item, with its text when `whole` (else as response.output_item.added has it).
-    fn item(&self, status: OutputItemStatus, whole: bool) -> OutputItem {
+    /// The wire item, with its text when `whole` (else as response.output_item.added has it),
+    /// a whole reasoning item with its `encrypted_content` when `seal`.
+    fn item(&self, status: OutputItemStatus, whole: bool, seal: bool) -> OutputItem {
         match self {
             Open::Text {
                 reasoning: true,
@@ -745,6 +787,7 @@ impl Open {
                 kind: "reasoning",
                 summary: Vec::new(),
                 content: whole.then(|| reasoning_part(text)).into_iter().collect(),
+                encrypted_content: (whole && seal).then(|| sealed(text)),
                 status,
             }),
             Open::Text { id, text, .. } => OutputItem::Message(OutputMessage {
@@ -810,18 +853,27 @@ struct Builder {
     open: Option<Open>,
     said: Vec<(String, Item)>,
     streaming: bool,
+    include_reasoning: bool,
     seq: u64,
     events: Vec<ResponseEvent>,
     keep: Option<Keep>,
 }
 
 impl Builder {
-    fn new(response: ResponseObject, streaming: bool, keep: Option<Keep>) -> Builder {
+    /// The builder of `response`, streamed or not, with reasoning items' `encrypted_content`
+    /// when `include_reasoning`, kept by `keep` when done.
+    fn new(
+        response: ResponseObject,
+        streaming: bool,
+        include_reasoning: bool,
+        keep: Option<Keep>,
+    ) -> Builder {
         let mut b = Builder {
             response,
             open: None,
             said: Vec::new(),
             streaming,
+            include_reasoning,
             seq: 0,
             events: Vec::new(),
             keep,
@@ -856,7 +908,7 @@ impl Builder {
 
     fn begin(&mut self, open: Open) {
         let output_index = self.output_index();
-        let item = open.item(OutputItemStatus::InProgress, false);
+        let item = open.item(OutputItemStatus::InProgress, false, false);
         self.emit(|| EventBody::OutputItemAdded { output_index, item });
         if let Open::Text { reasoning, id, .. } = &open {
             self.emit(|| EventBody::ContentPartAdded {
@@ -875,7 +927,7 @@ impl Builder {
             return;
         };
         let output_index = self.output_index();
-        let whole = open.item(status, true);
+        let whole = open.item(status, true, self.include_reasoning);
         match open {
             Open::Text {
                 reasoning,
@@ -1203,7 +1255,8 @@ impl ResponsesKind {
             items: self.items,
             ids: self.ids,
         });
-        Builder::new(self.params.head(&head.object), streaming, keep)
+        let include = self.params.include_reasoning;
+        Builder::new(self.params.head(&head.object), streaming, include, keep)
     }
 }
 
@@ -1247,6 +1300,23 @@ impl ChunkFormat for ResponseEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sealed_reasoning_unseals_and_other_blobs_do_not() {
+        for text in ["", "plan", "déjà vu\n[THINK] ✓"] {
+            assert_eq!(unsealed(&sealed(text)).as_deref(), Some(text));
+        }
+        let plan = sealed("plan");
+        let body = plan.strip_prefix(SEALED_PREFIX).expect("prefixed");
+        for blob in [
+            body,
+            "gAAAAABo",
+            "aubier.reasoning.v1.!!",
+            "aubier.reasoning.v1./w==",
+        ] {
+            assert_eq!(unsealed(blob), None, "{blob}");
+        }
+    }
 
     #[test]
     fn answer_items_in_a_row_are_one_assistant_turn() {

@@ -188,6 +188,7 @@ fn listed(id: &str, item: &Item) -> ListedItem {
                 kind: "reasoning_text",
                 text: text.clone(),
             }],
+            encrypted_content: None,
             status,
         }),
         Item::Call {
