@@ -401,9 +401,12 @@ pub fn run(args: ServeArgs) -> ExitCode {
     }
 }
 
-/// `--cors-origin`: `*`, or an origin as a browser sends it in `Origin:`, `scheme://host[:port]`
-/// with no path: `http://localhost:3000/` or `localhost:3000` never matched one, so every
-/// browser request was refused with 403 and nothing said why.
+/// `--cors-origin`: `*`, or an origin as a browser sends it in `Origin:`, `scheme://host[:port]`.
+/// The scheme and host are lower-cased and a default port (`:80` for http, `:443` for https) is
+/// dropped, as browsers do: `HTTP://LocalHost:3000` or `http://localhost:80` never matched the
+/// `Origin` a browser sends, so every browser request got 403 or no CORS headers. Refused with a
+/// message: no scheme, a path or trailing `/` (`http://localhost:3000/`), a query or fragment,
+/// user info, a port that is not a number up to 65535.
 fn parse_origin(s: &str) -> Result<String, String> {
     if s == "*" {
         return Ok(s.to_owned());
@@ -416,13 +419,48 @@ fn parse_origin(s: &str) -> Result<String, String> {
     if scheme.is_empty() || rest.is_empty() {
         return Err(format!("`{s}` is not an origin: {shape}"));
     }
+    if rest.contains(['?', '#']) {
+        return Err(format!("`{s}` has a query or fragment: {shape}"));
+    }
     if rest.contains('/') {
         return Err(format!("`{s}` has a path or a trailing `/`: {shape}"));
     }
-    if axum::http::HeaderValue::from_str(s).is_err() {
+    if rest.contains('@') {
+        return Err(format!("`{s}` has user info (`user@`): {shape}"));
+    }
+    let scheme = scheme.to_ascii_lowercase();
+    // The port's `:` is the last one, unless it is inside an IPv6 literal (`[::1]`).
+    let (host, port) = match rest.rfind(':') {
+        Some(i) if !rest[i..].contains(']') => (&rest[..i], Some(&rest[i + 1..])),
+        _ => (rest, None),
+    };
+    if host.is_empty() {
+        return Err(format!("`{s}` has no host: {shape}"));
+    }
+    let port = match port {
+        None => None,
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if p.bytes().all(|b| b.is_ascii_digit()) => Some(n),
+            _ => {
+                return Err(format!(
+                    "`{s}` has a port `{p}` that is not 0-65535: {shape}"
+                ))
+            }
+        },
+    };
+    let default = match scheme.as_str() {
+        "http" => Some(80),
+        "https" => Some(443),
+        _ => None,
+    };
+    let mut origin = format!("{scheme}://{}", host.to_ascii_lowercase());
+    if let Some(n) = port.filter(|&n| Some(n) != default) {
+        origin.push_str(&format!(":{n}"));
+    }
+    if axum::http::HeaderValue::from_str(&origin).is_err() {
         return Err(format!("`{s}` is not a valid header value: {shape}"));
     }
-    Ok(s.to_owned())
+    Ok(origin)
 }
 
 /// `--body-limit`: at least 1 byte (0 answered every request with a body 413).
