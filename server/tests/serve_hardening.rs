@@ -279,6 +279,51 @@ async fn a_body_not_declared_json_is_a_415_with_a_hint() {
     srv.stop().await;
 }
 
+/// A compressed body is a 415 naming its Content-Encoding, with `Accept-Encoding: identity`: it
+/// had been read as JSON and answered 400 "not valid JSON". `identity` is the body as sent.
+#[tokio::test]
+async fn a_compressed_body_is_a_415_naming_the_encoding() {
+    let srv = start_fake(script(byte_ids("ok")), 4096, limits()).await;
+    let host = srv.addr.to_string();
+    // A gzip member's header, then bytes that are not JSON (the body is never decompressed).
+    let gzipped = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff\xab\xae\x05\x00";
+    for encoding in ["gzip", "br", "deflate", "GZIP", "identity, gzip"] {
+        for path in ["/v1/chat/completions", "/v1/completions", "/debug/tokens"] {
+            let headers = [
+                ("Host", host.as_str()),
+                ("Content-Type", "application/json"),
+                ("Content-Encoding", encoding),
+            ];
+            let resp = raw_request_with(srv.addr, "POST", path, &headers, gzipped).await;
+            resp.assert_status(415, &format!("{encoding} on {path}"));
+            assert_eq!(resp.header("accept-encoding"), Some("identity"));
+            let v = resp.json();
+            assert_eq!(v["error"]["code"], "unsupported_content_encoding");
+            let message = v["error"]["message"].as_str().unwrap_or("");
+            assert!(
+                message.contains(&format!("Content-Encoding '{encoding}'")),
+                "{v}"
+            );
+        }
+    }
+    let body = chat_body("hi", "");
+    let headers = [
+        ("Host", host.as_str()),
+        ("Content-Type", "application/json"),
+        ("Content-Encoding", "Identity"),
+    ];
+    let resp = raw_request_with(
+        srv.addr,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        body.as_bytes(),
+    )
+    .await;
+    resp.assert_status(200, "identity");
+    srv.stop().await;
+}
+
 async fn status_with_host(srv: &TestServer, host: &str) -> u16 {
     raw_request_with(srv.addr, "GET", "/v1/models", &[("Host", host)], b"")
         .await

@@ -140,6 +140,21 @@ impl ApiError {
         }
     }
 
+    /// 415 for a body sent with a `Content-Encoding` other than `identity` (`got`: the header
+    /// as sent): bodies are read as they arrive, never decompressed.
+    pub fn unsupported_encoding(got: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            message: format!(
+                "The request body has Content-Encoding '{got}', which is not supported; send the body uncompressed, with no Content-Encoding header."
+            ),
+            kind: ErrorType::InvalidRequestError,
+            param: None,
+            code: Some("unsupported_content_encoding"),
+            retry_after_s: None,
+        }
+    }
+
     /// 408 when the request body did not arrive within `--read-timeout-ms`.
     pub fn body_timeout(limit_ms: u128) -> ApiError {
         ApiError {

@@ -203,12 +203,37 @@ pub(super) fn cors(origins: &[String]) -> CorsLayer {
         .max_age(Duration::from_secs(600))
 }
 
-/// 415 unless the body is declared `application/json` (UTF-8, the only charset JSON has).
+/// 415 unless the body is declared `application/json` (UTF-8, the only charset JSON has) and is
+/// not compressed: a `Content-Encoding` other than `identity` is answered 415 with
+/// `Accept-Encoding: identity` (RFC 7694), where it had been read as JSON and refused as invalid.
 pub(super) async fn require_json(req: Request, next: Next) -> Response {
-    match json_content_type(req.headers()) {
-        Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
+    if let Err(e) = json_content_type(req.headers()) {
+        return e.into_response();
     }
+    if let Err(e) = identity_encoding(req.headers()) {
+        let mut resp = e.into_response();
+        resp.headers_mut().insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        return resp;
+    }
+    next.run(req).await
+}
+
+/// `Ok` when every `Content-Encoding` header lists only `identity` (or nothing).
+fn identity_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
+    for value in headers.get_all(header::CONTENT_ENCODING) {
+        let text = String::from_utf8_lossy(value.as_bytes());
+        let identity = text
+            .split(',')
+            .map(str::trim)
+            .all(|c| c.is_empty() || c.eq_ignore_ascii_case("identity"));
+        if !identity {
+            return Err(ApiError::unsupported_encoding(&text));
+        }
+    }
+    Ok(())
 }
 
 fn json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {

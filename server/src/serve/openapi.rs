@@ -139,7 +139,7 @@ fn document() -> (Value, Vec<String>) {
             "404": not_found,
             "408": err("The body did not arrive within --read-timeout-ms."),
             "413": err("The body is larger than --body-limit."),
-            "415": err("The body is not declared as 'Content-Type: application/json'."),
+            "415": err("The body is not declared as 'Content-Type: application/json', or has a Content-Encoding other than identity."),
             "500": err("The engine failed while generating."),
             "503": overloaded,
         })
