@@ -42,7 +42,7 @@ use anyhow::{bail, Context};
 use aubier_compiler::ops::Op;
 use aubier_runtime::backend::KernelTime;
 use aubier_runtime::engine::Model;
-use aubier_runtime::generate::{generate, GenerateParams};
+use aubier_runtime::generate::{completion_room, generate, GenerateParams};
 use aubier_runtime::sampler::SamplingParams;
 use aubier_runtime::session::{Session, SessionOptions};
 use aubier_runtime::text::grammar::{
@@ -589,6 +589,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         prompt: Some(text),
     }
     .load(&spec, Some(&args.store), args.predict_experts)?;
+    let kv_max = check_context(args.n_prompt, args.n_gen, model.config.n_ctx_train)?;
     let prompt = fit_prompt(
         &prompt,
         args.n_prompt,
@@ -598,13 +599,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             .and_then(|v| v.as_bool())
             .unwrap_or(true),
     )?;
-    let kv_max = args.n_prompt + args.n_gen;
-    if kv_max > model.config.n_ctx_train {
-        bail!(
-            "--n-prompt + --n-gen = {kv_max} exceeds the model's context_length {}",
-            model.config.n_ctx_train
-        );
-    }
     let store = args.store.options(&ahead)?;
     let mut session =
         crate::progress::open_session(model.clone(), SessionOptions { kv_max }, &store)?;
@@ -891,6 +885,23 @@ fn fit_prompt(prompt: &[u32], n: usize, bos: bool) -> anyhow::Result<Vec<u32>> {
         .collect())
 }
 
+/// The KV capacity of a bench session, `n_prompt + n_gen` tokens, checked against the model's
+/// `context_length` (`n_ctx`) by the rule `aubier run` and the server apply
+/// ([`completion_room`]: the prompt and every generated token count), before the prompt is
+/// built: a `--n-prompt` past the context had been fitted first (a capacity-overflow panic, or
+/// gigabytes, for a large one).
+///
+/// Errors: `n_prompt + n_gen` tokens do not fit in `n_ctx`.
+fn check_context(n_prompt: usize, n_gen: usize, n_ctx: usize) -> anyhow::Result<usize> {
+    match completion_room(n_prompt, Some(n_gen), n_ctx) {
+        Ok(room) if room == n_gen => Ok(n_prompt + n_gen),
+        _ => bail!(
+            "--n-prompt {n_prompt} + --n-gen {n_gen} exceed the model's context_length {n_ctx}: \
+             the prompt and every generated token share it (as in `aubier run` and the server)"
+        ),
+    }
+}
+
 /// Peak resident set size of this process in bytes (`getrusage`; `ru_maxrss` is in KiB on Linux).
 fn peak_rss_bytes() -> u64 {
     // SAFETY: getrusage writes a plain struct it is given; a zeroed rusage is a valid value.
@@ -1046,6 +1057,19 @@ mod tests {
         assert_eq!(fit_prompt(&[1, 7, 8, 9], 2, true).unwrap(), [1, 7]);
         assert_eq!(fit_prompt(&[7, 8], 3, false).unwrap(), [7, 8, 7]);
         assert!(fit_prompt(&[1], 3, true).is_err());
+    }
+
+    /// The context check is `completion_room`'s rule: the prompt and every generated token fit,
+    /// with no overflow on a huge `--n-prompt` or `--n-gen`.
+    #[test]
+    fn the_context_check_counts_prompt_and_generated_tokens() {
+        assert_eq!(check_context(4094, 2, 4096).unwrap(), 4096);
+        for (n_prompt, n_gen) in [(4095, 2), (4097, 2), (usize::MAX, 2), (2, usize::MAX)] {
+            assert!(
+                check_context(n_prompt, n_gen, 4096).is_err(),
+                "{n_prompt} {n_gen}"
+            );
+        }
     }
 
     /// The bundled grammar inputs of the benchmark parse and compile over the bundled model's

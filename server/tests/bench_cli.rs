@@ -165,7 +165,13 @@ fn bad_sizes_are_errors() {
         // (models/README.md).
         (
             ["--n-gen", "3585"],
-            "= 4097 exceeds the model's context_length 4096",
+            "--n-prompt 512 + --n-gen 3585 exceed the model's context_length 4096",
+        ),
+        // Refused before the prompt is built: it had been fitted first, a capacity-overflow
+        // panic for this one.
+        (
+            ["--n-prompt", "18446744073709551615"],
+            "--n-prompt 18446744073709551615 + --n-gen 128 exceed the model's context_length",
         ),
         (["--n-gen", "0"], "--n-gen must be at least 2"),
         (["--n-gen", "1"], "--n-gen must be at least 2"),
