@@ -437,8 +437,19 @@ fn is_earlier_generation(dir: &Path) -> bool {
 
 /// Compares `dir` with `files`.
 ///
-/// Errors: the changed, missing and stale files, by path, when any differ.
+/// Errors: `dir` does not exist or is not a directory (it had been reported as every file
+/// missing); the changed, missing and stale files, by path, when any differ.
 fn check_dir(dir: &Path, files: &[GeneratedFile]) -> anyhow::Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => anyhow::bail!("{} is not a directory", dir.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => anyhow::bail!(
+            "{} does not exist (run `aubier gen` with the same flags, without --check, to \
+             generate it)",
+            dir.display()
+        ),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+    }
     let mut changed = Vec::new();
     let mut missing = Vec::new();
     for f in files {
@@ -584,6 +595,28 @@ mod tests {
         );
         assert_eq!(std::fs::read_to_string(&mine).unwrap(), "mine");
         assert!(!dir.path().join(MANIFEST).exists(), "nothing written");
+    }
+
+    /// `--check` of a directory that does not exist, or of a file, says so alone: it had listed
+    /// every generated file as missing.
+    #[test]
+    fn checking_a_missing_directory_says_it_does_not_exist() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope");
+        let e = format!("{:#}", kernels_to(&missing, true).unwrap_err());
+        assert_eq!(
+            e,
+            format!(
+                "{} does not exist (run `aubier gen` with the same flags, without --check, to \
+                 generate it)",
+                missing.display()
+            )
+        );
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, "").unwrap();
+        let e = format!("{:#}", kernels_to(&file, true).unwrap_err());
+        assert_eq!(e, format!("{} is not a directory", file.display()));
+        assert!(!missing.exists(), "--check wrote nothing");
     }
 
     #[test]
