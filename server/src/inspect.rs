@@ -137,26 +137,32 @@ fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
             bail!("{}: invalid GGUF: {e}", args.file.display());
         }
     };
+    // The tensor is found and written before the report is printed, so that an unknown name or
+    // a failed write is the only thing said (the whole report had come first).
+    let dequantized = match (&args.tensor, &args.dequant) {
+        (Some(name), Some(out)) => {
+            let t = file
+                .tensor(name)
+                .with_context(|| format!("no tensor {name:?} in {}", args.file.display()))?;
+            write_dequant(&file, t, out)
+                .with_context(|| format!("dequantizing {name:?} to {}", out.display()))?;
+            Some((name, t, out))
+        }
+        _ => None,
+    };
     let report = build_report(&args.file, &file);
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_text(&report)?;
     }
-    if let (Some(name), Some(out)) = (&args.tensor, &args.dequant) {
-        let t = file
-            .tensor(name)
-            .with_context(|| format!("no tensor {name:?} in {}", args.file.display()))?;
-        write_dequant(&file, t, out)
-            .with_context(|| format!("dequantizing {name:?} to {}", out.display()))?;
-        if !args.json {
-            outln!(
-                "wrote {name} ({} f32 values, ne {:?}) to {}",
-                t.n_elements(),
-                t.ne,
-                out.display()
-            );
-        }
+    if let (Some((name, t, out)), false) = (dequantized, args.json) {
+        outln!(
+            "wrote {name} ({} f32 values, ne {:?}) to {}",
+            t.n_elements(),
+            t.ne,
+            out.display()
+        );
     }
     Ok(())
 }

@@ -38,6 +38,21 @@ fn inspect_json(path: &Path) -> Value {
     serde_json::from_slice(&out.stdout).expect("JSON report")
 }
 
+/// `aubier inspect PATH [--json] --tensor TENSOR --dequant OUT`.
+fn dequant(path: &Path, tensor: &str, out: &Path, json: bool) -> Output {
+    let mut args = vec!["inspect", path.to_str().expect("utf-8")];
+    if json {
+        args.push("--json");
+    }
+    args.extend([
+        "--tensor",
+        tensor,
+        "--dequant",
+        out.to_str().expect("utf-8"),
+    ]);
+    aubier(&args)
+}
+
 fn tmp(name: &str) -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join(name)
 }
@@ -222,14 +237,7 @@ fn quant_vectors_report_says_why_it_does_not_bind() {
 fn dequant_of_f32_tensor_equals_the_file_bytes() {
     let path = fixture("models/ms4-tiny-f32.gguf");
     let out = tmp("inspect_blk1_attn_q_b.f32");
-    let status = aubier(&[
-        "inspect",
-        path.to_str().expect("utf-8"),
-        "--tensor",
-        "blk.1.attn_q_b.weight",
-        "--dequant",
-        out.to_str().expect("utf-8"),
-    ]);
+    let status = dequant(&path, "blk.1.attn_q_b.weight", &out, false);
     assert!(
         status.status.success(),
         "{}",
@@ -249,15 +257,7 @@ fn dequant_of_f32_tensor_equals_the_file_bytes() {
 fn dequant_of_q2_k_equals_gguf_py_reference() {
     let path = fixture("quants/quant_vectors.gguf");
     let out = tmp("inspect_q_Q2_K.f32");
-    let status = aubier(&[
-        "inspect",
-        path.to_str().expect("utf-8"),
-        "--json",
-        "--tensor",
-        "q.Q2_K",
-        "--dequant",
-        out.to_str().expect("utf-8"),
-    ]);
+    let status = dequant(&path, "q.Q2_K", &out, true);
     assert!(
         status.status.success(),
         "{}",
@@ -271,19 +271,20 @@ fn dequant_of_q2_k_equals_gguf_py_reference() {
     assert!(written == reference, "Q2_K dequant differs from ref.Q2_K");
 }
 
+/// An unknown tensor is the only thing said, in text and JSON: the whole report had been
+/// printed before the error, and nothing is written.
 #[test]
 fn unknown_tensor_fails() {
-    let out = aubier(&[
-        "inspect",
-        bundled_q2k().to_str().expect("utf-8"),
-        "--tensor",
-        "no.such.tensor",
-        "--dequant",
-        tmp("never.f32").to_str().expect("utf-8"),
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no.such.tensor"), "{err}");
+    let never = tmp("never.f32");
+    for json in [false, true] {
+        let out = dequant(&bundled_q2k(), "no.such.tensor", &never, json);
+        assert_eq!(out.status.code(), Some(1), "json {json}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "", "json {json}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("no tensor \"no.such.tensor\""), "{err}");
+        assert!(!never.exists());
+    }
 }
 
 #[test]
