@@ -595,6 +595,7 @@ async fn stored_responses_are_retrieved_listed_and_deleted() {
         ("?stream=true", "stream"),
         ("?stream=yes", "stream"),
         ("?include=reasoning.encrypted_content", "include"),
+        ("?include[]=a&include[]=b", "include"),
         ("?starting_after=3", "starting_after"),
         ("?foo=1", "foo"),
     ] {
@@ -608,6 +609,7 @@ async fn stored_responses_are_retrieved_listed_and_deleted() {
         ("?order=newest", "order"),
         ("?after=msg_0", "after"),
         ("?limit=1&limit=2", "limit"),
+        ("?include=a&include=b", "include"),
     ] {
         let r = get(
             srv.addr,

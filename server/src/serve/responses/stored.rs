@@ -52,16 +52,22 @@ fn not_stored(id: &str) -> ApiError {
     }
 }
 
-/// The query's parameters by name, each of them one of `known`.
+/// The names of `include`, the one list parameter of these routes, which a client sends once
+/// per value (openai-python: `include[]=a&include[]=b`).
+const INCLUDE: [&str; 2] = ["include", "include[]"];
+
+/// The query's parameters by name, each of them one of `known` (of a repeated `include`, the
+/// last value).
 ///
-/// Errors: 400 naming a parameter not in `known`, or one sent twice.
+/// Errors: 400 naming a parameter not in `known`, or one other than `include` sent twice.
 fn query(raw: Option<&str>, known: &[&str]) -> Result<HashMap<String, String>, ApiError> {
     let mut out = HashMap::new();
     for (name, value) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
         if !known.contains(&&*name) {
             return Err(unknown_parameter(&name));
         }
-        if out.insert(name.to_string(), value.into_owned()).is_some() {
+        let list = INCLUDE.contains(&&*name);
+        if out.insert(name.to_string(), value.into_owned()).is_some() && !list {
             return Err(ApiError::bad_value(
                 &name,
                 format!("'{name}' is given more than once."),
@@ -85,7 +91,7 @@ fn flag(q: &HashMap<String, String>, name: &str) -> Result<bool, ApiError> {
 
 /// Refuses `include`: aubier keeps none of the fields it adds.
 fn no_include(q: &HashMap<String, String>) -> Result<(), ApiError> {
-    match q.contains_key("include") || q.contains_key("include[]") {
+    match INCLUDE.iter().any(|name| q.contains_key(*name)) {
         true => Err(ApiError::unsupported(
             "include",
             "asks for fields aubier does not keep (encrypted reasoning, logprobs, tool call \
@@ -114,8 +120,8 @@ pub(in super::super) async fn retrieve(
         &[
             "stream",
             "starting_after",
-            "include",
-            "include[]",
+            INCLUDE[0],
+            INCLUDE[1],
             "include_obfuscation",
         ],
     )?;
@@ -286,7 +292,7 @@ pub(in super::super) async fn input_items(
 ) -> Result<Json<InputItemList>, ApiError> {
     let q = query(
         raw.as_deref(),
-        &["after", "limit", "order", "include", "include[]"],
+        &["after", "limit", "order", INCLUDE[0], INCLUDE[1]],
     )?;
     no_include(&q)?;
     let s = stored(&app, &id)?;
@@ -378,5 +384,10 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("limit"));
         let ok = query(Some("limit=2&order=asc"), &["limit", "order"]).expect("known");
         assert_eq!(ok.get("order").map(String::as_str), Some("asc"));
+        let q = query(Some("include[]=a&include[]=b"), &INCLUDE).expect("a list");
+        assert_eq!(
+            no_include(&q).expect_err("refused").param.as_deref(),
+            Some("include")
+        );
     }
 }
