@@ -453,14 +453,19 @@ async fn answer_schema(addr: SocketAddr, name: &str) -> jsonschema::Validator {
     jsonschema::validator_for(&schema).expect("a valid JSON Schema")
 }
 
-/// The ids of a page of input items, in its order.
-fn item_ids(page: &Value) -> Vec<&str> {
+/// The string field `key` of each item of a page of input items, in its order.
+fn item_fields<'a>(page: &'a Value, key: &str) -> Vec<&'a str> {
     page["data"]
         .as_array()
         .expect("data")
         .iter()
-        .map(|i| i["id"].as_str().expect("id"))
+        .map(|i| i[key].as_str().expect(key))
         .collect()
+}
+
+/// The ids of a page of input items, in its order.
+fn item_ids(page: &Value) -> Vec<&str> {
+    item_fields(page, "id")
 }
 
 /// A stored response comes back by GET as it was answered; its input items (the continued
@@ -625,6 +630,32 @@ async fn stored_responses_are_retrieved_listed_and_deleted() {
     )
     .await;
     ok.assert_status(200, "stream=false");
+    srv.stop().await;
+}
+
+/// An output item cut off by `max_output_tokens` is listed `incomplete` among the input items
+/// of the response that continues it, as the response answered it; the items sent are
+/// `completed`.
+#[tokio::test]
+async fn a_cut_off_answer_is_listed_incomplete_where_it_is_carried_over() {
+    let srv = start_fake(script(byte_ids("a long answer")), 4096, limits()).await;
+    let cut = create(srv.addr, &body(json!({"max_output_tokens": 2}))).await;
+    assert_eq!(cut["output"][0]["status"], "incomplete", "{cut}");
+    let id = cut["id"].as_str().expect("id");
+    let next = body(json!({"previous_response_id": id, "input": "go on"}));
+    let next = create(srv.addr, &next).await;
+    let next_id = next["id"].as_str().expect("id");
+    let page = get(
+        srv.addr,
+        &format!("/v1/responses/{next_id}/input_items?order=asc"),
+    )
+    .await
+    .json();
+    assert_eq!(
+        item_fields(&page, "status"),
+        ["completed", "incomplete", "completed"],
+        "{page}"
+    );
     srv.stop().await;
 }
 

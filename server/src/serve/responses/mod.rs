@@ -330,6 +330,7 @@ pub(super) struct ResponsesKind {
     params: ResponseParams,
     items: Vec<Item>,
     ids: Vec<String>,
+    statuses: Vec<OutputItemStatus>,
     store: Arc<ResponseStore>,
     chat: ChatRequest,
 }
@@ -839,11 +840,12 @@ fn part(reasoning: bool, text: &str) -> Part {
 }
 
 /// Where a finished response is kept: the store's owner, and the items before its output with
-/// their ids.
+/// their ids and statuses.
 struct Keep {
     store: Arc<ResponseStore>,
     items: Vec<Item>,
     ids: Vec<String>,
+    statuses: Vec<OutputItemStatus>,
 }
 
 /// The state machine from the engine's events to the response object and its stream events
@@ -851,7 +853,7 @@ struct Keep {
 struct Builder {
     response: ResponseObject,
     open: Option<Open>,
-    said: Vec<(String, Item)>,
+    said: Vec<(String, Item, OutputItemStatus)>,
     streaming: bool,
     include_reasoning: bool,
     seq: u64,
@@ -962,7 +964,7 @@ impl Builder {
                         text,
                     },
                 };
-                self.said.push((id, item));
+                self.said.push((id, item, status));
             }
             Open::Call {
                 id,
@@ -981,7 +983,7 @@ impl Builder {
                     name,
                     arguments,
                 };
-                self.said.push((id, item));
+                self.said.push((id, item, status));
             }
         }
         let item = whole.clone();
@@ -1088,17 +1090,20 @@ impl Builder {
             store,
             mut items,
             mut ids,
+            mut statuses,
         }) = self.keep.take()
         {
             let inputs = items.len();
-            for (id, item) in self.said.drain(..) {
+            for (id, item, status) in self.said.drain(..) {
                 ids.push(id);
                 items.push(item);
+                statuses.push(status);
             }
             let stored = serde_json::to_string(&*r).map(|response| Stored {
                 response,
                 items,
                 ids,
+                statuses,
                 inputs,
             });
             // A response object always serializes (its maps have string keys).
@@ -1161,16 +1166,17 @@ impl RequestKind for ResponsesKind {
     /// does not hold.
     fn parse(app: &AppState, bytes: &[u8]) -> Result<ResponsesKind, ApiError> {
         let mut params = parse(bytes)?;
-        let (mut items, mut ids) = match &params.previous_response_id {
-            None => (Vec::new(), Vec::new()),
+        let (mut items, mut ids, mut statuses) = match &params.previous_response_id {
+            None => (Vec::new(), Vec::new(), Vec::new()),
             Some(id) => {
                 let s = app.responses.get(id).ok_or_else(|| not_found(id))?;
-                (s.items.clone(), s.ids.clone())
+                (s.items.clone(), s.ids.clone(), s.statuses.clone())
             }
         };
         let stored = items.len();
         ids.extend(params.input.iter().map(new_item_id));
         items.append(&mut params.input);
+        statuses.resize(items.len(), OutputItemStatus::Completed);
         answerable(&items, stored)?;
         let (messages, origins) = messages(params.instructions.as_deref(), &items);
         let chat = ChatRequest {
@@ -1185,6 +1191,7 @@ impl RequestKind for ResponsesKind {
             params,
             items,
             ids,
+            statuses,
             store: app.responses.clone(),
             chat,
         })
@@ -1254,6 +1261,7 @@ impl ResponsesKind {
             store: self.store,
             items: self.items,
             ids: self.ids,
+            statuses: self.statuses,
         });
         let include = self.params.include_reasoning;
         Builder::new(self.params.head(&head.object), streaming, include, keep)

@@ -1,11 +1,12 @@
 //! The store of recent responses behind `previous_response_id`, `GET` / `DELETE
 //! /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`: each finished response
 //! (completed or incomplete, with `store`) as its response object's JSON text and its [`Item`]s —
-//! the inputs before it, its own inputs, its output — each with its item id (an item carried
-//! over from a stored response keeps its id); the last [`STORE_RESPONSES`], each for at most
+//! the inputs before it, its own inputs, its output — each with its item id and status (an item
+//! carried over from a stored response keeps both); the last [`STORE_RESPONSES`], each for at most
 //! [`STORE_TTL`], at most [`STORE_BYTES`] of text together (oldest dropped first; a response past
 //! that alone is not kept).
 
+use super::super::api::responses::OutputItemStatus;
 use aubier_runtime::text::chat::Role;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -74,6 +75,9 @@ pub struct Stored {
     pub items: Vec<Item>,
     /// The id of each of `items`, in their order.
     pub ids: Vec<String>,
+    /// The status of each of `items`, in their order: an output item cut off (by
+    /// `max_output_tokens` or the context) stays `incomplete` where it is carried over.
+    pub statuses: Vec<OutputItemStatus>,
     /// How many of `items` are inputs (the rest is its output).
     pub inputs: usize,
 }
@@ -166,6 +170,7 @@ mod tests {
                 text: text.to_owned(),
             }],
             ids: vec!["msg_1".to_owned()],
+            statuses: vec![OutputItemStatus::Completed],
             inputs: 1,
         }
     }

@@ -4,7 +4,8 @@
 //! - `GET /v1/responses/{id}`: the response object as `POST /v1/responses` answered it.
 //! - `DELETE /v1/responses/{id}`: drops it; `{"id", "object": "response", "deleted": true}`.
 //! - `GET /v1/responses/{id}/input_items`: the items before its output (those of the responses
-//!   it continues first, each with the id it was first stored under), one page at a time:
+//!   it continues first, each with the id and status it was first stored under: an answer cut
+//!   off by `max_output_tokens` stays `incomplete`), one page at a time:
 //!   `order` `desc` (the default: the newest first) or `asc`, `limit` 1–100 (default 20), `after`
 //!   the id of the item before the page; `has_more` says whether items remain past it.
 //!
@@ -170,8 +171,8 @@ pub(in super::super) async fn delete(
 }
 
 /// The wire form of stored item `item`, whose id is `id`.
-fn listed(id: &str, item: &Item) -> ListedItem {
-    let (id, status) = (id.to_owned(), OutputItemStatus::Completed);
+fn listed(id: &str, item: &Item, status: OutputItemStatus) -> ListedItem {
+    let id = id.to_owned();
     match item {
         Item::Message { role, text } => ListedItem::Message(ListedMessage {
             id,
@@ -249,7 +250,9 @@ fn page(s: &Stored, q: &HashMap<String, String>) -> Result<InputItemList, ApiErr
                 )
             })?,
     };
-    let inputs = s.inputs.min(s.items.len()).min(s.ids.len());
+    let inputs = [s.items.len(), s.ids.len(), s.statuses.len()]
+        .into_iter()
+        .fold(s.inputs, usize::min);
     let mut order: Vec<usize> = (0..inputs).collect();
     if descending {
         order.reverse();
@@ -273,7 +276,7 @@ fn page(s: &Stored, q: &HashMap<String, String>) -> Result<InputItemList, ApiErr
         object: "list",
         data: shown
             .iter()
-            .map(|&i| listed(&s.ids[i], &s.items[i]))
+            .map(|&i| listed(&s.ids[i], &s.items[i], s.statuses[i]))
             .collect(),
         first_id: shown.first().map(id_of),
         last_id: shown.last().map(id_of),
@@ -319,6 +322,7 @@ mod tests {
             ids: ["msg_a", "msg_b", "msg_c", "msg_out"]
                 .map(str::to_owned)
                 .to_vec(),
+            statuses: vec![OutputItemStatus::Completed; 4],
             inputs: 3,
         }
     }
