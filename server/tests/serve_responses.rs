@@ -633,6 +633,35 @@ async fn stored_responses_are_retrieved_listed_and_deleted() {
     srv.stop().await;
 }
 
+/// An input item sent with the id of an item already in the conversation (the previous
+/// response's answer sent back with `previous_response_id`, or an earlier input item) is a 400
+/// naming it, as OpenAI's "Duplicate item found", rather than rendered twice; without
+/// `previous_response_id` the answer sent back is the conversation.
+#[tokio::test]
+async fn an_item_sent_again_with_its_id_is_a_duplicate() {
+    let srv = start_fake(script(byte_ids("ok")), 4096, limits()).await;
+    let first = create(srv.addr, &body(json!({}))).await;
+    let id = first["id"].as_str().expect("id");
+    let answer = &first["output"][0];
+    let answer_id = answer["id"].as_str().expect("output id");
+    let again = json!({"role": "user", "content": "again", "id": "msg_again"});
+    let input = json!([answer, again]);
+    let e = refused(
+        srv.addr,
+        &body(json!({"previous_response_id": id, "input": input})),
+    )
+    .await;
+    assert_eq!(e["param"], "input[0].id", "{e}");
+    let message = e["message"].as_str().unwrap_or_default();
+    assert!(message.contains(answer_id), "{e}");
+    let input = json!([again, answer, again]);
+    let e = refused(srv.addr, &body(json!({"input": input}))).await;
+    assert_eq!(e["param"], "input[2].id", "{e}");
+    let input = json!([{"role": "user", "content": "hi"}, answer, again]);
+    create(srv.addr, &body(json!({"input": input}))).await;
+    srv.stop().await;
+}
+
 /// An output item cut off by `max_output_tokens` is listed `incomplete` among the input items
 /// of the response that continues it, as the response answered it; the items sent are
 /// `completed`.

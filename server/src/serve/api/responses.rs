@@ -243,7 +243,7 @@ pub struct InputMessage {
     pub role: InputRole,
     /// A string, or input_text / output_text parts (joined).
     pub content: StrOr<String, Vec<ContentPart>>,
-    /// An earlier answer's id (ignored).
+    /// An earlier answer's id (a new one is given; one already in the conversation is refused).
     pub id: Option<String>,
     /// An earlier answer's status (ignored).
     pub status: Option<InputItemStatus>,
@@ -266,7 +266,7 @@ pub struct FunctionCallItem {
     pub name: String,
     /// The JSON text of the arguments.
     pub arguments: String,
-    /// The item's id (ignored).
+    /// The item's id (a new one is given; one already in the conversation is refused).
     pub id: Option<String>,
     /// The item's status (ignored).
     pub status: Option<InputItemStatus>,
@@ -284,7 +284,7 @@ pub struct FunctionCallOutputItem {
     pub call_id: String,
     /// The result: a string or input_text parts (joined).
     pub output: StrOr<String, Vec<ContentPart>>,
-    /// The item's id (ignored).
+    /// The item's id (a new one is given; one already in the conversation is refused).
     pub id: Option<String>,
     /// The item's status (ignored).
     pub status: Option<InputItemStatus>,
@@ -323,7 +323,7 @@ pub struct ReasoningItem {
     pub summary: Vec<Object<SummaryTextPart>>,
     /// The reasoning text.
     pub content: Option<Vec<Object<ReasoningTextPart>>>,
-    /// The item's id (ignored).
+    /// The item's id (a new one is given; one already in the conversation is refused).
     pub id: Option<String>,
     /// The item's status (ignored).
     pub status: Option<InputItemStatus>,
@@ -347,6 +347,19 @@ pub enum InputItem {
     /// Another item type (`item_reference`, built-in tool calls): not implemented, refused by
     /// name.
     Other(String),
+}
+
+impl InputItem {
+    /// The `id` it was sent with.
+    pub fn id(&self) -> Option<&str> {
+        match self {
+            InputItem::Message(m) => m.id.as_deref(),
+            InputItem::FunctionCall(c) => c.id.as_deref(),
+            InputItem::FunctionCallOutput(o) => o.id.as_deref(),
+            InputItem::Reasoning(r) => r.id.as_deref(),
+            InputItem::Other(_) => None,
+        }
+    }
 }
 
 impl<'de> Deserialize<'de> for InputItem {

@@ -26,8 +26,10 @@
 //! (max_output_tokens or the context reached, `incomplete_details.reason: "max_output_tokens"`)
 //! or `response.failed`. Not streamed, the same builder makes the one response object.
 //!
-//! Before the engine sees a request, its items must pair up (each `function_call_output` after
-//! its call, each call answered) and their chat messages pass the template's rules
+//! Before the engine sees a request, no input item may be sent with the `id` of an item already
+//! in the conversation (OpenAI's "Duplicate item found": with `previous_response_id`, the stored
+//! items are there already), its items must pair up (each `function_call_output` after its
+//! call, each call answered) and their chat messages pass the template's rules
 //! (`ChatRequest::validate`); a refusal names the item (`input[i]`), not the chat message.
 //!
 //! Store ([`store`]): a finished response (completed or incomplete) with `store` (default true) is kept in
@@ -302,6 +304,8 @@ pub struct ResponseParams {
     pub generation: Generation,
     /// `input`.
     pub input: Vec<Item>,
+    /// The `id` each of `input` was sent with.
+    pub sent_ids: Vec<Option<String>>,
     /// `instructions`.
     pub instructions: Option<String>,
     /// The tools in the chat shape, for the template.
@@ -463,6 +467,30 @@ fn sealed(text: &str) -> String {
 fn unsealed(blob: &str) -> Option<String> {
     let bytes = BASE64.decode(blob.strip_prefix(SEALED_PREFIX)?).ok()?;
     String::from_utf8(bytes).ok()
+}
+
+/// Checks that no input item is sent with the `id` of an item already in the conversation: one
+/// of the stored response's (`stored`, as `previous_response_id` carries them over) or an
+/// earlier input item's. Such an item would be rendered twice.
+///
+/// Errors: 400 naming `input[i].id`, with OpenAI's message "Duplicate item found with id …".
+fn no_duplicates(stored: &[String], sent: &[Option<String>]) -> Result<(), ApiError> {
+    let mut seen: HashSet<&str> = stored.iter().map(String::as_str).collect();
+    for (i, id) in sent.iter().enumerate() {
+        match id {
+            Some(id) if !seen.insert(id) => {
+                return Err(ApiError::bad_value(
+                    &format!("input[{i}].id"),
+                    format!(
+                        "Duplicate item found with id {id}. Remove duplicate items from your \
+                         input and try again."
+                    ),
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// `text.format` as the chat route's `response_format`, and as the response repeats it.
@@ -701,6 +729,10 @@ pub fn parse(bytes: &[u8]) -> Result<ResponseParams, ApiError> {
         temperature: f64::from(sampling.temperature),
         top_p: f64::from(sampling.top_p),
     };
+    let sent_ids = match &r.input {
+        StrOr::Str(_) => vec![None],
+        StrOr::Other(list) => list.iter().map(|i| i.id().map(str::to_owned)).collect(),
+    };
     Ok(ResponseParams {
         generation: Generation {
             model: r.model.0,
@@ -713,6 +745,7 @@ pub fn parse(bytes: &[u8]) -> Result<ResponseParams, ApiError> {
             logprobs: None,
         },
         input: items(r.input)?,
+        sent_ids,
         instructions: r.instructions,
         tools,
         structured,
@@ -1174,6 +1207,7 @@ impl RequestKind for ResponsesKind {
             }
         };
         let stored = items.len();
+        no_duplicates(&ids, &params.sent_ids)?;
         ids.extend(params.input.iter().map(new_item_id));
         items.append(&mut params.input);
         statuses.resize(items.len(), OutputItemStatus::Completed);
