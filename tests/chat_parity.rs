@@ -59,6 +59,12 @@ fn check_render_cases(template: &ChatTemplate, tok: &Tokenizer) {
                 if ids != want_ids {
                     failures.push(format!("{name}: ids\n  got  {ids:?}\n  want {want_ids:?}"));
                 }
+                // A limit of exactly the prompt's length keeps it, one less refuses it: the
+                // turn count render_ids_within checks before rendering never exceeds the ids.
+                let at = |limit| template.render_ids_within(&req, tok, limit).ok().flatten();
+                if at(ids.len()).as_ref() != Some(&ids) || at(ids.len() - 1).is_some() {
+                    failures.push(format!("{name}: render_ids_within at {} ids", ids.len()));
+                }
             }
             (text, ids) => failures.push(format!("{name}: {:?} / {:?}", text.err(), ids.err())),
         }

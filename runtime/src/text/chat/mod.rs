@@ -59,7 +59,7 @@ pub use request::{
     REASONING_EFFORTS,
 };
 use segment::Segment;
-use validate::validate_and_normalize;
+use validate::{validate_and_normalize, Conversation};
 
 impl ChatRequest {
     /// Step 1 of the module note alone: `Ok` when the request is one both renderers accept.
@@ -197,8 +197,7 @@ impl ChatTemplate {
         matches!(self.renderer, Renderer::Builtin)
     }
 
-    fn segments(&self, req: &ChatRequest) -> Result<Vec<Segment>, ChatError> {
-        let conv = validate_and_normalize(req)?;
+    fn segments(&self, conv: &Conversation) -> Result<Vec<Segment>, ChatError> {
         let JinjaTemplate {
             env,
             controls,
@@ -206,10 +205,10 @@ impl ChatTemplate {
             bos,
             eos,
         } = match &self.renderer {
-            Renderer::Builtin => return Ok(render_builtin(&conv)),
+            Renderer::Builtin => return Ok(render_builtin(conv)),
             Renderer::Jinja(jinja) => jinja.as_ref(),
         };
-        let messages = template_messages(&conv);
+        let messages = template_messages(conv);
         let mut haystack = source.clone();
         collect_strings(&messages, &mut haystack);
         if let Some(tools) = &conv.tools {
@@ -250,7 +249,7 @@ impl ChatTemplate {
     /// [`ChatError::Render`] when the template raises.
     pub fn render(&self, req: &ChatRequest) -> Result<String, ChatError> {
         Ok(self
-            .segments(req)?
+            .segments(&validate_and_normalize(req)?)?
             .into_iter()
             .map(|seg| match seg {
                 Segment::Control(t) | Segment::Text(t) => t,
@@ -271,7 +270,11 @@ impl ChatTemplate {
     }
 
     /// [`ChatTemplate::render_ids`], unless the prompt has more than `limit` ids: then `None`,
-    /// with the text encoded only up to about that point ([`Tokenizer::encode_within`]).
+    /// with the text encoded only up to about that point ([`Tokenizer::encode_within`]), and
+    /// without rendering at all when the conversation has more turns than `limit` (every turn
+    /// writes at least one control token: `[SYSTEM_PROMPT]`, `[INST]`, `[TOOL_RESULTS]`, an
+    /// answer's `</s>` or `[TOOL_CALLS]`), as a Jinja template's time can grow with the square
+    /// of the turns.
     ///
     /// Errors: those of [`ChatTemplate::render_ids`].
     pub fn render_ids_within(
@@ -280,8 +283,12 @@ impl ChatTemplate {
         tok: &Tokenizer,
         limit: usize,
     ) -> Result<Option<Vec<u32>>, ChatError> {
+        let conv = validate_and_normalize(req)?;
+        if conv.turns.len() > limit {
+            return Ok(None);
+        }
         let mut ids = Vec::new();
-        for seg in self.segments(req)? {
+        for seg in self.segments(&conv)? {
             match seg {
                 Segment::Control(text) => {
                     let id = tok
