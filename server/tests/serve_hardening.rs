@@ -735,6 +735,7 @@ async fn the_openapi_document_describes_every_route_of_the_served_model() {
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/responses",
+        "/v1/responses/input_tokens",
         "/v1/responses/{response_id}",
         "/v1/responses/{response_id}/input_items",
         "/debug/tokens",

@@ -662,6 +662,72 @@ async fn an_item_sent_again_with_its_id_is_a_duplicate() {
     srv.stop().await;
 }
 
+/// `POST /v1/responses/input_tokens` counts the prompt `POST /v1/responses` renders from the
+/// same body (its `usage.input_tokens`), refuses what that route refuses, and answers a prompt
+/// past the context as it does; cancelling is refused (no background responses), for a stored
+/// response with a 400 and for another id with a 404; compaction is a 404 that says it is not
+/// implemented.
+#[tokio::test]
+async fn input_tokens_count_what_a_response_would_read_and_cancel_is_refused() {
+    let srv = start_fake(script(byte_ids("ok")), 4096, limits()).await;
+    let count = |b: Value| async move {
+        raw_request(
+            srv.addr,
+            "POST",
+            "/v1/responses/input_tokens",
+            b.to_string().as_bytes(),
+        )
+        .await
+    };
+    let tools = json!([{"type": "function", "name": "f", "strict": false}]);
+    let b = body(json!({"instructions": "Be brief.", "tools": tools}));
+    let made = create(srv.addr, &b).await;
+    let counted = count(b.clone()).await;
+    counted.assert_status(200, "input_tokens");
+    assert_eq!(
+        counted.json(),
+        json!({"object": "response.input_tokens",
+            "input_tokens": made["usage"]["input_tokens"]})
+    );
+    let id = made["id"].as_str().expect("id");
+    let next = body(json!({"previous_response_id": id, "input": "And?"}));
+    let continued = create(srv.addr, &next).await;
+    assert_eq!(
+        count(next).await.json()["input_tokens"],
+        continued["usage"]["input_tokens"]
+    );
+    let e = count(body(json!({"input": [{"role": "user", "content": "x"},
+        {"type": "function_call_output", "call_id": "c", "output": "1"}]})))
+    .await;
+    e.assert_status(400, "an output without its call");
+    assert_eq!(e.json()["error"]["param"], "input[1]");
+    let long = count(body(json!({"input": "word ".repeat(5000)}))).await;
+    long.assert_status(400, "past the context");
+    assert_eq!(long.json()["error"]["code"], "context_length_exceeded");
+
+    let cancel = |id: String| async move {
+        raw_request(srv.addr, "POST", &format!("/v1/responses/{id}/cancel"), b"").await
+    };
+    let r = cancel(id.to_owned()).await;
+    r.assert_status(400, "cancel a stored response");
+    let message = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(message.contains("background"), "{message}");
+    cancel("resp_0".to_owned())
+        .await
+        .assert_status(404, "cancel another id");
+    let r = raw_request(srv.addr, "POST", "/v1/responses/compact", b"{}").await;
+    r.assert_status(404, "compact");
+    let message = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(message.contains("not implemented"), "{message}");
+    srv.stop().await;
+}
+
 /// An output item cut off by `max_output_tokens` is listed `incomplete` among the input items
 /// of the response that continues it, as the response answered it; the items sent are
 /// `completed`.

@@ -23,6 +23,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(generation::<ChatParams>))
         .route("/v1/completions", post(generation::<CompletionParams>))
         .route("/v1/responses", post(generation::<ResponsesKind>))
+        .route("/v1/responses/input_tokens", post(stored::input_tokens))
         .route("/debug/tokens", post(debug_tokens))
         .route_layer(middleware::from_fn(require_json))
         .route("/v1/models", get(list_models))
@@ -37,6 +38,8 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(stored::retrieve).delete(stored::delete),
         )
         .route("/v1/responses/{id}/input_items", get(stored::input_items))
+        .route("/v1/responses/{id}/cancel", post(stored::cancel))
+        .route("/v1/responses/compact", post(stored::compact))
         .merge(limited)
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)

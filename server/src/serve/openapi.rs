@@ -14,7 +14,7 @@ use super::api::response::{
     Health, Model, ModelList,
 };
 use super::api::responses::{
-    InputItemList, ResponseDeleted, ResponseEvent, ResponseObject, ResponseRequest,
+    InputItemList, InputTokenCount, ResponseDeleted, ResponseEvent, ResponseObject, ResponseRequest,
 };
 use schemars::generate::{Contract, SchemaSettings};
 use schemars::{JsonSchema, SchemaGenerator};
@@ -218,6 +218,15 @@ fn document() -> (Value, Vec<String>) {
             "503": overloaded,
         },
     }});
+    let input_tokens = json!({"post": {
+        "operationId": "countInputTokens",
+        "summary": "The tokens of the prompt a response of this body would have.",
+        "requestBody": body(refs.request::<ResponseRequest>()),
+        "responses": generation(json_response(
+            "The count.",
+            &refs.response::<InputTokenCount>(),
+        )),
+    }});
     let response_id = json!({"name": "response_id", "in": "path", "required": true,
         "schema": {"type": "string"}});
     let gone = err(
@@ -312,6 +321,7 @@ fn document() -> (Value, Vec<String>) {
             "/v1/chat/completions": chat,
             "/v1/completions": completions,
             "/v1/responses": responses,
+            "/v1/responses/input_tokens": input_tokens,
             "/v1/responses/{response_id}": stored,
             "/v1/responses/{response_id}/input_items": input_items,
             "/debug/tokens": debug_tokens,

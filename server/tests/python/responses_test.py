@@ -6,7 +6,8 @@ starts the server; .ci/run installs openai and openai-agents into the interprete
 openai-python: `client.responses.create` parses the answer (`output_text`), streamed and not, and
 a function call answered by its output through `previous_response_id` reuses the prompt cache;
 the stored response comes back by `responses.retrieve`, the continuation's input by
-`responses.input_items.list` (paged), and `responses.delete` drops it.
+`responses.input_items.list` (paged), and `responses.delete` drops it; `responses.input_tokens
+.count` gives a response's input_tokens.
 The OpenAI Agents SDK on its default model (the Responses API) runs a tool round trip streamed,
 chained by `previous_response_id`, then a continued run. The demo model's text is gibberish: the
 tool calls are forced (`tool_choice` required) and only the protocol is checked.
@@ -54,6 +55,8 @@ def openai_python(url):
     assert r.status in ("completed", "incomplete"), r
     assert isinstance(r.output_text, str), r
     assert r.usage.input_tokens > 0 and r.usage.output_tokens > 0, r.usage
+    counted = client.responses.input_tokens.count(model=MODEL, input="Hello!")
+    assert counted.input_tokens == r.usage.input_tokens, (counted, r.usage)
 
     events = list(
         client.responses.create(

@@ -9,7 +9,7 @@ accept: tool turns are dropped, roles and contents are fixed up where a rule req
 user (or, with continue_final_message, assistant) message is added; a `max_tokens` that
 disagrees takes the value of `max_completion_tokens`. Tools and formats have rules of the same
 kind: tool names distinct, a named `tool_choice` naming one of `tools`, `required` only with
-tools; `/v1/responses` bodies get the same, their input reduced to messages the rules accept and
+tools; `/v1/responses` (and `/v1/responses/input_tokens`) bodies get the same, their input reduced to messages the rules accept and
 without a `previous_response_id` (no response is stored for a random id); and the grammar engine enforces a practical subset of JSON Schema, not every object the
 meta-schema allows, so generated schemas are replaced by a fixed one (the tests in
 server/tests/serve_structured.rs try many). Every other generated value is kept. A 400 on a
@@ -150,6 +150,10 @@ def map_case(ctx, case):
         both = [case.body.get(k) for k in ("max_tokens", "max_completion_tokens")]
         if None not in both and both[0] != both[1]:
             case.body["max_tokens"] = both[1]
-    if positive and case.operation.path == "/v1/responses" and isinstance(case.body, dict):
+    if (
+        positive
+        and case.operation.path in ("/v1/responses", "/v1/responses/input_tokens")
+        and isinstance(case.body, dict)
+    ):
         accepted_input(case.body)
     return case

@@ -1206,3 +1206,14 @@ pub struct InputItemList {
     /// Whether items remain past this page.
     pub has_more: bool,
 }
+
+/// `POST /v1/responses/input_tokens`'s answer.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputTokenCount {
+    /// `"response.input_tokens"`.
+    #[schemars(extend("const" = "response.input_tokens"))]
+    pub object: &'static str,
+    /// Tokens of the prompt `POST /v1/responses` would render from the same body.
+    pub input_tokens: usize,
+}

@@ -3,6 +3,13 @@
 //!
 //! - `GET /v1/responses/{id}`: the response object as `POST /v1/responses` answered it.
 //! - `DELETE /v1/responses/{id}`: drops it; `{"id", "object": "response", "deleted": true}`.
+//! - `POST /v1/responses/{id}/cancel`: a 400 for a stored response (only background responses
+//!   can be cancelled, and aubier runs none), else a 404.
+//! - `POST /v1/responses/input_tokens`: the tokens of the prompt `POST /v1/responses` would
+//!   render from the same body (validated as that route's; a prompt past the KV capacity is
+//!   its 400 `context_length_exceeded`).
+//! - `POST /v1/responses/compact` (conversation compaction) is not implemented: a 404 that
+//!   says so.
 //! - `GET /v1/responses/{id}/input_items`: the items before its output (those of the responses
 //!   it continues first, each with the id and status it was first stored under: an answer cut
 //!   off by `max_output_tokens` stays `incomplete`), one page at a time:
@@ -17,16 +24,18 @@
 
 use super::super::api::response::ErrorType;
 use super::super::api::responses::{
-    InputItemList, ListedFunctionCall, ListedFunctionCallOutput, ListedInputText, ListedItem,
-    ListedMessage, ListedText, OutputItemStatus, OutputReasoning, ReasoningText, ResponseDeleted,
+    InputItemList, InputTokenCount, ListedFunctionCall, ListedFunctionCallOutput, ListedInputText,
+    ListedItem, ListedMessage, ListedText, OutputItemStatus, OutputReasoning, ReasoningText,
+    ResponseDeleted,
 };
 use super::super::error::{unknown_parameter, ApiError};
+use super::super::generation::{prompt_ids, PromptSource, RequestKind};
 use super::super::routes::PathId;
 use super::super::state::AppState;
 use super::store::{Item, Stored};
-use super::{text_part, STORE_RESPONSES, STORE_TTL};
+use super::{text_part, ResponsesKind, STORE_RESPONSES, STORE_TTL};
 use aubier_runtime::text::chat::Role;
-use axum::extract::{RawQuery, State};
+use axum::extract::{RawQuery, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -150,6 +159,58 @@ pub(in super::super) async fn retrieve(
         s.response.clone(),
     )
         .into_response())
+}
+
+/// `POST /v1/responses/{id}/cancel` (module note). Errors: always: 400 for a stored response,
+/// 404 for another id.
+pub(in super::super) async fn cancel(
+    State(app): State<Arc<AppState>>,
+    PathId(id): PathId,
+) -> ApiError {
+    match stored(&app, &id) {
+        Ok(_) => ApiError::invalid(
+            None,
+            "invalid_request",
+            format!(
+                "Response '{id}' cannot be cancelled: only background responses can be, and \
+                 aubier runs none ('background' is not implemented); it has finished."
+            ),
+        ),
+        Err(e) => e,
+    }
+}
+
+/// `POST /v1/responses/compact` (module note): 404 `unknown_url` saying it is not
+/// implemented.
+pub(in super::super) async fn compact() -> ApiError {
+    ApiError {
+        message: "POST /v1/responses/compact (conversation compaction) is not implemented."
+            .to_owned(),
+        ..ApiError::no_route("POST", "/v1/responses/compact")
+    }
+}
+
+/// `POST /v1/responses/input_tokens` (module note).
+///
+/// Errors: those of `POST /v1/responses` before generation: 400 for a body it refuses or a
+/// prompt past the KV capacity, 404 for another model, 503 when every tokenizer stays busy.
+pub(in super::super) async fn input_tokens(
+    State(app): State<Arc<AppState>>,
+    req: Request,
+) -> Result<Json<InputTokenCount>, ApiError> {
+    let bytes = app.read_body(req).await?;
+    let mut request = ResponsesKind::parse(&app, &bytes)?;
+    app.check_model(&request.generation().model)?;
+    let ids = match request.take_prompt() {
+        PromptSource::Build(build) => {
+            prompt_ids(&app, ResponsesKind::PROMPT_PARAM, bytes.len(), build).await?
+        }
+        PromptSource::Ids(ids) => ids,
+    };
+    Ok(Json(InputTokenCount {
+        object: "response.input_tokens",
+        input_tokens: ids.len(),
+    }))
 }
 
 /// `DELETE /v1/responses/{id}` (module note). Errors: 404 for an id not stored; 400 for any
