@@ -288,7 +288,13 @@ async fn a_compressed_body_is_a_415_naming_the_encoding() {
     // A gzip member's header, then bytes that are not JSON (the body is never decompressed).
     let gzipped = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff\xab\xae\x05\x00";
     for encoding in ["gzip", "br", "deflate", "GZIP", "identity, gzip"] {
-        for path in ["/v1/chat/completions", "/v1/completions", "/debug/tokens"] {
+        for path in [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/responses",
+            "/v1/responses/input_tokens",
+            "/debug/tokens",
+        ] {
             let headers = [
                 ("Host", host.as_str()),
                 ("Content-Type", "application/json"),
@@ -430,6 +436,24 @@ async fn cross_origin_browser_requests_are_refused_unless_listed() {
         preflight.header("access-control-allow-origin"),
         Some("http://localhost:3000")
     );
+    // DELETE /v1/responses/{id} (openai-js's responses.delete in a browser) is allowed too.
+    let delete = raw_request_with(
+        srv.addr,
+        "OPTIONS",
+        "/v1/responses/resp_1",
+        &[
+            ("Host", &host),
+            ("Origin", "http://localhost:3000"),
+            ("Access-Control-Request-Method", "DELETE"),
+        ],
+        b"",
+    )
+    .await;
+    assert_eq!(delete.status, 200);
+    let methods = delete
+        .header("access-control-allow-methods")
+        .unwrap_or_default();
+    assert!(methods.contains("DELETE"), "{methods}");
     let refused = raw_request_with(
         srv.addr,
         "OPTIONS",

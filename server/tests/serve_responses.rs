@@ -344,6 +344,12 @@ async fn encrypted_reasoning_comes_back_without_the_store() {
         "encrypted_content": "gAAAAABoOpaqueBlobFromElsewhere"}));
     let e = refused(srv.addr, &foreign).await;
     assert_eq!(e["param"], "input[1].encrypted_content", "{e}");
+    // Refused with content beside it too: a blob is never silently dropped.
+    let beside = sent_back(json!({"type": "reasoning", "summary": [],
+        "content": [{"type": "reasoning_text", "text": "plan"}],
+        "encrypted_content": "gAAAAABoOpaqueBlobFromElsewhere"}));
+    let e = refused(srv.addr, &beside).await;
+    assert_eq!(e["param"], "input[1].encrypted_content", "{e}");
     for (extra, param) in [
         (
             json!({"include": ["message.output_text.logprobs"]}),
@@ -405,14 +411,14 @@ async fn what_the_template_refuses_is_named_by_item() {
         (
             json!([msg("user", "x"), call, call, output, output]),
             "input[1]",
-            "input[1]: duplicate call_id \"c1\".",
+            "input[1]: in the answer that starts here: duplicate call_id \"c1\".",
         ),
         (
             json!([msg("user", "x"),
                 {"type": "function_call", "call_id": "", "name": "f", "arguments": "{}"},
                 {"type": "function_call_output", "call_id": "", "output": "1"}]),
             "input[1]",
-            "input[1]: every function_call needs a call_id.",
+            "input[1]: in the answer that starts here: every function_call needs a call_id.",
         ),
         (
             json!([msg("user", "x"), msg("system", "s")]),

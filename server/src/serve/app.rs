@@ -28,11 +28,6 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route_layer(middleware::from_fn(require_json))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{id}", get(get_model))
-        .route_layer(middleware::from_fn_with_state(state.clone(), admission));
-    Router::new()
-        .route("/health", get(health))
-        .route("/metrics", get(metrics))
-        .route("/openapi.json", get(openapi))
         .route(
             "/v1/responses/{id}",
             get(stored::retrieve).delete(stored::delete),
@@ -40,6 +35,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/responses/{id}/input_items", get(stored::input_items))
         .route("/v1/responses/{id}/cancel", post(stored::cancel))
         .route("/v1/responses/compact", post(stored::compact))
+        .route_layer(middleware::from_fn_with_state(state.clone(), admission));
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
         .merge(limited)
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)

@@ -198,7 +198,7 @@ pub(super) fn cors(origins: &[String]) -> CorsLayer {
     };
     CorsLayer::new()
         .allow_origin(allow)
-        .allow_methods([Method::GET, Method::POST])
+        .allow_methods([Method::GET, Method::POST, Method::DELETE])
         .allow_headers(AllowHeaders::mirror_request())
         .max_age(Duration::from_secs(600))
 }

@@ -90,7 +90,7 @@ pub(super) async fn list_models(State(app): State<Arc<AppState>>) -> Json<ModelL
 ///
 /// Rejection: 400 `invalid_url` in OpenAI's error shape when it does not decode to UTF-8
 /// (axum's own rejection is a plain-text body).
-pub(super) struct PathId(pub String);
+pub(crate) struct PathId(pub String);
 
 impl<S: Send + Sync> FromRequestParts<S> for PathId {
     type Rejection = ApiError;

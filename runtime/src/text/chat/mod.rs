@@ -271,10 +271,10 @@ impl ChatTemplate {
 
     /// [`ChatTemplate::render_ids`], unless the prompt has more than `limit` ids: then `None`,
     /// with the text encoded only up to about that point ([`Tokenizer::encode_within`]), and
-    /// without rendering at all when the conversation has more turns than `limit` (every turn
-    /// writes at least one control token: `[SYSTEM_PROMPT]`, `[INST]`, `[TOOL_RESULTS]`, an
-    /// answer's `</s>` or `[TOOL_CALLS]`), as a Jinja template's time can grow with the square
-    /// of the turns.
+    /// without rendering at all when the conversation has more turns than `limit` (the prompt
+    /// has at least as many ids as turns: BOS, two control tokens per system, user or tool turn,
+    /// an answer's `</s>` or `[TOOL_CALLS]`, and only a continued final answer may write none),
+    /// as a Jinja template's time can grow with the square of the turns.
     ///
     /// Errors: those of [`ChatTemplate::render_ids`].
     pub fn render_ids_within(

@@ -1129,7 +1129,7 @@ pub struct ListedMessage {
     /// Who wrote it.
     #[schemars(extend("enum" = ["user", "system", "developer", "assistant"]))]
     pub role: &'static str,
-    /// `completed`.
+    /// `completed`, or `incomplete` for an answer cut off by its max_output_tokens or the context.
     pub status: OutputItemStatus,
     /// Its text, one part.
     #[schemars(length(min = 1, max = 1))]
@@ -1153,7 +1153,7 @@ pub struct ListedFunctionCall {
     pub name: String,
     /// The JSON text of the arguments.
     pub arguments: String,
-    /// `completed`.
+    /// `completed`, or `incomplete` for an answer cut off by its max_output_tokens or the context.
     pub status: OutputItemStatus,
 }
 

@@ -289,7 +289,16 @@ fn in_item_terms(
             let reason = TERMS
                 .iter()
                 .fold(reason, |r, (chat, item)| r.replace(chat, item));
-            at(index, format!("{reason}."))
+            // The rule is about the answer as a whole (its calls) or one output: name which.
+            let answer = origins
+                .get(index)
+                .copied()
+                .flatten()
+                .is_some_and(|i| !matches!(items[i], Item::Output { .. }));
+            match answer {
+                true => at(index, format!("in the answer that starts here: {reason}.")),
+                false => at(index, format!("{reason}.")),
+            }
         }
         ChatError::Tools(_) => ApiError::bad_value("tools", e.to_string()),
         e => ApiError::bad_value("input", e.to_string()),
@@ -422,18 +431,22 @@ fn items(input: ResponseInput) -> Result<Vec<Item>, ApiError> {
                 InputItem::Reasoning(r) => {
                     let content: Vec<&str> =
                         r.content.iter().flatten().map(|c| &*c.0.text).collect();
-                    let text = match (content.is_empty(), &r.encrypted_content) {
-                        (false, _) => content.join("\n\n"),
-                        (true, Some(blob)) => unsealed(blob).ok_or_else(|| {
+                    let blob = match &r.encrypted_content {
+                        None => None,
+                        Some(blob) => Some(unsealed(blob).ok_or_else(|| {
                             ApiError::bad_value(
                                 &format!("input[{i}].encrypted_content"),
                                 format!(
                                     "'input[{i}].encrypted_content' was not written by aubier \
                                      (it starts with '{SEALED_PREFIX}' and base64 text): send \
-                                     the reasoning as 'content', or leave the item out."
+                                     the reasoning as 'content', or leave it out."
                                 ),
                             )
-                        })?,
+                        })?),
+                    };
+                    let text = match (content.is_empty(), blob) {
+                        (false, _) => content.join("\n\n"),
+                        (true, Some(text)) => text,
                         (true, None) => {
                             let summary: Vec<&str> = r.summary.iter().map(|s| &*s.0.text).collect();
                             summary.join("\n\n")
@@ -478,7 +491,7 @@ fn no_duplicates(stored: &[String], sent: &[Option<String>]) -> Result<(), ApiEr
     let mut seen: HashSet<&str> = stored.iter().map(String::as_str).collect();
     for (i, id) in sent.iter().enumerate() {
         match id {
-            Some(id) if !seen.insert(id) => {
+            Some(id) if !id.is_empty() && !seen.insert(id) => {
                 return Err(ApiError::bad_value(
                     &format!("input[{i}].id"),
                     format!(

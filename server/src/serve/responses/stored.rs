@@ -19,7 +19,8 @@
 //! An id the store does not hold (never created, created with `store: false`, dropped past the
 //! store's bounds, or deleted) is a 404; one that does not decode to UTF-8 a 400. The query is checked as bodies are: an unknown parameter,
 //! a repeated one, a bad value, or one asking for what aubier does not do (`stream=true`: a stored
-//! response is not replayed as events; `include`: aubier keeps no extra fields) is a 400 naming
+//! response is not replayed as events; `include`: a stored response is answered as it was made,
+//! with reasoning's `encrypted_content` when its request asked for it) is a 400 naming
 //! it.
 
 use super::super::api::response::ErrorType;
@@ -29,7 +30,7 @@ use super::super::api::responses::{
     ResponseDeleted,
 };
 use super::super::error::{unknown_parameter, ApiError};
-use super::super::generation::{prompt_ids, PromptSource, RequestKind};
+use super::super::generation::{budget, prompt_ids, PromptSource, RequestKind};
 use super::super::routes::PathId;
 use super::super::state::AppState;
 use super::store::{Item, Stored};
@@ -99,13 +100,13 @@ fn flag(q: &HashMap<String, String>, name: &str) -> Result<bool, ApiError> {
     }
 }
 
-/// Refuses `include`: aubier keeps none of the fields it adds.
+/// Refuses `include`: a stored response is answered as it was made.
 fn no_include(q: &HashMap<String, String>) -> Result<(), ApiError> {
     match INCLUDE.iter().any(|name| q.contains_key(*name)) {
         true => Err(ApiError::unsupported(
             "include",
-            "asks for fields aubier does not keep (encrypted reasoning, logprobs, tool call \
-             sources)",
+            "adds fields to what is answered; aubier answers a stored response as it was made \
+             (reasoning's encrypted_content included when its request asked for it)",
         )),
         false => Ok(()),
     }
@@ -120,7 +121,7 @@ fn stored(app: &AppState, id: &str) -> Result<Arc<Stored>, ApiError> {
 ///
 /// Errors: 404 for an id not stored; 400 for `stream=true`, `starting_after`, `include`, a
 /// non-boolean `include_obfuscation` or an unknown query parameter.
-pub(in super::super) async fn retrieve(
+pub(crate) async fn retrieve(
     State(app): State<Arc<AppState>>,
     PathId(id): PathId,
     RawQuery(raw): RawQuery,
@@ -163,10 +164,7 @@ pub(in super::super) async fn retrieve(
 
 /// `POST /v1/responses/{id}/cancel` (module note). Errors: always: 400 for a stored response,
 /// 404 for another id.
-pub(in super::super) async fn cancel(
-    State(app): State<Arc<AppState>>,
-    PathId(id): PathId,
-) -> ApiError {
+pub(crate) async fn cancel(State(app): State<Arc<AppState>>, PathId(id): PathId) -> ApiError {
     match stored(&app, &id) {
         Ok(_) => ApiError::invalid(
             None,
@@ -182,7 +180,7 @@ pub(in super::super) async fn cancel(
 
 /// `POST /v1/responses/compact` (module note): 404 `unknown_url` saying it is not
 /// implemented.
-pub(in super::super) async fn compact() -> ApiError {
+pub(crate) async fn compact() -> ApiError {
     ApiError {
         message: "POST /v1/responses/compact (conversation compaction) is not implemented."
             .to_owned(),
@@ -194,19 +192,22 @@ pub(in super::super) async fn compact() -> ApiError {
 ///
 /// Errors: those of `POST /v1/responses` before generation: 400 for a body it refuses or a
 /// prompt past the KV capacity, 404 for another model, 503 when every tokenizer stays busy.
-pub(in super::super) async fn input_tokens(
+pub(crate) async fn input_tokens(
     State(app): State<Arc<AppState>>,
     req: Request,
 ) -> Result<Json<InputTokenCount>, ApiError> {
     let bytes = app.read_body(req).await?;
+    let body_len = bytes.len();
     let mut request = ResponsesKind::parse(&app, &bytes)?;
+    drop(bytes);
     app.check_model(&request.generation().model)?;
+    let param = ResponsesKind::PROMPT_PARAM;
     let ids = match request.take_prompt() {
-        PromptSource::Build(build) => {
-            prompt_ids(&app, ResponsesKind::PROMPT_PARAM, bytes.len(), build).await?
-        }
+        PromptSource::Build(build) => prompt_ids(&app, param, body_len, build).await?,
         PromptSource::Ids(ids) => ids,
     };
+    // The route's own check: a prompt must leave room for one generated token.
+    budget(&app, ids.len(), None, param)?;
     Ok(Json(InputTokenCount {
         object: "response.input_tokens",
         input_tokens: ids.len(),
@@ -215,7 +216,7 @@ pub(in super::super) async fn input_tokens(
 
 /// `DELETE /v1/responses/{id}` (module note). Errors: 404 for an id not stored; 400 for any
 /// query parameter.
-pub(in super::super) async fn delete(
+pub(crate) async fn delete(
     State(app): State<Arc<AppState>>,
     PathId(id): PathId,
     RawQuery(raw): RawQuery,
@@ -349,7 +350,7 @@ fn page(s: &Stored, q: &HashMap<String, String>) -> Result<InputItemList, ApiErr
 ///
 /// Errors: 404 for an id not stored; 400 as [`page`]'s, for `include` or an unknown query
 /// parameter.
-pub(in super::super) async fn input_items(
+pub(crate) async fn input_items(
     State(app): State<Arc<AppState>>,
     PathId(id): PathId,
     RawQuery(raw): RawQuery,
