@@ -308,6 +308,11 @@ async fn encrypted_reasoning_comes_back_without_the_store() {
         .get("encrypted_content")
         .is_none());
     assert_eq!(item("response.output_item.done")["encrypted_content"], blob);
+    let older = body(json!({"reasoning": {"effort": "high", "generate_summary": "auto"}}));
+    assert_eq!(
+        create(srv.addr, &older).await["reasoning"]["summary"],
+        "auto"
+    );
     let plain = create(srv.addr, &body(json!({"reasoning": {"effort": "high"}}))).await;
     assert!(
         plain["output"][0].get("encrypted_content").is_none(),
@@ -436,6 +441,11 @@ async fn what_the_template_refuses_is_named_by_item() {
             "{b}\n{e}"
         );
     }
+    // Another model is a 404 before the conversation is looked at.
+    let other = json!({"model": "gpt-4o", "input": [call, output, msg("user", "x")]});
+    post(srv.addr, &other)
+        .await
+        .assert_status(404, "another model");
     // With instructions first, the same input is accepted.
     let b = body(
         json!({"input": [call, output, msg("user", "x")], "tools": tools,

@@ -406,7 +406,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
 /// dropped, as browsers do: `HTTP://LocalHost:3000` or `http://localhost:80` never matched the
 /// `Origin` a browser sends, so every browser request got 403 or no CORS headers. Refused with a
 /// message: no scheme, a path or trailing `/` (`http://localhost:3000/`), a query or fragment,
-/// user info, a port that is not a number up to 65535.
+/// user info, a port that is not a number up to 65535, a `:` in the host outside an IPv6 literal.
 fn parse_origin(s: &str) -> Result<String, String> {
     if s == "*" {
         return Ok(s.to_owned());
@@ -436,6 +436,11 @@ fn parse_origin(s: &str) -> Result<String, String> {
     };
     if host.is_empty() {
         return Err(format!("`{s}` has no host: {shape}"));
+    }
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+        return Err(format!(
+            "`{s}` has a `:` in its host (only an IPv6 literal in brackets has one): {shape}"
+        ));
     }
     let port = match port {
         None => None,
@@ -499,5 +504,26 @@ mod tests {
             PromptCache::On
         );
         assert!(parse(&["--prompt-cache", "maybe"]).is_err());
+    }
+
+    #[test]
+    fn origins_are_stored_as_browsers_send_them_and_malformed_ones_refused() {
+        for (given, stored) in [
+            ("*", "*"),
+            ("HTTP://LocalHost:3000", "http://localhost:3000"),
+            ("https://example.com:443", "https://example.com"),
+            ("http://[::1]:8080", "http://[::1]:8080"),
+            ("http://[::1]", "http://[::1]"),
+        ] {
+            assert_eq!(parse_origin(given).as_deref(), Ok(stored), "{given}");
+        }
+        for bad in [
+            "http://a:1:2",
+            "http://::1",
+            "http://a:b:80",
+            "localhost:3000",
+        ] {
+            assert!(parse_origin(bad).is_err(), "{bad}");
+        }
     }
 }

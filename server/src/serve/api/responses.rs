@@ -494,9 +494,8 @@ pub struct ReasoningConfig {
     /// Reasoning summaries: `auto` lets the model choose, and it writes none (a reasoning
     /// item's summary stays empty); `concise` and `detailed` are refused.
     pub summary: Option<SummaryMode>,
-    /// The older name of summary. Not implemented: accepted only at its default.
-    #[serde(default)]
-    pub generate_summary: Refused<NullDefault>,
+    /// The older name of summary, read the same way (summary wins when both are sent).
+    pub generate_summary: Option<SummaryMode>,
 }
 
 /// `stream_options`.
@@ -602,7 +601,6 @@ refused_fields! {
         context_management, moderation
     }
     TextConfig { verbosity }
-    ReasoningConfig { generate_summary }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -658,9 +658,6 @@ pub fn parse(bytes: &[u8]) -> Result<ResponseParams, ApiError> {
     if let Some(t) = &text {
         params::refuse(&t.refused(), "text.")?;
     }
-    if let Some(x) = &reasoning {
-        params::refuse(&x.refused(), "reasoning.")?;
-    }
     let stream = r.stream.unwrap_or(false);
     if r.stream_options.is_some() && !stream {
         return Err(ApiError::bad_value(
@@ -670,7 +667,7 @@ pub fn parse(bytes: &[u8]) -> Result<ResponseParams, ApiError> {
     }
     let max_tokens = params::count("max_output_tokens", r.max_output_tokens)?;
     let effort = reasoning.as_ref().and_then(|x| x.effort);
-    let summary = reasoning.and_then(|x| x.summary);
+    let summary = reasoning.and_then(|x| x.summary.or(x.generate_summary));
     let include_reasoning = r
         .include
         .is_some_and(|i| i.contains(&Includable::ReasoningEncryptedContent));
@@ -1212,6 +1209,8 @@ impl RequestKind for ResponsesKind {
     /// does not hold.
     fn parse(app: &AppState, bytes: &[u8]) -> Result<ResponsesKind, ApiError> {
         let mut params = parse(bytes)?;
+        // Another model is its 404 before the conversation is checked, as on the other routes.
+        app.check_model(&params.generation.model)?;
         let (mut items, mut ids, mut statuses) = match &params.previous_response_id {
             None => (Vec::new(), Vec::new(), Vec::new()),
             Some(id) => {
