@@ -76,7 +76,7 @@ use base64::Engine;
 use serde_json::{json, Map, Value};
 use std::collections::HashSet;
 use std::sync::Arc;
-pub use store::{Item, ResponseStore, Stored, STORE_BYTES, STORE_RESPONSES, STORE_TTL};
+pub use store::{Item, ResponseStore, Stored, Tag, STORE_BYTES, STORE_RESPONSES, STORE_TTL};
 
 /// The assistant turn being gathered from consecutive answer items.
 #[derive(Default)]
@@ -342,8 +342,7 @@ pub struct ResponseParams {
 pub(super) struct ResponsesKind {
     params: ResponseParams,
     items: Vec<Item>,
-    ids: Vec<String>,
-    statuses: Vec<OutputItemStatus>,
+    tags: Vec<Tag>,
     store: Arc<ResponseStore>,
     chat: ChatRequest,
 }
@@ -487,8 +486,8 @@ fn unsealed(blob: &str) -> Option<String> {
 /// earlier input item's. Such an item would be rendered twice.
 ///
 /// Errors: 400 naming `input[i].id`, with OpenAI's message "Duplicate item found with id …".
-fn no_duplicates(stored: &[String], sent: &[Option<String>]) -> Result<(), ApiError> {
-    let mut seen: HashSet<&str> = stored.iter().map(String::as_str).collect();
+fn no_duplicates(stored: &[Tag], sent: &[Option<String>]) -> Result<(), ApiError> {
+    let mut seen: HashSet<&str> = stored.iter().map(|t| t.id.as_str()).collect();
     for (i, id) in sent.iter().enumerate() {
         match id {
             Some(id) if !id.is_empty() && !seen.insert(id) => {
@@ -883,12 +882,11 @@ fn part(reasoning: bool, text: &str) -> Part {
 }
 
 /// Where a finished response is kept: the store's owner, and the items before its output with
-/// their ids and statuses.
+/// their tags.
 struct Keep {
     store: Arc<ResponseStore>,
     items: Vec<Item>,
-    ids: Vec<String>,
-    statuses: Vec<OutputItemStatus>,
+    tags: Vec<Tag>,
 }
 
 /// The state machine from the engine's events to the response object and its stream events
@@ -896,7 +894,7 @@ struct Keep {
 struct Builder {
     response: ResponseObject,
     open: Option<Open>,
-    said: Vec<(String, Item, OutputItemStatus)>,
+    said: Vec<(Tag, Item)>,
     streaming: bool,
     include_reasoning: bool,
     seq: u64,
@@ -1007,7 +1005,7 @@ impl Builder {
                         text,
                     },
                 };
-                self.said.push((id, item, status));
+                self.said.push((Tag { id, status }, item));
             }
             Open::Call {
                 id,
@@ -1026,7 +1024,7 @@ impl Builder {
                     name,
                     arguments,
                 };
-                self.said.push((id, item, status));
+                self.said.push((Tag { id, status }, item));
             }
         }
         let item = whole.clone();
@@ -1132,21 +1130,18 @@ impl Builder {
         if let Some(Keep {
             store,
             mut items,
-            mut ids,
-            mut statuses,
+            mut tags,
         }) = self.keep.take()
         {
             let inputs = items.len();
-            for (id, item, status) in self.said.drain(..) {
-                ids.push(id);
+            for (tag, item) in self.said.drain(..) {
+                tags.push(tag);
                 items.push(item);
-                statuses.push(status);
             }
             let stored = serde_json::to_string(&*r).map(|response| Stored {
                 response,
                 items,
-                ids,
-                statuses,
+                tags,
                 inputs,
             });
             // A response object always serializes (its maps have string keys).
@@ -1211,18 +1206,20 @@ impl RequestKind for ResponsesKind {
         let mut params = parse(bytes)?;
         // Another model is its 404 before the conversation is checked, as on the other routes.
         app.check_model(&params.generation.model)?;
-        let (mut items, mut ids, mut statuses) = match &params.previous_response_id {
-            None => (Vec::new(), Vec::new(), Vec::new()),
+        let (mut items, mut tags) = match &params.previous_response_id {
+            None => (Vec::new(), Vec::new()),
             Some(id) => {
                 let s = app.responses.get(id).ok_or_else(|| not_found(id))?;
-                (s.items.clone(), s.ids.clone(), s.statuses.clone())
+                (s.items.clone(), s.tags.clone())
             }
         };
         let stored = items.len();
-        no_duplicates(&ids, &params.sent_ids)?;
-        ids.extend(params.input.iter().map(new_item_id));
+        no_duplicates(&tags, &params.sent_ids)?;
+        tags.extend(params.input.iter().map(|item| Tag {
+            id: new_item_id(item),
+            status: OutputItemStatus::Completed,
+        }));
         items.append(&mut params.input);
-        statuses.resize(items.len(), OutputItemStatus::Completed);
         answerable(&items, stored)?;
         let (messages, origins) = messages(params.instructions.as_deref(), &items);
         let chat = ChatRequest {
@@ -1236,8 +1233,7 @@ impl RequestKind for ResponsesKind {
         Ok(ResponsesKind {
             params,
             items,
-            ids,
-            statuses,
+            tags,
             store: app.responses.clone(),
             chat,
         })
@@ -1306,8 +1302,7 @@ impl ResponsesKind {
         let keep = self.params.store.then_some(Keep {
             store: self.store,
             items: self.items,
-            ids: self.ids,
-            statuses: self.statuses,
+            tags: self.tags,
         });
         let include = self.params.include_reasoning;
         Builder::new(self.params.head(&head.object), streaming, include, keep)

@@ -1,7 +1,7 @@
 //! The store of recent responses behind `previous_response_id`, `GET` / `DELETE
 //! /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`: each finished response
 //! (completed or incomplete, with `store`) as its response object's JSON text and its [`Item`]s —
-//! the inputs before it, its own inputs, its output — each with its item id and status (an item
+//! the inputs before it, its own inputs, its output — each with its [`Tag`] (id and status) (an item
 //! carried over from a stored response keeps both); the last [`STORE_RESPONSES`], each for at most
 //! [`STORE_TTL`], at most [`STORE_BYTES`] of text together (oldest dropped first; a response past
 //! that alone is not kept).
@@ -66,6 +66,16 @@ impl Item {
     }
 }
 
+/// An item's id and status, as `input_items` lists it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tag {
+    /// `msg_…`, `rs_…`, `fc_…` or `fco_…`.
+    pub id: String,
+    /// `completed`, or `incomplete` for an output item cut off (by `max_output_tokens` or the
+    /// context), which stays so where it is carried over.
+    pub status: OutputItemStatus,
+}
+
 /// One kept response (module note).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Stored {
@@ -73,11 +83,8 @@ pub struct Stored {
     pub response: String,
     /// Its conversation: the inputs of the responses before it, its own inputs, its output.
     pub items: Vec<Item>,
-    /// The id of each of `items`, in their order.
-    pub ids: Vec<String>,
-    /// The status of each of `items`, in their order: an output item cut off (by
-    /// `max_output_tokens` or the context) stays `incomplete` where it is carried over.
-    pub statuses: Vec<OutputItemStatus>,
+    /// The tag of each of `items`, in their order.
+    pub tags: Vec<Tag>,
     /// How many of `items` are inputs (the rest is its output).
     pub inputs: usize,
 }
@@ -86,7 +93,7 @@ impl Stored {
     /// Bytes of text it holds.
     fn bytes(&self) -> usize {
         let items: usize = self.items.iter().map(Item::bytes).sum();
-        let ids: usize = self.ids.iter().map(String::len).sum();
+        let ids: usize = self.tags.iter().map(|t| t.id.len()).sum();
         self.response.len() + items + ids
     }
 }
@@ -169,8 +176,10 @@ mod tests {
                 role: Role::User,
                 text: text.to_owned(),
             }],
-            ids: vec!["msg_1".to_owned()],
-            statuses: vec![OutputItemStatus::Completed],
+            tags: vec![Tag {
+                id: "msg_1".to_owned(),
+                status: OutputItemStatus::Completed,
+            }],
             inputs: 1,
         }
     }

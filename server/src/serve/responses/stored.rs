@@ -26,14 +26,13 @@
 use super::super::api::response::ErrorType;
 use super::super::api::responses::{
     InputItemList, InputTokenCount, ListedFunctionCall, ListedFunctionCallOutput, ListedInputText,
-    ListedItem, ListedMessage, ListedText, OutputItemStatus, OutputReasoning, ReasoningText,
-    ResponseDeleted,
+    ListedItem, ListedMessage, ListedText, OutputReasoning, ReasoningText, ResponseDeleted,
 };
 use super::super::error::{unknown_parameter, ApiError};
 use super::super::generation::{budget, prompt_ids, PromptSource, RequestKind};
 use super::super::routes::PathId;
 use super::super::state::AppState;
-use super::store::{Item, Stored};
+use super::store::{Item, Stored, Tag};
 use super::{text_part, ResponsesKind, STORE_RESPONSES, STORE_TTL};
 use aubier_runtime::text::chat::Role;
 use axum::extract::{RawQuery, Request, State};
@@ -198,9 +197,9 @@ pub(crate) async fn input_tokens(
 ) -> Result<Json<InputTokenCount>, ApiError> {
     let bytes = app.read_body(req).await?;
     let body_len = bytes.len();
+    // Parsing checks the model too (its 404 comes before the conversation's 400).
     let mut request = ResponsesKind::parse(&app, &bytes)?;
     drop(bytes);
-    app.check_model(&request.generation().model)?;
     let param = ResponsesKind::PROMPT_PARAM;
     let ids = match request.take_prompt() {
         PromptSource::Build(build) => prompt_ids(&app, param, body_len, build).await?,
@@ -232,9 +231,9 @@ pub(crate) async fn delete(
     }
 }
 
-/// The wire form of stored item `item`, whose id is `id`.
-fn listed(id: &str, item: &Item, status: OutputItemStatus) -> ListedItem {
-    let id = id.to_owned();
+/// The wire form of stored item `item`, tagged `tag`.
+fn listed(tag: &Tag, item: &Item) -> ListedItem {
+    let (id, status) = (tag.id.clone(), tag.status);
     match item {
         Item::Message { role, text } => ListedItem::Message(ListedMessage {
             id,
@@ -312,9 +311,7 @@ fn page(s: &Stored, q: &HashMap<String, String>) -> Result<InputItemList, ApiErr
                 )
             })?,
     };
-    let inputs = [s.items.len(), s.ids.len(), s.statuses.len()]
-        .into_iter()
-        .fold(s.inputs, usize::min);
+    let inputs = s.inputs.min(s.items.len()).min(s.tags.len());
     let mut order: Vec<usize> = (0..inputs).collect();
     if descending {
         order.reverse();
@@ -322,7 +319,7 @@ fn page(s: &Stored, q: &HashMap<String, String>) -> Result<InputItemList, ApiErr
     let start = match q.get("after") {
         None => 0,
         Some(after) => {
-            let at = order.iter().position(|&i| s.ids[i] == *after);
+            let at = order.iter().position(|&i| s.tags[i].id == *after);
             at.map(|p| p + 1).ok_or_else(|| {
                 ApiError::bad_value(
                     "after",
@@ -333,12 +330,12 @@ fn page(s: &Stored, q: &HashMap<String, String>) -> Result<InputItemList, ApiErr
     };
     let rest = &order[start..];
     let shown = &rest[..rest.len().min(limit)];
-    let id_of = |&i: &usize| s.ids[i].clone();
+    let id_of = |&i: &usize| s.tags[i].id.clone();
     Ok(InputItemList {
         object: "list",
         data: shown
             .iter()
-            .map(|&i| listed(&s.ids[i], &s.items[i], s.statuses[i]))
+            .map(|&i| listed(&s.tags[i], &s.items[i]))
             .collect(),
         first_id: shown.first().map(id_of),
         last_id: shown.last().map(id_of),
@@ -367,6 +364,7 @@ pub(crate) async fn input_items(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::serve::api::responses::OutputItemStatus;
 
     fn conversation() -> Stored {
         let msg = |role, text: &str| Item::Message {
@@ -381,10 +379,12 @@ mod tests {
                 msg(Role::User, "c"),
                 msg(Role::Assistant, "output"),
             ],
-            ids: ["msg_a", "msg_b", "msg_c", "msg_out"]
-                .map(str::to_owned)
+            tags: ["msg_a", "msg_b", "msg_c", "msg_out"]
+                .map(|id| Tag {
+                    id: id.to_owned(),
+                    status: OutputItemStatus::Completed,
+                })
                 .to_vec(),
-            statuses: vec![OutputItemStatus::Completed; 4],
             inputs: 3,
         }
     }
