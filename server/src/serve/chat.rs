@@ -11,7 +11,8 @@ use super::api::response::{
 use super::engine::{Chunk, Summary};
 use super::error::ApiError;
 use super::generation::{
-    non_empty, usage, Answer, ChoiceChunks, ChoiceStream, Head, PromptSource, RequestKind,
+    non_empty, usage, Answer, BuildPrompt, ChoiceChunks, ChoiceStream, Head, PromptSource,
+    RequestKind,
 };
 use super::params::{self, ChatParams, Generation};
 use super::state::AppState;
@@ -34,10 +35,7 @@ impl RequestKind for ChatParams {
     }
 
     fn take_prompt(&mut self) -> PromptSource {
-        let chat = std::mem::take(&mut self.chat);
-        PromptSource::Build(Box::new(move |t: &TextModel, limit| {
-            t.chat_prompt_within(&chat, limit)
-        }))
+        PromptSource::Build(self.take_build())
     }
 
     fn mode(&self) -> TextMode {
@@ -88,6 +86,15 @@ impl RequestKind for ChatParams {
 
     fn chunks(self, app: &AppState, head: Head) -> ChoiceChunks<ChatShape> {
         ChoiceChunks::new(app, head, self.generation.logprobs)
+    }
+}
+
+impl ChatParams {
+    /// Takes the conversation out as the builder of its prompt: the chat template's rendering,
+    /// tokenized (`/tokenize` of messages reads the same).
+    pub(super) fn take_build(&mut self) -> BuildPrompt {
+        let chat = std::mem::take(&mut self.chat);
+        Box::new(move |t: &TextModel, limit| t.chat_prompt_within(&chat, limit))
     }
 }
 

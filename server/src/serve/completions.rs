@@ -8,7 +8,7 @@ use super::api::response::{
 use super::engine::{Chunk, Summary};
 use super::error::ApiError;
 use super::generation::{
-    usage, Answer, ChoiceChunks, ChoiceStream, Head, PromptSource, RequestKind,
+    usage, Answer, BuildPrompt, ChoiceChunks, ChoiceStream, Head, PromptSource, RequestKind,
 };
 use super::params::{self, CompletionParams, Generation, Prompt};
 use super::state::AppState;
@@ -32,9 +32,7 @@ impl RequestKind for CompletionParams {
 
     fn take_prompt(&mut self) -> PromptSource {
         match std::mem::replace(&mut self.prompt, Prompt::Ids(Vec::new())) {
-            Prompt::Text(text) => PromptSource::Build(Box::new(move |t: &TextModel, limit| {
-                t.completion_prompt_within(&text, limit)
-            })),
+            Prompt::Text(text) => PromptSource::Build(text_prompt(text, true)),
             Prompt::Ids(ids) => PromptSource::Ids(ids),
         }
     }
@@ -69,6 +67,12 @@ impl RequestKind for CompletionParams {
     fn chunks(self, app: &AppState, head: Head) -> ChoiceChunks<CompletionShape> {
         ChoiceChunks::new(app, head, self.generation.logprobs)
     }
+}
+
+/// The builder of the ids of a string prompt: BOS when `bos` (this route always asks for it),
+/// then the text's encoding (`/tokenize` of a prompt reads the same).
+pub(super) fn text_prompt(text: String, bos: bool) -> BuildPrompt {
+    Box::new(move |t: &TextModel, limit| t.completion_prompt_within(&text, bos, limit))
 }
 
 /// The completion kind's stream: `text_completion` chunks.

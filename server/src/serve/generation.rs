@@ -112,7 +112,9 @@ pub(super) async fn generation<K: RequestKind>(
     drop(bytes);
     app.check_model(&request.generation().model)?;
     let prompt = match request.take_prompt() {
-        PromptSource::Build(build) => prompt_ids(&app, K::PROMPT_PARAM, body_len, build).await?,
+        PromptSource::Build(build) => {
+            prompt_ids(&app, K::PROMPT_PARAM, body_len, app.engine.kv_max(), build).await?
+        }
         PromptSource::Ids(ids) => {
             check_vocab(&app, K::PROMPT_PARAM, &ids)?;
             ids
@@ -189,12 +191,14 @@ fn release_free_memory() {
 
 /// Builds the prompt on a blocking thread (template rendering and BPE are CPU work), at most
 /// `tokenizers` at once (waiting up to `--queue-wait-ms` for a turn, 503 past it). `build` gets
-/// the KV capacity and stops tokenizing past it (`None`), which is a 400 naming `param`. After a
-/// body of `body_len` >= 1 MiB, whose text `build` owns and drops, free memory goes back to the OS.
+/// `limit` (the KV capacity, or `usize::MAX` to count a prompt whatever its length) and stops
+/// tokenizing past it (`None`), which is a 400 naming `param`. After a body of `body_len` >= 1 MiB,
+/// whose text `build` owns and drops, free memory goes back to the OS.
 pub(super) async fn prompt_ids<F>(
     app: &Arc<AppState>,
     param: &str,
     body_len: usize,
+    limit: usize,
     build: F,
 ) -> Result<Vec<u32>, ApiError>
 where
@@ -214,10 +218,9 @@ where
         })?
         .map_err(|_| ApiError::busy("The server is shutting down.", 1))?;
     let text = app.text.clone();
-    let kv_max = app.engine.kv_max();
     let built = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        let built = build(&text, kv_max);
+        let built = build(&text, limit);
         if body_len >= TRIM_BYTES {
             release_free_memory();
         }
@@ -225,7 +228,7 @@ where
     })
     .await
     .map_err(|e| ApiError::internal(format!("The tokenizer task failed: {e}.")))??;
-    built.ok_or_else(|| too_long(param, &format!("more than {kv_max}"), kv_max))
+    built.ok_or_else(|| too_long(param, &format!("more than {limit}"), app.engine.kv_max()))
 }
 
 /// 400 `context_length_exceeded` for a prompt of `prompt` tokens.

@@ -45,6 +45,11 @@ pub fn token_string(bytes: &[u8]) -> String {
     }
 }
 
+/// The `token` string of token `id` (module note); `/tokenize`'s `token_strs` too.
+pub fn token_text(text: &TextModel, id: u32) -> String {
+    token_string(bytes(text, id))
+}
+
 /// One `{token, logprob, bytes}` object.
 fn chat_top(text: &TextModel, id: u32, logprob: f64) -> ChatTopLogprob {
     let b = bytes(text, id);
@@ -86,17 +91,14 @@ pub fn chat(text: &TextModel, entries: &[TokenEntry]) -> ChatLogprobs {
 
 /// The legacy completions `logprobs` object of `entries`.
 pub fn completion(text: &TextModel, entries: &[TokenEntry]) -> CompletionLogprobs {
-    let tokens: Vec<String> = entries
-        .iter()
-        .map(|e| token_string(bytes(text, e.id)))
-        .collect();
+    let tokens: Vec<String> = entries.iter().map(|e| token_text(text, e.id)).collect();
     let top_logprobs = entries
         .iter()
         .zip(&tokens)
         .map(|(e, sampled)| {
             let mut m = Map::new();
             for &(id, lp) in &e.logprobs.top {
-                m.insert(token_string(bytes(text, id)), Value::from(value(lp)));
+                m.insert(token_text(text, id), Value::from(value(lp)));
             }
             if !e.logprobs.top.iter().any(|&(id, _)| id == e.id) {
                 m.insert(sampled.clone(), Value::from(value(e.logprobs.logprob)));

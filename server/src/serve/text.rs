@@ -218,19 +218,20 @@ impl TextModel {
             .unwrap_or_default())
     }
 
-    /// Token ids of a completion prompt: BOS (when `tokenizer.ggml.add_bos_token` is true or
-    /// absent — every Mistral prompt starts with `<s>`), then the plain-text encoding of `text`
-    /// (control-token lookalikes stay text). `None` when that is more than `limit` ids (found
-    /// without tokenizing far past the limit).
+    /// Token ids of a completion prompt: with `bos`, BOS (when `tokenizer.ggml.add_bos_token` is
+    /// true or absent — every Mistral prompt starts with `<s>`), then the plain-text encoding of
+    /// `text` (control-token lookalikes stay text). `None` when that is more than `limit` ids
+    /// (found without tokenizing far past the limit).
     ///
     /// Errors: 400 naming `prompt` when the tokenizer gives up on the text.
     pub fn completion_prompt_within(
         &self,
         text: &str,
+        bos: bool,
         limit: usize,
     ) -> Result<Option<Vec<u32>>, ApiError> {
         let mut ids = Vec::new();
-        if self.add_bos {
+        if bos && self.add_bos {
             ids.push(self.tokenizer.bos_id());
         }
         let encoded = self

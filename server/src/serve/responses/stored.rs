@@ -202,7 +202,9 @@ pub(crate) async fn input_tokens(
     drop(bytes);
     let param = ResponsesKind::PROMPT_PARAM;
     let ids = match request.take_prompt() {
-        PromptSource::Build(build) => prompt_ids(&app, param, body_len, build).await?,
+        PromptSource::Build(build) => {
+            prompt_ids(&app, param, body_len, app.engine.kv_max(), build).await?
+        }
         PromptSource::Ids(ids) => ids,
     };
     // The route's own check: a prompt must leave room for one generated token.
