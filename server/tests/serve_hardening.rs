@@ -6,6 +6,7 @@
 
 mod serve_common;
 
+use aubier_server::serve::api::request::TokenizeChatRequest;
 use aubier_server::serve::state::HostPolicy;
 use serde_json::Value;
 use serve_common::*;
@@ -173,6 +174,13 @@ async fn health_is_503_while_a_request_would_be_refused() {
     );
     let refused = raw_request(srv.addr, "GET", "/v1/models", b"").await;
     assert_eq!(refused.status, 503);
+    for (path, body) in [
+        ("/tokenize", &br#"{"prompt":"x"}"#[..]),
+        ("/detokenize", br#"{"tokens":[1]}"#),
+    ] {
+        let refused = raw_request(srv.addr, "POST", path, body).await;
+        refused.assert_status(503, path);
+    }
     drop(holder);
     let t0 = Instant::now();
     while raw_request(srv.addr, "GET", "/health", b"").await.status != 200 {
@@ -250,7 +258,13 @@ async fn a_body_not_declared_json_is_a_415_with_a_hint() {
     ] {
         let mut headers = vec![("Host", host.as_str())];
         headers.extend(content_type.map(|t| ("Content-Type", t)));
-        for path in ["/v1/chat/completions", "/v1/completions", "/debug/tokens"] {
+        for path in [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/tokenize",
+            "/detokenize",
+            "/debug/tokens",
+        ] {
             let resp = raw_request_with(srv.addr, "POST", path, &headers, body.as_bytes()).await;
             assert_eq!(resp.status, 415, "{content_type:?} on {path}");
             let v = resp.json();
@@ -293,6 +307,8 @@ async fn a_compressed_body_is_a_415_naming_the_encoding() {
             "/v1/completions",
             "/v1/responses",
             "/v1/responses/input_tokens",
+            "/tokenize",
+            "/detokenize",
             "/debug/tokens",
         ] {
             let headers = [
@@ -762,6 +778,8 @@ async fn the_openapi_document_describes_every_route_of_the_served_model() {
         "/v1/responses/input_tokens",
         "/v1/responses/{response_id}",
         "/v1/responses/{response_id}/input_items",
+        "/tokenize",
+        "/detokenize",
         "/debug/tokens",
         "/v1/models",
         "/v1/models/{model}",
@@ -801,6 +819,12 @@ async fn the_openapi_document_describes_every_route_of_the_served_model() {
     assert_eq!(
         described("CompletionRequest"),
         names(&mut aubier_server::serve::params::refused_completion_parameters())
+    );
+    let tokenize = TokenizeChatRequest::default();
+    let tokenize = tokenize.refused();
+    assert_eq!(
+        described("TokenizeChatRequest"),
+        names(&mut tokenize.iter().map(|(name, _, _)| *name))
     );
     srv.stop().await;
 }

@@ -1,6 +1,6 @@
 //! The router: every route, behind the guards and admission of `guard`, served on
-//! `connection`'s connections; the generation routes are `generation`'s, the
-//! others `routes`'; the state they share is [`super::state`]'s.
+//! `connection`'s connections; the generation routes are `generation`'s, `/tokenize` and
+//! `/detokenize` `tokenize`'s, the others `routes`'; the state they share is [`super::state`]'s.
 
 use super::connection;
 use super::generation::generation;
@@ -9,6 +9,7 @@ use super::params::{ChatParams, CompletionParams};
 use super::responses::{stored, ResponsesKind};
 use super::routes::{debug_tokens, get_model, health, list_models, metrics, openapi};
 use super::state::AppState;
+use super::tokenize::{detokenize, tokenize};
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use axum::routing::{get, post};
@@ -24,6 +25,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(generation::<CompletionParams>))
         .route("/v1/responses", post(generation::<ResponsesKind>))
         .route("/v1/responses/input_tokens", post(stored::input_tokens))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .route("/debug/tokens", post(debug_tokens))
         .route_layer(middleware::from_fn(require_json))
         .route("/v1/models", get(list_models))

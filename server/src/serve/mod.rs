@@ -12,7 +12,7 @@
 //! (Host / Origin / Content-Type guards, admission, request metrics), `generation` (the one
 //! generation route, generic over the request kinds `chat`, `completions` and [`responses`]: prompt, budget,
 //! grammar, engine job, JSON answer or SSE), `routes` (health, metrics, models, OpenAPI,
-//! `/debug/tokens`), [`engine`] (the single-flight engine thread), [`text`] and [`stop`]
+//! `/debug/tokens`), `tokenize` (vLLM's `/tokenize` and `/detokenize`), [`engine`] (the single-flight engine thread), [`text`] and [`stop`]
 //! (detokenizing, reasoning split, stop strings), [`logprobs`] (their OpenAI shapes), [`fake`]
 //! and [`real`] (the two engines), [`lock`], [`metrics`], [`openapi`] (`GET /openapi.json`,
 //! generated from [`api`]), [`tools`] (`tools`, `tool_choice`, `response_format` → the grammar),
@@ -43,6 +43,7 @@ mod routes;
 pub mod state;
 pub mod stop;
 pub mod text;
+mod tokenize;
 pub mod tools;
 
 pub use app::serve;

@@ -8,10 +8,13 @@
 //! the vocabulary size and the KV capacity are written into `ModelId`, `TokenId` and `TokenIds`.
 //! CI runs schemathesis against the result (`server/tests/schemathesis/`).
 
-use super::api::request::{ChatCompletionRequest, CompletionRequest, DebugTokensRequest};
+use super::api::request::{
+    ChatCompletionRequest, CompletionRequest, DebugTokensRequest, DetokenizeRequest,
+    TokenizeChatRequest, TokenizeCompletionRequest,
+};
 use super::api::response::{
-    ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, DebugTokens, ErrorBody,
-    Health, Model, ModelList,
+    ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, DebugTokens,
+    DetokenizeResponse, ErrorBody, Health, Model, ModelList, TokenizeResponse,
 };
 use super::api::responses::{
     InputItemList, InputTokenCount, ResponseDeleted, ResponseEvent, ResponseObject, ResponseRequest,
@@ -129,20 +132,28 @@ fn document() -> (Value, Vec<String>) {
         &error,
     );
     let not_found = err("Another model id than the served one.");
-    let generation = |ok: Value| {
+    // The answers of a route that reads a JSON body: `ok`, or a 400 for what `invalid` says.
+    let with_body = |ok: Value, invalid: &str| {
         json!({
             "200": ok,
-            "400": err("Invalid request: a parameter of the wrong type or out of range, an \
-                unsupported or unknown parameter (named in 'param'), a conversation the template \
-                refuses, or a prompt longer than the context."),
+            "400": err(invalid),
             "403": forbidden,
             "404": not_found,
             "408": err("The body did not arrive within --read-timeout-ms."),
             "413": err("The body is larger than --body-limit."),
             "415": err("The body is not declared as 'Content-Type: application/json', or has a Content-Encoding other than identity."),
-            "500": err("The engine failed while generating."),
             "503": overloaded,
         })
+    };
+    let generation = |ok: Value| {
+        let mut r = with_body(
+            ok,
+            "Invalid request: a parameter of the wrong type or out of range, an unsupported or \
+             unknown parameter (named in 'param'), a conversation the template refuses, or a \
+             prompt longer than the context.",
+        );
+        r["500"] = err("The engine failed while generating.");
+        r
     };
     let body = |schema: Value| json!({"required": true, "content": {"application/json": {"schema": schema}}});
     let streamed = |description: &str, whole: Value, chunk: Value| {
@@ -194,6 +205,31 @@ fn document() -> (Value, Vec<String>) {
             "The generated ids.",
             &refs.response::<DebugTokens>(),
         )),
+    }});
+    let tokenize = json!({"post": {
+        "operationId": "tokenize",
+        "summary": "The token ids of a text as /v1/completions reads it, or of messages as \
+            /v1/chat/completions renders them (vLLM's /tokenize); a prompt longer than the \
+            context is counted too.",
+        "requestBody": body(json!({"anyOf": [
+            refs.request::<TokenizeCompletionRequest>(),
+            refs.request::<TokenizeChatRequest>(),
+        ]})),
+        "responses": with_body(
+            json_response("The ids.", &refs.response::<TokenizeResponse>()),
+            "Invalid request: a parameter of the wrong type, an unsupported or unknown \
+             parameter (named in 'param'), or a conversation the template refuses.",
+        ),
+    }});
+    let detokenize = json!({"post": {
+        "operationId": "detokenize",
+        "summary": "The text of token ids, control tokens included (vLLM's /detokenize).",
+        "requestBody": body(refs.request::<DetokenizeRequest>()),
+        "responses": with_body(
+            json_response("The text.", &refs.response::<DetokenizeResponse>()),
+            "Invalid request: an id that is not below the vocabulary size, a parameter of the \
+             wrong type, or an unknown parameter (named in 'param').",
+        ),
     }});
     let model = refs.response::<Model>();
     let models = json!({"get": {
@@ -324,6 +360,8 @@ fn document() -> (Value, Vec<String>) {
             "/v1/responses/input_tokens": input_tokens,
             "/v1/responses/{response_id}": stored,
             "/v1/responses/{response_id}/input_items": input_items,
+            "/tokenize": tokenize,
+            "/detokenize": detokenize,
             "/debug/tokens": debug_tokens,
             "/v1/models": models,
             "/v1/models/{model}": retrieve,
@@ -389,6 +427,12 @@ mod tests {
         for r in all {
             assert!(doc.pointer(r.trim_start_matches('#')).is_some(), "{r}");
         }
+    }
+
+    /// Asserts that `validator` accepts `body` exactly when the parser does (`parsed`).
+    fn assert_agree(validator: &jsonschema::Validator, body: &str, parsed: bool) {
+        let v: Value = serde_json::from_str(body).expect("JSON");
+        assert_eq!(validator.is_valid(&v), parsed, "{body}");
     }
 
     /// A validator of request bodies against the document's schema `name`.
@@ -469,12 +513,7 @@ mod tests {
         ];
         for extra in chat_cases {
             let body = format!("{{{msg}{extra}}}");
-            let v: Value = serde_json::from_str(&body).expect("JSON");
-            assert_eq!(
-                chat.is_valid(&v),
-                parse_chat(body.as_bytes()).is_ok(),
-                "{body}"
-            );
+            assert_agree(&chat, &body, parse_chat(body.as_bytes()).is_ok());
         }
         for messages in [
             r#"[{"role":"user","content":"x","extra":1}]"#,
@@ -486,12 +525,7 @@ mod tests {
             r#"[{"role":"robot","content":"x"}]"#,
         ] {
             let body = format!(r#"{{"model":"m","messages":{messages}}}"#);
-            let v: Value = serde_json::from_str(&body).expect("JSON");
-            assert_eq!(
-                chat.is_valid(&v),
-                parse_chat(body.as_bytes()).is_ok(),
-                "{body}"
-            );
+            assert_agree(&chat, &body, parse_chat(body.as_bytes()).is_ok());
         }
         let completion = request_validator(&doc, "CompletionRequest");
         for extra in [
@@ -506,11 +540,10 @@ mod tests {
             r#""prompt":"x","echo":true"#,
         ] {
             let body = format!(r#"{{"model":"m",{extra}}}"#);
-            let v: Value = serde_json::from_str(&body).expect("JSON");
-            assert_eq!(
-                completion.is_valid(&v),
+            assert_agree(
+                &completion,
+                &body,
                 parse_completion(body.as_bytes()).is_ok(),
-                "{body}"
             );
         }
         let responses = request_validator(&doc, "ResponseRequest");
@@ -546,11 +579,10 @@ mod tests {
             r#""input":"x","previous_response_id":"resp_1","store":false"#,
         ] {
             let body = format!(r#"{{"model":"m",{extra}}}"#);
-            let v: Value = serde_json::from_str(&body).expect("JSON");
-            assert_eq!(
-                responses.is_valid(&v),
+            assert_agree(
+                &responses,
+                &body,
                 super::super::responses::parse(body.as_bytes()).is_ok(),
-                "{body}"
             );
         }
         let debug = request_validator(&doc, "DebugTokensRequest");
@@ -561,13 +593,70 @@ mod tests {
             r#"{"ids":[5.0],"max_tokens":1.0}"#,
             r#"{"ids":[1],"max_tokens":1,"ignore_eos":true,"x":1}"#,
         ] {
-            let v: Value = serde_json::from_str(body).expect("JSON");
-            assert_eq!(
-                debug.is_valid(&v),
-                parse_debug_tokens(body.as_bytes()).is_ok(),
-                "{body}"
-            );
+            assert_agree(&debug, body, parse_debug_tokens(body.as_bytes()).is_ok());
         }
+    }
+
+    /// A validator of the request bodies of `POST path`, against the document's schema of them.
+    fn body_validator(doc: &Value, path: &str) -> jsonschema::Validator {
+        let mut schema = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+            ["schema"]
+            .clone();
+        schema["components"] = doc["components"].clone();
+        jsonschema::validator_for(&schema).expect("a valid JSON Schema")
+    }
+
+    #[test]
+    fn the_tokenizer_schemas_accept_what_their_parsers_accept() {
+        use super::super::params::{parse_detokenize, parse_tokenize};
+        let doc: Value = serde_json::from_str(&spec("m", 1000, 64)).expect("JSON");
+        let tokenize = body_validator(&doc, "/tokenize");
+        let msg = r#""messages":[{"role":"user","content":"hi"}]"#;
+        for body in [
+            r#"{"prompt":"x"}"#.to_owned(),
+            r#"{"model":"m","prompt":"","add_special_tokens":false,"return_token_strs":true}"#
+                .to_owned(),
+            r#"{"prompt":"x","messages":[]}"#.to_owned(),
+            r#"{"prompt":7}"#.to_owned(),
+            r#"{"prompt":"x","temperature":1}"#.to_owned(),
+            r#"{}"#.to_owned(),
+            format!("{{{msg}}}"),
+            format!(r#"{{{msg},"model":"m","return_token_strs":true}}"#),
+            format!(r#"{{{msg},"tools":[{{"type":"function","function":{{"name":"f"}}}}]}}"#),
+            format!(r#"{{{msg},"tools":[{{"type":"function","function":{{"name":"f g"}}}}]}}"#),
+            format!(r#"{{{msg},"reasoning_effort":"high"}}"#),
+            format!(r#"{{{msg},"reasoning_effort":"low"}}"#),
+            format!(r#"{{{msg},"continue_final_message":true,"add_generation_prompt":false}}"#),
+            format!(r#"{{{msg},"continue_final_message":true,"add_generation_prompt":true}}"#),
+            format!(r#"{{{msg},"continue_final_message":false,"add_generation_prompt":true}}"#),
+            format!(r#"{{{msg},"add_special_tokens":false,"chat_template_kwargs":{{}}}}"#),
+            format!(r#"{{{msg},"add_special_tokens":true}}"#),
+            format!(r#"{{{msg},"chat_template":"t"}}"#),
+            format!(r#"{{{msg},"chat_template_kwargs":{{"a":1}}}}"#),
+            format!(r#"{{{msg},"mm_processor_kwargs":{{"a":1}}}}"#),
+            format!(r#"{{{msg},"media_io_kwargs":{{"a":{{}}}}}}"#),
+            format!(r#"{{{msg},"temperature":1}}"#),
+            r#"{"messages":[{"role":"user","content":"x","extra":1}]}"#.to_owned(),
+            r#"{"messages":[{"role":"robot","content":"x"}]}"#.to_owned(),
+        ] {
+            assert_agree(&tokenize, &body, parse_tokenize(body.as_bytes()).is_ok());
+        }
+        let detokenize = body_validator(&doc, "/detokenize");
+        for body in [
+            r#"{"tokens":[1,2]}"#,
+            r#"{"tokens":[]}"#,
+            r#"{"model":"m","tokens":[5.0]}"#,
+            r#"{"tokens":[1,-2]}"#,
+            r#"{"tokens":[1,"a"]}"#,
+            r#"{"tokens":"1"}"#,
+            r#"{}"#,
+            r#"{"tokens":[1],"x":1}"#,
+        ] {
+            assert_agree(&detokenize, body, parse_detokenize(body.as_bytes()).is_ok());
+        }
+        // The vocabulary bound is the schema's and the route's (the parser takes any u32).
+        assert!(!detokenize.is_valid(&serde_json::json!({"tokens": [1000]})));
+        assert!(detokenize.is_valid(&serde_json::json!({"tokens": [999]})));
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! Request parameters: read the JSON bodies of `/v1/chat/completions`, `/v1/completions` and
-//! `/debug/tokens` into their wire types (`super::api::request`) and validate them into what the
-//! routes run.
+//! Request parameters: read the JSON bodies of `/v1/chat/completions`, `/v1/completions`,
+//! `/tokenize`, `/detokenize` and `/debug/tokens` into their wire types (`super::api::request`)
+//! and validate them into what the routes run.
 //!
 //! Algorithm: the body is parsed as JSON (a 400 `invalid_json` with serde's position) and must be
 //! an object. It is then deserialized into its wire type with the path of a failing field tracked
@@ -19,10 +19,10 @@
 
 use super::api::request::{
     ChatCompletionRequest, CompletionRequest, ContentChunk as WireChunk, DebugTokensRequest,
-    Message, ReasoningEffort, RefusedField, SamplingFields, Stop, StreamOptions,
-    ToolCall as WireToolCall,
+    DetokenizeRequest, Message, ReasoningEffort, RefusedField, SamplingFields, Stop, StreamOptions,
+    TokenizeChatRequest, TokenizeCompletionRequest, ToolCall as WireToolCall,
 };
-use super::api::scalar::{json_uint, token_ids, Count, DefaultValue, StrOr};
+use super::api::scalar::{json_uint, token_ids, Count, DefaultValue, ModelId, StrOr};
 use super::error::{missing_parameter, unknown_parameter, ApiError};
 use super::tools::{structured, Structured};
 use aubier_runtime::sampler::SamplingParams;
@@ -178,13 +178,19 @@ fn field_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     ApiError::bad_value(&path, text)
 }
 
-/// Reads `bytes` as the wire type `T`. A leading UTF-8 byte order mark is skipped: RFC 8259
-/// § 8.1 lets a parser ignore it, and the parsers behind vLLM (Python's `json`) and llama.cpp
+/// Reads `bytes` as the wire type `T`: [`object`], then [`typed`].
+///
+/// Errors: those of [`object`] and [`typed`].
+pub(super) fn read<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    typed(object(bytes)?)
+}
+
+/// Reads `bytes` as a JSON object. A leading UTF-8 byte order mark is skipped: RFC 8259 § 8.1
+/// lets a parser ignore it, and the parsers behind vLLM (Python's `json`) and llama.cpp
 /// (nlohmann) do, so a body saved by an editor that writes one is read as sent.
 ///
-/// Errors: 400 `invalid_json` for malformed JSON or a body that is not an object; else
-/// [`field_error`]'s.
-pub(super) fn read<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+/// Errors: 400 `invalid_json` for malformed JSON or a body that is not an object.
+fn object(bytes: &[u8]) -> Result<Value, ApiError> {
     let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
     let value: Value = serde_json::from_slice(bytes).map_err(|e| {
         ApiError::invalid(
@@ -203,6 +209,11 @@ pub(super) fn read<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             ),
         ));
     }
+    Ok(value)
+}
+
+/// Reads the JSON object `value` as the wire type `T`. Errors: [`field_error`]'s.
+fn typed<T: DeserializeOwned>(value: Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(field_error)
 }
 
@@ -494,7 +505,13 @@ fn message(i: usize, m: Message) -> Result<ChatMessage, ApiError> {
 /// of range, more than [`MAX_STOPS`] stops, a refused parameter at a non-default value (named in
 /// `param`), or an unrecognised parameter.
 pub fn parse_chat(bytes: &[u8]) -> Result<ChatParams, ApiError> {
-    let r: ChatCompletionRequest = read(bytes)?;
+    validate_chat(read(bytes)?)
+}
+
+/// Validates a chat completion request (the checks of [`parse_chat`] after reading).
+///
+/// Errors: as [`parse_chat`], but for malformed JSON and field types.
+fn validate_chat(r: ChatCompletionRequest) -> Result<ChatParams, ApiError> {
     refuse(&r.refused(), "")?;
     let structured = structured(
         r.tools.as_deref().unwrap_or_default(),
@@ -638,6 +655,98 @@ pub fn parse_debug_tokens(bytes: &[u8]) -> Result<DebugTokensParams, ApiError> {
         max_tokens,
         sampling,
         ignore_eos: r.ignore_eos.unwrap_or(false),
+    })
+}
+
+/// What a `POST /tokenize` body asks to tokenize.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TokenizePrompt {
+    /// The text form: `prompt`, with BOS unless `add_special_tokens` is false.
+    Text {
+        /// The text.
+        text: String,
+        /// `add_special_tokens` (default true): start with BOS, as `/v1/completions` does.
+        bos: bool,
+    },
+    /// The chat form: the body read as the `/v1/chat/completions` body of the same messages,
+    /// tools and settings, validated as that route validates it.
+    Chat(Box<ChatParams>),
+}
+
+/// A validated `POST /tokenize` body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenizeParams {
+    /// Optional `model`; when present it must be the served id.
+    pub model: Option<String>,
+    /// What to tokenize.
+    pub prompt: TokenizePrompt,
+    /// `return_token_strs` (default false).
+    pub token_strs: bool,
+}
+
+/// Parses and validates a `POST /tokenize` body (vLLM's `TokenizeCompletionRequest` or
+/// `TokenizeChatRequest`): a body with `messages` is the chat form, any other the text form.
+/// The chat form goes through [`parse_chat`]'s checks, as a chat completion request carrying
+/// its `messages`, `tools`, `reasoning_effort`, `continue_final_message` and
+/// `add_generation_prompt`; vLLM's template knobs (`add_special_tokens`, `chat_template`,
+/// `chat_template_kwargs`, ...) are refused by name unless at their default.
+///
+/// Errors: 400 for malformed JSON, a missing `prompt` (or `messages`), an unknown field (a chat
+/// completion parameter such as `temperature` included), a refused parameter, or what
+/// [`parse_chat`] refuses.
+pub fn parse_tokenize(bytes: &[u8]) -> Result<TokenizeParams, ApiError> {
+    let body = object(bytes)?;
+    if body.get("messages").is_none() {
+        let r: TokenizeCompletionRequest = typed(body)?;
+        return Ok(TokenizeParams {
+            model: r.model.map(|m| m.0),
+            prompt: TokenizePrompt::Text {
+                text: r.prompt,
+                bos: r.add_special_tokens.unwrap_or(true),
+            },
+            token_strs: r.return_token_strs.unwrap_or(false),
+        });
+    }
+    let r: TokenizeChatRequest = typed(body)?;
+    refuse(&r.refused(), "")?;
+    let model = r.model.map(|m| m.0);
+    let chat = validate_chat(ChatCompletionRequest {
+        model: ModelId(model.clone().unwrap_or_default()),
+        messages: r.messages,
+        tools: r.tools,
+        reasoning_effort: r.reasoning_effort,
+        continue_final_message: r.continue_final_message,
+        add_generation_prompt: r.add_generation_prompt,
+        ..ChatCompletionRequest::default()
+    })?;
+    Ok(TokenizeParams {
+        model,
+        prompt: TokenizePrompt::Chat(Box::new(chat)),
+        token_strs: r.return_token_strs.unwrap_or(false),
+    })
+}
+
+/// A validated `POST /detokenize` body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DetokenizeParams {
+    /// Optional `model`; when present it must be the served id.
+    pub model: Option<String>,
+    /// The ids (each a u32; the route checks them against the vocabulary).
+    pub tokens: Vec<u32>,
+}
+
+/// Parses a `POST /detokenize` body (vLLM's `DetokenizeRequest`): `{"tokens": [ids]}` and an
+/// optional `model`. An empty `tokens` is accepted, as vLLM accepts it.
+///
+/// Errors: 400 for malformed JSON, a missing `tokens`, an element that is not a u32 (named
+/// `tokens[i]` in the message), or an unknown field.
+pub fn parse_detokenize(bytes: &[u8]) -> Result<DetokenizeParams, ApiError> {
+    let r: DetokenizeRequest = read(bytes)?;
+    let tokens = token_ids("tokens", &r.tokens.0)
+        .map_err(|e| ApiError::bad_value("tokens", format!("{e}.")))?;
+    Ok(DetokenizeParams {
+        model: r.model.map(|m| m.0),
+        tokens,
     })
 }
 
@@ -1048,6 +1157,170 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.chat.messages[0].name.as_deref(), Some("n"));
+    }
+
+    fn tokenize(body: &str) -> Result<TokenizeParams, ApiError> {
+        parse_tokenize(body.as_bytes())
+    }
+
+    #[test]
+    fn tokenize_reads_the_text_form_or_the_chat_form_by_messages() {
+        let p = tokenize(r#"{"prompt":"hi"}"#).unwrap();
+        assert_eq!(p.model, None);
+        assert!(!p.token_strs);
+        let text = |text: &str, bos| TokenizePrompt::Text {
+            text: text.to_owned(),
+            bos,
+        };
+        assert_eq!(p.prompt, text("hi", true));
+        let p = tokenize(
+            r#"{"model":"m","prompt":"","add_special_tokens":false,"return_token_strs":true}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (p.model.as_deref(), p.prompt, p.token_strs),
+            (Some("m"), text("", false), true)
+        );
+        // The chat form is read as the chat completion body of the same fields.
+        let messages = r#""messages":[{"role":"user","content":"hi"}]"#;
+        let extra = r#","reasoning_effort":"high","continue_final_message":false,"add_generation_prompt":true,"tools":[{"type":"function","function":{"name":"f"}}]"#;
+        let TokenizePrompt::Chat(p) = tokenize(&format!("{{{messages}{extra}}}")).unwrap().prompt
+        else {
+            panic!("the chat form")
+        };
+        let chat = parse_chat(format!(r#"{{"model":"m",{messages}{extra}}}"#).as_bytes()).unwrap();
+        assert_eq!((&p.chat, &p.structured), (&chat.chat, &chat.structured));
+        assert!(chat.chat.tools.is_some());
+        assert_eq!(chat.chat.reasoning_effort.as_deref(), Some("high"));
+    }
+
+    #[test]
+    fn tokenize_refuses_what_the_chat_route_refuses_and_vllms_other_knobs_by_name() {
+        let messages = r#""messages":[{"role":"user","content":"hi"}]"#;
+        for (extra, param, code) in [
+            (r#","temperature":1"#, "temperature", "unknown_parameter"),
+            (
+                r#","tool_choice":"auto""#,
+                "tool_choice",
+                "unknown_parameter",
+            ),
+            (r#","prompt":"x""#, "prompt", "unknown_parameter"),
+            (
+                r#","add_special_tokens":true"#,
+                "add_special_tokens",
+                "unsupported_parameter",
+            ),
+            (
+                r#","chat_template":"{{ x }}""#,
+                "chat_template",
+                "unsupported_parameter",
+            ),
+            (
+                r#","chat_template_kwargs":{"a":1}"#,
+                "chat_template_kwargs",
+                "unsupported_parameter",
+            ),
+            (
+                r#","mm_processor_kwargs":{"a":1}"#,
+                "mm_processor_kwargs",
+                "unsupported_parameter",
+            ),
+            (
+                r#","media_io_kwargs":{"image":{}}"#,
+                "media_io_kwargs",
+                "unsupported_parameter",
+            ),
+            (
+                r#","continue_final_message":true,"add_generation_prompt":true"#,
+                "add_generation_prompt",
+                "invalid_value",
+            ),
+            (
+                r#","tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]"#,
+                "tools[1].function.name",
+                "invalid_value",
+            ),
+            (
+                r#","reasoning_effort":"medium""#,
+                "reasoning_effort",
+                "invalid_value",
+            ),
+            (
+                r#","return_token_strs":1"#,
+                "return_token_strs",
+                "invalid_value",
+            ),
+        ] {
+            let e = tokenize(&format!("{{{messages}{extra}}}")).unwrap_err();
+            assert_eq!(
+                (e.param.as_deref(), e.code),
+                (Some(param), Some(code)),
+                "{extra}: {}",
+                e.message
+            );
+        }
+        let defaults = r#","add_special_tokens":false,"chat_template":null,"chat_template_kwargs":{},"mm_processor_kwargs":null,"media_io_kwargs":{}"#;
+        tokenize(&format!("{{{messages}{defaults}}}")).unwrap();
+        let names: Vec<&str> = TokenizeChatRequest::default()
+            .refused()
+            .into_iter()
+            .map(|(name, _, _)| name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "add_special_tokens",
+                "chat_template",
+                "chat_template_kwargs",
+                "mm_processor_kwargs",
+                "media_io_kwargs"
+            ]
+        );
+        for (body, param, code) in [
+            (r#"{}"#, Some("prompt"), "missing_required_parameter"),
+            (
+                r#"{"prompt":"x","temperature":1}"#,
+                Some("temperature"),
+                "unknown_parameter",
+            ),
+            (r#"{"prompt":["x"]}"#, Some("prompt"), "invalid_value"),
+            (
+                r#"{"prompt":"x","add_special_tokens":"yes"}"#,
+                Some("add_special_tokens"),
+                "invalid_value",
+            ),
+            (r#"{"messages":null}"#, Some("messages"), "invalid_value"),
+            (
+                r#"{"messages":[{"role":"user","content":"x","colour":1}]}"#,
+                Some("messages[0].colour"),
+                "unknown_parameter",
+            ),
+            (r#"["prompt"]"#, None, "invalid_json"),
+            (r#"{"prompt":"x""#, None, "invalid_json"),
+        ] {
+            let e = tokenize(body).unwrap_err();
+            assert_eq!((e.param.as_deref(), e.code), (param, Some(code)), "{body}");
+        }
+    }
+
+    #[test]
+    fn detokenize_reads_token_ids_and_names_a_bad_one() {
+        let p = parse_detokenize(br#"{"tokens":[1,2.0,3]}"#).unwrap();
+        assert_eq!((p.model, p.tokens), (None, vec![1, 2, 3]));
+        let p = parse_detokenize(br#"{"model":"m","tokens":[]}"#).unwrap();
+        assert_eq!((p.model.as_deref(), p.tokens), (Some("m"), Vec::new()));
+        for (body, code, named) in [
+            (r#"{"tokens":[1,-2]}"#, "invalid_value", "'tokens[1]'"),
+            (r#"{"tokens":[4294967296]}"#, "invalid_value", "'tokens[0]'"),
+            (r#"{"tokens":[1,"a"]}"#, "invalid_value", "'tokens[1]'"),
+            (r#"{"tokens":"1"}"#, "invalid_value", "'tokens'"),
+            (r#"{}"#, "missing_required_parameter", "'tokens'"),
+            (r#"{"tokens":[1],"x":1}"#, "unknown_parameter", "'x'"),
+        ] {
+            let e = parse_detokenize(body.as_bytes()).unwrap_err();
+            assert_eq!(e.code, Some(code), "{body}");
+            assert!(e.message.contains(named), "{body}: {}", e.message);
+        }
     }
 
     #[test]

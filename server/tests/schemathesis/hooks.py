@@ -1,6 +1,7 @@
 """Schemathesis hooks of aubier's OpenAPI run (`run.sh` beside this file).
 
-Two rules of `/v1/chat/completions` compare values, which JSON Schema cannot: `max_tokens` and
+Two rules of `/v1/chat/completions` (and of `/tokenize`'s chat form, which reads its messages and
+tools as that route does) compare values, which JSON Schema cannot: `max_tokens` and
 `max_completion_tokens` must agree when both are sent, and the chat conversation rules (the first and last roles, role order, content per role, tool calls
 each answered by a tool result: runtime/src/text/chat/validate.rs) cannot be written in JSON
 Schema, so a schema-valid conversation may rightly be a 400, and random generation almost never
@@ -56,6 +57,9 @@ def accepted_conversation(body):
         messages.append(m)
     last = messages[-1]["role"] if messages else None
     if body.get("continue_final_message") is True:
+        if not messages:
+            # A conversation does not start with an answer.
+            messages.append({"role": "user", "content": "hi"})
         if last != "assistant":
             messages.append({"role": "assistant", "content": "ok"})
     elif last not in ("user",) and not (len(messages) == 1 and last in ("system", "developer")):
@@ -141,7 +145,7 @@ def map_case(ctx, case):
     positive = meta is None or meta.generation.mode.is_positive
     if (
         positive
-        and case.operation.path == "/v1/chat/completions"
+        and case.operation.path in ("/v1/chat/completions", "/tokenize")
         and isinstance(case.body, dict)
         and isinstance(case.body.get("messages"), list)
     ):

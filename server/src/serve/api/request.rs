@@ -1,7 +1,8 @@
-//! The request bodies of `/v1/chat/completions`, `/v1/completions` and `/debug/tokens` (OpenAI
-//! API reference, Chat Completions and legacy Completions; `top_k` / `min_p` /
-//! `repetition_penalty` / `ignore_eos` / `continue_final_message` / `add_generation_prompt` from
-//! vLLM's OpenAI server).
+//! The request bodies of `/v1/chat/completions`, `/v1/completions`, `/tokenize`, `/detokenize`
+//! and `/debug/tokens` (OpenAI API reference, Chat Completions and legacy Completions; `top_k` /
+//! `min_p` / `repetition_penalty` / `ignore_eos` / `continue_final_message` /
+//! `add_generation_prompt` and the tokenizer routes from vLLM's OpenAI server,
+//! `vllm/entrypoints/openai/protocol.py`).
 //!
 //! Every object denies unknown fields; `null` is an absent optional field. A field's doc comment
 //! is its description in `/openapi.json`. The checks that compare values or narrow them to the
@@ -10,8 +11,8 @@
 
 use super::scalar::{
     Count, DefaultValue, EmptyDefault, FalseDefault, FunctionCallDefault, ModelId, NullDefault,
-    OneDefault, Refused, ServiceTierDefault, StrOr, TextModalityDefault, TokenIds, TopK, UInt,
-    VerbosityDefault,
+    OneDefault, Refused, ServiceTierDefault, StrOr, TextModalityDefault, TokenId, TokenIds, TopK,
+    UInt, VerbosityDefault,
 };
 use aubier_runtime::text::chat::Role;
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
@@ -561,6 +562,97 @@ pub struct DebugTokensRequest {
 }
 }
 
+/// A `POST /tokenize` body of the text form (vLLM's `TokenizeCompletionRequest`): the ids of
+/// `prompt` as `/v1/completions` reads a string prompt.
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizeCompletionRequest {
+    /// When present, the served model id.
+    pub model: Option<ModelId>,
+    /// The text, tokenized as /v1/completions tokenizes a string prompt.
+    pub prompt: String,
+    /// Start with BOS, as /v1/completions does (default true); false gives the text's ids alone.
+    pub add_special_tokens: Option<bool>,
+    /// Also answer each token's text in token_strs (default false).
+    pub return_token_strs: Option<bool>,
+}
+
+/// A `POST /tokenize` body of the chat form (vLLM's `TokenizeChatRequest`): the ids of the
+/// prompt `/v1/chat/completions` renders from the same messages, tools and settings.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend(
+    "if" = {
+        "required": ["continue_final_message"],
+        "properties": {"continue_final_message": {"const": true}},
+    },
+    "then" = {"properties": {"add_generation_prompt": {"not": {"const": true}}}},
+))]
+pub struct TokenizeChatRequest {
+    /// When present, the served model id.
+    pub model: Option<ModelId>,
+    /// The conversation, oldest first, as /v1/chat/completions takes it.
+    #[schemars(length(min = 1))]
+    pub messages: Vec<Message>,
+    /// Function tools, rendered into the prompt as /v1/chat/completions renders them.
+    pub tools: Option<Vec<Tool>>,
+    /// As /v1/chat/completions' reasoning_effort (an aubier addition: it changes the prompt).
+    pub reasoning_effort: Option<ReasoningEffort>,
+    /// Continue the final assistant message instead of answering it.
+    pub continue_final_message: Option<bool>,
+    /// Default true; not true with continue_final_message. Either value renders the same prompt,
+    /// as on /v1/chat/completions.
+    pub add_generation_prompt: Option<bool>,
+    /// Also answer each token's text in token_strs (default false).
+    pub return_token_strs: Option<bool>,
+    /// Special tokens on top of the template's, which has BOS.
+    /// Not implemented: accepted only at its default.
+    #[serde(default)]
+    pub add_special_tokens: Refused<FalseDefault>,
+    /// Another chat template. Not implemented: accepted only at its default.
+    #[serde(default)]
+    pub chat_template: Refused<NullDefault>,
+    /// Keyword arguments of the chat template. Not implemented: accepted only at its default.
+    #[serde(default)]
+    pub chat_template_kwargs: Refused<EmptyDefault>,
+    /// Arguments of a multimodal processor. Not implemented: accepted only at its default.
+    #[serde(default)]
+    pub mm_processor_kwargs: Refused<EmptyDefault>,
+    /// Arguments of the media loaders. Not implemented: accepted only at its default.
+    #[serde(default)]
+    pub media_io_kwargs: Refused<EmptyDefault>,
+}
+
+/// The `tokens` of `/detokenize`: an array of token ids, read as JSON and checked by
+/// `super::super::params` (a bad element is named `tokens[i]`).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(transparent)]
+pub struct TokenList(pub Vec<Value>);
+
+impl JsonSchema for TokenList {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "TokenList".into()
+    }
+
+    fn json_schema(g: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "array", "items": g.subschema_for::<TokenId>()})
+    }
+}
+
+/// A `POST /detokenize` body (vLLM's `DetokenizeRequest`).
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DetokenizeRequest {
+    /// When present, the served model id.
+    pub model: Option<ModelId>,
+    /// Token ids, each below the vocabulary size; none gives the empty text.
+    pub tokens: TokenList,
+}
+
 /// The refused parameters of a request type: name, value sent (`null` when absent) and default.
 pub type RefusedField<'a> = (&'static str, &'a Value, DefaultValue);
 
@@ -585,5 +677,9 @@ refused_fields! {
         web_search_options, store, metadata, service_tier, verbosity
     }
     CompletionRequest { best_of, echo, suffix, logit_bias, ignore_eos }
+    TokenizeChatRequest {
+        add_special_tokens, chat_template, chat_template_kwargs, mm_processor_kwargs,
+        media_io_kwargs
+    }
     Message { refusal, audio, function_call, annotations }
 }

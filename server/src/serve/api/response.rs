@@ -1,6 +1,6 @@
 //! The response bodies the server writes (OpenAI API reference: the chat completion and chunk
-//! objects, the legacy completion object, the model object; `/health`, `/debug/tokens` and the
-//! error body are aubier's own). Their schemas are generated for what serialization writes
+//! objects, the legacy completion object, the model object; `/tokenize` and `/detokenize` are
+//! vLLM's; `/health`, `/debug/tokens` and the error body are aubier's own). Their schemas are generated for what serialization writes
 //! (schemars' serialize contract): a field is required when it is always written.
 
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
@@ -462,6 +462,27 @@ pub struct DebugTokens {
     pub prefill_tok_s: f64,
     /// Decode speed, tokens per second (0 with fewer than two generated tokens).
     pub decode_tok_s: f64,
+}
+
+/// `POST /tokenize` (vLLM's `TokenizeResponse`).
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+pub struct TokenizeResponse {
+    /// How many ids `tokens` holds.
+    pub count: usize,
+    /// The context: the KV capacity (--kv-max), in tokens, prompt and completion together.
+    pub max_model_len: usize,
+    /// The ids, in order.
+    pub tokens: Vec<u32>,
+    /// With return_token_strs: each id's text (as the log-probabilities write a token:
+    /// `bytes:` and `\xHH` per byte when not valid UTF-8 alone); else null.
+    pub token_strs: Option<Vec<String>>,
+}
+
+/// `POST /detokenize` (vLLM's `DetokenizeResponse`).
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+pub struct DetokenizeResponse {
+    /// The ids' text, control tokens written as their text (`<s>`, `[INST]`).
+    pub prompt: String,
 }
 
 /// OpenAI's error type.
