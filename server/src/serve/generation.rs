@@ -189,11 +189,9 @@ fn release_free_memory() {
     }
 }
 
-/// Builds the prompt on a blocking thread (template rendering and BPE are CPU work), at most
-/// `tokenizers` at once (waiting up to `--queue-wait-ms` for a turn, 503 past it). `build` gets
-/// `limit` (the KV capacity, or `usize::MAX` to count a prompt whatever its length) and stops
-/// tokenizing past it (`None`), which is a 400 naming `param`. After a body of `body_len` >= 1 MiB,
-/// whose text `build` owns and drops, free memory goes back to the OS.
+/// Builds the prompt on the tokenizer pool ([`on_tokenizer`]). `build` gets `limit` (the KV
+/// capacity, or `usize::MAX` to count a prompt whatever its length) and stops tokenizing past it
+/// (`None`), which is a 400 naming `param`.
 pub(super) async fn prompt_ids<F>(
     app: &Arc<AppState>,
     param: &str,
@@ -203,6 +201,26 @@ pub(super) async fn prompt_ids<F>(
 ) -> Result<Vec<u32>, ApiError>
 where
     F: FnOnce(&TextModel, usize) -> Result<Option<Vec<u32>>, ApiError> + Send + 'static,
+{
+    let built = on_tokenizer(app, body_len, move |text| build(text, limit)).await??;
+    built.ok_or_else(|| too_long(param, &format!("more than {limit}"), app.engine.kv_max()))
+}
+
+/// Runs `work` on a blocking thread (template rendering, BPE and decoding are CPU work that
+/// would stall the connections sharing an async worker), at most `tokenizers` at once (waiting
+/// up to `--queue-wait-ms` for a turn, 503 past it). After a body of `body_len` >= 1 MiB, whose
+/// text `work` owns and drops, free memory goes back to the OS.
+///
+/// Errors: 503 when no turn comes in time or the server is shutting down; 500 when the task
+/// panics.
+pub(super) async fn on_tokenizer<T, F>(
+    app: &Arc<AppState>,
+    body_len: usize,
+    work: F,
+) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: FnOnce(&TextModel) -> T + Send + 'static,
 {
     let wait = app.limits.queue_wait;
     let permit = tokio::time::timeout(wait, app.tokenize.clone().acquire_owned())
@@ -218,17 +236,16 @@ where
         })?
         .map_err(|_| ApiError::busy("The server is shutting down.", 1))?;
     let text = app.text.clone();
-    let built = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        let built = build(&text, limit);
+        let done = work(&text);
         if body_len >= TRIM_BYTES {
             release_free_memory();
         }
-        built
+        done
     })
     .await
-    .map_err(|e| ApiError::internal(format!("The tokenizer task failed: {e}.")))??;
-    built.ok_or_else(|| too_long(param, &format!("more than {limit}"), app.engine.kv_max()))
+    .map_err(|e| ApiError::internal(format!("The tokenizer task failed: {e}.")))
 }
 
 /// 400 `context_length_exceeded` for a prompt of `prompt` tokens.

@@ -14,12 +14,13 @@
 //!   not below the vocabulary size is a 400 (`param` `tokens`, the message naming `tokens[i]`).
 //!
 //! Both check `model` when sent (404 for another), and refuse what the other routes refuse
-//! (unknown fields, wrong types) with a 400.
+//! (unknown fields, wrong types) with a 400. Their CPU work (building the prompt, `token_strs`,
+//! decoding) runs on the tokenizer pool ([`on_tokenizer`]), off the async workers.
 
 use super::api::response::{DetokenizeResponse, TokenizeResponse};
 use super::completions::text_prompt;
 use super::error::ApiError;
-use super::generation::{check_vocab, prompt_ids, BuildPrompt, RequestKind};
+use super::generation::{check_vocab, on_tokenizer, prompt_ids, BuildPrompt, RequestKind};
 use super::logprobs::token_text;
 use super::params::{self, ChatParams, CompletionParams, TokenizePrompt};
 use super::state::AppState;
@@ -50,9 +51,16 @@ pub(super) async fn tokenize(
         TokenizePrompt::Chat(mut chat) => (ChatParams::PROMPT_PARAM, chat.take_build()),
     };
     let tokens = prompt_ids(&app, param, body_len, usize::MAX, build).await?;
-    let token_strs = request
-        .token_strs
-        .then(|| tokens.iter().map(|&id| token_text(&app.text, id)).collect());
+    let (tokens, token_strs) = match request.token_strs {
+        false => (tokens, None),
+        true => {
+            on_tokenizer(&app, body_len, move |text| {
+                let strs = tokens.iter().map(|&id| token_text(text, id)).collect();
+                (tokens, Some(strs))
+            })
+            .await?
+        }
+    };
     Ok(Json(TokenizeResponse {
         count: tokens.len(),
         max_model_len: app.engine.kv_max(),
@@ -64,19 +72,24 @@ pub(super) async fn tokenize(
 /// `POST /detokenize` (module note).
 ///
 /// Errors: 400 for a body [`params::parse_detokenize`] refuses or an id not below the
-/// vocabulary size; 404 for another model; 413 past the body limit.
+/// vocabulary size; 404 for another model; 413 past the body limit; 503 when every tokenizer
+/// stays busy for `--queue-wait-ms`.
 pub(super) async fn detokenize(
     State(app): State<Arc<AppState>>,
     req: Request,
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
     let bytes = app.read_body(req).await?;
+    let body_len = bytes.len();
     let request = params::parse_detokenize(&bytes)?;
     drop(bytes);
     if let Some(m) = &request.model {
         app.check_model(m)?;
     }
     check_vocab(&app, "tokens", &request.tokens)?;
-    Ok(Json(DetokenizeResponse {
-        prompt: app.text.tokenizer().decode_keep_special(&request.tokens),
-    }))
+    let tokens = request.tokens;
+    let prompt = on_tokenizer(&app, body_len, move |text| {
+        text.tokenizer().decode_keep_special(&tokens)
+    })
+    .await?;
+    Ok(Json(DetokenizeResponse { prompt }))
 }
