@@ -678,6 +678,116 @@ async fn an_item_sent_again_with_its_id_is_a_duplicate() {
     srv.stop().await;
 }
 
+/// POSTs `body` to `/v1/responses/input_tokens`; its `input_tokens`.
+async fn counted(addr: SocketAddr, body: &Value) -> Value {
+    let path = "/v1/responses/input_tokens";
+    let r = raw_request(addr, "POST", path, body.to_string().as_bytes()).await;
+    r.assert_status(200, &body.to_string());
+    r.json()["input_tokens"].clone()
+}
+
+/// Input items keep the `id` they were sent with (OpenAI's), those sent without one (or with an
+/// empty one) get one of aubier's. An `item_reference` (`type` given or left out) takes the
+/// place of the stored item it names, an input or an output of any kept response, with that
+/// item's id: the prompt is the one of the items written out. One not kept (unknown, of a
+/// `store: false` response, or of responses all deleted) is a 400 naming `input[i].id` with
+/// OpenAI's message and null code; one naming an item already in the conversation is OpenAI's
+/// "Duplicate item found".
+#[tokio::test]
+async fn item_references_take_the_place_of_stored_items() {
+    let srv = start_fake(script(byte_ids("ok")), 4096, limits()).await;
+    let list = &answer_schema(srv.addr, "InputItemList").await;
+    let input = json!([{"role": "user", "content": "one", "id": "msg_mine"},
+        {"role": "user", "content": "two", "id": ""}]);
+    let first = create(srv.addr, &body(json!({"input": input}))).await;
+    let first_id = first["id"].as_str().expect("id");
+    let answer_id = first["output"][0]["id"].as_str().expect("output id");
+    let items = |id: String| async move {
+        let path = format!("/v1/responses/{id}/input_items?order=asc");
+        let r = get(srv.addr, &path).await;
+        r.assert_status(200, &path);
+        let page = r.json();
+        assert!(list.is_valid(&page), "{page}");
+        page
+    };
+    let page = items(first_id.to_owned()).await;
+    let ids = item_ids(&page);
+    assert_eq!(ids[0], "msg_mine", "{page}");
+    assert!(ids[1].starts_with("msg_") && ids[1] != "msg_mine", "{page}");
+
+    let referring = json!([{"type": "item_reference", "id": "msg_mine"}, {"id": answer_id},
+        {"type": null, "id": ids[1]}]);
+    let written = json!([{"role": "user", "content": "one"},
+        {"role": "assistant", "content": "ok"}, {"role": "user", "content": "two"}]);
+    let second = create(srv.addr, &body(json!({"input": referring}))).await;
+    assert_eq!(
+        second["usage"]["input_tokens"],
+        counted(srv.addr, &body(json!({"input": written}))).await,
+        "{second}"
+    );
+    assert_eq!(
+        counted(srv.addr, &body(json!({"input": referring}))).await,
+        second["usage"]["input_tokens"]
+    );
+    let second_id = second["id"].as_str().expect("id");
+    let page = items(second_id.to_owned()).await;
+    assert_eq!(item_ids(&page), ["msg_mine", answer_id, ids[1]], "{page}");
+    assert_eq!(
+        item_fields(&page, "role"),
+        ["user", "assistant", "user"],
+        "{page}"
+    );
+    assert_eq!(page["data"][0]["content"][0]["text"], "one", "{page}");
+    assert_eq!(page["data"][1]["content"][0]["text"], "ok", "{page}");
+
+    let not_found = |e: &Value, param: &str, id: &str| {
+        assert_eq!(e["param"], param, "{e}");
+        assert_eq!(e["type"], "invalid_request_error", "{e}");
+        assert_eq!(e["code"], Value::Null, "{e}");
+        let message = e["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(&format!("Item with id '{id}' not found.")),
+            "{e}"
+        );
+    };
+    let unstored = body(json!({"store": false,
+        "input": [{"role": "user", "content": "x", "id": "msg_unstored"}]}));
+    create(srv.addr, &unstored).await;
+    for id in ["msg_unknown", "msg_unstored"] {
+        let input = json!([{"role": "user", "content": "x"}, {"type": "item_reference", "id": id}]);
+        let e = refused(srv.addr, &body(json!({"input": input}))).await;
+        not_found(&e, "input[1].id", id);
+    }
+    let twice = json!([{"id": "msg_mine"}, {"type": "item_reference", "id": "msg_mine"}]);
+    let e = refused(srv.addr, &body(json!({"input": twice}))).await;
+    assert_eq!(e["param"], "input[1].id", "{e}");
+    let message = e["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("Duplicate item found with id msg_mine."),
+        "{e}"
+    );
+    let again = json!([{"id": answer_id}, {"role": "user", "content": "three"}]);
+    let e = refused(
+        srv.addr,
+        &body(json!({"previous_response_id": first_id, "input": again})),
+    )
+    .await;
+    assert_eq!(e["param"], "input[0].id", "{e}");
+
+    // The second response holds the first's items too: deleting the first leaves them.
+    for (id, kept) in [(first_id, true), (second_id, false)] {
+        let path = format!("/v1/responses/{id}");
+        let r = raw_request(srv.addr, "DELETE", &path, b"").await;
+        r.assert_status(200, &path);
+        let b = body(json!({"store": false, "input": [{"id": "msg_mine"}]}));
+        match kept {
+            true => drop(create(srv.addr, &b).await),
+            false => not_found(&refused(srv.addr, &b).await, "input[0].id", "msg_mine"),
+        }
+    }
+    srv.stop().await;
+}
+
 /// `POST /v1/responses/input_tokens` counts the prompt `POST /v1/responses` renders from the
 /// same body (its `usage.input_tokens`), refuses what that route refuses, and answers a prompt
 /// past the context as it does; cancelling is refused (no background responses), for a stored

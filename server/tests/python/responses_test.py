@@ -6,8 +6,9 @@ starts the server; .ci/run installs openai and openai-agents into the interprete
 openai-python: `client.responses.create` parses the answer (`output_text`), streamed and not, and
 a function call answered by its output through `previous_response_id` reuses the prompt cache;
 the stored response comes back by `responses.retrieve`, the continuation's input by
-`responses.input_items.list` (paged), and `responses.delete` drops it; `responses.input_tokens
-.count` gives a response's input_tokens.
+`responses.input_items.list` (paged), the same conversation sent as `item_reference`s reads the
+same prompt, and `responses.delete` drops it; `responses.input_tokens.count` gives a response's
+input_tokens.
 The OpenAI Agents SDK on its default model (the Responses API) runs a tool round trip streamed,
 chained by `previous_response_id`, then a continued run. The demo model's text is gibberish: the
 tool calls are forced (`tool_choice` required) and only the protocol is checked.
@@ -31,7 +32,7 @@ from agents import (  # noqa: E402
     set_default_openai_client,
     set_tracing_disabled,
 )
-from openai import AsyncOpenAI, NotFoundError, OpenAI  # noqa: E402
+from openai import AsyncOpenAI, BadRequestError, NotFoundError, OpenAI  # noqa: E402
 
 MODEL = "ms4-tiny256-q2k"
 WEATHER = {
@@ -108,6 +109,36 @@ def openai_python(url):
     assert items[0].role == "user" and items[0].content[0].text == "Weather in Paris?", items
     assert items[1].id == call.id and items[1].call_id == call.call_id, (items, call)
     assert items[2].call_id == call.call_id and items[2].output == "sunny", items
+    # The same conversation by item references (one without its optional type), the output
+    # sent with an id of the client's: the stored items take their places, so the prompt and
+    # the greedy answer are the continuation's, and the output is listed under its own id.
+    referred = client.responses.create(
+        model=MODEL,
+        instructions="Answer with the tools.",
+        input=[
+            {"type": "item_reference", "id": items[0].id},
+            {"id": call.id},
+            {
+                "type": "function_call_output",
+                "call_id": call.call_id,
+                "output": "sunny",
+                "id": "fco_mine",
+            },
+        ],
+        tools=[WEATHER],
+        tool_choice="none",
+        max_output_tokens=8,
+        temperature=0,
+    )
+    assert referred.usage.input_tokens == second.usage.input_tokens, (referred.usage, second.usage)
+    assert referred.output_text == second.output_text, (referred, second)
+    listed = [i.id for i in client.responses.input_items.list(referred.id, order="asc")]
+    assert listed == [items[0].id, call.id, "fco_mine"], listed
+    try:
+        client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": "msg_none"}])
+        raise AssertionError("an unknown item was referred to")
+    except BadRequestError as e:
+        assert e.param == "input[0].id" and "msg_none" in e.message, e
     deleted = client.responses.delete(first.id)
     assert deleted is None, deleted
     for fetch in (lambda: client.responses.retrieve(first.id), lambda: client.responses.delete(first.id)):

@@ -11,7 +11,7 @@ user (or, with continue_final_message, assistant) message is added; a `max_token
 disagrees takes the value of `max_completion_tokens`. Tools and formats have rules of the same
 kind: tool names distinct, a named `tool_choice` naming one of `tools`, `required` only with
 tools; `/v1/responses` (and `/v1/responses/input_tokens`) bodies get the same, their input reduced to messages the rules accept and
-without a `previous_response_id` (no response is stored for a random id); and the grammar engine enforces a practical subset of JSON Schema, not every object the
+without a `previous_response_id` or item references (no response is stored for a random id); and the grammar engine enforces a practical subset of JSON Schema, not every object the
 meta-schema allows, so generated schemas are replaced by a fixed one (the tests in
 server/tests/serve_structured.rs try many). Every other generated value is kept. A 400 on a
 positive case is then a defect. Negative cases are sent as generated.
@@ -95,13 +95,15 @@ def accepted_structure(body):
 def accepted_input(body):
     """Rewrites a Responses body in place to meet the rules JSON Schema cannot state: the input's
     messages form a conversation the chat rules accept (other items dropped), a stored response
-    is not assumed (previous_response_id dropped), and the tools as in accepted_structure."""
+    is not assumed (previous_response_id and item references dropped), and the tools as in
+    accepted_structure."""
     body.pop("previous_response_id", None)
     items = body.get("input")
     if isinstance(items, list):
         messages = []
         for m in items:
-            if m.get("type") not in (None, "message"):
+            if m.get("type") not in (None, "message") or "role" not in m:
+                # Not a message: another item type, or an item_reference without its type.
                 continue
             m = dict(m)
             role = "system" if m["role"] == "developer" else m["role"]

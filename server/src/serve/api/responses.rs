@@ -116,6 +116,8 @@ type_tag! {
     FunctionCallOutputTag = "function_call_output";
     /// `"reasoning"`.
     ReasoningTag = "reasoning";
+    /// `"item_reference"`.
+    ItemReferenceTag = "item_reference";
     /// `"input_text"`.
     InputTextTag = "input_text";
     /// `"output_text"`.
@@ -243,7 +245,8 @@ pub struct InputMessage {
     pub role: InputRole,
     /// A string, or input_text / output_text parts (joined).
     pub content: StrOr<String, Vec<ContentPart>>,
-    /// An earlier answer's id (a new one is given; one already in the conversation is refused).
+    /// The item's id, kept (left out or empty: aubier gives one; one already in the
+    /// conversation is refused).
     pub id: Option<String>,
     /// An earlier answer's status (ignored).
     pub status: Option<InputItemStatus>,
@@ -266,7 +269,8 @@ pub struct FunctionCallItem {
     pub name: String,
     /// The JSON text of the arguments.
     pub arguments: String,
-    /// The item's id (a new one is given; one already in the conversation is refused).
+    /// The item's id, kept (left out or empty: aubier gives one; one already in the
+    /// conversation is refused).
     pub id: Option<String>,
     /// The item's status (ignored).
     pub status: Option<InputItemStatus>,
@@ -284,7 +288,8 @@ pub struct FunctionCallOutputItem {
     pub call_id: String,
     /// The result: a string or input_text parts (joined).
     pub output: StrOr<String, Vec<ContentPart>>,
-    /// The item's id (a new one is given; one already in the conversation is refused).
+    /// The item's id, kept (left out or empty: aubier gives one; one already in the
+    /// conversation is refused).
     pub id: Option<String>,
     /// The item's status (ignored).
     pub status: Option<InputItemStatus>,
@@ -323,7 +328,8 @@ pub struct ReasoningItem {
     pub summary: Vec<Object<SummaryTextPart>>,
     /// The reasoning text.
     pub content: Option<Vec<Object<ReasoningTextPart>>>,
-    /// The item's id (a new one is given; one already in the conversation is refused).
+    /// The item's id, kept (left out or empty: aubier gives one; one already in the
+    /// conversation is refused).
     pub id: Option<String>,
     /// The item's status (ignored).
     pub status: Option<InputItemStatus>,
@@ -331,6 +337,17 @@ pub struct ReasoningItem {
     /// there is no content; one aubier did not write is refused).
     #[schemars(pattern(r"^aubier\.reasoning\.v1\.[A-Za-z0-9+/]*={0,2}$"))]
     pub encrypted_content: Option<String>,
+}
+
+/// An item of a stored response, by the id it is listed under (OpenAI's `ItemReferenceParam`).
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ItemReference {
+    /// `"item_reference"` (may be left out or null).
+    #[serde(rename = "type")]
+    pub kind: Option<ItemReferenceTag>,
+    /// The item's id: one of a stored response's input or output items.
+    pub id: String,
 }
 
 /// One item of `input`.
@@ -344,8 +361,10 @@ pub enum InputItem {
     FunctionCallOutput(FunctionCallOutputItem),
     /// Earlier reasoning.
     Reasoning(ReasoningItem),
-    /// Another item type (`item_reference`, built-in tool calls): not implemented, refused by
-    /// name.
+    /// An item of a stored response (`type` `item_reference`, or no `type` with an `id` and
+    /// no `role`).
+    Reference(ItemReference),
+    /// Another item type (built-in tool calls): not implemented, refused by name.
     Other(String),
 }
 
@@ -357,6 +376,7 @@ impl InputItem {
             InputItem::FunctionCall(c) => c.id.as_deref(),
             InputItem::FunctionCallOutput(o) => o.id.as_deref(),
             InputItem::Reasoning(r) => r.id.as_deref(),
+            InputItem::Reference(r) => Some(&r.id),
             InputItem::Other(_) => None,
         }
     }
@@ -365,7 +385,11 @@ impl InputItem {
 impl<'de> Deserialize<'de> for InputItem {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let (tag, v) = tagged(d)?;
+        // Without a type: a message has a role; an item reference only an id.
+        let reference = v.get("id").is_some() && v.get("role").is_none();
         match tag.as_deref() {
+            None if reference => read_as::<_, D>(v).map(InputItem::Reference),
+            Some("item_reference") => read_as::<_, D>(v).map(InputItem::Reference),
             None | Some("message") => read_as::<_, D>(v).map(InputItem::Message),
             Some("function_call") => read_as::<_, D>(v).map(InputItem::FunctionCall),
             Some("function_call_output") => read_as::<_, D>(v).map(InputItem::FunctionCallOutput),
@@ -386,6 +410,7 @@ impl JsonSchema for InputItem {
             g.subschema_for::<FunctionCallItem>(),
             g.subschema_for::<FunctionCallOutputItem>(),
             g.subschema_for::<ReasoningItem>(),
+            g.subschema_for::<ItemReference>(),
         ]})
     }
 }
@@ -709,8 +734,8 @@ pub struct OutputFunctionCall {
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OutputReasoning {
-    /// `rs_` and 32 hex digits.
-    #[schemars(pattern(r"^rs_[0-9a-f]{32}$"))]
+    /// `rs_` and 32 hex digits (listed by `input_items`: an input item's is the `id` it was
+    /// sent with, if any).
     pub id: String,
     /// `"reasoning"`.
     #[serde(rename = "type")]
@@ -1117,8 +1142,7 @@ pub enum ListedText {
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListedMessage {
-    /// `msg_` and 32 hex digits.
-    #[schemars(pattern(r"^msg_[0-9a-f]{32}$"))]
+    /// The `id` it was sent with, else `msg_` and 32 hex digits.
     pub id: String,
     /// `"message"`.
     #[serde(rename = "type")]
@@ -1138,8 +1162,7 @@ pub struct ListedMessage {
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListedFunctionCall {
-    /// `fc_` and 32 hex digits.
-    #[schemars(pattern(r"^fc_[0-9a-f]{32}$"))]
+    /// The `id` it was sent with, else `fc_` and 32 hex digits.
     pub id: String,
     /// `"function_call"`.
     #[serde(rename = "type")]
@@ -1159,8 +1182,7 @@ pub struct ListedFunctionCall {
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListedFunctionCallOutput {
-    /// `fco_` and 32 hex digits.
-    #[schemars(pattern(r"^fco_[0-9a-f]{32}$"))]
+    /// The `id` it was sent with, else `fco_` and 32 hex digits.
     pub id: String,
     /// `"function_call_output"`.
     #[serde(rename = "type")]

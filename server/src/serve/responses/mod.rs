@@ -2,17 +2,18 @@
 //!
 //! Request flow: the body is read and validated as the chat route's is (`super::params`: unknown
 //! keys and refused parameters named, sampling checked); `input` (a string, or messages, function
-//! calls, function call outputs and reasoning items) becomes [`Item`]s. With
-//! `previous_response_id` the stored response's items (its input, the inputs before it, its
-//! output) come first, so the rendered prompt starts with the stored response's prompt and the
-//! prompt cache reuses it; `instructions` become a leading system message (not carried over, as
-//! OpenAI does). The items become chat messages (an answer's reasoning, text and calls one
-//! assistant turn, a call's output a tool message), the flat function tools, `tool_choice` and
-//! `text.format` the chat shapes that `super::tools::structured` turns into the grammar, and
-//! `reasoning.effort` (`none` / `high`, the values the template knows) the template's
-//! reasoning effort. Errors the chat shapes name are renamed to the Responses parameters
-//! (`tools[0].function.parameters` → `tools[0].parameters`, `response_format` → `text.format`,
-//! `messages` → `input`).
+//! calls, function call outputs and reasoning items) becomes [`Item`]s, each listed under the
+//! `id` it was sent with (or a new one); an `item_reference` is replaced by the stored item it
+//! names, with that item's id and status. With `previous_response_id` the stored response's
+//! items (its input, the inputs before it, its output) come first, so the rendered prompt
+//! starts with the stored response's prompt and the prompt cache reuses it; `instructions`
+//! become a leading system message (not carried over, as OpenAI does). The items become chat
+//! messages (an answer's reasoning, text and calls one assistant turn, a call's output a tool
+//! message), the flat function tools, `tool_choice` and `text.format` the chat shapes that
+//! `super::tools::structured` turns into the grammar, and `reasoning.effort` (`none` / `high`,
+//! the values the template knows) the template's reasoning effort. Errors the chat shapes name
+//! are renamed to the Responses parameters (`tools[0].function.parameters` →
+//! `tools[0].parameters`, `response_format` → `text.format`, `messages` → `input`).
 //!
 //! Output: [`Builder`] turns the engine's events into output items, in the order generated: a
 //! `reasoning` item for reasoning text (with `include` `reasoning.encrypted_content`, the text
@@ -26,17 +27,18 @@
 //! (max_output_tokens or the context reached, `incomplete_details.reason: "max_output_tokens"`)
 //! or `response.failed`. Not streamed, the same builder makes the one response object.
 //!
-//! Before the engine sees a request, no input item may be sent with the `id` of an item already
-//! in the conversation (OpenAI's "Duplicate item found": with `previous_response_id`, the stored
-//! items are there already), its items must pair up (each `function_call_output` after its
-//! call, each call answered) and their chat messages pass the template's rules
-//! (`ChatRequest::validate`); a refusal names the item (`input[i]`), not the chat message.
+//! Before the engine sees a request, no input item may be sent with (or refer to) the `id` of an
+//! item already in the conversation (OpenAI's "Duplicate item found": with
+//! `previous_response_id`, the stored items are there already), its items must pair up (each
+//! `function_call_output` after its call, each call answered) and their chat messages pass the
+//! template's rules (`ChatRequest::validate`); a refusal names the item (`input[i]`), not the
+//! chat message.
 //!
-//! Store ([`store`]): a finished response (completed or incomplete) with `store` (default true) is kept in
-//! memory as its response object and items, for `previous_response_id` and the routes of
-//! [`stored`] (retrieve, delete, list input items): the last [`STORE_RESPONSES`] responses, each
-//! for at most [`STORE_TTL`], at most [`STORE_BYTES`] of text together (oldest dropped first; a
-//! response past that alone is not kept).
+//! Store ([`store`]): a finished response (completed or incomplete) with `store` (default true)
+//! is kept in memory as its response object and items, for `previous_response_id`,
+//! `item_reference` and the routes of [`stored`] (retrieve, delete, list input items): the last
+//! [`STORE_RESPONSES`] responses, each for at most [`STORE_TTL`], at most [`STORE_BYTES`] of
+//! text together (oldest dropped first; a response past that alone is not kept).
 //! An unknown, dropped or unstored id is a 400 `previous_response_not_found`.
 
 pub mod store;
@@ -312,9 +314,7 @@ pub struct ResponseParams {
     /// log-probabilities).
     pub generation: Generation,
     /// `input`.
-    pub input: Vec<Item>,
-    /// The `id` each of `input` was sent with.
-    pub sent_ids: Vec<Option<String>>,
+    pub input: Vec<Sent>,
     /// `instructions`.
     pub instructions: Option<String>,
     /// The tools in the chat shape, for the template.
@@ -334,6 +334,25 @@ pub struct ResponseParams {
     /// What the response object repeats of the request: `tools`, `tool_choice`, `text`,
     /// `parallel_tool_calls`, `max_output_tokens`, `temperature`, `top_p`.
     echo: Echo,
+}
+
+/// One item of `input` as sent.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Sent {
+    /// An item, with the `id` it was sent with (kept; none or empty: aubier gives one).
+    Item(Item, Option<String>),
+    /// An `item_reference`: the id of a stored response's item, which takes its place.
+    Reference(String),
+}
+
+impl Sent {
+    /// The id it was sent with.
+    fn id(&self) -> Option<&str> {
+        match self {
+            Sent::Item(_, id) => id.as_deref(),
+            Sent::Reference(id) => Some(id),
+        }
+    }
 }
 
 /// A `/v1/responses` request as the generation route runs it: the body, and the items of the
@@ -394,21 +413,25 @@ fn joined(param: &str, content: StrOr<String, Vec<ContentPart>>) -> Result<Strin
     }
 }
 
-/// `input` as items. Errors: 400 naming an item or part aubier does not implement.
-fn items(input: ResponseInput) -> Result<Vec<Item>, ApiError> {
+/// `input` as items, each with the id it was sent with, and references. Errors: 400 naming an
+/// item or part aubier does not implement.
+fn items(input: ResponseInput) -> Result<Vec<Sent>, ApiError> {
     let list = match input {
         StrOr::Str(text) => {
-            return Ok(vec![Item::Message {
+            let said = Item::Message {
                 role: Role::User,
                 text,
-            }])
+            };
+            return Ok(vec![Sent::Item(said, None)]);
         }
         StrOr::Other(list) => list,
     };
     list.into_iter()
         .enumerate()
         .map(|(i, item)| {
-            Ok(match item {
+            let id = item.id().map(str::to_owned);
+            let item = match item {
+                InputItem::Reference(r) => return Ok(Sent::Reference(r.id)),
                 InputItem::Message(m) => Item::Message {
                     role: match m.role {
                         InputRole::User => Role::User,
@@ -457,10 +480,12 @@ fn items(input: ResponseInput) -> Result<Vec<Item>, ApiError> {
                     return Err(unsupported_type(
                         &format!("input[{i}].type"),
                         &kind,
-                        "send messages, function_call, function_call_output and reasoning items",
+                        "send messages, function_call, function_call_output, reasoning and \
+                         item_reference items",
                     ))
                 }
-            })
+            };
+            Ok(Sent::Item(item, id))
         })
         .collect()
 }
@@ -481,14 +506,14 @@ fn unsealed(blob: &str) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
-/// Checks that no input item is sent with the `id` of an item already in the conversation: one
-/// of the stored response's (`stored`, as `previous_response_id` carries them over) or an
-/// earlier input item's. Such an item would be rendered twice.
+/// Checks that no input item is sent with, or refers to, the `id` of an item already in the
+/// conversation: one of the stored response's (`stored`, as `previous_response_id` carries them
+/// over) or an earlier input item's. Such an item would be rendered twice.
 ///
 /// Errors: 400 naming `input[i].id`, with OpenAI's message "Duplicate item found with id …".
-fn no_duplicates(stored: &[Tag], sent: &[Option<String>]) -> Result<(), ApiError> {
+fn no_duplicates(stored: &[Tag], sent: &[Sent]) -> Result<(), ApiError> {
     let mut seen: HashSet<&str> = stored.iter().map(|t| t.id.as_str()).collect();
-    for (i, id) in sent.iter().enumerate() {
+    for (i, id) in sent.iter().map(Sent::id).enumerate() {
         match id {
             Some(id) if !id.is_empty() && !seen.insert(id) => {
                 return Err(ApiError::bad_value(
@@ -738,10 +763,6 @@ pub fn parse(bytes: &[u8]) -> Result<ResponseParams, ApiError> {
         temperature: f64::from(sampling.temperature),
         top_p: f64::from(sampling.top_p),
     };
-    let sent_ids = match &r.input {
-        StrOr::Str(_) => vec![None],
-        StrOr::Other(list) => list.iter().map(|i| i.id().map(str::to_owned)).collect(),
-    };
     Ok(ResponseParams {
         generation: Generation {
             model: r.model.0,
@@ -754,7 +775,6 @@ pub fn parse(bytes: &[u8]) -> Result<ResponseParams, ApiError> {
             logprobs: None,
         },
         input: items(r.input)?,
-        sent_ids,
         instructions: r.instructions,
         tools,
         structured,
@@ -1182,6 +1202,24 @@ fn new_item_id(item: &Item) -> String {
     })
 }
 
+/// 400 for `input[i]`, an item_reference to an item no kept response holds, with OpenAI's
+/// message (and its null `code`).
+fn item_not_found(i: usize, id: &str) -> ApiError {
+    ApiError {
+        code: None,
+        ..ApiError::bad_value(
+            &format!("input[{i}].id"),
+            format!(
+                "Item with id '{id}' not found. Items are not persisted when `store` is set to \
+                 false; aubier keeps those of the last {STORE_RESPONSES} responses stored with \
+                 'store' for {} minutes. Try again with `store` set to true, or remove this \
+                 item from your input.",
+                STORE_TTL.as_secs() / 60
+            ),
+        )
+    }
+}
+
 /// 400 `previous_response_not_found`.
 fn not_found(id: &str) -> ApiError {
     ApiError::invalid(
@@ -1200,8 +1238,10 @@ impl RequestKind for ResponsesKind {
     const ID_PREFIX: &'static str = "resp_";
     type Chunks = ResponseEvents;
 
-    /// Errors: as [`parse`]'s, and a 400 `previous_response_not_found` for an id the store
-    /// does not hold.
+    /// Errors: as [`parse`]'s, a 400 `previous_response_not_found` for an id the store does
+    /// not hold, and 400s naming `input[i].id` for an item sent with (or referring to) an id
+    /// already in the conversation and for an `item_reference` to an item no kept response
+    /// holds.
     fn parse(app: &AppState, bytes: &[u8]) -> Result<ResponsesKind, ApiError> {
         let mut params = parse(bytes)?;
         // Another model is its 404 before the conversation is checked, as on the other routes.
@@ -1214,12 +1254,25 @@ impl RequestKind for ResponsesKind {
             }
         };
         let stored = items.len();
-        no_duplicates(&tags, &params.sent_ids)?;
-        tags.extend(params.input.iter().map(|item| Tag {
-            id: new_item_id(item),
-            status: OutputItemStatus::Completed,
-        }));
-        items.append(&mut params.input);
+        no_duplicates(&tags, &params.input)?;
+        for (i, sent) in std::mem::take(&mut params.input).into_iter().enumerate() {
+            let (tag, item) = match sent {
+                Sent::Item(item, id) => {
+                    let id = id.filter(|id| !id.is_empty());
+                    let tag = Tag {
+                        id: id.unwrap_or_else(|| new_item_id(&item)),
+                        status: OutputItemStatus::Completed,
+                    };
+                    (tag, item)
+                }
+                Sent::Reference(id) => app
+                    .responses
+                    .item(&id)
+                    .ok_or_else(|| item_not_found(i, &id))?,
+            };
+            tags.push(tag);
+            items.push(item);
+        }
         answerable(&items, stored)?;
         let (messages, origins) = messages(params.instructions.as_deref(), &items);
         let chat = ChatRequest {

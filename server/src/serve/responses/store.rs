@@ -1,14 +1,22 @@
-//! The store of recent responses behind `previous_response_id`, `GET` / `DELETE
-//! /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`: each finished response
-//! (completed or incomplete, with `store`) as its response object's JSON text and its [`Item`]s —
-//! the inputs before it, its own inputs, its output — each with its [`Tag`] (id and status) (an item
-//! carried over from a stored response keeps both); the last [`STORE_RESPONSES`], each for at most
-//! [`STORE_TTL`], at most [`STORE_BYTES`] of text together (oldest dropped first; a response past
-//! that alone is not kept).
+//! The store of recent responses behind `previous_response_id`, `item_reference` input items,
+//! `GET` / `DELETE /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`: each finished
+//! response (completed or incomplete, with `store`) as its response object's JSON text and its
+//! [`Item`]s — the inputs before it, its own inputs, its output — each with its [`Tag`] (id and
+//! status) (an item carried over from a stored response keeps both); the last
+//! [`STORE_RESPONSES`], each for at most [`STORE_TTL`], at most [`STORE_BYTES`] of text together
+//! (oldest dropped first; a response past that alone is not kept).
+//!
+//! Items are found by id through an index beside the responses: each item id of the kept
+//! responses maps to the newest kept response holding it (an item carried over is held by every
+//! response that continues its own; one id sent with different items in unrelated requests is
+//! the newest's), so a lookup is one hash probe. The index holds one more copy of each distinct
+//! item id. Dropping the oldest response unindexes the ids only it held (a newer holder would
+//! be indexed instead); deleting one re-indexes its ids under the newest older response that
+//! holds them, if any.
 
 use super::super::api::responses::OutputItemStatus;
 use aubier_runtime::text::chat::Role;
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -98,10 +106,18 @@ impl Stored {
     }
 }
 
-/// The recently finished responses (module note).
+/// The recently finished responses and their items by id (module note).
 #[derive(Debug, Default)]
 pub struct ResponseStore {
-    kept: Mutex<VecDeque<Kept>>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Oldest first.
+    kept: VecDeque<Kept>,
+    /// Each item id of `kept`: the newest response holding it.
+    items: HashMap<String, Holder>,
 }
 
 #[derive(Debug)]
@@ -112,31 +128,80 @@ struct Kept {
     bytes: usize,
 }
 
-impl ResponseStore {
+/// Where an item is: its response and its index in the response's items.
+#[derive(Debug)]
+struct Holder {
+    stored: Arc<Stored>,
+    index: usize,
+}
+
+impl Inner {
+    /// Indexes `stored`'s items under it.
+    fn index(&mut self, stored: &Arc<Stored>) {
+        for (index, tag) in stored.tags.iter().enumerate() {
+            let holder = Holder {
+                stored: stored.clone(),
+                index,
+            };
+            self.items.insert(tag.id.clone(), holder);
+        }
+    }
+
+    /// Removes the index entries that point into `gone`; their ids.
+    fn unindex(&mut self, gone: &Arc<Stored>) -> HashSet<String> {
+        let mut ids = HashSet::new();
+        for tag in &gone.tags {
+            if let Some(h) = self.items.get(&tag.id) {
+                if Arc::ptr_eq(&h.stored, gone) {
+                    self.items.remove(&tag.id);
+                    ids.insert(tag.id.clone());
+                }
+            }
+        }
+        ids
+    }
+
     /// Drops what is past the store's bounds, oldest first.
-    fn prune(kept: &mut VecDeque<Kept>) {
-        let mut bytes: usize = kept.iter().map(|k| k.bytes).sum();
-        while let Some(oldest) = kept.front() {
-            if kept.len() <= STORE_RESPONSES
+    fn prune(&mut self) {
+        let mut bytes: usize = self.kept.iter().map(|k| k.bytes).sum();
+        while let Some(oldest) = self.kept.front() {
+            if self.kept.len() <= STORE_RESPONSES
                 && bytes <= STORE_BYTES
                 && oldest.at.elapsed() < STORE_TTL
             {
                 break;
             }
             bytes -= oldest.bytes;
-            kept.pop_front();
+            if let Some(oldest) = self.kept.pop_front() {
+                // No newer response holds the ids that point here: it would be indexed.
+                self.unindex(&oldest.stored);
+            }
         }
     }
+}
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Kept>> {
-        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+impl ResponseStore {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.prune();
+        inner
     }
 
     /// Response `id`, if kept.
     pub fn get(&self, id: &str) -> Option<Arc<Stored>> {
-        let mut kept = self.lock();
-        Self::prune(&mut kept);
-        kept.iter().find(|k| k.id == id).map(|k| k.stored.clone())
+        let inner = self.lock();
+        let found = inner.kept.iter().find(|k| k.id == id);
+        found.map(|k| k.stored.clone())
+    }
+
+    /// The item listed under `id` in a kept response (input or output), with its tag.
+    pub fn item(&self, id: &str) -> Option<(Tag, Item)> {
+        let inner = self.lock();
+        let h = inner.items.get(id)?;
+        Some((
+            h.stored.tags[h.index].clone(),
+            h.stored.items[h.index].clone(),
+        ))
     }
 
     /// Keeps response `id`, unless it alone is past [`STORE_BYTES`].
@@ -145,23 +210,47 @@ impl ResponseStore {
         if bytes > STORE_BYTES {
             return;
         }
-        let mut kept = self.lock();
-        kept.push_back(Kept {
+        let stored = Arc::new(stored);
+        let mut inner = self.lock();
+        inner.index(&stored);
+        inner.kept.push_back(Kept {
             id,
             at: Instant::now(),
-            stored: Arc::new(stored),
+            stored,
             bytes,
         });
-        Self::prune(&mut kept);
+        inner.prune();
     }
 
-    /// Drops response `id`; whether it was kept.
+    /// Drops response `id`; whether it was kept. Its items stay findable where an older kept
+    /// response holds them too.
     pub fn delete(&self, id: &str) -> bool {
-        let mut kept = self.lock();
-        Self::prune(&mut kept);
-        let before = kept.len();
-        kept.retain(|k| k.id != id);
-        kept.len() < before
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let Some(at) = inner.kept.iter().position(|k| k.id == id) else {
+            return false;
+        };
+        let Some(gone) = inner.kept.remove(at) else {
+            return false;
+        };
+        let mut orphans = inner.unindex(&gone.stored);
+        // Newer responses do not hold the orphans (they would be indexed): the older ones,
+        // newest first.
+        for k in inner.kept.range(..at).rev() {
+            if orphans.is_empty() {
+                break;
+            }
+            for (index, tag) in k.stored.tags.iter().enumerate() {
+                if orphans.remove(&tag.id) {
+                    let holder = Holder {
+                        stored: k.stored.clone(),
+                        index,
+                    };
+                    inner.items.insert(tag.id.clone(), holder);
+                }
+            }
+        }
+        true
     }
 }
 
@@ -208,5 +297,65 @@ mod tests {
         assert!(store.get("resp_a").is_none());
         assert!(!store.delete("resp_a"), "deleted once");
         assert_eq!(store.get("resp_b").as_deref(), Some(&said("b")));
+    }
+
+    /// A conversation of messages tagged `ids`, the last one its output.
+    fn tagged(ids: &[&str]) -> Stored {
+        Stored {
+            response: "{}".to_owned(),
+            items: ids
+                .iter()
+                .map(|id| Item::Message {
+                    role: Role::User,
+                    text: format!("text of {id}"),
+                })
+                .collect(),
+            tags: ids
+                .iter()
+                .map(|id| Tag {
+                    id: (*id).to_owned(),
+                    status: OutputItemStatus::Completed,
+                })
+                .collect(),
+            inputs: ids.len() - 1,
+        }
+    }
+
+    fn text(store: &ResponseStore, id: &str) -> Option<String> {
+        match store.item(id) {
+            Some((tag, Item::Message { text, .. })) => {
+                assert_eq!(tag.id, id);
+                Some(text)
+            }
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn items_are_found_by_id_while_a_response_holds_them() {
+        let store = ResponseStore::default();
+        store.put("resp_a".to_owned(), tagged(&["msg_1", "msg_2"]));
+        store.put(
+            "resp_b".to_owned(),
+            tagged(&["msg_1", "msg_2", "msg_3", "msg_4"]),
+        );
+        store.put("resp_c".to_owned(), tagged(&["msg_5", "msg_6"]));
+        assert_eq!(text(&store, "msg_2").as_deref(), Some("text of msg_2"));
+        assert_eq!(text(&store, "msg_9"), None);
+        assert!(store.delete("resp_b"));
+        assert!(text(&store, "msg_1").is_some(), "resp_a holds it still");
+        assert_eq!(text(&store, "msg_3"), None, "only resp_b held it");
+        assert!(store.delete("resp_a"));
+        assert_eq!(text(&store, "msg_1"), None);
+        assert!(text(&store, "msg_6").is_some());
+        for i in 0..STORE_RESPONSES {
+            store.put(format!("resp_{i}"), said("x"));
+        }
+        assert_eq!(text(&store, "msg_6"), None, "resp_c was dropped");
+        assert_eq!(
+            store.inner.lock().expect("lock").items.len(),
+            1,
+            "msg_1 alone"
+        );
     }
 }
