@@ -792,7 +792,7 @@ async fn item_references_take_the_place_of_stored_items() {
 /// same body (its `usage.input_tokens`), refuses what that route refuses, and answers a prompt
 /// past the context as it does; cancelling is refused (no background responses), for a stored
 /// response with a 400 and for another id with a 404; compaction is a 404 that says it is not
-/// implemented.
+/// implemented; GET and DELETE on both paths are the 404 of an id not stored.
 #[tokio::test]
 async fn input_tokens_count_what_a_response_would_read_and_cancel_is_refused() {
     let srv = start_fake(script(byte_ids("ok")), 4096, limits()).await;
@@ -851,6 +851,19 @@ async fn input_tokens_count_what_a_response_would_read_and_cancel_is_refused() {
         .unwrap_or_default()
         .to_owned();
     assert!(message.contains("not implemented"), "{message}");
+    // GET and DELETE on these POST paths are those of an id not stored (not 405s, which would
+    // say the path exists for them).
+    for method in ["GET", "DELETE"] {
+        let unknown = raw_request(srv.addr, method, "/v1/responses/resp_0", b"").await;
+        unknown.assert_status(404, "an id not stored");
+        let unknown = unknown.json().to_string();
+        for name in ["input_tokens", "compact"] {
+            let path = format!("/v1/responses/{name}");
+            let r = raw_request(srv.addr, method, &path, b"").await;
+            r.assert_status(404, &format!("{method} {path}"));
+            assert_eq!(r.json().to_string(), unknown.replace("resp_0", name));
+        }
+    }
     srv.stop().await;
 }
 

@@ -37,7 +37,17 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/responses/{id}/input_items", get(stored::input_items))
         .route("/v1/responses/{id}/cancel", post(stored::cancel))
-        .route("/v1/responses/compact", post(stored::compact))
+        // GET / DELETE on the fixed POST paths are those of `{id}`: a 404 for an id not stored.
+        .route(
+            "/v1/responses/input_tokens",
+            get(stored::retrieve).delete(stored::delete),
+        )
+        .route(
+            "/v1/responses/compact",
+            post(stored::compact)
+                .get(stored::retrieve)
+                .delete(stored::delete),
+        )
         .route_layer(middleware::from_fn_with_state(state.clone(), admission));
     Router::new()
         .route("/health", get(health))

@@ -11,7 +11,7 @@ use super::guard::refusal;
 use super::params;
 use super::state::AppState;
 use super::text::TextMode;
-use axum::extract::{Extension, FromRequestParts, Path, Request, State};
+use axum::extract::{Extension, FromRequestParts, OptionalFromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -86,7 +86,9 @@ pub(super) async fn list_models(State(app): State<Arc<AppState>>) -> Json<ModelL
     })
 }
 
-/// The `{id}` segment of a route's path, percent-decoded.
+/// The `{id}` segment of a route's path, percent-decoded; on a fixed path that shadows an
+/// `{id}` route for other methods (`/v1/responses/input_tokens` is POST, its GET is
+/// `/v1/responses/{id}`'s), the path's last segment.
 ///
 /// Rejection: 400 `invalid_url` in OpenAI's error shape when it does not decode to UTF-8
 /// (axum's own rejection is a plain-text body).
@@ -96,8 +98,13 @@ impl<S: Send + Sync> FromRequestParts<S> for PathId {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<PathId, ApiError> {
-        match Path::<String>::from_request_parts(parts, state).await {
-            Ok(Path(id)) => Ok(PathId(id)),
+        match <Path<String> as OptionalFromRequestParts<S>>::from_request_parts(parts, state).await
+        {
+            Ok(Some(Path(id))) => Ok(PathId(id)),
+            Ok(None) => {
+                let path = parts.uri.path();
+                Ok(PathId(path.rsplit('/').next().unwrap_or(path).to_owned()))
+            }
             Err(e) if e.status().is_client_error() => Err(ApiError::invalid(
                 None,
                 "invalid_url",
