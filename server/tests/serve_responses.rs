@@ -896,7 +896,7 @@ async fn a_cut_off_answer_is_listed_incomplete_where_it_is_carried_over() {
 /// An engine failure mid-stream ends the stream with `response.failed`: the response failed, its
 /// open message incomplete with the text so far, and `error.code` one of OpenAI's codes
 /// (`server_error`), which strict clients (openai-python's `_strict_response_validation`)
-/// require.
+/// require. With `store` the failed response is kept, as OpenAI keeps one.
 #[tokio::test]
 async fn a_failure_mid_stream_is_response_failed_with_an_openai_code() {
     let mut s = script(byte_ids("abcdefghij"));
@@ -912,6 +912,20 @@ async fn a_failure_mid_stream_is_response_failed_with_an_openai_code() {
     assert!(message.contains("step 4"), "{r}");
     assert_eq!(r["output"][0]["status"], "incomplete", "{r}");
     assert_eq!(deltas(&ev, "response.output_text.delta"), "abc");
+    // Kept as OpenAI keeps a failed response: retrieved as response.failed carried it.
+    let path = format!("/v1/responses/{}", r["id"].as_str().expect("id"));
+    let got = get(srv.addr, &path).await;
+    got.assert_status(200, &path);
+    assert_eq!(&got.json(), r);
+    let items = get(srv.addr, &format!("{path}/input_items")).await;
+    items.assert_status(200, "input_items of a failed response");
+    assert_eq!(items.json()["data"][0]["content"][0]["text"], "Hello!");
+    let unstored = events(srv.addr, &body(json!({"store": false}))).await;
+    let id = unstored.last().expect("events")["response"]["id"].clone();
+    let path = format!("/v1/responses/{}", id.as_str().expect("id"));
+    get(srv.addr, &path)
+        .await
+        .assert_status(404, "a failed response with store: false");
     srv.stop().await;
 }
 

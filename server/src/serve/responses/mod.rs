@@ -34,12 +34,13 @@
 //! template's rules (`ChatRequest::validate`); a refusal names the item (`input[i]`), not the
 //! chat message.
 //!
-//! Store ([`store`]): a finished response (completed or incomplete) with `store` (default true)
-//! is kept in memory as its response object and items, for `previous_response_id`,
-//! `item_reference` and the routes of [`stored`] (retrieve, delete, list input items): the last
-//! [`STORE_RESPONSES`] responses, each for at most [`STORE_TTL`], at most [`STORE_BYTES`] of
-//! text together (oldest dropped first; a response past that alone is not kept).
-//! An unknown, dropped or unstored id is a 400 `previous_response_not_found`.
+//! Store ([`store`]): a finished response (completed, incomplete, or failed mid-stream with its
+//! `error` and the items so far) with `store` (default true) is kept in memory as its response
+//! object and items, for `previous_response_id`, `item_reference` and the routes of [`stored`]
+//! (retrieve, delete, list input items): the last [`STORE_RESPONSES`] responses, each for at most
+//! [`STORE_TTL`], at most [`STORE_BYTES`] of text together (oldest dropped first; a response past
+//! that alone is not kept). An unknown, dropped or unstored id is a 400
+//! `previous_response_not_found`.
 
 pub mod store;
 pub mod stored;
@@ -1147,36 +1148,44 @@ impl Builder {
                 reason: "max_output_tokens",
             });
         }
-        if let Some(Keep {
-            store,
-            mut items,
-            mut tags,
-        }) = self.keep.take()
-        {
-            let inputs = items.len();
-            for (tag, item) in self.said.drain(..) {
-                tags.push(tag);
-                items.push(item);
-            }
-            let stored = serde_json::to_string(&*r).map(|response| Stored {
-                response,
-                items,
-                tags,
-                inputs,
-            });
-            // A response object always serializes (its maps have string keys).
-            if let Ok(stored) = stored {
-                store.put(r.id.clone(), stored);
-            }
-        }
-        let response = r.clone();
+        self.keep();
+        let response = self.response.clone();
         self.emit(|| match complete {
             true => EventBody::Completed { response },
             false => EventBody::Incomplete { response },
         });
     }
 
-    /// Ends the stream of a failed response.
+    /// Keeps the response as it is now, with its items, when asked to.
+    fn keep(&mut self) {
+        let Some(Keep {
+            store,
+            mut items,
+            mut tags,
+        }) = self.keep.take()
+        else {
+            return;
+        };
+        let inputs = items.len();
+        for (tag, item) in self.said.drain(..) {
+            tags.push(tag);
+            items.push(item);
+        }
+        let r = &self.response;
+        let stored = serde_json::to_string(r).map(|response| Stored {
+            response,
+            items,
+            tags,
+            inputs,
+        });
+        // A response object always serializes (its maps have string keys).
+        if let Ok(stored) = stored {
+            store.put(r.id.clone(), stored);
+        }
+    }
+
+    /// Ends the stream of a failed response; keeps it (status `failed`, its `error`, the items
+    /// so far) when asked to.
     fn failed(&mut self, e: &ApiError) {
         self.close(OutputItemStatus::Incomplete);
         self.response.status = ResponseStatus::Failed;
@@ -1187,6 +1196,7 @@ impl Builder {
             code: "server_error".to_owned(),
             message: e.message.clone(),
         });
+        self.keep();
         let response = self.response.clone();
         self.emit(|| EventBody::Failed { response });
     }

@@ -1,8 +1,8 @@
-//! The store of recent responses behind `previous_response_id`, `item_reference` input items,
-//! `GET` / `DELETE /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`: each finished
-//! response (completed or incomplete, with `store`) as its response object's JSON text and its
-//! [`Item`]s — the inputs before it, its own inputs, its output — each with its [`Tag`] (id and
-//! status) (an item carried over from a stored response keeps both); the last
+//! The store of recent responses behind `previous_response_id`, `item_reference` input items, `GET`
+//! / `DELETE /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`: each finished response
+//! (completed, incomplete or failed mid-stream, with `store`) as its response object's JSON text
+//! and its [`Item`]s — the inputs before it, its own inputs, its output — each with its [`Tag`] (id
+//! and status) (an item carried over from a stored response keeps both); the last
 //! [`STORE_RESPONSES`], each for at most [`STORE_TTL`], at most [`STORE_BYTES`] of text together
 //! (oldest dropped first; a response past that alone is not kept).
 //!
