@@ -14,7 +14,9 @@ use serve_common::*;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 
 /// A body for the served model with `input` "Hello!" and the fields of `extra`.
 fn body(extra: Value) -> Value {
@@ -55,22 +57,58 @@ async fn events(addr: SocketAddr, body: &Value) -> Vec<Value> {
         .iter()
         .enumerate()
         .map(|(i, frame)| {
-            let text = std::str::from_utf8(frame).expect("UTF-8");
-            let fields = text.strip_suffix("\n\n").expect("a blank line ends it");
-            let (mut event, mut data) = (None, None);
-            for line in fields.lines() {
-                match line.split_once(": ") {
-                    Some(("event", v)) => event = Some(v),
-                    Some(("data", v)) => data = Some(v),
-                    _ => panic!("an unexpected line {line:?} in {text:?}"),
-                }
-            }
-            let v: Value = serde_json::from_str(data.expect("data")).expect("JSON data");
-            assert_eq!(Some(v["type"].as_str().expect("type")), event, "{text}");
-            assert_eq!(v["sequence_number"], i, "{text}");
+            let v = sse_event(frame);
+            assert_eq!(v["sequence_number"], i, "{v}");
             v
         })
         .collect()
+}
+
+/// The data of one transfer chunk of a Responses stream: one SSE event whose `event:` field is
+/// its data's `type`.
+fn sse_event(frame: &[u8]) -> Value {
+    let text = std::str::from_utf8(frame).expect("UTF-8");
+    let fields = text.strip_suffix("\n\n").expect("a blank line ends it");
+    let (mut event, mut data) = (None, None);
+    for line in fields.lines() {
+        match line.split_once(": ") {
+            Some(("event", v)) => event = Some(v),
+            Some(("data", v)) => data = Some(v),
+            _ => panic!("an unexpected line {line:?} in {text:?}"),
+        }
+    }
+    let v: Value = serde_json::from_str(data.expect("data")).expect("JSON data");
+    assert_eq!(Some(v["type"].as_str().expect("type")), event, "{text}");
+    v
+}
+
+/// Starts a streamed `POST /v1/responses` of `body` on its own connection: the reader after
+/// the first event, and that event (`response.created`).
+async fn open_response_stream(addr: SocketAddr, body: &Value) -> (HttpReader, Value) {
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let body = body.to_string();
+    let mut conn = TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.expect("send");
+    let mut reader = HttpReader::new(conn);
+    assert_eq!(reader.read_head().await.0, 200, "{body}");
+    let created = sse_event(&reader.read_chunk().await.expect("the first event"));
+    assert_eq!(created["type"], "response.created", "{created}");
+    (reader, created)
+}
+
+/// The last event of a Responses stream, read to its end.
+async fn last_event(reader: &mut HttpReader) -> Value {
+    let mut last = None;
+    while let Some(frame) = reader.read_chunk().await {
+        last = Some(frame);
+    }
+    sse_event(&last.expect("events"))
 }
 
 fn types(events: &[Value]) -> Vec<&str> {
@@ -926,6 +964,60 @@ async fn a_failure_mid_stream_is_response_failed_with_an_openai_code() {
     get(srv.addr, &path)
         .await
         .assert_status(404, "a failed response with store: false");
+    srv.stop().await;
+}
+
+/// A streamed response is kept from its first event, as OpenAI shows one in progress: GET gives
+/// it as `response.in_progress` carried it (status `in_progress`), its input items are listed,
+/// and continuing it is a 400 until it ends; then GET gives it as `response.completed` carried
+/// it. One deleted while in progress is not kept at its end; one whose client goes away is
+/// forgotten.
+#[tokio::test]
+async fn a_streamed_response_is_retrieved_in_progress_then_whole() {
+    let mut s = script(byte_ids(&"a".repeat(40)));
+    s.step_delay = Duration::from_millis(20);
+    let srv = start_fake(s, 4096, limits()).await;
+    let path = |created: &Value| {
+        let id = created["response"]["id"].as_str().expect("id");
+        format!("/v1/responses/{id}")
+    };
+
+    let (mut reader, created) = open_response_stream(srv.addr, &body(json!({}))).await;
+    let at = path(&created);
+    let got = get(srv.addr, &at).await;
+    got.assert_status(200, "in progress");
+    assert_eq!(got.json()["status"], "in_progress", "{}", got.json());
+    assert_eq!(got.json(), created["response"]);
+    let items = get(srv.addr, &format!("{at}/input_items")).await;
+    items.assert_status(200, "input_items in progress");
+    assert_eq!(items.json()["data"][0]["content"][0]["text"], "Hello!");
+    let id = &created["response"]["id"];
+    let e = refused(srv.addr, &body(json!({"previous_response_id": id}))).await;
+    assert_eq!(e["param"], "previous_response_id", "{e}");
+    let done = last_event(&mut reader).await;
+    assert_eq!(done["type"], "response.completed", "{done}");
+    assert_eq!(get(srv.addr, &at).await.json(), done["response"]);
+
+    let (mut reader, created) = open_response_stream(srv.addr, &body(json!({}))).await;
+    let at = path(&created);
+    let deleted = raw_request(srv.addr, "DELETE", &at, b"").await;
+    deleted.assert_status(200, "DELETE in progress");
+    assert_eq!(last_event(&mut reader).await["type"], "response.completed");
+    get(srv.addr, &at)
+        .await
+        .assert_status(404, "deleted while in progress");
+
+    let (reader, created) = open_response_stream(srv.addr, &body(json!({}))).await;
+    let at = path(&created);
+    drop(reader);
+    let start = Instant::now();
+    while get(srv.addr, &at).await.status != 404 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "a response whose client went away is still kept"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     srv.stop().await;
 }
 

@@ -277,7 +277,8 @@ fn document() -> (Value, Vec<String>) {
     let stored = json!({
         "get": {
             "operationId": "retrieveResponse",
-            "summary": "A stored response, as it was answered.",
+            "summary": "A stored response, as it was answered (status in_progress while a \
+                stream is generating it).",
             "parameters": [response_id,
                 {"name": "stream", "in": "query", "schema": {"const": false}},
                 {"name": "include_obfuscation", "in": "query", "schema": {"type": "boolean"}}],

@@ -39,8 +39,10 @@
 //! object and items, for `previous_response_id`, `item_reference` and the routes of [`stored`]
 //! (retrieve, delete, list input items): the last [`STORE_RESPONSES`] responses, each for at most
 //! [`STORE_TTL`], at most [`STORE_BYTES`] of text together (oldest dropped first; a response past
-//! that alone is not kept). An unknown, dropped or unstored id is a 400
-//! `previous_response_not_found`.
+//! that alone is not kept). A streamed response is kept from its first event on, in progress
+//! (its inputs, the object `response.in_progress` carried) until it ends, and forgotten if its
+//! client goes away first. An unknown, dropped or unstored id is a 400
+//! `previous_response_not_found`; one still in progress a 400 too.
 
 pub mod store;
 pub mod stored;
@@ -947,7 +949,29 @@ impl Builder {
             response: r.clone(),
         });
         b.emit(|| EventBody::InProgress { response: r });
+        if streaming {
+            b.place();
+        }
         b
+    }
+
+    /// Keeps the response in progress, with its inputs, when asked to keep it: a stream's
+    /// client knows its id from `response.created` on.
+    fn place(&mut self) {
+        let Some(k) = &self.keep else {
+            return;
+        };
+        let stored = serde_json::to_string(&self.response).map(|response| Stored {
+            response,
+            items: k.items.clone(),
+            tags: k.tags.clone(),
+            inputs: k.items.len(),
+            finished: false,
+        });
+        // A response object always serializes (its maps have string keys).
+        if let Ok(stored) = stored {
+            k.store.put(self.response.id.clone(), stored);
+        }
     }
 
     /// Records an event when streaming.
@@ -1156,7 +1180,8 @@ impl Builder {
         });
     }
 
-    /// Keeps the response as it is now, with its items, when asked to.
+    /// Keeps the response as it is now, with its items, when asked to; streamed, in place of
+    /// the response in progress, unless that was deleted or dropped since.
     fn keep(&mut self) {
         let Some(Keep {
             store,
@@ -1177,10 +1202,13 @@ impl Builder {
             items,
             tags,
             inputs,
+            finished: true,
         });
         // A response object always serializes (its maps have string keys).
-        if let Ok(stored) = stored {
-            store.put(r.id.clone(), stored);
+        match (stored, self.streaming) {
+            (Ok(stored), true) => store.update(r.id.clone(), stored),
+            (Ok(stored), false) => store.put(r.id.clone(), stored),
+            (Err(_), _) => {}
         }
     }
 
@@ -1249,9 +1277,9 @@ impl RequestKind for ResponsesKind {
     type Chunks = ResponseEvents;
 
     /// Errors: as [`parse`]'s, a 400 `previous_response_not_found` for an id the store does
-    /// not hold, and 400s naming `input[i].id` for an item sent with (or referring to) an id
-    /// already in the conversation and for an `item_reference` to an item no kept response
-    /// holds.
+    /// not hold, a 400 naming `previous_response_id` for a response still in progress, and
+    /// 400s naming `input[i].id` for an item sent with (or referring to) an id already in the
+    /// conversation and for an `item_reference` to an item no kept response holds.
     fn parse(app: &AppState, bytes: &[u8]) -> Result<ResponsesKind, ApiError> {
         let mut params = parse(bytes)?;
         // Another model is its 404 before the conversation is checked, as on the other routes.
@@ -1260,6 +1288,15 @@ impl RequestKind for ResponsesKind {
             None => (Vec::new(), Vec::new()),
             Some(id) => {
                 let s = app.responses.get(id).ok_or_else(|| not_found(id))?;
+                if !s.finished {
+                    return Err(ApiError::bad_value(
+                        "previous_response_id",
+                        format!(
+                            "Previous response with id '{id}' is still in progress: continue \
+                             it once it has finished."
+                        ),
+                    ));
+                }
                 (s.items.clone(), s.tags.clone())
             }
         };
@@ -1375,6 +1412,15 @@ impl ResponsesKind {
 /// The typed SSE events of a streamed response (module note): `event: <type>` and the event's
 /// data; no `[DONE]` (the last event is `response.completed`, `.incomplete` or `.failed`).
 pub(super) struct ResponseEvents(Builder);
+
+/// A stream dropped before its end (the client went away) forgets its response in progress.
+impl Drop for ResponseEvents {
+    fn drop(&mut self) {
+        if let Some(k) = self.0.keep.take() {
+            k.store.delete(&self.0.response.id);
+        }
+    }
+}
 
 impl ChunkFormat for ResponseEvents {
     type Chunk = ResponseEvent;

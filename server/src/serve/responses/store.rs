@@ -1,10 +1,11 @@
 //! The store of recent responses behind `previous_response_id`, `item_reference` input items, `GET`
 //! / `DELETE /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`: each finished response
-//! (completed, incomplete or failed mid-stream, with `store`) as its response object's JSON text
-//! and its [`Item`]s — the inputs before it, its own inputs, its output — each with its [`Tag`] (id
-//! and status) (an item carried over from a stored response keeps both); the last
-//! [`STORE_RESPONSES`], each for at most [`STORE_TTL`], at most [`STORE_BYTES`] of text together
-//! (oldest dropped first; a response past that alone is not kept).
+//! (completed, incomplete or failed mid-stream, with `store`; a streamed one from its start, in
+//! progress, then replaced by its end) as its response object's JSON text and its [`Item`]s — the
+//! inputs before it, its own inputs, its output — each with its [`Tag`] (id and status) (an item
+//! carried over from a stored response keeps both); the last [`STORE_RESPONSES`], each for at most
+//! [`STORE_TTL`], at most [`STORE_BYTES`] of text together (oldest dropped first; a response past
+//! that alone is not kept).
 //!
 //! Items are found by id through an index beside the responses: each item id of the kept
 //! responses maps to the newest kept response holding it (an item carried over is held by every
@@ -95,6 +96,9 @@ pub struct Stored {
     pub tags: Vec<Tag>,
     /// How many of `items` are inputs (the rest is its output).
     pub inputs: usize,
+    /// False while it is being generated (streamed: `response` is the object
+    /// `response.in_progress` carried, `items` its inputs).
+    pub finished: bool,
 }
 
 impl Stored {
@@ -206,37 +210,55 @@ impl ResponseStore {
 
     /// Keeps response `id`, unless it alone is past [`STORE_BYTES`].
     pub fn put(&self, id: String, stored: Stored) {
-        let bytes = stored.bytes() + id.len();
-        if bytes > STORE_BYTES {
-            return;
-        }
-        let stored = Arc::new(stored);
+        self.lock().push(id, stored);
+    }
+
+    /// Replaces response `id` by `stored` (kept as the newest, unless past [`STORE_BYTES`]
+    /// alone) if `id` is still kept: not deleted or dropped since.
+    pub fn update(&self, id: String, stored: Stored) {
         let mut inner = self.lock();
-        inner.index(&stored);
-        inner.kept.push_back(Kept {
-            id,
-            at: Instant::now(),
-            stored,
-            bytes,
-        });
-        inner.prune();
+        if inner.remove(&id) {
+            inner.push(id, stored);
+        }
     }
 
     /// Drops response `id`; whether it was kept. Its items stay findable where an older kept
     /// response holds them too.
     pub fn delete(&self, id: &str) -> bool {
-        let mut guard = self.lock();
-        let inner = &mut *guard;
-        let Some(at) = inner.kept.iter().position(|k| k.id == id) else {
+        self.lock().remove(id)
+    }
+}
+
+impl Inner {
+    /// [`ResponseStore::put`].
+    fn push(&mut self, id: String, stored: Stored) {
+        let bytes = stored.bytes() + id.len();
+        if bytes > STORE_BYTES {
+            return;
+        }
+        let stored = Arc::new(stored);
+        self.index(&stored);
+        self.kept.push_back(Kept {
+            id,
+            at: Instant::now(),
+            stored,
+            bytes,
+        });
+        self.prune();
+    }
+
+    /// [`ResponseStore::delete`].
+    fn remove(&mut self, id: &str) -> bool {
+        let Some(at) = self.kept.iter().position(|k| k.id == id) else {
             return false;
         };
-        let Some(gone) = inner.kept.remove(at) else {
+        let Some(gone) = self.kept.remove(at) else {
             return false;
         };
-        let mut orphans = inner.unindex(&gone.stored);
+        let mut orphans = self.unindex(&gone.stored);
         // Newer responses do not hold the orphans (they would be indexed): the older ones,
         // newest first.
-        for k in inner.kept.range(..at).rev() {
+        for k in self.kept.range(..at).rev() {
             if orphans.is_empty() {
                 break;
             }
@@ -246,7 +268,7 @@ impl ResponseStore {
                         stored: k.stored.clone(),
                         index,
                     };
-                    inner.items.insert(tag.id.clone(), holder);
+                    self.items.insert(tag.id.clone(), holder);
                 }
             }
         }
@@ -270,6 +292,7 @@ mod tests {
                 status: OutputItemStatus::Completed,
             }],
             inputs: 1,
+            finished: true,
         }
     }
 
@@ -299,6 +322,18 @@ mod tests {
         assert_eq!(store.get("resp_b").as_deref(), Some(&said("b")));
     }
 
+    #[test]
+    fn an_update_replaces_a_kept_response_and_not_a_deleted_one() {
+        let store = ResponseStore::default();
+        store.put("resp_a".to_owned(), said("a"));
+        store.update("resp_a".to_owned(), said("b"));
+        assert_eq!(store.get("resp_a").as_deref(), Some(&said("b")));
+        assert_eq!(store.lock().kept.len(), 1, "replaced, not added");
+        assert!(store.delete("resp_a"));
+        store.update("resp_a".to_owned(), said("c"));
+        assert!(store.get("resp_a").is_none(), "deleted before the update");
+    }
+
     /// A conversation of messages tagged `ids`, the last one its output.
     fn tagged(ids: &[&str]) -> Stored {
         Stored {
@@ -318,6 +353,7 @@ mod tests {
                 })
                 .collect(),
             inputs: ids.len() - 1,
+            finished: true,
         }
     }
 

@@ -1,8 +1,11 @@
 //! The routes of stored responses (OpenAI API reference, Responses: retrieve, delete, list input
 //! items), over [`super::store`]:
 //!
-//! - `GET /v1/responses/{id}`: the response object as `POST /v1/responses` answered it.
-//! - `DELETE /v1/responses/{id}`: drops it; `{"id", "object": "response", "deleted": true}`.
+//! - `GET /v1/responses/{id}`: the response object as `POST /v1/responses` answered it; while
+//!   a stream is still generating it, as `response.in_progress` carried it (status
+//!   `in_progress`, no output yet).
+//! - `DELETE /v1/responses/{id}`: drops it; `{"id", "object": "response", "deleted": true}`. A
+//!   response deleted while in progress is generated to its end and not kept.
 //! - `POST /v1/responses/{id}/cancel`: a 400 for a stored response (only background responses
 //!   can be cancelled, and aubier runs none), else a 404.
 //! - `POST /v1/responses/input_tokens`: the tokens of the prompt `POST /v1/responses` would
@@ -170,7 +173,7 @@ pub(crate) async fn cancel(State(app): State<Arc<AppState>>, PathId(id): PathId)
             "invalid_request",
             format!(
                 "Response '{id}' cannot be cancelled: only background responses can be, and \
-                 aubier runs none ('background' is not implemented); it has finished."
+                 aubier runs none ('background' is not implemented)."
             ),
         ),
         Err(e) => e,
@@ -388,6 +391,7 @@ mod tests {
                 })
                 .to_vec(),
             inputs: 3,
+            finished: true,
         }
     }
 
