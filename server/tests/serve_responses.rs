@@ -902,6 +902,13 @@ async fn input_tokens_count_what_a_response_would_read_and_cancel_is_refused() {
             assert_eq!(r.json().to_string(), unknown.replace("resp_0", name));
         }
     }
+    // Their methods stay POST alone: another is a 405 whose Allow says so.
+    for name in ["input_tokens", "compact"] {
+        let path = format!("/v1/responses/{name}");
+        let r = raw_request(srv.addr, "PUT", &path, b"{}").await;
+        r.assert_status(405, &format!("PUT {path}"));
+        assert_eq!(r.header("allow"), Some("POST"), "PUT {path}");
+    }
     srv.stop().await;
 }
 

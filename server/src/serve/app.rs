@@ -12,7 +12,7 @@ use super::state::AppState;
 use super::tokenize::{detokenize, tokenize};
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 use std::future::Future;
 use std::sync::Arc;
@@ -37,16 +37,16 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/responses/{id}/input_items", get(stored::input_items))
         .route("/v1/responses/{id}/cancel", post(stored::cancel))
-        // GET / DELETE on the fixed POST paths are those of `{id}`: a 404 for an id not stored.
+        // Other methods on the fixed POST paths are those of `{id}` (GET, DELETE: the 404 of an
+        // id not stored), without adding to their `Allow`; merged with the POST above, outside
+        // its JSON guard.
         .route(
             "/v1/responses/input_tokens",
-            get(stored::retrieve).delete(stored::delete),
+            MethodRouter::new().fallback(stored::as_id),
         )
         .route(
             "/v1/responses/compact",
-            post(stored::compact)
-                .get(stored::retrieve)
-                .delete(stored::delete),
+            post(stored::compact).fallback(stored::as_id),
         )
         .route_layer(middleware::from_fn_with_state(state.clone(), admission));
     Router::new()

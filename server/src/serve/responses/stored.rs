@@ -13,6 +13,8 @@
 //!   its 400 `context_length_exceeded`).
 //! - `POST /v1/responses/compact` (conversation compaction) is not implemented: a 404 that
 //!   says so.
+//! - GET and DELETE on those two POST paths are those of `/v1/responses/{id}` (the 404 of an
+//!   id not stored), not 405s that would say the paths have other methods.
 //! - `GET /v1/responses/{id}/input_items`: the items before its output (those of the responses
 //!   it continues first, each with the id and status it was first stored under: an answer cut
 //!   off by `max_output_tokens` stays `incomplete`), one page at a time:
@@ -33,13 +35,14 @@ use super::super::api::responses::{
 };
 use super::super::error::{unknown_parameter, ApiError};
 use super::super::generation::{budget, prompt_ids, PromptSource, RequestKind};
+use super::super::guard::wrong_method;
 use super::super::routes::PathId;
 use super::super::state::AppState;
 use super::store::{Item, Stored, Tag};
 use super::{text_part, ResponsesKind, STORE_RESPONSES, STORE_TTL};
 use aubier_runtime::text::chat::Role;
 use axum::extract::{RawQuery, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use std::collections::HashMap;
@@ -187,6 +190,23 @@ pub(crate) async fn compact() -> ApiError {
         message: "POST /v1/responses/compact (conversation compaction) is not implemented."
             .to_owned(),
         ..ApiError::no_route("POST", "/v1/responses/compact")
+    }
+}
+
+/// A method other than POST on `/v1/responses/input_tokens` or `/v1/responses/compact`: as on
+/// `/v1/responses/{id}` with the path's last segment as the id (GET or HEAD [`retrieve`],
+/// DELETE [`delete`]: the 404 of an id not stored), else the router's 405.
+pub(crate) async fn as_id(
+    state: State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
+    id: PathId,
+    query: RawQuery,
+) -> Response {
+    match method {
+        Method::GET | Method::HEAD => retrieve(state, id, query).await.into_response(),
+        Method::DELETE => delete(state, id, query).await.into_response(),
+        other => wrong_method(other, uri).await.into_response(),
     }
 }
 
