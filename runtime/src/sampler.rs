@@ -1,7 +1,10 @@
-//! Token sampling from one row of logits: penalties, greedy, temperature, min-p, top-k, top-p,
-//! seeded; and the raw log-probabilities of a row ([`token_logprobs`]).
+//! Token sampling from one row of logits: logit bias, penalties, greedy, temperature, min-p,
+//! top-k, top-p, seeded; and the raw log-probabilities of a row ([`token_logprobs`]).
 //!
 //! Algorithm, in vLLM's order (`vllm/v1/sample/sampler.py`, whose docstring lists the steps):
+//! 0. the logit bias (OpenAI `logit_bias`): each listed id's bias is added to its f32 logit,
+//!    before the penalties, as vLLM applies its logit-bias processor among the processors that
+//!    can change the argmax (so greedy honours it too);
 //! 1. penalties, on the f32 logits, over the request's history: the repetition penalty `p`
 //!    (llama.cpp / vLLM / the CTRL paper) on every distinct id of the prompt and of the tokens
 //!    generated so far (`logit > 0 ? logit / p : logit · p`, saturating at ±`f32::MAX` so that
@@ -61,6 +64,10 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     /// Seed of the random stream.
     pub seed: u64,
+    /// `(id, bias)` pairs (OpenAI `logit_bias`): `bias` is added to the logit of `id` before
+    /// the penalties (module note, step 0); each bias finite. An id outside the row is skipped
+    /// (the server checks ids against the vocabulary). Empty = off.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -74,6 +81,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             seed: 0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -103,6 +111,9 @@ impl SamplingParams {
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
             return Err(SampleError::RepetitionPenalty(self.repetition_penalty));
         }
+        if let Some(&(id, bias)) = self.logit_bias.iter().find(|(_, b)| !b.is_finite()) {
+            return Err(SampleError::LogitBias(id, bias));
+        }
         Ok(())
     }
 
@@ -111,6 +122,11 @@ impl SamplingParams {
         self.repetition_penalty != 1.0
             || self.presence_penalty != 0.0
             || self.frequency_penalty != 0.0
+    }
+
+    /// Whether the row is changed before the draw (bias or penalties: then it is copied).
+    fn rewrites_row(&self) -> bool {
+        self.penalised() || !self.logit_bias.is_empty()
     }
 }
 
@@ -135,6 +151,9 @@ pub enum SampleError {
     /// `repetition_penalty` is not a finite number > 0.
     #[error("repetition_penalty must be a finite number > 0, got {0}")]
     RepetitionPenalty(f32),
+    /// A `logit_bias` entry (id, bias) whose bias is not finite.
+    #[error("logit_bias of token {0} must be a finite number, got {1}")]
+    LogitBias(u32, f32),
     /// The logits row is empty.
     #[error("empty logits row")]
     Empty,
@@ -154,6 +173,7 @@ impl SampleError {
             SampleError::PresencePenalty(_) => Some("presence_penalty"),
             SampleError::FrequencyPenalty(_) => Some("frequency_penalty"),
             SampleError::RepetitionPenalty(_) => Some("repetition_penalty"),
+            SampleError::LogitBias(..) => Some("logit_bias"),
             SampleError::Empty | SampleError::NoFinite => None,
         }
     }
@@ -207,6 +227,8 @@ pub struct Sampler {
     cand: Vec<u64>,
     /// The weights of each [`BLOCK`] of `cand`, summed.
     blocks: Vec<f64>,
+    /// The biased and penalised copy of the last row (kept to reuse its allocation).
+    row: Vec<f32>,
 }
 
 /// Candidates per partial sum: the draw walks the sums, then one block.
@@ -325,7 +347,7 @@ impl Sampler {
     ///
     /// Errors: [`SampleError::Temperature`], [`SampleError::TopP`], [`SampleError::MinP`],
     /// [`SampleError::PresencePenalty`], [`SampleError::FrequencyPenalty`],
-    /// [`SampleError::RepetitionPenalty`].
+    /// [`SampleError::RepetitionPenalty`], [`SampleError::LogitBias`].
     pub fn new(params: SamplingParams) -> Result<Sampler, SampleError> {
         params.validate()?;
         let rng = ChaCha8Rng::seed_from_u64(params.seed);
@@ -335,6 +357,7 @@ impl Sampler {
             history: History::default(),
             cand: Vec::new(),
             blocks: Vec::new(),
+            row: Vec::new(),
         })
     }
 
@@ -347,18 +370,27 @@ impl Sampler {
         self
     }
 
-    /// Draws one token id from `logits` (`[n_vocab]` f32) after the penalties of the history,
-    /// and adds it to the history.
+    /// Draws one token id from `logits` (`[n_vocab]` f32, left as they are) after the logit
+    /// bias and the penalties of the history, and adds it to the history.
     ///
     /// Errors: [`SampleError::Empty`], [`SampleError::NoFinite`].
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SampleError> {
         if logits.is_empty() {
             return Err(SampleError::Empty);
         }
-        let id = if self.params.penalised() {
-            let mut row = logits.to_vec();
+        let id = if self.params.rewrites_row() {
+            let mut row = std::mem::take(&mut self.row);
+            row.clear();
+            row.extend_from_slice(logits);
+            for &(id, bias) in &self.params.logit_bias {
+                if let Some(l) = row.get_mut(id as usize) {
+                    *l += bias;
+                }
+            }
             self.history.apply(&self.params, &mut row);
-            self.draw(&row)?
+            let drawn = self.draw(&row);
+            self.row = row;
+            drawn?
         } else {
             self.draw(logits)?
         };
@@ -604,6 +636,37 @@ mod tests {
             .collect()
     }
 
+    /// Draws `n` tokens of `logits` under `p` (one seed each) and checks them against `prob`
+    /// (id → probability): every draw is a key of `prob`, and every id of probability ≥ 2 % is
+    /// drawn within five standard deviations of its binomial count (a false alarm has
+    /// probability below 1e-6 per id; the seeds are fixed, so a pass is reproducible). Returns
+    /// the count of each id drawn.
+    fn drawn_as(
+        p: &SamplingParams,
+        logits: &[f32],
+        prob: &HashMap<u32, f64>,
+        n: u64,
+    ) -> HashMap<u32, u32> {
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for id in draws(p, &[], logits, n) {
+            assert!(
+                prob.contains_key(&id),
+                "{p:?}: drew {id}, outside the kept set"
+            );
+            *counts.entry(id).or_insert(0) += 1;
+        }
+        for (&id, &q) in prob.iter().filter(|(_, &q)| q >= 0.02) {
+            let got = f64::from(counts.get(&id).copied().unwrap_or(0));
+            let mean = q * n as f64;
+            let sd = (n as f64 * q * (1.0 - q)).sqrt();
+            assert!(
+                (got - mean).abs() <= 5.0 * sd,
+                "{p:?}: id {id} drawn {got} times, expected {mean:.0} ± {sd:.0}"
+            );
+        }
+        counts
+    }
+
     #[test]
     fn truncation_keeps_what_a_full_sort_keeps_and_draws_by_its_probabilities() {
         // A row of 5000 logits from a fixed LCG, in [0, 4), every tenth one repeated (ties);
@@ -641,25 +704,7 @@ mod tests {
             let want = reference(&p, &logits);
             let prob: HashMap<u32, f64> = want.iter().copied().collect();
             let n = 4000;
-            let mut counts: HashMap<u32, u32> = HashMap::new();
-            for id in draws(&p, &[], &logits, n) {
-                assert!(
-                    prob.contains_key(&id),
-                    "{p:?}: drew {id}, outside the kept set"
-                );
-                *counts.entry(id).or_insert(0) += 1;
-            }
-            // Every kept id of probability ≥ 2 % is drawn about as often as it should be: within
-            // five standard deviations of the binomial count.
-            for (&id, &q) in prob.iter().filter(|(_, &q)| q >= 0.02) {
-                let got = f64::from(counts.get(&id).copied().unwrap_or(0));
-                let mean = q * n as f64;
-                let sd = (n as f64 * q * (1.0 - q)).sqrt();
-                assert!(
-                    (got - mean).abs() <= 5.0 * sd,
-                    "{p:?}: id {id} drawn {got} times, expected {mean:.0} ± {sd:.0}"
-                );
-            }
+            let counts = drawn_as(&p, &logits, &prob, n);
             // As many distinct ids as the kept set gives in `n` draws (a draw from too small a
             // set falls short).
             let distinct: f64 = prob.values().map(|q| 1.0 - (1.0 - q).powi(n as i32)).sum();
@@ -670,6 +715,95 @@ mod tests {
                 want.len()
             );
         }
+    }
+
+    /// A row of `n` logits from a fixed LCG, in [0, 4).
+    fn lcg_row(n: usize) -> Vec<f32> {
+        let mut x = 987654321u64;
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (x >> 40) as f32 / (1u64 << 24) as f32 * 4.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_bias_of_minus_100_turns_greedy_to_the_runner_up_and_plus_100_forces() {
+        let logits = lcg_row(1000);
+        let by_value = |a: &usize, b: &usize| logits[*a].total_cmp(&logits[*b]);
+        let top = (0..logits.len()).max_by(by_value).unwrap();
+        let second = (0..logits.len())
+            .filter(|&i| i != top)
+            .max_by(by_value)
+            .unwrap();
+        let lowest = (0..logits.len()).min_by(by_value).unwrap();
+        assert_eq!(
+            Sampler::new(params(0.0)).unwrap().sample(&logits),
+            Ok(top as u32)
+        );
+        let banned = SamplingParams {
+            logit_bias: vec![(top as u32, -100.0)],
+            ..params(0.0)
+        };
+        assert_eq!(
+            Sampler::new(banned).unwrap().sample(&logits),
+            Ok(second as u32)
+        );
+        // The row spans less than 4, so +100 leaves every other id below e^-96 of it.
+        for temperature in [0.0, 1.0] {
+            let forced = SamplingParams {
+                logit_bias: vec![(lowest as u32, 100.0), (5000, -100.0)],
+                ..params(temperature)
+            };
+            assert!(draws(&forced, &[], &logits, 200)
+                .iter()
+                .all(|&id| id == lowest as u32));
+        }
+    }
+
+    #[test]
+    fn biased_draws_follow_the_softmax_of_the_biased_logits() {
+        let logits = lcg_row(50);
+        let bias = vec![(3, 2.5), (17, -1.0), (40, 1.25), (49, -100.0)];
+        let mut biased = logits.clone();
+        for &(id, b) in &bias {
+            biased[id as usize] += b;
+        }
+        for p in [
+            params(0.8),
+            SamplingParams {
+                top_p: 0.9,
+                top_k: 20,
+                ..params(0.8)
+            },
+        ] {
+            let want: HashMap<u32, f64> = reference(&p, &biased).into_iter().collect();
+            let with_bias = SamplingParams {
+                logit_bias: bias.clone(),
+                ..p.clone()
+            };
+            // The biased ids 3 and 40 are among those `drawn_as` checks (probability ≥ 2 %), and
+            // 49 (−100) is never drawn.
+            assert!(want[&3] >= 0.02 && want[&40] >= 0.02);
+            let counts = drawn_as(&with_bias, &logits, &want, 4000);
+            assert!(!counts.contains_key(&49));
+        }
+    }
+
+    #[test]
+    fn the_bias_comes_before_the_repetition_penalty() {
+        // vLLM's order: (2 − 4) · 2 = −4 < −3.5, so id 1 wins; the penalty first would give
+        // 2 / 2 − 4 = −3 > −3.5 and id 0.
+        let p = SamplingParams {
+            repetition_penalty: 2.0,
+            logit_bias: vec![(0, -4.0)],
+            ..params(0.0)
+        };
+        let mut s = Sampler::new(p).unwrap().with_prompt(&[0]);
+        assert_eq!(s.sample(&[2.0, -3.5]), Ok(1));
     }
 
     #[test]
@@ -859,6 +993,13 @@ mod tests {
                     ..d()
                 },
                 SampleError::RepetitionPenalty(0.0),
+            ),
+            (
+                SamplingParams {
+                    logit_bias: vec![(1, 1.0), (7, f32::INFINITY)],
+                    ..d()
+                },
+                SampleError::LogitBias(7, f32::INFINITY),
             ),
         ] {
             let name = format!("{:?}", e).to_ascii_lowercase();

@@ -512,6 +512,20 @@ fn parse_online_policy(s: &str) -> Result<PolicyKind, String> {
     }
 }
 
+/// `--logit-bias ID=BIAS`: a token id (u32) and a finite bias.
+fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not ID=BIAS"))?;
+    let id = id
+        .parse::<u32>()
+        .map_err(|e| format!("token id `{id}`: {e}"))?;
+    match bias.parse::<f32>() {
+        Ok(b) if b.is_finite() => Ok((id, b)),
+        _ => Err(format!("bias `{bias}` is not a finite number")),
+    }
+}
+
 /// Arguments of `aubier run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -548,6 +562,10 @@ pub struct RunArgs {
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// `ID=BIAS`: add BIAS (a finite number) to token ID's logit before the penalties (OpenAI's
+    /// logit_bias; -100 effectively bans, 100 forces); repeatable.
+    #[arg(long, value_name = "ID=BIAS", value_parser = parse_logit_bias, allow_hyphen_values = true)]
+    pub logit_bias: Vec<(u32, f32)>,
     /// Keep generating past EOS.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -597,6 +615,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             model.config.n_vocab
         );
     }
+    if let Some((id, _)) = args
+        .logit_bias
+        .iter()
+        .find(|&&(id, _)| id as usize >= model.config.n_vocab)
+    {
+        bail!(
+            "--logit-bias: id {id} is outside the model's vocabulary of {} tokens",
+            model.config.n_vocab
+        );
+    }
     let opts = match args.kv_max {
         Some(kv_max) => SessionOptions { kv_max },
         None => SessionOptions::for_config(&model.config),
@@ -615,6 +643,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             frequency_penalty: args.frequency_penalty,
             repetition_penalty: args.repetition_penalty,
             seed: args.seed,
+            logit_bias: args.logit_bias.clone(),
         },
         ignore_eos: args.ignore_eos,
         eos_ids: tokenizer
@@ -769,6 +798,15 @@ mod tests {
     use super::*;
 
     const GB: u64 = 1_000_000_000;
+
+    #[test]
+    fn logit_bias_flags_are_id_equals_bias() {
+        assert_eq!(parse_logit_bias("5=-100"), Ok((5, -100.0)));
+        assert_eq!(parse_logit_bias("4294967295=0.5"), Ok((u32::MAX, 0.5)));
+        for bad in ["5", "x=1", "-1=1", "5=inf", "5=NaN", "5=x", "4294967296=1"] {
+            assert!(parse_logit_bias(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn a_file_larger_than_the_memory_reads_ahead_on_a_host_backend_only() {

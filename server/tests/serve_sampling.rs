@@ -777,3 +777,114 @@ async fn oracle_logprobs_of_token_id_prompts_match_the_llamacpp_references() {
     );
     srv.stop().await;
 }
+
+/// The ids `/debug/tokens` generates greedily after `prompt` (EOS ends them).
+async fn greedy_ids(srv: &TestServer, prompt: &Value, max_tokens: usize) -> Vec<u64> {
+    let body = json!({"ids": prompt, "max_tokens": max_tokens});
+    let v = post_json(srv, "/debug/tokens", &body).await;
+    v["ids"]
+        .as_array()
+        .expect("ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id"))
+        .collect()
+}
+
+#[tokio::test]
+async fn logit_bias_bans_and_forces_tokens_and_logprobs_stay_raw() {
+    let srv = real_server(&bundled_model(), BackendSpec::default()).await;
+    let prompt = json!([1, 1784, 3992, 1295, 2227]);
+    let first = greedy_ids(&srv, &prompt, 1).await[0];
+    let ask = |bias: Value| {
+        completion(
+            prompt.clone(),
+            json!({"max_tokens": 1, "logprobs": 5, "temperature": 0, "logit_bias": bias}),
+        )
+    };
+    let plain = post_json(&srv, "/v1/completions", &ask(json!({}))).await;
+    let banned = post_json(
+        &srv,
+        "/v1/completions",
+        &ask(json!({first.to_string(): -100})),
+    )
+    .await;
+    let top = |v: &Value| v["choices"][0]["logprobs"]["top_logprobs"][0].clone();
+    let picked = |v: &Value| {
+        v["choices"][0]["logprobs"]["token_logprobs"][0]
+            .as_f64()
+            .expect("lp")
+    };
+    // The raw distribution is the same with the bias: the top five and their log-probabilities.
+    assert_eq!(top(&banned), top(&plain));
+    let mut lps: Vec<f64> = top(&plain)
+        .as_object()
+        .expect("map")
+        .values()
+        .map(|v| v.as_f64().expect("lp"))
+        .collect();
+    lps.sort_by(|a, b| b.total_cmp(a));
+    assert_eq!(picked(&plain), lps[0], "greedy takes the most likely token");
+    assert_eq!(
+        picked(&banned),
+        lps[1],
+        "-100 on it turns greedy to the runner-up"
+    );
+    let token = |v: &Value| v["choices"][0]["logprobs"]["tokens"][0].clone();
+    assert_ne!(token(&banned), token(&plain));
+    // +100 forces an unlikely token, greedy or sampled; its text is that id's.
+    let forced_id = 1784;
+    assert_ne!(
+        forced_id, first,
+        "the forced token is not the greedy one anyway"
+    );
+    let want = post_json(&srv, "/detokenize", &json!({"tokens": [forced_id]})).await;
+    for temperature in [0.0, 1.0] {
+        let v = post_json(
+            &srv,
+            "/v1/completions",
+            &completion(
+                prompt.clone(),
+                json!({"max_tokens": 1, "temperature": temperature, "seed": 1, "logprobs": 0,
+                       "logit_bias": {forced_id.to_string(): 100}}),
+            ),
+        )
+        .await;
+        assert_eq!(token(&v), want["prompt"], "temperature {temperature}");
+    }
+    // The chat route takes it too: banning the greedy answer's first token changes it.
+    let chat_first = |bias: Value| {
+        chat(json!({"max_tokens": 1, "temperature": 0, "logprobs": true, "logit_bias": bias}))
+    };
+    let a = post_json(&srv, "/v1/chat/completions", &chat_first(json!({}))).await;
+    let chat_ids = post_json(
+        &srv,
+        "/tokenize",
+        &json!({"messages": [{"role": "user", "content": "Say something."}]}),
+    )
+    .await;
+    let chat_first_id = greedy_ids(&srv, &chat_ids["tokens"], 1).await[0];
+    let b = post_json(
+        &srv,
+        "/v1/chat/completions",
+        &chat_first(json!({chat_first_id.to_string(): -100})),
+    )
+    .await;
+    let bytes = |v: &Value| v["choices"][0]["logprobs"]["content"][0]["bytes"].clone();
+    assert_ne!(bytes(&a), bytes(&b));
+    // An id past the vocabulary is a 400 naming logit_bias and the key.
+    let n_vocab = text_model().tokenizer().n_vocab();
+    for path in ["/v1/completions", "/v1/chat/completions"] {
+        let bias = json!({"5": 1, n_vocab.to_string(): -1});
+        let body = if path == "/v1/completions" {
+            ask(bias)
+        } else {
+            chat_first(bias)
+        };
+        let (status, e) = post_error(&srv, path, &body).await;
+        assert_eq!(status, 400, "{path}: {e}");
+        assert_eq!(e["error"]["param"], "logit_bias", "{path}: {e}");
+        let message = e["error"]["message"].as_str().expect("message");
+        assert!(message.contains(&n_vocab.to_string()), "{message}");
+    }
+    srv.stop().await;
+}

@@ -111,6 +111,7 @@ pub(super) async fn generation<K: RequestKind>(
     let mut request = K::parse(&app, &bytes)?;
     drop(bytes);
     app.check_model(&request.generation().model)?;
+    check_logit_bias(&app, &request.generation().sampling.logit_bias)?;
     let prompt = match request.take_prompt() {
         PromptSource::Build(build) => {
             prompt_ids(&app, K::PROMPT_PARAM, body_len, app.engine.kv_max(), build).await?
@@ -311,6 +312,18 @@ pub(super) fn check_vocab(app: &AppState, param: &str, ids: &[u32]) -> Result<()
         Some((i, id)) => Err(ApiError::bad_value(
             param,
             format!("'{param}[{i}]' = {id} is not below the vocabulary size {n_vocab}."),
+        )),
+    }
+}
+
+/// Refuses a `logit_bias` id at or past the vocabulary size. Errors: 400 naming `logit_bias`.
+fn check_logit_bias(app: &AppState, bias: &[(u32, f32)]) -> Result<(), ApiError> {
+    let n_vocab = app.text.tokenizer().n_vocab();
+    match bias.iter().find(|&&(id, _)| id as usize >= n_vocab) {
+        None => Ok(()),
+        Some((id, _)) => Err(ApiError::bad_value(
+            "logit_bias",
+            format!("'logit_bias' key \"{id}\" is not below the vocabulary size {n_vocab}."),
         )),
     }
 }

@@ -5,7 +5,8 @@
 //! `#/components/schemas/`) walk the request types under serde's deserialize contract and the
 //! response types under its serialize contract; their definitions are merged into
 //! `components.schemas`, and the route table below refers to them. At boot, the served model id,
-//! the vocabulary size and the KV capacity are written into `ModelId`, `TokenId` and `TokenIds`.
+//! the vocabulary size and the KV capacity are written into `ModelId`, `TokenId`, `TokenIds` and
+//! the key pattern of `LogitBias`.
 //! CI runs schemathesis against the result (`server/tests/schemathesis/`).
 
 use super::api::request::{
@@ -19,6 +20,7 @@ use super::api::response::{
 use super::api::responses::{
     InputItemList, InputTokenCount, ResponseDeleted, ResponseEvent, ResponseObject, ResponseRequest,
 };
+use super::api::scalar::decimal_below;
 use schemars::generate::{Contract, SchemaSettings};
 use schemars::{JsonSchema, SchemaGenerator};
 use serde_json::{json, Map, Value};
@@ -383,6 +385,7 @@ pub fn spec(model_id: &str, n_vocab: usize, kv_max: usize) -> String {
     let schemas = &mut doc["components"]["schemas"];
     schemas["ModelId"]["enum"] = json!([model_id]);
     schemas["TokenId"]["maximum"] = json!(n_vocab.saturating_sub(1));
+    schemas["LogitBias"]["propertyNames"]["pattern"] = json!(decimal_below(n_vocab as u64));
     schemas["TokenIds"]["maxItems"] = json!(kv_max.saturating_sub(1));
     doc.to_string()
 }
@@ -511,6 +514,13 @@ mod tests {
             r#","response_format":{"type":"text","json_schema":null}"#,
             r#","response_format":{"type":"json_schema","json_schema":{"name":"s","schema":3}}"#,
             r#","reasoning_effort":"medium""#,
+            r#","logit_bias":{"0":-100,"999":100,"5":0.5}"#,
+            r#","logit_bias":null"#,
+            r#","logit_bias":{"01":1}"#,
+            r#","logit_bias":{"-1":1}"#,
+            r#","logit_bias":{"5":100.5}"#,
+            r#","logit_bias":{"5":"1"}"#,
+            r#","logit_bias":[1]"#,
         ];
         for extra in chat_cases {
             let body = format!("{{{msg}{extra}}}");
@@ -539,6 +549,8 @@ mod tests {
             r#""prompt":"x","best_of":2"#,
             r#""prompt":"x","logprobs":6"#,
             r#""prompt":"x","echo":true"#,
+            r#""prompt":"x","logit_bias":{"12":-3}"#,
+            r#""prompt":"x","logit_bias":{"x":-3}"#,
         ] {
             let body = format!(r#"{{"model":"m",{extra}}}"#);
             assert_agree(
@@ -666,6 +678,20 @@ mod tests {
         // The vocabulary bound is the schema's and the route's (the parser takes any u32).
         assert!(!detokenize.is_valid(&serde_json::json!({"tokens": [1000]})));
         assert!(detokenize.is_valid(&serde_json::json!({"tokens": [999]})));
+    }
+
+    #[test]
+    fn the_logit_bias_schema_bounds_ids_by_the_vocabulary_and_entries_by_300() {
+        use super::super::api::scalar::MAX_LOGIT_BIAS;
+        let doc: Value = serde_json::from_str(&spec("m", 1000, 64)).expect("JSON");
+        let chat = request_validator(&doc, "ChatCompletionRequest");
+        let body = |bias: Value| json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logit_bias": bias});
+        // Past the vocabulary: the route's 400 (the parser takes any u32).
+        assert!(chat.is_valid(&body(json!({"999": 1}))));
+        assert!(!chat.is_valid(&body(json!({"1000": 1}))));
+        let entries = |n: usize| Value::Object((0..n).map(|i| (i.to_string(), json!(1))).collect());
+        assert!(chat.is_valid(&body(entries(MAX_LOGIT_BIAS))));
+        assert!(!chat.is_valid(&body(entries(MAX_LOGIT_BIAS + 1))));
     }
 
     #[test]

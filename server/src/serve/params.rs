@@ -22,7 +22,10 @@ use super::api::request::{
     DetokenizeRequest, Message, ReasoningEffort, RefusedField, SamplingFields, Stop, StreamOptions,
     TokenizeChatRequest, TokenizeCompletionRequest, ToolCall as WireToolCall,
 };
-use super::api::scalar::{json_uint, token_ids, Count, DefaultValue, ModelId, StrOr};
+use super::api::scalar::{
+    json_uint, token_ids, Count, DefaultValue, LogitBias, ModelId, StrOr, LOGIT_BIAS_RANGE,
+    MAX_LOGIT_BIAS,
+};
 use super::error::{missing_parameter, unknown_parameter, ApiError};
 use super::tools::{structured, Structured};
 use aubier_runtime::sampler::SamplingParams;
@@ -335,6 +338,7 @@ pub fn sampling(
             f64::from(f32::MAX),
         )?,
         seed: f.seed.map_or(default_seed, |s| s.0),
+        logit_bias: Vec::new(),
     };
     params.validate().map_err(|e| {
         let name = e.field().unwrap_or("sampling");
@@ -355,6 +359,57 @@ pub fn sampling(
         )
     })?;
     Ok(params)
+}
+
+/// `logit_bias` as `(id, bias)` pairs by ascending id (OpenAI's API reference): at most
+/// [`MAX_LOGIT_BIAS`] entries, each key a token id written in decimal (no sign, no leading
+/// zero, below 2^32; the route checks it against the vocabulary), each value a number in
+/// [-[`LOGIT_BIAS_RANGE`], [`LOGIT_BIAS_RANGE`]].
+///
+/// Errors: 400 naming `logit_bias`, and in its message the key at fault.
+fn logit_bias(map: Option<LogitBias>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let map = map.map(|m| m.0).unwrap_or_default();
+    let bad = |text: String| ApiError::bad_value("logit_bias", text);
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(bad(format!(
+            "'logit_bias' holds {} entries; at most {MAX_LOGIT_BIAS} are allowed.",
+            map.len()
+        )));
+    }
+    let mut pairs = map
+        .iter()
+        .map(|(key, v)| {
+            let canonical = key == "0" || (!key.starts_with('0') && !key.is_empty());
+            let id = key
+                .parse::<u32>()
+                .ok()
+                .filter(|_| canonical && key.bytes().all(|b| b.is_ascii_digit()))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "'logit_bias' key {key:?} is not a token id (a decimal integer in [0, 2^32))."
+                    ))
+                })?;
+            match v.as_f64() {
+                Some(b) if (-LOGIT_BIAS_RANGE..=LOGIT_BIAS_RANGE).contains(&b) => Ok((id, b as f32)),
+                _ => Err(bad(format!(
+                    "'logit_bias' value of key {key:?} must be a number in [-{LOGIT_BIAS_RANGE}, {LOGIT_BIAS_RANGE}], got {v}."
+                ))),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    pairs.sort_unstable_by_key(|&(id, _)| id);
+    Ok(pairs)
+}
+
+/// The sampler's parameters of a chat or legacy completion request: [`sampling`] with OpenAI's
+/// defaults (temperature 1, a fresh random seed) and the request's [`logit_bias`].
+///
+/// Errors: those of [`logit_bias`], then of [`sampling`].
+fn openai_sampling(f: SamplingFields, bias: Option<LogitBias>) -> Result<SamplingParams, ApiError> {
+    Ok(SamplingParams {
+        logit_bias: logit_bias(bias)?,
+        ..sampling(f, 1.0, random_seed())?
+    })
 }
 
 /// A fresh seed for a request that did not send one (OpenAI sampling is unseeded by default).
@@ -531,7 +586,7 @@ fn validate_chat(r: ChatCompletionRequest) -> Result<ChatParams, ApiError> {
         }
         (a, b) => a.or(b),
     };
-    let sampling = sampling(r.sampling_fields(), 1.0, random_seed())?;
+    let sampling = openai_sampling(r.sampling_fields(), r.logit_bias)?;
     let (stream, include_usage) = stream(r.stream, r.stream_options)?;
     let generation = Generation {
         model: r.model.0,
@@ -617,7 +672,7 @@ pub fn parse_completion(bytes: &[u8]) -> Result<CompletionParams, ApiError> {
     let r: CompletionRequest = read(bytes)?;
     refuse(&r.refused(), "")?;
     let prompt = prompt(r.prompt.0.clone())?;
-    let sampling = sampling(r.sampling_fields(), 1.0, random_seed())?;
+    let sampling = openai_sampling(r.sampling_fields(), r.logit_bias)?;
     let (stream, include_usage) = stream(r.stream, r.stream_options)?;
     Ok(CompletionParams {
         prompt,
@@ -802,7 +857,6 @@ mod tests {
         let non_default: &[(&str, &str)] = &[
             ("functions", r#"[{"name":"f"}]"#),
             ("function_call", r#"{"name":"f"}"#),
-            ("logit_bias", r#"{"5":10}"#),
             ("ignore_eos", "true"),
             ("audio", r#"{"voice":"alloy","format":"wav"}"#),
             ("modalities", r#"["text","audio"]"#),
@@ -841,12 +895,56 @@ mod tests {
     }
 
     #[test]
+    fn logit_bias_is_read_by_id_and_each_bad_key_is_named() {
+        let bias = |extra: &str| chat(extra).map(|p| p.generation.sampling.logit_bias);
+        assert_eq!(bias("").unwrap(), vec![]);
+        assert_eq!(bias(r#","logit_bias":null"#).unwrap(), vec![]);
+        assert_eq!(
+            bias(r#","logit_bias":{"20":-100,"3":2.5,"0":100,"4294967295":-0.5}"#).unwrap(),
+            vec![(0, 100.0), (3, 2.5), (20, -100.0), (u32::MAX, -0.5)]
+        );
+        let c = br#"{"model":"m","prompt":"x","logit_bias":{"7":-1}}"#;
+        assert_eq!(
+            parse_completion(c).unwrap().generation.sampling.logit_bias,
+            vec![(7, -1.0)]
+        );
+        let many: Vec<String> = (0..=MAX_LOGIT_BIAS)
+            .map(|i| format!(r#""{i}":1"#))
+            .collect();
+        let at_most = format!(r#","logit_bias":{{{}}}"#, many[1..].join(","));
+        assert_eq!(bias(&at_most).unwrap().len(), MAX_LOGIT_BIAS);
+        let too_many = format!("{{{}}}", many.join(","));
+        for (value, shown) in [
+            (r#"{"x":1}"#, r#""x""#),
+            (r#"{"-1":1}"#, r#""-1""#),
+            (r#"{"+1":1}"#, r#""+1""#),
+            (r#"{"01":1}"#, r#""01""#),
+            (r#"{" 1":1}"#, r#"" 1""#),
+            (r#"{"1.0":1}"#, r#""1.0""#),
+            (r#"{"":1}"#, r#"key """#),
+            (r#"{"4294967296":1}"#, r#""4294967296""#),
+            (r#"{"5":100.5}"#, r#""5""#),
+            (r#"{"5":-101}"#, r#""5""#),
+            (r#"{"5":"1"}"#, r#""5""#),
+            (r#"{"5":null}"#, r#""5""#),
+            (r#"{"1":1,"5":true}"#, r#""5""#),
+            (too_many.as_str(), "301"),
+            ("[1]", "map"),
+            ("3", "map"),
+        ] {
+            let e = chat(&format!(r#","logit_bias":{value}"#)).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("logit_bias"), "{value}");
+            assert_eq!(e.code, Some("invalid_value"), "{value}");
+            assert!(e.message.contains(shown), "{value}: {}", e.message);
+        }
+    }
+
+    #[test]
     fn every_refused_completion_parameter_is_named() {
         let non_default: &[(&str, &str)] = &[
             ("best_of", "2"),
             ("echo", "true"),
             ("suffix", r#""end""#),
-            ("logit_bias", r#"{"1":1}"#),
             ("ignore_eos", "true"),
         ];
         let names: Vec<&str> = refused_completion_parameters().collect();

@@ -10,9 +10,9 @@
 //! can (the `if`/`then` pairs, the ranges).
 
 use super::scalar::{
-    Count, DefaultValue, EmptyDefault, FalseDefault, FunctionCallDefault, ModelId, NullDefault,
-    OneDefault, Refused, ServiceTierDefault, StrOr, TextModalityDefault, TokenId, TokenIds, TopK,
-    UInt, VerbosityDefault,
+    Count, DefaultValue, EmptyDefault, FalseDefault, FunctionCallDefault, LogitBias, ModelId,
+    NullDefault, OneDefault, Refused, ServiceTierDefault, StrOr, TextModalityDefault, TokenId,
+    TokenIds, TopK, UInt, VerbosityDefault,
 };
 use aubier_runtime::text::chat::Role;
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
@@ -412,7 +412,7 @@ pub struct ChatCompletionRequest {
     /// Allow several calls in one answer (default true).
     pub parallel_tool_calls: Option<bool>,
     /// Return each generated token's log-probability under the model's raw distribution (before
-    /// temperature, penalties and truncation).
+    /// logit_bias, temperature, penalties and truncation).
     pub logprobs: Option<bool>,
     /// With logprobs: also the most likely tokens at each position (0..20); above 0 it needs
     /// logprobs true.
@@ -428,9 +428,12 @@ pub struct ChatCompletionRequest {
     /// The legacy function choice (use tool_choice). Not implemented: accepted only at its default.
     #[serde(default)]
     pub function_call: Refused<FunctionCallDefault>,
-    /// Per-token logit offsets. Not implemented: accepted only at its default.
-    #[serde(default)]
-    pub logit_bias: Refused<EmptyDefault>,
+    /// OpenAI: a map from token id (a decimal string below the vocabulary size) to a bias in
+    /// [-100, 100] added to that token's logit before sampling (before the penalties and
+    /// temperature, as vLLM applies it; greedy honours it). -100 effectively bans the token,
+    /// 100 effectively forces it. At most 300 entries. Log-probabilities stay the model's raw
+    /// distribution.
+    pub logit_bias: Option<LogitBias>,
     /// vLLM extension. Not implemented: accepted only at its default.
     #[serde(default)]
     pub ignore_eos: Refused<FalseDefault>,
@@ -531,9 +534,12 @@ pub struct CompletionRequest {
     /// Text after the completion. Not implemented: accepted only at its default.
     #[serde(default)]
     pub suffix: Refused<EmptyDefault>,
-    /// Per-token logit offsets. Not implemented: accepted only at its default.
-    #[serde(default)]
-    pub logit_bias: Refused<EmptyDefault>,
+    /// OpenAI: a map from token id (a decimal string below the vocabulary size) to a bias in
+    /// [-100, 100] added to that token's logit before sampling (before the penalties and
+    /// temperature, as vLLM applies it; greedy honours it). -100 effectively bans the token,
+    /// 100 effectively forces it. At most 300 entries. Log-probabilities stay the model's raw
+    /// distribution.
+    pub logit_bias: Option<LogitBias>,
     /// vLLM extension. Not implemented: accepted only at its default.
     #[serde(default)]
     pub ignore_eos: Refused<FalseDefault>,
@@ -673,10 +679,10 @@ pub(crate) use refused_fields;
 
 refused_fields! {
     ChatCompletionRequest {
-        functions, function_call, logit_bias, ignore_eos, audio, modalities, prediction,
+        functions, function_call, ignore_eos, audio, modalities, prediction,
         web_search_options, store, metadata, service_tier, verbosity
     }
-    CompletionRequest { best_of, echo, suffix, logit_bias, ignore_eos }
+    CompletionRequest { best_of, echo, suffix, ignore_eos }
     TokenizeChatRequest {
         add_special_tokens, chat_template, chat_template_kwargs, mm_processor_kwargs,
         media_io_kwargs

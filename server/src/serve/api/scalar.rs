@@ -244,6 +244,68 @@ impl JsonSchema for TokenIds {
     }
 }
 
+/// Most entries of one `logit_bias` (OpenAI's limit: a larger map is a 400 there).
+pub const MAX_LOGIT_BIAS: usize = 300;
+
+/// The largest `logit_bias` magnitude (OpenAI: each bias in [-100, 100]).
+pub const LOGIT_BIAS_RANGE: f64 = 100.0;
+
+/// `logit_bias`: a JSON object from token ids (decimal strings) to biases, read as sent and
+/// checked by `super::super::params`, which names the bad key. Its schema's key pattern is
+/// [`decimal_below`] of the vocabulary size, written in at boot (`super::super::openapi::spec`).
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(transparent)]
+pub struct LogitBias(pub serde_json::Map<String, Value>);
+
+impl JsonSchema for LogitBias {
+    fn schema_name() -> Cow<'static, str> {
+        "LogitBias".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "object",
+            "maxProperties": MAX_LOGIT_BIAS,
+            "propertyNames": {"pattern": decimal_below(u64::from(u32::MAX) + 1)},
+            "additionalProperties": {
+                "type": "number",
+                "minimum": -LOGIT_BIAS_RANGE,
+                "maximum": LOGIT_BIAS_RANGE,
+            },
+        })
+    }
+}
+
+/// A regular expression matching exactly the decimals in `[0, n)` written without sign or
+/// leading zero (`n ≥ 1`): the shorter numbers, then for each digit of `n − 1` the numbers that
+/// share its prefix and are smaller at that digit, then `n − 1` itself.
+pub fn decimal_below(n: u64) -> String {
+    let max = n.saturating_sub(1).to_string();
+    let digits = max.as_bytes();
+    let k = digits.len();
+    let mut alternatives = Vec::new();
+    if k >= 2 {
+        alternatives.push("[0-9]".to_owned());
+    }
+    if k >= 3 {
+        alternatives.push(format!("[1-9][0-9]{{1,{}}}", k - 2));
+    }
+    for i in 0..k {
+        let low = if i == 0 && k > 1 { b'1' } else { b'0' };
+        if digits[i] > low {
+            alternatives.push(format!(
+                "{}[{}-{}][0-9]{{{}}}",
+                &max[..i],
+                low as char,
+                (digits[i] - 1) as char,
+                k - 1 - i
+            ));
+        }
+    }
+    alternatives.push(max);
+    format!("^({})$", alternatives.join("|"))
+}
+
 /// A string ([`StrOr::Str`], read as `S`: a `String` or a string enum) or an array / object read
 /// as `T` ([`StrOr::Other`]).
 #[derive(Clone, Debug, PartialEq)]
@@ -445,6 +507,37 @@ impl<D: DefaultOnly> JsonSchema for Refused<D> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_key_pattern_matches_exactly_the_decimals_below_n() {
+        for n in [
+            1u64,
+            2,
+            9,
+            10,
+            11,
+            99,
+            100,
+            101,
+            1000,
+            1234,
+            131_072,
+            1 << 32,
+        ] {
+            let pattern = decimal_below(n);
+            let v = jsonschema::validator_for(&json!({"type": "string", "pattern": pattern}))
+                .expect("a valid pattern");
+            let near = (0..3000).chain(n.saturating_sub(3000)..n + 3000);
+            for x in near {
+                assert_eq!(v.is_valid(&json!(x.to_string())), x < n, "{x} against {n}");
+            }
+            for bad in [
+                "", "00", "01", "-1", "+1", " 1", "1 ", "1.0", "1\n", "1e2", "x",
+            ] {
+                assert!(!v.is_valid(&json!(bad)), "{bad:?} against {n}");
+            }
+        }
+    }
 
     #[test]
     fn integers_follow_json_schema() {
