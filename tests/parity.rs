@@ -73,6 +73,8 @@ fn greedy(file: &str, reference: &str) {
     let params = GenerateParams {
         max_tokens: expected.len(),
         sampling: SamplingParams::default(),
+        min_tokens: 0,
+        stop_token_ids: Vec::new(),
         ignore_eos: true,
         eos_ids: vec![2],
         keep_prompt_logits: false,

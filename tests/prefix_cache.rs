@@ -57,6 +57,8 @@ fn params(max_tokens: usize) -> GenerateParams {
     GenerateParams {
         max_tokens,
         sampling: SamplingParams::default(),
+        min_tokens: 0,
+        stop_token_ids: Vec::new(),
         ignore_eos: true,
         eos_ids: Vec::new(),
         keep_prompt_logits: false,

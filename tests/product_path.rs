@@ -124,6 +124,8 @@ fn check_greedy(f: &Fixture, max_delta: f32) {
     let params = GenerateParams {
         max_tokens: expected.len(),
         sampling: SamplingParams::default(),
+        min_tokens: 0,
+        stop_token_ids: Vec::new(),
         ignore_eos: true,
         eos_ids: vec![2],
         keep_prompt_logits: false,

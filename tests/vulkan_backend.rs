@@ -115,6 +115,8 @@ fn check_greedy(model: Arc<Model>, file: &str, reference: &str, what: &str) {
     let params = GenerateParams {
         max_tokens: expected.len(),
         sampling: SamplingParams::default(),
+        min_tokens: 0,
+        stop_token_ids: Vec::new(),
         ignore_eos: true,
         eos_ids: vec![2],
         keep_prompt_logits: false,
@@ -163,6 +165,8 @@ fn vulkan_greedy_ids_equal_the_oracles_on_the_bundled_model() {
     let params = GenerateParams {
         max_tokens: 24,
         sampling: SamplingParams::default(),
+        min_tokens: 0,
+        stop_token_ids: Vec::new(),
         ignore_eos: true,
         eos_ids: vec![2],
         keep_prompt_logits: false,

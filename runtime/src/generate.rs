@@ -12,7 +12,9 @@
 //! log-probabilities are asked for, each sampled token's are computed from the same raw row before
 //! the next step ([`crate::sampler::token_logprobs`]). After each sampled token the
 //! caller's `on_token` decides whether to go on, so a vanished client or a matched stop string stops
-//! generation before the next step. EOS ends generation (unless `ignore_eos`) and is not reported.
+//! generation before the next step. EOS ends generation (unless `ignore_eos`) and is not reported;
+//! so does a `stop_token_ids` id. Before `min_tokens` tokens those ids cannot be sampled (their
+//! logits are −∞ for the draw; the log-probabilities stay the raw row's).
 //! `prompt + max_tokens` is clamped to the session's KV capacity; hitting that clamp or `max_tokens`
 //! finishes with [`FinishReason::Length`].
 //!
@@ -87,10 +89,19 @@ pub struct GenerateParams {
     pub max_tokens: usize,
     /// Sampler settings.
     pub sampling: SamplingParams,
-    /// Keep generating past an end-of-sequence id.
+    /// Keep generating past an end-of-sequence id (vLLM's `ignore_eos`). A grammar's end still
+    /// ends generation: past it the grammar allows no token.
     pub ignore_eos: bool,
     /// End-of-sequence ids (`tokenizer.ggml.eos_token_id`).
     pub eos_ids: Vec<u32>,
+    /// Ids that end generation as EOS does, whatever `ignore_eos` (vLLM's `stop_token_ids`); not
+    /// reported either.
+    pub stop_token_ids: Vec<u32>,
+    /// Tokens generated before an end id may be sampled (vLLM's `min_tokens`): until then the
+    /// logits of the end ids (`eos_ids` unless `ignore_eos`, and `stop_token_ids`) are −∞, as
+    /// vLLM's min-tokens logits processor sets them, except where the grammar allows nothing
+    /// else. 0 = off.
+    pub min_tokens: usize,
     /// Return the logits of every prompt position (teacher-forced) in [`GenerateOutput::prompt_logits`].
     pub keep_prompt_logits: bool,
     /// `Some(k)`: hand each generated token's raw log-probability and the `k` most likely ids'
@@ -309,6 +320,11 @@ fn decode(
 
     let mut ids = Vec::new();
     let mut finish = FinishReason::Length;
+    // A grammar ends where it accepts EOS, ignore_eos or not.
+    let eos_ends = !params.ignore_eos || mask.constraint().is_some();
+    let ends =
+        |id: u32| (eos_ends && params.eos_ids.contains(&id)) || params.stop_token_ids.contains(&id);
+    let mut held = Vec::new();
     let t1 = Instant::now();
     while ids.len() < budget {
         // Log-probabilities are the model's raw distribution, before the grammar's mask.
@@ -316,11 +332,25 @@ fn decode(
         if let Some(c) = mask.constraint() {
             c.apply(&mut last)?;
         }
+        if ids.len() < params.min_tokens {
+            hold_ends(
+                &mut last,
+                &mut held,
+                &ends,
+                &params.eos_ids,
+                &params.stop_token_ids,
+            );
+        }
         let id = sampler.sample(&last)?;
+        // Give the held logits back, so that the log-probabilities read the row as it was.
+        for &(i, l) in held.iter().rev() {
+            last[i as usize] = l;
+        }
+        held.clear();
         if let Some(c) = mask.constraint() {
             c.commit(id)?;
         }
-        if !params.ignore_eos && params.eos_ids.contains(&id) {
+        if ends(id) {
             finish = FinishReason::Stop;
             break;
         }
@@ -357,6 +387,30 @@ fn decode(
     })
 }
 
+/// Sets the logits of the end ids of `eos_ids` and `stop_ids` (those `ends` holds) to −∞ in
+/// `row`, saving each one's value in `held`; when that would leave no finite logit (a grammar
+/// that allows nothing but its end), puts them back and holds nothing.
+fn hold_ends(
+    row: &mut [f32],
+    held: &mut Vec<(u32, f32)>,
+    ends: &dyn Fn(u32) -> bool,
+    eos_ids: &[u32],
+    stop_ids: &[u32],
+) {
+    for &id in eos_ids.iter().chain(stop_ids).filter(|&&id| ends(id)) {
+        if let Some(l) = row.get_mut(id as usize) {
+            held.push((id, *l));
+            *l = f32::NEG_INFINITY;
+        }
+    }
+    if !held.is_empty() && !row.iter().any(|l| *l > f32::NEG_INFINITY) {
+        for &(i, l) in held.iter().rev() {
+            row[i as usize] = l;
+        }
+        held.clear();
+    }
+}
+
 fn rate(n: usize, secs: f64) -> f64 {
     if secs > 0.0 {
         n as f64 / secs
@@ -368,6 +422,67 @@ fn rate(n: usize, secs: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The same row after every token: EOS (2) first at 3, then 5 at 2, then 1 at 1, others 0.
+    struct SameRow;
+
+    const ROW: [f32; 8] = [0.0, 1.0, 3.0, 0.0, 0.0, 2.0, 0.0, 0.0];
+
+    impl Stepper for SameRow {
+        fn reset(&mut self) {}
+        fn kv_max(&self) -> usize {
+            64
+        }
+        fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>, crate::error::EngineError> {
+            Ok(ROW.repeat(tokens.len()))
+        }
+    }
+
+    /// Greedy ids and finish of `SameRow` after a one-token prompt, and each token's raw
+    /// log-probability.
+    fn run(
+        ignore_eos: bool,
+        stop: &[u32],
+        min_tokens: usize,
+    ) -> (Vec<u32>, FinishReason, Vec<f64>) {
+        let params = GenerateParams {
+            max_tokens: 4,
+            sampling: SamplingParams::default(),
+            min_tokens,
+            stop_token_ids: stop.to_vec(),
+            ignore_eos,
+            eos_ids: vec![2],
+            keep_prompt_logits: false,
+            logprobs: Some(0),
+        };
+        let mut lps = Vec::new();
+        let out = generate(&mut SameRow, &[0], &params, None, &mut |t| {
+            lps.push(t.logprobs.as_ref().expect("asked").logprob);
+            ControlFlow::Continue(())
+        })
+        .expect("generate");
+        (out.ids, out.finish, lps)
+    }
+
+    #[test]
+    fn end_ids_min_tokens_and_ignore_eos_follow_vllm() {
+        use FinishReason::{Length, Stop};
+        let ids_finish = |r: (Vec<u32>, FinishReason, Vec<f64>)| (r.0, r.1);
+        // The argmax is EOS: nothing generated.
+        assert_eq!(ids_finish(run(false, &[], 0)), (vec![], Stop));
+        // min_tokens: EOS is −∞ for three tokens (the runner-up 5 is drawn), then ends.
+        assert_eq!(ids_finish(run(false, &[], 3)), (vec![5, 5, 5], Stop));
+        // A stop id is held too; past min_tokens it would end the choice, but EOS comes first.
+        assert_eq!(ids_finish(run(false, &[5], 2)), (vec![1, 1], Stop));
+        // ignore_eos: EOS is generated and reported, up to max_tokens.
+        assert_eq!(ids_finish(run(true, &[], 0)), (vec![2; 4], Length));
+        // A stop id ends the choice whatever ignore_eos, and it is not reported.
+        assert_eq!(ids_finish(run(true, &[2], 0)), (vec![], Stop));
+        assert_eq!(ids_finish(run(true, &[5], 2)), (vec![2, 2, 2, 2], Length));
+        // The log-probabilities are the raw row's, held logits or not.
+        let lse = ROW.iter().map(|&l| f64::from(l).exp()).sum::<f64>().ln();
+        assert_eq!(run(false, &[], 3).2, vec![2.0 - lse; 3]);
+    }
 
     #[test]
     fn the_room_is_what_the_context_leaves_after_the_prompt() {

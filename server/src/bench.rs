@@ -606,6 +606,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let params = GenerateParams {
         max_tokens: args.n_gen,
         sampling: SamplingParams::default(),
+        min_tokens: 0,
+        stop_token_ids: Vec::new(),
         ignore_eos: true,
         eos_ids: Vec::new(),
         keep_prompt_logits: false,
@@ -805,6 +807,8 @@ impl GrammarRun<'_> {
         let params = GenerateParams {
             max_tokens: self.n_gen,
             sampling: SamplingParams::default(),
+            min_tokens: 0,
+            stop_token_ids: Vec::new(),
             ignore_eos: false,
             eos_ids: vec![self.tokenizer.eos_id()],
             keep_prompt_logits: false,

@@ -569,6 +569,13 @@ pub struct RunArgs {
     /// Keep generating past EOS.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Tokens generated before EOS or a --stop-token-id may end the run (vLLM's min_tokens:
+    /// their logits are -inf until then).
+    #[arg(long, default_value_t = 0)]
+    pub min_tokens: usize,
+    /// A token id that ends the run as EOS does (vLLM's stop_token_ids); repeatable.
+    #[arg(long = "stop-token-id", value_name = "ID")]
+    pub stop_token_ids: Vec<u32>,
     /// KV cache capacity in tokens (default: min(context_length, 4096)).
     #[arg(long)]
     pub kv_max: Option<usize>,
@@ -615,13 +622,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             model.config.n_vocab
         );
     }
-    if let Some((id, _)) = args
-        .logit_bias
+    let biased = args.logit_bias.iter().map(|&(id, _)| ("--logit-bias", id));
+    let stops = args
+        .stop_token_ids
         .iter()
-        .find(|&&(id, _)| id as usize >= model.config.n_vocab)
+        .map(|&id| ("--stop-token-id", id));
+    if let Some((flag, id)) = biased
+        .chain(stops)
+        .find(|&(_, id)| id as usize >= model.config.n_vocab)
     {
         bail!(
-            "--logit-bias: id {id} is outside the model's vocabulary of {} tokens",
+            "{flag}: id {id} is outside the model's vocabulary of {} tokens",
             model.config.n_vocab
         );
     }
@@ -645,6 +656,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             seed: args.seed,
             logit_bias: args.logit_bias.clone(),
         },
+        min_tokens: args.min_tokens,
+        stop_token_ids: args.stop_token_ids.clone(),
         ignore_eos: args.ignore_eos,
         eos_ids: tokenizer
             .as_ref()

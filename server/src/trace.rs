@@ -53,6 +53,8 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
     let params = GenerateParams {
         max_tokens: args.max_tokens,
         sampling: SamplingParams::default(),
+        min_tokens: 0,
+        stop_token_ids: Vec::new(),
         ignore_eos: args.ignore_eos,
         eos_ids: tokenizer
             .as_ref()

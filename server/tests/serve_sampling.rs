@@ -34,6 +34,16 @@ async fn post_error(srv: &TestServer, path: &str, body: &Value) -> (u16, Value) 
     (resp.status, resp.json())
 }
 
+/// Posts `body` to `path` and checks the answer is a 400 naming `param`.
+async fn assert_refused(srv: &TestServer, path: &str, body: &Value, param: &str) {
+    let (status, e) = post_error(srv, path, body).await;
+    assert_eq!(
+        (status, &e["error"]["param"]),
+        (400, &json!(param)),
+        "{body}: {e}"
+    );
+}
+
 /// The JSON chunks of a stream (`[DONE]` checked and dropped).
 async fn stream(srv: &TestServer, path: &str, body: &Value) -> Vec<Value> {
     let mut events = sse_events(srv.addr, path, &body.to_string()).await;
@@ -385,17 +395,8 @@ async fn a_completion_prompt_may_be_token_ids_below_the_vocabulary_size() {
         (json!({"repetition_penalty": 0}), "repetition_penalty"),
         (json!({"min_p": 1.5}), "min_p"),
     ] {
-        let (status, e) = post_error(
-            &srv,
-            "/v1/completions",
-            &completion(json!("x"), extra.clone()),
-        )
-        .await;
-        assert_eq!(
-            (status, &e["error"]["param"]),
-            (400, &json!(param)),
-            "{extra}: {e}"
-        );
+        let body = completion(json!("x"), extra);
+        assert_refused(&srv, "/v1/completions", &body, param).await;
     }
     let (status, e) = post_error(
         &srv,
@@ -885,6 +886,95 @@ async fn logit_bias_bans_and_forces_tokens_and_logprobs_stay_raw() {
         assert_eq!(e["error"]["param"], "logit_bias", "{path}: {e}");
         let message = e["error"]["message"].as_str().expect("message");
         assert!(message.contains(&n_vocab.to_string()), "{message}");
+    }
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn ignore_eos_min_tokens_and_stop_token_ids_decide_where_a_choice_ends() {
+    // The fake engine puts all mass on "okay", one byte token each, then on EOS.
+    let ids = byte_ids("okay");
+    let srv = start_fake(script(ids.clone()), 64, limits()).await;
+    let ask = |extra: Value| {
+        let mut e = extra;
+        e["max_tokens"] = json!(6);
+        e["temperature"] = json!(0);
+        completion(json!("x"), e)
+    };
+    let run = |v: Value| {
+        (
+            v["choices"][0]["text"].as_str().expect("text").to_owned(),
+            v["choices"][0]["finish_reason"].clone(),
+            v["usage"]["completion_tokens"].clone(),
+        )
+    };
+    let plain = run(post_json(&srv, "/v1/completions", &ask(json!({}))).await);
+    assert_eq!(plain, ("okay".to_owned(), json!("stop"), json!(4)));
+    // ignore_eos: EOS is generated (no text) up to max_tokens.
+    let v = post_json(&srv, "/v1/completions", &ask(json!({"ignore_eos": true}))).await;
+    assert_eq!(run(v), ("okay".to_owned(), json!("length"), json!(6)));
+    let c = post_json(
+        &srv,
+        "/v1/chat/completions",
+        &chat(json!({"max_tokens": 6, "ignore_eos": true})),
+    )
+    .await;
+    assert_eq!(c["choices"][0]["finish_reason"], "length");
+    assert_eq!(c["usage"]["completion_tokens"], 6);
+    // min_tokens 5: EOS cannot be sampled for the fifth token, so the choice has five (the
+    // fifth is the lowest id, the greedy pick among the equal others); then EOS ends it.
+    let v = post_json(&srv, "/v1/completions", &ask(json!({"min_tokens": 5}))).await;
+    let (text, finish, tokens) = run(v);
+    assert!(text.starts_with("okay"), "{text}");
+    assert_eq!((finish, tokens), (json!("stop"), json!(5)));
+    // stop_token_ids: "a" ends the choice as EOS does, and is not part of it.
+    let a = ids[2];
+    let v = post_json(
+        &srv,
+        "/v1/completions",
+        &ask(json!({"stop_token_ids": [a]})),
+    )
+    .await;
+    assert_eq!(run(v), ("ok".to_owned(), json!("stop"), json!(2)));
+    // min_tokens holds a stop id too: past it, "y" and then EOS.
+    let v = post_json(
+        &srv,
+        "/v1/completions",
+        &ask(json!({"stop_token_ids": [a], "min_tokens": 3})),
+    )
+    .await;
+    let (text, finish, tokens) = run(v);
+    assert!(text.starts_with("ok") && text.ends_with('y'), "{text}");
+    assert_eq!((finish, tokens), (json!("stop"), json!(4)));
+    // Bad values: a 400 naming the parameter.
+    let n_vocab = text_model().tokenizer().n_vocab();
+    for (extra, param) in [
+        (json!({"min_tokens": 7}), "min_tokens"),
+        (json!({"min_tokens": -1}), "min_tokens"),
+        (json!({"stop_token_ids": [n_vocab]}), "stop_token_ids"),
+        (json!({"stop_token_ids": [-1]}), "stop_token_ids"),
+        (json!({"ignore_eos": 1}), "ignore_eos"),
+    ] {
+        assert_refused(&srv, "/v1/completions", &ask(extra), param).await;
+    }
+    let body = chat(json!({"max_completion_tokens": 2, "min_tokens": 3}));
+    assert_refused(&srv, "/v1/chat/completions", &body, "min_tokens").await;
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn under_min_tokens_a_stop_string_must_end_past_them() {
+    // vLLM's test_min_tokens_with_stop, on the fake engine's "a-b-c" (one token a byte).
+    let srv = start_fake(script(byte_ids("a-b-c")), 64, limits()).await;
+    let text = |min_tokens: u64| {
+        completion(
+            json!("x"),
+            json!({"max_tokens": 8, "stop": "-", "min_tokens": min_tokens}),
+        )
+    };
+    for (min_tokens, want) in [(0, "a"), (1, "a"), (2, "a-b"), (3, "a-b"), (4, "a-b-c")] {
+        let v = post_json(&srv, "/v1/completions", &text(min_tokens)).await;
+        assert_eq!(v["choices"][0]["text"], want, "min_tokens {min_tokens}");
     }
     srv.stop().await;
 }

@@ -938,6 +938,8 @@ mod tests {
                 seed,
                 ..SamplingParams::default()
             },
+            min_tokens: 0,
+            stop_token_ids: Vec::new(),
             ignore_eos: false,
             eos_ids: vec![tok().eos_id()],
             keep_prompt_logits: false,
@@ -1607,6 +1609,8 @@ mod tests {
         let params = GenerateParams {
             max_tokens: 4,
             sampling: SamplingParams::default(),
+            min_tokens: 0,
+            stop_token_ids: Vec::new(),
             ignore_eos: false,
             eos_ids: vec![tok().eos_id()],
             keep_prompt_logits: false,

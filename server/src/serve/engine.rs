@@ -350,7 +350,7 @@ fn run_choice(
     first: &mut bool,
 ) -> ControlFlow<()> {
     let (spec, events, metrics, choice) = (job.spec, job.events, job.metrics, job.choice);
-    let mut pipe = TextPipeline::new(text, &spec.mode);
+    let mut pipe = TextPipeline::new(text, &spec.mode, spec.params.min_tokens);
     let mut pending: Vec<TokenEntry> = Vec::new();
     let mut offsets = text.tokenizer().stream_decoder();
     let mut offset = 0;

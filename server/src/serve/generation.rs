@@ -112,6 +112,11 @@ pub(super) async fn generation<K: RequestKind>(
     drop(bytes);
     app.check_model(&request.generation().model)?;
     check_logit_bias(&app, &request.generation().sampling.logit_bias)?;
+    check_vocab(
+        &app,
+        "stop_token_ids",
+        &request.generation().ends.stop_token_ids,
+    )?;
     let prompt = match request.take_prompt() {
         PromptSource::Build(build) => {
             prompt_ids(&app, K::PROMPT_PARAM, body_len, app.engine.kv_max(), build).await?
@@ -124,7 +129,10 @@ pub(super) async fn generation<K: RequestKind>(
     let g = request.generation();
     let (n, stream, include_usage) = (g.n, g.stream, g.include_usage);
     let max_tokens = budget(&app, prompt.len(), g.max_tokens, K::PROMPT_PARAM)?;
-    let params = generate_params(&app, g.sampling.clone(), max_tokens, g.logprobs);
+    let mut params = generate_params(&app, g.sampling.clone(), max_tokens, g.logprobs);
+    params.ignore_eos = g.ends.ignore_eos;
+    params.min_tokens = g.ends.min_tokens;
+    params.stop_token_ids = g.ends.stop_token_ids.clone();
     let mode = request.mode();
     let constraints = constraints(&app, request.take_grammar(), n)
         .await
@@ -293,6 +301,8 @@ pub(super) fn generate_params(
     GenerateParams {
         max_tokens,
         sampling,
+        min_tokens: 0,
+        stop_token_ids: Vec::new(),
         ignore_eos: false,
         eos_ids: app.text.eos_ids(),
         keep_prompt_logits: false,

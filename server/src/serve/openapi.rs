@@ -521,6 +521,13 @@ mod tests {
             r#","logit_bias":{"5":100.5}"#,
             r#","logit_bias":{"5":"1"}"#,
             r#","logit_bias":[1]"#,
+            r#","ignore_eos":true,"min_tokens":2,"stop_token_ids":[3,999]"#,
+            r#","ignore_eos":null,"min_tokens":null,"stop_token_ids":null"#,
+            r#","min_tokens":-1"#,
+            r#","min_tokens":1.5"#,
+            r#","stop_token_ids":[1.5]"#,
+            r#","stop_token_ids":[]"#,
+            r#","ignore_eos":"yes""#,
         ];
         for extra in chat_cases {
             let body = format!("{{{msg}{extra}}}");
@@ -551,6 +558,8 @@ mod tests {
             r#""prompt":"x","echo":true"#,
             r#""prompt":"x","logit_bias":{"12":-3}"#,
             r#""prompt":"x","logit_bias":{"x":-3}"#,
+            r#""prompt":"x","min_tokens":3,"stop_token_ids":[4.0],"ignore_eos":false"#,
+            r#""prompt":"x","stop_token_ids":[-4]"#,
         ] {
             let body = format!(r#"{{"model":"m",{extra}}}"#);
             assert_agree(
@@ -706,6 +715,7 @@ mod tests {
             r#","tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]"#,
             r#","tool_choice":"required""#,
             r#","tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}"#,
+            r#","max_tokens":2,"min_tokens":3"#,
         ] {
             let body = format!("{{{msg}{extra}}}");
             let v: Value = serde_json::from_str(&body).expect("JSON");

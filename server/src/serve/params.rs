@@ -14,8 +14,8 @@
 //! carries its default value (a silently ignored parameter would give an answer that looks like
 //! the one the client asked for), inside messages too. The parameter names and defaults follow
 //! the OpenAI API reference (Chat Completions and legacy Completions) and, for `top_k` /
-//! `repetition_penalty` / `min_p` / `ignore_eos` / `continue_final_message` /
-//! `add_generation_prompt`, vLLM's OpenAI server.
+//! `repetition_penalty` / `min_p` / `ignore_eos` / `min_tokens` / `stop_token_ids` /
+//! `continue_final_message` / `add_generation_prompt`, vLLM's OpenAI server.
 
 use super::api::request::{
     ChatCompletionRequest, CompletionRequest, ContentChunk as WireChunk, DebugTokensRequest,
@@ -23,8 +23,8 @@ use super::api::request::{
     TokenizeChatRequest, TokenizeCompletionRequest, ToolCall as WireToolCall,
 };
 use super::api::scalar::{
-    json_uint, token_ids, Count, DefaultValue, LogitBias, ModelId, StrOr, LOGIT_BIAS_RANGE,
-    MAX_LOGIT_BIAS,
+    json_uint, token_ids, Count, DefaultValue, LogitBias, ModelId, StrOr, TokenIds, UInt,
+    LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS,
 };
 use super::error::{missing_parameter, unknown_parameter, ApiError};
 use super::tools::{structured, Structured};
@@ -71,6 +71,22 @@ pub struct Generation {
     /// `top_logprobs` ≤ [`MAX_TOP_LOGPROBS`]; completions `logprobs` ≤
     /// [`MAX_COMPLETION_LOGPROBS`]).
     pub logprobs: Option<usize>,
+    /// vLLM's `ignore_eos`, `min_tokens` and `stop_token_ids`.
+    pub ends: Ends,
+}
+
+/// What may end a choice besides `max_tokens` and stop strings (vLLM's `SamplingParams`,
+/// `vllm/sampling_params.py`); the default is OpenAI's behaviour.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Ends {
+    /// `ignore_eos`: EOS does not end the choice.
+    pub ignore_eos: bool,
+    /// `min_tokens`: tokens generated before EOS, a stop id or a stop string may end the
+    /// choice (≤ `max_tokens` when that is given).
+    pub min_tokens: usize,
+    /// `stop_token_ids`: ids that end the choice as EOS does (checked against the vocabulary
+    /// by the route).
+    pub stop_token_ids: Vec<u32>,
 }
 
 /// A validated `POST /v1/chat/completions` body.
@@ -412,6 +428,37 @@ fn openai_sampling(f: SamplingFields, bias: Option<LogitBias>) -> Result<Samplin
     })
 }
 
+/// [`Ends`] of a request: `min_tokens` above `max_tokens` (when given) is refused, as vLLM
+/// refuses it.
+///
+/// Errors: 400 naming `min_tokens`.
+fn ends(
+    ignore_eos: Option<bool>,
+    min_tokens: Option<UInt>,
+    stop_token_ids: Option<TokenIds>,
+    max_tokens: Option<usize>,
+) -> Result<Ends, ApiError> {
+    let min_tokens = match min_tokens.map(|m| usize::try_from(m.0)) {
+        None => 0,
+        Some(Ok(m)) if max_tokens.is_none_or(|max| m <= max) => m,
+        Some(_) => {
+            return Err(ApiError::bad_value(
+                "min_tokens",
+                format!(
+                    "'min_tokens' ({}) must be at most 'max_tokens' ({}).",
+                    min_tokens.map_or(0, |m| m.0),
+                    max_tokens.map_or_else(|| "unbounded".to_owned(), |m| m.to_string())
+                ),
+            ))
+        }
+    };
+    Ok(Ends {
+        ignore_eos: ignore_eos.unwrap_or(false),
+        min_tokens,
+        stop_token_ids: stop_token_ids.map(|t| t.0).unwrap_or_default(),
+    })
+}
+
 /// A fresh seed for a request that did not send one (OpenAI sampling is unseeded by default).
 pub fn random_seed() -> u64 {
     rand::random()
@@ -597,6 +644,7 @@ fn validate_chat(r: ChatCompletionRequest) -> Result<ChatParams, ApiError> {
         n: choices(r.n)?,
         logprobs: chat_logprobs(r.logprobs, r.top_logprobs.map(|k| k.0))?,
         stop: stop(r.stop)?,
+        ends: ends(r.ignore_eos, r.min_tokens, r.stop_token_ids, max_tokens)?,
     };
     let tools =
         match &r.tools {
@@ -674,11 +722,18 @@ pub fn parse_completion(bytes: &[u8]) -> Result<CompletionParams, ApiError> {
     let prompt = prompt(r.prompt.0.clone())?;
     let sampling = openai_sampling(r.sampling_fields(), r.logit_bias)?;
     let (stream, include_usage) = stream(r.stream, r.stream_options)?;
+    let max_tokens = count("max_tokens", r.max_tokens)?.unwrap_or(16);
     Ok(CompletionParams {
         prompt,
         generation: Generation {
+            ends: ends(
+                r.ignore_eos,
+                r.min_tokens,
+                r.stop_token_ids,
+                Some(max_tokens),
+            )?,
             model: r.model.0,
-            max_tokens: Some(count("max_tokens", r.max_tokens)?.unwrap_or(16)),
+            max_tokens: Some(max_tokens),
             sampling,
             stream,
             include_usage,
@@ -857,7 +912,6 @@ mod tests {
         let non_default: &[(&str, &str)] = &[
             ("functions", r#"[{"name":"f"}]"#),
             ("function_call", r#"{"name":"f"}"#),
-            ("ignore_eos", "true"),
             ("audio", r#"{"voice":"alloy","format":"wav"}"#),
             ("modalities", r#"["text","audio"]"#),
             ("prediction", r#"{"type":"content","content":"x"}"#),
@@ -940,13 +994,43 @@ mod tests {
     }
 
     #[test]
+    fn ignore_eos_min_tokens_and_stop_token_ids_are_vllms() {
+        let ends = |extra: &str| chat(extra).map(|p| p.generation.ends);
+        assert_eq!(ends("").unwrap(), Ends::default());
+        assert_eq!(
+            ends(r#","ignore_eos":true,"min_tokens":3.0,"stop_token_ids":[7,2],"max_tokens":3"#)
+                .unwrap(),
+            Ends {
+                ignore_eos: true,
+                min_tokens: 3,
+                stop_token_ids: vec![7, 2],
+            }
+        );
+        assert_eq!(ends(r#","min_tokens":9"#).unwrap().min_tokens, 9);
+        let completion = |extra: &str| {
+            let body = format!(r#"{{"model":"m","prompt":"x"{extra}}}"#);
+            parse_completion(body.as_bytes()).map(|p| p.generation.ends)
+        };
+        // The completions default max_tokens is 16, and min_tokens may not pass it.
+        assert_eq!(completion(r#","min_tokens":16"#).unwrap().min_tokens, 16);
+        for (extra, param) in [
+            (r#","min_tokens":17"#, "min_tokens"),
+            (r#","min_tokens":5,"max_tokens":4"#, "min_tokens"),
+            (r#","stop_token_ids":[1,-1]"#, "stop_token_ids"),
+            (r#","stop_token_ids":7"#, "stop_token_ids"),
+            (r#","ignore_eos":"yes""#, "ignore_eos"),
+        ] {
+            let e = completion(extra).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{extra}");
+        }
+        let e = ends(r#","min_tokens":5,"max_completion_tokens":4"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("min_tokens"));
+    }
+
+    #[test]
     fn every_refused_completion_parameter_is_named() {
-        let non_default: &[(&str, &str)] = &[
-            ("best_of", "2"),
-            ("echo", "true"),
-            ("suffix", r#""end""#),
-            ("ignore_eos", "true"),
-        ];
+        let non_default: &[(&str, &str)] =
+            &[("best_of", "2"), ("echo", "true"), ("suffix", r#""end""#)];
         let names: Vec<&str> = refused_completion_parameters().collect();
         assert_eq!(
             names,

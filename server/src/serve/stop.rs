@@ -8,6 +8,11 @@
 //! is whole characters. When generation ends for another reason the held-back text is released by
 //! [`StopMatcher::finish`]. A stop can therefore be split over any number of tokens and no prefix
 //! of it reaches the client before we know it is not a stop.
+//!
+//! Under vLLM's `min_tokens`, text pushed with checking off ([`StopMatcher::check`]) is never
+//! searched on its own: a stop must end in text pushed with checking on, though it may start
+//! earlier (vLLM's v1 detokenizer moves its stop-check offset past the text of the first
+//! `min_tokens` tokens, `vllm/v1/engine/detokenizer.py`).
 
 /// Matches up to four stop strings over streamed text (see the module note).
 #[derive(Clone, Debug)]
@@ -15,6 +20,10 @@ pub struct StopMatcher {
     stops: Vec<String>,
     pending: String,
     stopped: bool,
+    /// Bytes at the start of `pending` within which no stop may end (pushed with checking off).
+    floor: usize,
+    /// Whether the next pushes are searched for stops.
+    checking: bool,
 }
 
 /// What [`StopMatcher::push`] released.
@@ -33,7 +42,14 @@ impl StopMatcher {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             pending: String::new(),
             stopped: false,
+            floor: 0,
+            checking: true,
         }
+    }
+
+    /// Turns the search for stops on or off for the next pushes (on at first).
+    pub fn check(&mut self, on: bool) {
+        self.checking = on;
     }
 
     /// Appends `text` and releases what can no longer be part of a stop. After a stop has been
@@ -46,15 +62,10 @@ impl StopMatcher {
             };
         }
         self.pending.push_str(text);
-        // A stop longer than the text held cannot occur in it; `find` would still read all of
-        // it (a client's megabyte stop string cost every token milliseconds).
-        let first = self
-            .stops
-            .iter()
-            .filter(|s| s.len() <= self.pending.len())
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min();
-        if let Some(at) = first {
+        if !self.checking {
+            self.floor = self.pending.len();
+        }
+        if let Some(at) = self.first_stop() {
             self.pending.truncate(at);
             self.stopped = true;
             return Released {
@@ -65,6 +76,7 @@ impl StopMatcher {
         let keep = self.held_suffix_len();
         let cut = self.pending.len() - keep;
         let rest = self.pending.split_off(cut);
+        self.floor = self.floor.saturating_sub(cut);
         Released {
             text: std::mem::replace(&mut self.pending, rest),
             stopped: false,
@@ -79,6 +91,25 @@ impl StopMatcher {
     /// Releases the held-back text at the end of generation (nothing after a stop).
     pub fn finish(&mut self) -> String {
         std::mem::take(&mut self.pending)
+    }
+
+    /// Where the earliest stop in `pending` that ends past `floor` starts, if any.
+    fn first_stop(&self) -> Option<usize> {
+        let p = self.pending.as_str();
+        // A stop longer than the text held cannot occur in it; `find` would still read all of
+        // it (a client's megabyte stop string cost every token milliseconds).
+        self.stops
+            .iter()
+            .filter(|s| s.len() <= p.len())
+            .filter_map(|s| {
+                // A match ending past `floor` starts at `floor + 1 − len` or later, on a char.
+                let mut from = (self.floor + 1).saturating_sub(s.len());
+                while !p.is_char_boundary(from) {
+                    from += 1;
+                }
+                p[from..].find(s.as_str()).map(|at| from + at)
+            })
+            .min()
     }
 
     /// Byte length of the longest suffix of `pending` (on a char boundary) that is a proper prefix
@@ -155,6 +186,27 @@ mod tests {
         let (out, stopped) = run(&["xyz"], &["ab", "cx", "y"]);
         assert!(!stopped);
         assert_eq!(out.concat(), "abcxy");
+    }
+
+    #[test]
+    fn unchecked_text_is_never_a_stop_alone_but_may_start_one() {
+        // vLLM's test_min_tokens_with_stop: with the first pieces unchecked, the "e" in them
+        // does not stop; the first "e" after them does.
+        let mut m = StopMatcher::new(vec!["e".to_owned()]);
+        m.check(false);
+        assert_eq!(m.push(" is").text, " is");
+        assert_eq!(m.push(" Lee").text, " Lee");
+        m.check(true);
+        let r = m.push(", and I'm a stude");
+        assert_eq!((r.text.as_str(), r.stopped), (", and I'm a stud", true));
+        // A stop begun in unchecked text and ended in checked text matches; one wholly inside
+        // the unchecked text does not, even when the checked text follows it at once.
+        let mut m = StopMatcher::new(vec!["STOP".to_owned(), "é!".to_owned()]);
+        m.check(false);
+        assert_eq!(m.push("STOP aé!x ST").text, "STOP aé!x ");
+        m.check(true);
+        let r = m.push("OP");
+        assert_eq!((r.text.as_str(), r.stopped), ("", true));
     }
 
     #[test]

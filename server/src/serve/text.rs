@@ -263,6 +263,10 @@ pub struct TextPipeline<'t> {
     calls: Option<CallReader>,
     /// Ids pushed inside the reasoning, markers included.
     reasoning_tokens: usize,
+    /// Ids pushed so far.
+    pushed: usize,
+    /// vLLM's `min_tokens`: the text of the first this many ids is not searched for stops.
+    min_tokens: usize,
 }
 
 /// Where the tool-call reader is: before any call, in a call's name, or in its arguments.
@@ -298,8 +302,9 @@ impl CallReader {
 }
 
 impl<'t> TextPipeline<'t> {
-    /// A pipeline for one request in `mode`.
-    pub fn new(text: &'t TextModel, mode: &TextMode) -> TextPipeline<'t> {
+    /// A pipeline for one request in `mode`; a stop string must end in the text of an id past
+    /// the first `min_tokens` (vLLM's `min_tokens`; 0 = every id).
+    pub fn new(text: &'t TextModel, mode: &TextMode, min_tokens: usize) -> TextPipeline<'t> {
         let (decoder, reasoning, stops, tool_calls) = match mode {
             TextMode::Chat { stops, tool_calls } => (
                 Some(text.tokenizer.stream_decoder()),
@@ -333,6 +338,8 @@ impl<'t> TextPipeline<'t> {
             stopped: false,
             calls,
             reasoning_tokens: 0,
+            pushed: 0,
+            min_tokens,
         }
     }
 
@@ -363,6 +370,8 @@ impl<'t> TextPipeline<'t> {
         if self.stopped {
             return (Delta::default(), true);
         }
+        self.pushed += 1;
+        self.stops.check(self.pushed > self.min_tokens);
         if let Some(delta) = self.push_call(id) {
             return (delta, self.stopped);
         }

@@ -8,7 +8,8 @@ Schema, so a schema-valid conversation may rightly be a 400, and random generati
 meets the rules. Each positive chat case is therefore mapped onto a conversation the rules
 accept: tool turns are dropped, roles and contents are fixed up where a rule requires, a closing
 user (or, with continue_final_message, assistant) message is added; a `max_tokens` that
-disagrees takes the value of `max_completion_tokens`. Tools and formats have rules of the same
+disagrees takes the value of `max_completion_tokens`, and a `min_tokens` above `max_tokens` (vLLM
+refuses it) is lowered to it on both generation routes. Tools and formats have rules of the same
 kind: tool names distinct, a named `tool_choice` naming one of `tools`, `required` only with
 tools; `/v1/responses` (and `/v1/responses/input_tokens`) bodies get the same, their input reduced to messages the rules accept and
 without a `previous_response_id` or item references (no response is stored for a random id); and the grammar engine enforces a practical subset of JSON Schema, not every object the
@@ -141,6 +142,19 @@ def accepted_input(body):
         fmt["schema"] = SCHEMA
 
 
+def at_most_max_tokens(body, path):
+    """Lowers a min_tokens above max_tokens (or above the legacy route's default of 16) to it:
+    vLLM's rule, which compares two values."""
+    low = body.get("min_tokens")
+    if not isinstance(low, (int, float)):
+        return
+    high = body.get("max_completion_tokens", body.get("max_tokens"))
+    if high is None and path == "/v1/completions":
+        high = 16
+    if isinstance(high, (int, float)) and low > high:
+        body["min_tokens"] = high
+
+
 @schemathesis.hook
 def map_case(ctx, case):
     meta = case.meta
@@ -156,6 +170,12 @@ def map_case(ctx, case):
         both = [case.body.get(k) for k in ("max_tokens", "max_completion_tokens")]
         if None not in both and both[0] != both[1]:
             case.body["max_tokens"] = both[1]
+    if (
+        positive
+        and case.operation.path in ("/v1/chat/completions", "/v1/completions")
+        and isinstance(case.body, dict)
+    ):
+        at_most_max_tokens(case.body, case.operation.path)
     if (
         positive
         and case.operation.path in ("/v1/responses", "/v1/responses/input_tokens")

@@ -1,7 +1,8 @@
 //! The request bodies of `/v1/chat/completions`, `/v1/completions`, `/tokenize`, `/detokenize`
 //! and `/debug/tokens` (OpenAI API reference, Chat Completions and legacy Completions; `top_k` /
-//! `min_p` / `repetition_penalty` / `ignore_eos` / `continue_final_message` /
-//! `add_generation_prompt` and the tokenizer routes from vLLM's OpenAI server,
+//! `min_p` / `repetition_penalty` / `ignore_eos` / `min_tokens` / `stop_token_ids` /
+//! `continue_final_message` / `add_generation_prompt` and the tokenizer routes from vLLM's
+//! OpenAI server,
 //! `vllm/entrypoints/openai/protocol.py`).
 //!
 //! Every object denies unknown fields; `null` is an absent optional field. A field's doc comment
@@ -35,6 +36,14 @@ fn stop_schema(_: &mut SchemaGenerator) -> Schema {
             {"type": "string", "minLength": 1},
             {"type": "array", "maxItems": 4, "items": {"type": "string", "minLength": 1}},
         ],
+    })
+}
+
+/// `stop_token_ids`: null or an array of token ids, of any length (unlike a prompt's
+/// [`TokenIds`], whose length the KV capacity bounds).
+fn token_id_list(g: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "anyOf": [{"type": "null"}, {"type": "array", "items": g.subschema_for::<TokenId>()}],
     })
 }
 
@@ -434,9 +443,18 @@ pub struct ChatCompletionRequest {
     /// 100 effectively forces it. At most 300 entries. Log-probabilities stay the model's raw
     /// distribution.
     pub logit_bias: Option<LogitBias>,
-    /// vLLM extension. Not implemented: accepted only at its default.
+    /// vLLM: keep generating past EOS, up to max_tokens or the context; default false. A
+    /// grammar's end (response_format, tool calls) still ends the choice.
+    pub ignore_eos: Option<bool>,
+    /// vLLM: before this many tokens EOS and stop_token_ids cannot be sampled (their logits are
+    /// -inf) and a stop string must end in the text of a later token; default 0, at most
+    /// max_tokens.
+    pub min_tokens: Option<UInt>,
+    /// vLLM: token ids (each below the vocabulary size) that end the choice as EOS does
+    /// (finish_reason stop), not part of the answer.
     #[serde(default)]
-    pub ignore_eos: Refused<FalseDefault>,
+    #[schemars(schema_with = "token_id_list")]
+    pub stop_token_ids: Option<TokenIds>,
     /// Audio output. Not implemented: accepted only at its default.
     #[serde(default)]
     pub audio: Refused<NullDefault>,
@@ -540,9 +558,18 @@ pub struct CompletionRequest {
     /// 100 effectively forces it. At most 300 entries. Log-probabilities stay the model's raw
     /// distribution.
     pub logit_bias: Option<LogitBias>,
-    /// vLLM extension. Not implemented: accepted only at its default.
+    /// vLLM: keep generating past EOS, up to max_tokens or the context; default false. A
+    /// grammar's end (response_format, tool calls) still ends the choice.
+    pub ignore_eos: Option<bool>,
+    /// vLLM: before this many tokens EOS and stop_token_ids cannot be sampled (their logits are
+    /// -inf) and a stop string must end in the text of a later token; default 0, at most
+    /// max_tokens.
+    pub min_tokens: Option<UInt>,
+    /// vLLM: token ids (each below the vocabulary size) that end the choice as EOS does
+    /// (finish_reason stop), not part of the answer.
     #[serde(default)]
-    pub ignore_eos: Refused<FalseDefault>,
+    #[schemars(schema_with = "token_id_list")]
+    pub stop_token_ids: Option<TokenIds>,
     /// Identifies the caller; does not change the answer.
     pub user: Option<String>,
     /// Identifies the caller; does not change the answer.
@@ -679,10 +706,10 @@ pub(crate) use refused_fields;
 
 refused_fields! {
     ChatCompletionRequest {
-        functions, function_call, ignore_eos, audio, modalities, prediction,
+        functions, function_call, audio, modalities, prediction,
         web_search_options, store, metadata, service_tier, verbosity
     }
-    CompletionRequest { best_of, echo, suffix, ignore_eos }
+    CompletionRequest { best_of, echo, suffix }
     TokenizeChatRequest {
         add_special_tokens, chat_template, chat_template_kwargs, mm_processor_kwargs,
         media_io_kwargs

@@ -65,7 +65,7 @@ use super::error::{missing_parameter, unknown_parameter, ApiError};
 use super::generation::{
     request_id, sse_data, usage, Answer as Collected, ChunkFormat, Head, PromptSource, RequestKind,
 };
-use super::params::{self, Generation};
+use super::params::{self, Ends, Generation};
 use super::state::AppState;
 use super::text::{Delta, TextMode, TextModel, ToolCallDelta};
 use super::tools::{self, Structured};
@@ -776,6 +776,7 @@ pub fn parse(bytes: &[u8]) -> Result<ResponseParams, ApiError> {
             include_usage: false,
             n: 1,
             logprobs: None,
+            ends: Ends::default(),
         },
         input: items(r.input)?,
         instructions: r.instructions,
