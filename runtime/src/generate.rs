@@ -465,6 +465,23 @@ mod tests {
     }
 
     #[test]
+    fn held_end_ids_stay_when_nothing_else_is_allowed() {
+        let ninf = f32::NEG_INFINITY;
+        let all = |_: u32| true;
+        let mut held = Vec::new();
+        // Id 2 listed twice (EOS and a stop id): held twice, the first saving its value.
+        let mut row = [0.5, ninf, 3.0];
+        hold_ends(&mut row, &mut held, &all, &[2], &[2]);
+        assert_eq!(row, [0.5, ninf, ninf]);
+        assert_eq!(held, vec![(2, 3.0), (2, ninf)]);
+        // A grammar that allows only the end: nothing is held, the row is as it was.
+        held.clear();
+        let mut row = [ninf, ninf, 3.0];
+        hold_ends(&mut row, &mut held, &all, &[2], &[2]);
+        assert_eq!((row, held.len()), ([ninf, ninf, 3.0], 0));
+    }
+
+    #[test]
     fn end_ids_min_tokens_and_ignore_eos_follow_vllm() {
         use FinishReason::{Length, Stop};
         let ids_finish = |r: (Vec<u32>, FinishReason, Vec<f64>)| (r.0, r.1);
@@ -482,6 +499,8 @@ mod tests {
         // The log-probabilities are the raw row's, held logits or not.
         let lse = ROW.iter().map(|&l| f64::from(l).exp()).sum::<f64>().ln();
         assert_eq!(run(false, &[], 3).2, vec![2.0 - lse; 3]);
+        // EOS listed as a stop id too: held twice, given back once as it was.
+        assert_eq!(run(false, &[2], 3), (vec![5; 3], Stop, vec![2.0 - lse; 3]));
     }
 
     #[test]
