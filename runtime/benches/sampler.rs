@@ -45,8 +45,24 @@ fn thread_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// `temperature` with a `logit_bias` of 300 entries (OpenAI's cap), spread over the vocabulary.
+fn biased(temperature: f32) -> SamplingParams {
+    SamplingParams {
+        temperature,
+        logit_bias: (0..300u32)
+            .map(|i| {
+                (
+                    i * 433 % N_VOCAB as u32,
+                    if i % 2 == 0 { -100.0 } else { 5.0 },
+                )
+            })
+            .collect(),
+        ..SamplingParams::default()
+    }
+}
+
 fn bench(c: &mut Criterion) {
-    let settings: [(&str, SamplingParams); 7] = [
+    let settings: [(&str, SamplingParams); 9] = [
         ("greedy", SamplingParams::default()),
         (
             "t1",
@@ -97,6 +113,8 @@ fn bench(c: &mut Criterion) {
                 ..SamplingParams::default()
             },
         ),
+        ("greedy_logit_bias300", biased(0.0)),
+        ("t1_logit_bias300", biased(1.0)),
     ];
     let history: Vec<u32> = (0..256u32).map(|i| i * 509 % N_VOCAB as u32).collect();
     let mut g = c.benchmark_group("sampler");

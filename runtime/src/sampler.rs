@@ -29,6 +29,10 @@
 //! integer per candidate: each order is a fixed function of the row, so a seed still fixes the
 //! tokens.
 //!
+//! The biased and penalised copy of the row, the candidates and the block sums live in buffers
+//! the sampler keeps: after the first token, a token allocates only top-p's bucket sums and, with
+//! a penalty on, what the history's sets take as they grow.
+//!
 //! The same seed, history and logits always give the same token. The drawn id joins the history.
 //! llama.cpp's default chain differs (its penalties look at the last 64 tokens, prompt included,
 //! and it applies top-k before temperature); the results coincide only without penalties.
