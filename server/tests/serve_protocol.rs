@@ -483,7 +483,7 @@ async fn errors_are_openai_shaped() {
         (r#","n":9"#, "n"),
         (r#","tool_choice":"required""#, "tool_choice"),
         (r#","logprobs":"yes""#, "logprobs"),
-        (r#","logit_bias":{"7":3}"#, "logit_bias"),
+        (r#","logit_bias":{"7":300}"#, "logit_bias"),
         (r#","presence_penalty":3"#, "presence_penalty"),
         (r#","frequency_penalty":-3"#, "frequency_penalty"),
         (r#","repetition_penalty":0"#, "repetition_penalty"),
