@@ -19,7 +19,7 @@
 //! [`responses`] (`POST /v1/responses`, OpenAI's Responses API on the same engine and grammar,
 //! with its store of recent responses for `previous_response_id` and `GET` / `DELETE
 //! /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`: the last 256, each for at most an
-//! hour, 64 MiB of text together; and `POST /v1/responses/input_tokens`).
+//! hour, 64 MiB together (text and bookkeeping); and `POST /v1/responses/input_tokens`).
 #![warn(missing_docs)]
 
 pub mod api;

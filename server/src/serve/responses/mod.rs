@@ -38,8 +38,8 @@
 //! `error` and the items so far) with `store` (default true) is kept in memory as its response
 //! object and items, for `previous_response_id`, `item_reference` and the routes of [`stored`]
 //! (retrieve, delete, list input items): the last [`STORE_RESPONSES`] responses, each for at most
-//! [`STORE_TTL`], at most [`STORE_BYTES`] of text together (oldest dropped first; a response past
-//! that alone is not kept). A streamed response is kept from its first event on, in progress
+//! [`STORE_TTL`], at most [`STORE_BYTES`] together (their text and each item's bookkeeping;
+//! oldest dropped first; a response past that alone is not kept). A streamed response is kept from its first event on, in progress
 //! (its inputs, the object `response.in_progress` carried) until it ends, and forgotten if its
 //! client goes away first. An unknown, dropped or unstored id is a 400
 //! `previous_response_not_found`; one still in progress a 400 too.

@@ -4,14 +4,15 @@
 //! progress, then replaced by its end) as its response object's JSON text and its [`Item`]s — the
 //! inputs before it, its own inputs, its output — each with its [`Tag`] (id and status) (an item
 //! carried over from a stored response keeps both); the last [`STORE_RESPONSES`], each for at most
-//! [`STORE_TTL`], at most [`STORE_BYTES`] of text together (oldest dropped first; a response past
-//! that alone is not kept).
+//! [`STORE_TTL`], at most [`STORE_BYTES`] together (oldest dropped first; a response past that
+//! alone is not kept), counting their text and what each item takes besides (its structs, its
+//! id's copies and its index entry), so that a response of many empty items counts its memory.
 //!
 //! Items are found by id through an index beside the responses: each item id of the kept
 //! responses maps to the newest kept response holding it (an item carried over is held by every
 //! response that continues its own; one id sent with different items in unrelated requests is
 //! the newest's), so a lookup is one hash probe. The index holds one more copy of each distinct
-//! item id. Dropping the oldest response unindexes the ids only it held (a newer holder would
+//! item id (counted in its response's bytes). Dropping the oldest response unindexes the ids only it held (a newer holder would
 //! be indexed instead); deleting one re-indexes its ids under the newest older response that
 //! holds them, if any.
 
@@ -27,7 +28,7 @@ pub const STORE_RESPONSES: usize = 256;
 /// How long the store keeps a response.
 pub const STORE_TTL: Duration = Duration::from_secs(60 * 60);
 
-/// Most bytes of text the kept responses hold together.
+/// Most bytes the kept responses hold together: text, ids and each item's bookkeeping.
 pub const STORE_BYTES: usize = 64 << 20;
 
 /// One turn of a conversation as the Responses API has it.
@@ -101,12 +102,20 @@ pub struct Stored {
     pub finished: bool,
 }
 
+/// What each item costs besides its text and id: its [`Item`] and [`Tag`], its entry in the
+/// index (key and [`Holder`]), and the allocator's header of each of its id's two copies.
+const ITEM_BOOKKEEPING: usize = std::mem::size_of::<Item>()
+    + std::mem::size_of::<Tag>()
+    + std::mem::size_of::<(String, Holder)>()
+    + 2 * 16;
+
 impl Stored {
-    /// Bytes of text it holds.
+    /// Bytes it holds: its text, each item's id twice (its tag and the index's copy) and
+    /// [`ITEM_BOOKKEEPING`], so that many small items count what they take.
     fn bytes(&self) -> usize {
         let items: usize = self.items.iter().map(Item::bytes).sum();
-        let ids: usize = self.tags.iter().map(|t| t.id.len()).sum();
-        self.response.len() + items + ids
+        let ids: usize = self.tags.iter().map(|t| 2 * t.id.len()).sum();
+        self.response.len() + items + ids + self.items.len() * ITEM_BOOKKEEPING
     }
 }
 
@@ -332,6 +341,34 @@ mod tests {
         assert!(store.delete("resp_a"));
         store.update("resp_a".to_owned(), said("c"));
         assert!(store.get("resp_a").is_none(), "deleted before the update");
+    }
+
+    /// A client's many tiny items (empty text, short ids) count what they take, not only their
+    /// few bytes of text: 55,000 of them in a body once counted 5 bytes each and took over 200,
+    /// so a store "of 64 MiB" grew to 2 GiB.
+    #[test]
+    fn tiny_items_count_their_bookkeeping() {
+        let n = 1000;
+        let stored = Stored {
+            response: String::new(),
+            items: vec![Item::Reasoning(String::new()); n],
+            tags: (0..n)
+                .map(|i| Tag {
+                    id: i.to_string(),
+                    status: OutputItemStatus::Completed,
+                })
+                .collect(),
+            inputs: n,
+            finished: true,
+        };
+        let structs = std::mem::size_of::<Item>()
+            + std::mem::size_of::<Tag>()
+            + std::mem::size_of::<(String, Holder)>();
+        assert!(
+            stored.bytes() >= n * structs,
+            "{} bytes for {n} items of {structs} bytes each",
+            stored.bytes()
+        );
     }
 
     /// A conversation of messages tagged `ids`, the last one its output.
