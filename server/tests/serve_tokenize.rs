@@ -423,3 +423,45 @@ async fn refusals_are_the_other_routes_and_name_the_parameter() {
     assert_eq!(detokenize(srv.addr, &json!([])).await, "");
     srv.stop().await;
 }
+
+/// Tools whose schema the chat route's grammar cannot enforce (a look-behind in a `pattern`
+/// of a strict tool) are that route's 400, and /tokenize's same 400: /tokenize once counted
+/// them, telling the client a request the chat route refuses was fine.
+#[tokio::test]
+async fn tools_the_grammar_cannot_enforce_are_the_chat_routes_400() {
+    let srv = start_fake(script(byte_ids("ok")), 4096, limits()).await;
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    let tools = json!([{"type": "function", "function": {
+        "name": "f",
+        "strict": true,
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "string", "pattern": "(?<=x)a"}},
+            "required": ["a"],
+        },
+    }}]);
+    let chat = post(
+        srv.addr,
+        "/v1/chat/completions",
+        &json!({"model": MODEL_ID, "messages": messages, "tools": tools, "max_tokens": 1}),
+    )
+    .await;
+    chat.assert_status(400, "chat");
+    let tokenized = post(
+        srv.addr,
+        "/tokenize",
+        &json!({"messages": messages, "tools": tools}),
+    )
+    .await;
+    tokenized.assert_status(400, "tokenize");
+    let (chat, tokenized) = (chat.json(), tokenized.json());
+    assert_eq!(
+        tokenized["error"]["param"], chat["error"]["param"],
+        "{tokenized}"
+    );
+    assert_eq!(
+        tokenized["error"]["code"], chat["error"]["code"],
+        "{tokenized}"
+    );
+    assert_eq!(tokenized["error"]["param"], "tools[0].function.parameters");
+}

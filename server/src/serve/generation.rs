@@ -165,7 +165,7 @@ pub(super) async fn generation<K: RequestKind>(
 
 /// One fresh matcher of `grammar` per choice, compiled off the async threads; none without a
 /// grammar. Errors: 400 naming the parameter whose schema cannot be enforced.
-async fn constraints(
+pub(super) async fn constraints(
     app: &AppState,
     grammar: Option<GrammarSpec>,
     n: usize,

@@ -5,10 +5,12 @@
 //!   built by that route's builder (`text_prompt`: BOS first, unless `add_special_tokens` is
 //!   false); of `{"messages": [...], "tools"?, ...}` the ids `/v1/chat/completions` reads for the
 //!   same messages, the body validated as that route's ([`params::parse_tokenize`]) and rendered
-//!   by its builder (`ChatParams::take_build`), both through [`prompt_ids`]. The answer is
-//!   `{count, max_model_len, tokens, token_strs}`, `max_model_len` the KV capacity. As in vLLM, a
-//!   prompt longer than the context is counted whole (the body limit bounds the work), not
-//!   refused: `count` above `max_model_len` tells the client the generation routes refuse it.
+//!   by its builder (`ChatParams::take_build`), both through [`prompt_ids`]; its tools' grammar
+//!   is compiled as that route compiles it, so that a schema it cannot enforce is the same 400.
+//!   The answer is `{count, max_model_len, tokens, token_strs}`, `max_model_len` the KV
+//!   capacity. As in vLLM, a prompt longer than the context is counted whole (the body limit
+//!   bounds the work), not refused: `count` above `max_model_len` tells the client the
+//!   generation routes refuse it.
 //! - `/detokenize` of `{"tokens": [ids]}` answers `{"prompt": text}`, control tokens written as
 //!   their text (`<s>`, `[INST]`), as vLLM's decode with `skip_special_tokens=False` does; an id
 //!   not below the vocabulary size is a 400 (`param` `tokens`, the message naming `tokens[i]`).
@@ -20,7 +22,9 @@
 use super::api::response::{DetokenizeResponse, TokenizeResponse};
 use super::completions::text_prompt;
 use super::error::ApiError;
-use super::generation::{check_vocab, on_tokenizer, prompt_ids, BuildPrompt, RequestKind};
+use super::generation::{
+    check_vocab, constraints, on_tokenizer, prompt_ids, BuildPrompt, RequestKind,
+};
 use super::logprobs::token_text;
 use super::params::{self, ChatParams, CompletionParams, TokenizePrompt};
 use super::state::AppState;
@@ -30,8 +34,8 @@ use std::sync::Arc;
 
 /// `POST /tokenize` (module note).
 ///
-/// Errors: 400 for a body [`params::parse_tokenize`] refuses or a conversation the chat
-/// template refuses; 404 for another model; 413 past the body limit; 503 when every tokenizer
+/// Errors: 400 for a body [`params::parse_tokenize`] refuses, a conversation the chat
+/// template refuses, or tools whose schema the chat route's grammar cannot enforce; 404 for another model; 413 past the body limit; 503 when every tokenizer
 /// stays busy for `--queue-wait-ms`.
 pub(super) async fn tokenize(
     State(app): State<Arc<AppState>>,
@@ -44,13 +48,19 @@ pub(super) async fn tokenize(
     if let Some(m) = &request.model {
         app.check_model(m)?;
     }
-    let (param, build): (&str, BuildPrompt) = match request.prompt {
+    let (param, build, grammar): (&str, BuildPrompt, _) = match request.prompt {
         TokenizePrompt::Text { text, bos } => {
-            (CompletionParams::PROMPT_PARAM, text_prompt(text, bos))
+            (CompletionParams::PROMPT_PARAM, text_prompt(text, bos), None)
         }
-        TokenizePrompt::Chat(mut chat) => (ChatParams::PROMPT_PARAM, chat.take_build()),
+        TokenizePrompt::Chat(mut chat) => {
+            let grammar = chat.structured.grammar.take();
+            (ChatParams::PROMPT_PARAM, chat.take_build(), grammar)
+        }
     };
     let tokens = prompt_ids(&app, param, body_len, usize::MAX, build).await?;
+    // Tools whose schema the grammar cannot enforce are the chat route's 400 after the prompt
+    // is built: here too.
+    constraints(&app, grammar, 1).await?;
     let (tokens, token_strs) = match request.token_strs {
         false => (tokens, None),
         true => {
