@@ -912,6 +912,34 @@ async fn input_tokens_count_what_a_response_would_read_and_cancel_is_refused() {
     srv.stop().await;
 }
 
+/// A tool or `text.format` schema the grammar cannot enforce (a look-behind in a `pattern`)
+/// is `POST /v1/responses`' 400 and `input_tokens`' same 400: `input_tokens` once counted such
+/// a body, telling the client a request the route refuses was fine.
+#[tokio::test]
+async fn input_tokens_refuse_a_schema_the_grammar_cannot_enforce() {
+    let srv = start_fake(script(byte_ids("ok")), 4096, limits()).await;
+    let schema = json!({
+        "type": "object",
+        "properties": {"a": {"type": "string", "pattern": "(?<=x)a"}},
+        "required": ["a"],
+    });
+    let tools = json!([{"type": "function", "name": "f", "strict": true, "parameters": schema}]);
+    let format = json!({"format": {"type": "json_schema", "name": "x", "strict": true,
+        "schema": schema}});
+    for (b, param) in [
+        (body(json!({"tools": tools})), "tools[0].parameters"),
+        (body(json!({"text": format})), "text.format"),
+    ] {
+        let made = refused(srv.addr, &b).await;
+        assert_eq!(made["param"], param, "{made}");
+        let path = "/v1/responses/input_tokens";
+        let r = raw_request(srv.addr, "POST", path, b.to_string().as_bytes()).await;
+        r.assert_status(400, &format!("input_tokens {b}"));
+        assert_eq!(r.json()["error"], made, "{b}");
+    }
+    srv.stop().await;
+}
+
 /// An output item cut off by `max_output_tokens` is listed `incomplete` among the input items
 /// of the response that continues it, as the response answered it; the items sent are
 /// `completed`.

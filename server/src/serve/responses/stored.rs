@@ -10,7 +10,7 @@
 //!   can be cancelled, and aubier runs none), else a 404.
 //! - `POST /v1/responses/input_tokens`: the tokens of the prompt `POST /v1/responses` would
 //!   render from the same body (validated as that route's; a prompt past the KV capacity is
-//!   its 400 `context_length_exceeded`).
+//!   its 400 `context_length_exceeded`, a schema its grammar cannot enforce its 400 too).
 //! - `POST /v1/responses/compact` (conversation compaction) is not implemented: a 404 that
 //!   says so.
 //! - GET and DELETE on those two POST paths are those of `/v1/responses/{id}` (the 404 of an
@@ -34,7 +34,7 @@ use super::super::api::responses::{
     ListedItem, ListedMessage, ListedText, OutputReasoning, ReasoningText, ResponseDeleted,
 };
 use super::super::error::{unknown_parameter, ApiError};
-use super::super::generation::{budget, prompt_ids, PromptSource, RequestKind};
+use super::super::generation::{budget, constraints, prompt_ids, PromptSource, RequestKind};
 use super::super::guard::wrong_method;
 use super::super::routes::PathId;
 use super::super::state::AppState;
@@ -212,8 +212,9 @@ pub(crate) async fn as_id(
 
 /// `POST /v1/responses/input_tokens` (module note).
 ///
-/// Errors: those of `POST /v1/responses` before generation: 400 for a body it refuses or a
-/// prompt past the KV capacity, 404 for another model, 503 when every tokenizer stays busy.
+/// Errors: those of `POST /v1/responses` before generation: 400 for a body it refuses, a
+/// prompt past the KV capacity or a tool or `text.format` schema its grammar cannot enforce,
+/// 404 for another model, 503 when every tokenizer stays busy.
 pub(crate) async fn input_tokens(
     State(app): State<Arc<AppState>>,
     req: Request,
@@ -230,8 +231,12 @@ pub(crate) async fn input_tokens(
         }
         PromptSource::Ids(ids) => ids,
     };
-    // The route's own check: a prompt must leave room for one generated token.
+    // The route's own checks: a prompt must leave room for one generated token, and the
+    // grammar of its tools and text.format must compile.
     budget(&app, ids.len(), None, param)?;
+    constraints(&app, request.take_grammar(), 1)
+        .await
+        .map_err(ResponsesKind::rename)?;
     Ok(Json(InputTokenCount {
         object: "response.input_tokens",
         input_tokens: ids.len(),
