@@ -1182,7 +1182,7 @@ impl Builder {
     }
 
     /// Keeps the response as it is now, with its items, when asked to; streamed, in place of
-    /// the response in progress, unless that was deleted or dropped since.
+    /// the response in progress, unless that was deleted since.
     fn keep(&mut self) {
         let Some(Keep {
             store,
@@ -1418,7 +1418,7 @@ pub(super) struct ResponseEvents(Builder);
 impl Drop for ResponseEvents {
     fn drop(&mut self) {
         if let Some(k) = self.0.keep.take() {
-            k.store.delete(&self.0.response.id);
+            k.store.forget(&self.0.response.id);
         }
     }
 }

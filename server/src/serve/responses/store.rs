@@ -131,6 +131,9 @@ struct Inner {
     kept: VecDeque<Kept>,
     /// Each item id of `kept`: the newest response holding it.
     items: HashMap<String, Holder>,
+    /// The responses deleted while in progress whose stream has not ended: their end is not
+    /// kept ([`ResponseStore::update`]); at most one per stream in progress.
+    deleted: HashSet<String>,
 }
 
 #[derive(Debug)]
@@ -222,19 +225,38 @@ impl ResponseStore {
         self.lock().push(id, stored);
     }
 
-    /// Replaces response `id` by `stored` (kept as the newest, unless past [`STORE_BYTES`]
-    /// alone) if `id` is still kept: not deleted or dropped since.
+    /// Keeps `stored`, the end of streamed response `id`, as the newest in place of its entry
+    /// in progress (unless past [`STORE_BYTES`] alone), unless `id` was deleted since; an entry
+    /// dropped by the bounds since (newer responses finished while it streamed) does not stop
+    /// it, as a response that was not streamed is kept when it ends.
     pub fn update(&self, id: String, stored: Stored) {
         let mut inner = self.lock();
-        if inner.remove(&id) {
-            inner.push(id, stored);
+        if inner.deleted.remove(&id) {
+            return;
         }
+        inner.remove(&id);
+        inner.push(id, stored);
     }
 
     /// Drops response `id`; whether it was kept. Its items stay findable where an older kept
-    /// response holds them too.
+    /// response holds them too. One in progress stays deleted when its stream ends.
     pub fn delete(&self, id: &str) -> bool {
-        self.lock().remove(id)
+        let mut inner = self.lock();
+        let Some(gone) = inner.remove(id) else {
+            return false;
+        };
+        if !gone.finished {
+            inner.deleted.insert(id.to_owned());
+        }
+        true
+    }
+
+    /// Forgets streamed response `id`, whose stream ended before the response did (its client
+    /// went away).
+    pub fn forget(&self, id: &str) {
+        let mut inner = self.lock();
+        inner.deleted.remove(id);
+        inner.remove(id);
     }
 }
 
@@ -256,14 +278,10 @@ impl Inner {
         self.prune();
     }
 
-    /// [`ResponseStore::delete`].
-    fn remove(&mut self, id: &str) -> bool {
-        let Some(at) = self.kept.iter().position(|k| k.id == id) else {
-            return false;
-        };
-        let Some(gone) = self.kept.remove(at) else {
-            return false;
-        };
+    /// Drops response `id` ([`ResponseStore::delete`]); what it was, if kept.
+    fn remove(&mut self, id: &str) -> Option<Arc<Stored>> {
+        let at = self.kept.iter().position(|k| k.id == id)?;
+        let gone = self.kept.remove(at)?;
         let mut orphans = self.unindex(&gone.stored);
         // Newer responses do not hold the orphans (they would be indexed): the older ones,
         // newest first.
@@ -281,7 +299,7 @@ impl Inner {
                 }
             }
         }
-        true
+        Some(gone.stored)
     }
 }
 
@@ -331,16 +349,46 @@ mod tests {
         assert_eq!(store.get("resp_b").as_deref(), Some(&said("b")));
     }
 
+    /// A response in progress: `said(text)` not finished.
+    fn streaming(text: &str) -> Stored {
+        Stored {
+            finished: false,
+            ..said(text)
+        }
+    }
+
     #[test]
     fn an_update_replaces_a_kept_response_and_not_a_deleted_one() {
         let store = ResponseStore::default();
-        store.put("resp_a".to_owned(), said("a"));
+        store.put("resp_a".to_owned(), streaming("a"));
         store.update("resp_a".to_owned(), said("b"));
         assert_eq!(store.get("resp_a").as_deref(), Some(&said("b")));
         assert_eq!(store.lock().kept.len(), 1, "replaced, not added");
-        assert!(store.delete("resp_a"));
-        store.update("resp_a".to_owned(), said("c"));
-        assert!(store.get("resp_a").is_none(), "deleted before the update");
+        store.put("resp_b".to_owned(), streaming("a"));
+        assert!(store.delete("resp_b"));
+        store.update("resp_b".to_owned(), said("c"));
+        assert!(store.get("resp_b").is_none(), "deleted before the update");
+        assert!(store.lock().deleted.is_empty(), "the stream ended");
+        store.put("resp_c".to_owned(), streaming("a"));
+        assert!(store.delete("resp_c"));
+        store.forget("resp_c");
+        assert!(store.lock().deleted.is_empty(), "its client went away");
+    }
+
+    /// A stream that outlives the store's bound of responses (newer ones finished while it
+    /// streamed) is kept when it ends, as a response that was not streamed is: its end once
+    /// found its entry in progress dropped and was not kept.
+    #[test]
+    fn a_stream_outlived_by_the_bounds_is_kept_at_its_end() {
+        let store = ResponseStore::default();
+        store.put("resp_long".to_owned(), streaming("a"));
+        for i in 0..STORE_RESPONSES {
+            store.put(format!("resp_{i}"), said("x"));
+        }
+        assert!(store.get("resp_long").is_none(), "dropped in progress");
+        store.update("resp_long".to_owned(), said("b"));
+        assert_eq!(store.get("resp_long").as_deref(), Some(&said("b")));
+        assert!(store.get("resp_0").is_none(), "the oldest went instead");
     }
 
     /// A client's many tiny items (empty text, short ids) count what they take, not only their
