@@ -322,8 +322,11 @@ fn decode(
     let mut finish = FinishReason::Length;
     // A grammar ends where it accepts EOS, ignore_eos or not.
     let eos_ends = !params.ignore_eos || mask.constraint().is_some();
-    let ends =
-        |id: u32| (eos_ends && params.eos_ids.contains(&id)) || params.stop_token_ids.contains(&id);
+    let end_ids = end_ids(
+        eos_ends.then_some(&params.eos_ids[..]),
+        &params.stop_token_ids,
+    );
+    let ends = |id: u32| end_ids.binary_search(&id).is_ok();
     let mut held = Vec::new();
     let t1 = Instant::now();
     while ids.len() < budget {
@@ -333,20 +336,11 @@ fn decode(
             c.apply(&mut last)?;
         }
         if ids.len() < params.min_tokens {
-            hold_ends(
-                &mut last,
-                &mut held,
-                &ends,
-                &params.eos_ids,
-                &params.stop_token_ids,
-            );
+            hold_ends(&mut last, &mut held, &end_ids);
         }
         let id = sampler.sample(&last)?;
         // Give the held logits back, so that the log-probabilities read the row as it was.
-        for &(i, l) in held.iter().rev() {
-            last[i as usize] = l;
-        }
-        held.clear();
+        give_back(&mut last, &mut held);
         if let Some(c) = mask.constraint() {
             c.commit(id)?;
         }
@@ -387,28 +381,43 @@ fn decode(
     })
 }
 
-/// Sets the logits of the end ids of `eos_ids` and `stop_ids` (those `ends` holds) to −∞ in
-/// `row`, saving each one's value in `held`; when that would leave no finite logit (a grammar
-/// that allows nothing but its end), puts them back and holds nothing.
-fn hold_ends(
-    row: &mut [f32],
-    held: &mut Vec<(u32, f32)>,
-    ends: &dyn Fn(u32) -> bool,
-    eos_ids: &[u32],
-    stop_ids: &[u32],
-) {
-    for &id in eos_ids.iter().chain(stop_ids).filter(|&&id| ends(id)) {
+/// The ids that end a choice, sorted and without repeats (for a binary search, and so that
+/// [`hold_ends`] walks each once): `eos_ids` when EOS ends it, and `stop_ids` (a client's list,
+/// as long as its body allows).
+fn end_ids(eos_ids: Option<&[u32]>, stop_ids: &[u32]) -> Vec<u32> {
+    let mut ids: Vec<u32> = eos_ids
+        .unwrap_or_default()
+        .iter()
+        .chain(stop_ids)
+        .copied()
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Sets the logits of `end_ids` to −∞ in `row`, saving each one's value in `held`; when that
+/// would leave no finite logit (a grammar that allows nothing but its end), puts them back and
+/// holds nothing.
+fn hold_ends(row: &mut [f32], held: &mut Vec<(u32, f32)>, end_ids: &[u32]) {
+    for &id in end_ids {
         if let Some(l) = row.get_mut(id as usize) {
             held.push((id, *l));
             *l = f32::NEG_INFINITY;
         }
     }
     if !held.is_empty() && !row.iter().any(|l| *l > f32::NEG_INFINITY) {
-        for &(i, l) in held.iter().rev() {
-            row[i as usize] = l;
-        }
-        held.clear();
+        give_back(row, held);
     }
+}
+
+/// Puts the logits [`hold_ends`] saved in `held` back into `row`, last saved first, and empties
+/// `held`.
+fn give_back(row: &mut [f32], held: &mut Vec<(u32, f32)>) {
+    for &(i, l) in held.iter().rev() {
+        row[i as usize] = l;
+    }
+    held.clear();
 }
 
 fn rate(n: usize, secs: f64) -> f64 {
@@ -465,19 +474,23 @@ mod tests {
     }
 
     #[test]
-    fn held_end_ids_stay_when_nothing_else_is_allowed() {
+    fn end_ids_are_each_held_once_and_stay_when_nothing_else_is_allowed() {
         let ninf = f32::NEG_INFINITY;
-        let all = |_: u32| true;
+        // EOS when it ends the choice, and the stop ids, each once (a client's list may repeat
+        // ids as often as its body allows; the loop walks this set per token).
+        assert_eq!(end_ids(Some(&[2]), &[2, 0, 2, 2]), vec![0, 2]);
+        assert_eq!(end_ids(None, &[5, 5, 1]), vec![1, 5]);
+        assert_eq!(end_ids(None, &[]), Vec::<u32>::new());
         let mut held = Vec::new();
-        // Id 2 listed twice (EOS and a stop id): held twice, the first saving its value.
         let mut row = [0.5, ninf, 3.0];
-        hold_ends(&mut row, &mut held, &all, &[2], &[2]);
+        hold_ends(&mut row, &mut held, &end_ids(Some(&[2]), &[2]));
         assert_eq!(row, [0.5, ninf, ninf]);
-        assert_eq!(held, vec![(2, 3.0), (2, ninf)]);
+        assert_eq!(held, vec![(2, 3.0)]);
+        give_back(&mut row, &mut held);
+        assert_eq!((row, held.len()), ([0.5, ninf, 3.0], 0));
         // A grammar that allows only the end: nothing is held, the row is as it was.
-        held.clear();
         let mut row = [ninf, ninf, 3.0];
-        hold_ends(&mut row, &mut held, &all, &[2], &[2]);
+        hold_ends(&mut row, &mut held, &[2]);
         assert_eq!((row, held.len()), ([ninf, ninf, 3.0], 0));
     }
 

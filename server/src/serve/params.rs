@@ -20,11 +20,11 @@
 use super::api::request::{
     ChatCompletionRequest, CompletionRequest, ContentChunk as WireChunk, DebugTokensRequest,
     DetokenizeRequest, Message, ReasoningEffort, RefusedField, SamplingFields, Stop, StreamOptions,
-    TokenizeChatRequest, TokenizeCompletionRequest, ToolCall as WireToolCall,
+    TokenList, TokenizeChatRequest, TokenizeCompletionRequest, ToolCall as WireToolCall,
 };
 use super::api::scalar::{
-    json_uint, token_ids, Count, DefaultValue, LogitBias, ModelId, StrOr, TokenIds, UInt,
-    LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS,
+    json_uint, token_ids, Count, DefaultValue, LogitBias, ModelId, StrOr, UInt, LOGIT_BIAS_RANGE,
+    MAX_LOGIT_BIAS,
 };
 use super::error::{missing_parameter, unknown_parameter, ApiError};
 use super::tools::{structured, Structured};
@@ -429,15 +429,23 @@ fn openai_sampling(f: SamplingFields, bias: Option<LogitBias>) -> Result<Samplin
 }
 
 /// [`Ends`] of a request: `min_tokens` above `max_tokens` (when given) is refused, as vLLM
-/// refuses it.
+/// refuses it; `stop_token_ids` are kept sorted, each once.
 ///
-/// Errors: 400 naming `min_tokens`.
+/// Errors: 400 naming `min_tokens`, or `stop_token_ids` for an element that is not a u32
+/// (named `stop_token_ids[i]` in the message).
 fn ends(
     ignore_eos: Option<bool>,
     min_tokens: Option<UInt>,
-    stop_token_ids: Option<TokenIds>,
+    stop_token_ids: Option<TokenList>,
     max_tokens: Option<usize>,
 ) -> Result<Ends, ApiError> {
+    let mut stop_token_ids = match stop_token_ids {
+        None => Vec::new(),
+        Some(list) => token_ids("stop_token_ids", &list.0)
+            .map_err(|e| ApiError::bad_value("stop_token_ids", format!("{e}.")))?,
+    };
+    stop_token_ids.sort_unstable();
+    stop_token_ids.dedup();
     let min_tokens = match min_tokens.map(|m| usize::try_from(m.0)) {
         None => 0,
         Some(Ok(m)) if max_tokens.is_none_or(|max| m <= max) => m,
@@ -455,7 +463,7 @@ fn ends(
     Ok(Ends {
         ignore_eos: ignore_eos.unwrap_or(false),
         min_tokens,
-        stop_token_ids: stop_token_ids.map(|t| t.0).unwrap_or_default(),
+        stop_token_ids,
     })
 }
 
@@ -998,12 +1006,12 @@ mod tests {
         let ends = |extra: &str| chat(extra).map(|p| p.generation.ends);
         assert_eq!(ends("").unwrap(), Ends::default());
         assert_eq!(
-            ends(r#","ignore_eos":true,"min_tokens":3.0,"stop_token_ids":[7,2],"max_tokens":3"#)
+            ends(r#","ignore_eos":true,"min_tokens":3.0,"stop_token_ids":[7,2,7],"max_tokens":3"#)
                 .unwrap(),
             Ends {
                 ignore_eos: true,
                 min_tokens: 3,
-                stop_token_ids: vec![7, 2],
+                stop_token_ids: vec![2, 7],
             }
         );
         assert_eq!(ends(r#","min_tokens":9"#).unwrap().min_tokens, 9);
@@ -1023,6 +1031,12 @@ mod tests {
             let e = completion(extra).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{extra}");
         }
+        let e = completion(r#","stop_token_ids":[1,-1]"#).unwrap_err();
+        assert!(
+            e.message.contains("'stop_token_ids[1]' is not a token id"),
+            "{}",
+            e.message
+        );
         let e = ends(r#","min_tokens":5,"max_completion_tokens":4"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("min_tokens"));
     }

@@ -454,7 +454,7 @@ pub struct ChatCompletionRequest {
     /// (finish_reason stop), not part of the answer.
     #[serde(default)]
     #[schemars(schema_with = "token_id_list")]
-    pub stop_token_ids: Option<TokenIds>,
+    pub stop_token_ids: Option<TokenList>,
     /// Audio output. Not implemented: accepted only at its default.
     #[serde(default)]
     pub audio: Refused<NullDefault>,
@@ -569,7 +569,7 @@ pub struct CompletionRequest {
     /// (finish_reason stop), not part of the answer.
     #[serde(default)]
     #[schemars(schema_with = "token_id_list")]
-    pub stop_token_ids: Option<TokenIds>,
+    pub stop_token_ids: Option<TokenList>,
     /// Identifies the caller; does not change the answer.
     pub user: Option<String>,
     /// Identifies the caller; does not change the answer.
@@ -656,8 +656,8 @@ pub struct TokenizeChatRequest {
     pub media_io_kwargs: Refused<EmptyDefault>,
 }
 
-/// The `tokens` of `/detokenize`: an array of token ids, read as JSON and checked by
-/// `super::super::params` (a bad element is named `tokens[i]`).
+/// An array of token ids read as JSON and checked by `super::super::params`, which names a bad
+/// element by its parameter (`tokens[i]` of `/detokenize`, `stop_token_ids[i]`).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(transparent)]
 pub struct TokenList(pub Vec<Value>);

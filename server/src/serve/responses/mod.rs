@@ -962,17 +962,30 @@ impl Builder {
         let Some(k) = &self.keep else {
             return;
         };
-        let stored = serde_json::to_string(&self.response).map(|response| Stored {
-            response,
-            items: k.items.clone(),
-            tags: k.tags.clone(),
-            inputs: k.items.len(),
-            finished: false,
-        });
-        // A response object always serializes (its maps have string keys).
-        if let Ok(stored) = stored {
+        let (items, tags) = (k.items.clone(), k.tags.clone());
+        if let Some(stored) = self.stored(items, tags, k.items.len(), false) {
             k.store.put(self.response.id.clone(), stored);
         }
+    }
+
+    /// The response as it is now with `items` (the first `inputs` its inputs) and their
+    /// `tags`, for the store; `None` if it did not serialize, which a response object always
+    /// does (its maps have string keys).
+    fn stored(
+        &self,
+        items: Vec<Item>,
+        tags: Vec<Tag>,
+        inputs: usize,
+        finished: bool,
+    ) -> Option<Stored> {
+        let response = serde_json::to_string(&self.response).ok()?;
+        Some(Stored {
+            response,
+            items,
+            tags,
+            inputs,
+            finished,
+        })
     }
 
     /// Records an event when streaming.
@@ -1197,19 +1210,11 @@ impl Builder {
             tags.push(tag);
             items.push(item);
         }
-        let r = &self.response;
-        let stored = serde_json::to_string(r).map(|response| Stored {
-            response,
-            items,
-            tags,
-            inputs,
-            finished: true,
-        });
-        // A response object always serializes (its maps have string keys).
-        match (stored, self.streaming) {
-            (Ok(stored), true) => store.update(r.id.clone(), stored),
-            (Ok(stored), false) => store.put(r.id.clone(), stored),
-            (Err(_), _) => {}
+        let id = self.response.id.clone();
+        match (self.stored(items, tags, inputs, true), self.streaming) {
+            (Some(stored), true) => store.update(id, stored),
+            (Some(stored), false) => store.put(id, stored),
+            (None, _) => {}
         }
     }
 
