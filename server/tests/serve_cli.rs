@@ -121,6 +121,12 @@ async fn with_no_model_flag_the_bundled_model_is_served() {
     let addr = p.address();
     let resp = serve_common::raw_request(addr, "GET", "/v1/models", b"").await;
     assert_eq!(resp.json()["data"][0]["id"], MODEL_ID);
+    // The README's default context on the bundled model: min(context_length, 4096).
+    assert_eq!(resp.json()["data"][0]["max_model_len"], 4096);
+    stop(p);
+    let p = serve_fake(&dir, &["--kv-max", "1000"], &[]);
+    let resp = serve_common::raw_request(p.address(), "GET", "/v1/models", b"").await;
+    assert_eq!(resp.json()["data"][0]["max_model_len"], 1000, "--kv-max");
     stop(p);
     let _ = std::fs::remove_dir_all(&dir);
 }

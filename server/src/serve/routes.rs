@@ -76,6 +76,7 @@ fn model_object(app: &AppState) -> Model {
         object: "model",
         created: app.booted,
         owned_by: "aubier".to_owned(),
+        max_model_len: app.engine.kv_max(),
     }
 }
 

@@ -408,6 +408,9 @@ pub struct Model {
     pub created: u64,
     /// `"aubier"`.
     pub owned_by: String,
+    /// The context in tokens (the KV capacity, `--kv-max`): prompt and completion together
+    /// (vLLM's model card has the same field).
+    pub max_model_len: usize,
 }
 
 /// `GET /v1/models`.
