@@ -395,11 +395,11 @@ fn logit_bias(map: Option<LogitBias>) -> Result<Vec<(u32, f32)>, ApiError> {
     let mut pairs = map
         .iter()
         .map(|(key, v)| {
-            let canonical = key == "0" || (!key.starts_with('0') && !key.is_empty());
+            // Canonical decimals only (no sign, no leading zero): those that print back as sent.
             let id = key
                 .parse::<u32>()
                 .ok()
-                .filter(|_| canonical && key.bytes().all(|b| b.is_ascii_digit()))
+                .filter(|id| id.to_string() == *key)
                 .ok_or_else(|| {
                     bad(format!(
                         "'logit_bias' key {key:?} is not a token id (a decimal integer in [0, 2^32))."

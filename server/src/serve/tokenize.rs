@@ -35,8 +35,9 @@ use std::sync::Arc;
 /// `POST /tokenize` (module note).
 ///
 /// Errors: 400 for a body [`params::parse_tokenize`] refuses, a conversation the chat
-/// template refuses, or tools whose schema the chat route's grammar cannot enforce; 404 for another model; 413 past the body limit; 503 when every tokenizer
-/// stays busy for `--queue-wait-ms`.
+/// template refuses, or tools whose schema the chat route's grammar cannot enforce; 404 for
+/// another model; 413 past the body limit; 503 when every tokenizer stays busy for
+/// `--queue-wait-ms`.
 pub(super) async fn tokenize(
     State(app): State<Arc<AppState>>,
     req: Request,

@@ -39,14 +39,6 @@ fn stop_schema(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// `stop_token_ids`: null or an array of token ids, of any length (unlike a prompt's
-/// [`TokenIds`], whose length the KV capacity bounds).
-fn token_id_list(g: &mut SchemaGenerator) -> Schema {
-    json_schema!({
-        "anyOf": [{"type": "null"}, {"type": "array", "items": g.subschema_for::<TokenId>()}],
-    })
-}
-
 /// `stream_options` (only with `stream: true`).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -453,7 +445,6 @@ pub struct ChatCompletionRequest {
     /// vLLM: token ids (each below the vocabulary size) that end the choice as EOS does
     /// (finish_reason stop), not part of the answer.
     #[serde(default)]
-    #[schemars(schema_with = "token_id_list")]
     pub stop_token_ids: Option<TokenList>,
     /// Audio output. Not implemented: accepted only at its default.
     #[serde(default)]
@@ -568,7 +559,6 @@ pub struct CompletionRequest {
     /// vLLM: token ids (each below the vocabulary size) that end the choice as EOS does
     /// (finish_reason stop), not part of the answer.
     #[serde(default)]
-    #[schemars(schema_with = "token_id_list")]
     pub stop_token_ids: Option<TokenList>,
     /// Identifies the caller; does not change the answer.
     pub user: Option<String>,
